@@ -1,0 +1,26 @@
+"""fastloader: image-classification batches for PyTorch from one YAML config.
+
+    loader = fastloader.build_loader("configs/imagenette.yaml", split="train")
+    for images, labels in loader:   # float [B, 3, H, W] normalized, int64 [B], on loader.device
+        ...
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from .config import Config, load_config
+from .contract import Loader
+
+__version__ = "0.1.0"
+__all__ = ["build_loader", "load_config", "Loader", "__version__"]
+
+
+def build_loader(config: str | os.PathLike | Mapping[str, Any] | Config, split: str = "train",
+                 overrides: Mapping[str, Any] | list[str] | None = None) -> Loader:
+    """A loader for one split of the config (a YAML path, a dict or a loaded Config).
+
+    overrides: {"train.batch_size": 32} or ["train.batch_size=32"], validated like the file.
+    """
+    from .factory import create_loader
+    return create_loader(load_config(config, overrides), split)

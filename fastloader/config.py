@@ -1,0 +1,508 @@
+"""YAML -> frozen dataclasses, with strict validation and dotted overrides.
+
+Why strict: a misspelled key that is silently ignored trains a model with the wrong augmentation
+for days. Every unknown key, wrong type or out-of-range value fails at once, naming the file (or the
+override), the dotted key, the value and, for unknown keys, the closest valid key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Union
+
+import yaml
+
+BACKEND_ENV = "FASTLOADER_BACKEND"
+"""Environment variable that forces the backend (auto | dali | torch) whatever the config says."""
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+
+Interpolation = Literal["bilinear", "bicubic", "nearest"]
+Auto = Literal["auto"]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names where (file or override), which key and why."""
+
+
+def _check(predicate, message: str):
+    """Field metadata: a range check whose message completes 'KEY: must be ...'."""
+    return {"check": (predicate, message)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The schema. Field order is the order of the config reference in the README.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    root: str = field(metadata=_check(lambda v: v != "", "a non-empty path"))
+    """Folder holding one sub-folder per split (root/<split>/<class>/<image>), or `builtin:sample`."""
+    classes: tuple[str, ...] | None = None
+    """Class names in label order. Default: the sorted class folders of the split being read."""
+    extensions: tuple[str, ...] = IMAGE_EXTENSIONS
+    """File suffixes taken as images (compared case-insensitively)."""
+    exif_orientation: bool = True
+    """Rotate photos as their EXIF orientation tag says, as a person viewing them would see them."""
+
+
+@dataclass(frozen=True)
+class TransformConfig:
+    size: int = field(default=224, metadata=_check(lambda v: v > 0, "a positive integer"))
+    """Output height and width in pixels."""
+    scale: tuple[float, float] = field(
+        default=(0.08, 1.0), metadata=_check(lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"))
+    """train: range of the crop's area as a fraction of the image (RandomResizedCrop)."""
+    ratio: tuple[float, float] = field(
+        default=(3 / 4, 4 / 3), metadata=_check(lambda v: 0 < v[0] <= v[1], "0 < min <= max"))
+    """train: range of the crop's aspect ratio, width / height."""
+    hflip: float = field(default=0.5, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
+    """train: probability of a horizontal flip."""
+    crop_pct: float = field(default=0.875, metadata=_check(lambda v: 0 < v <= 1, "in (0, 1]"))
+    """eval: resize the shorter side to floor(size / crop_pct), then centre-crop size x size."""
+    interpolation: Interpolation = "bilinear"
+    """Resampling filter of the resize (antialiased when shrinking)."""
+
+
+TRAIN_TRANSFORM_KEYS = ("size", "scale", "ratio", "hflip", "interpolation")
+EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation")
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    name: str
+    mode: Literal["train", "eval"]
+    """train: random-resized-crop + flip, every rank the same number of batches.
+    eval: resize + centre crop, every sample exactly once across ranks.
+    Default: train for a split named `train`, eval for any other."""
+    batch_size: int = field(default=64, metadata=_check(lambda v: v > 0, "a positive integer"))
+    """Samples per batch on each rank."""
+    shuffle: bool = True
+    """A new seeded permutation every epoch. Default: true in train mode, false in eval mode."""
+    drop_last: bool = True
+    """train mode: drop the incomplete last batch (true) or pad ranks to equal length (false).
+    Must be false in eval mode. Default: true in train mode."""
+    folder: str | None = None
+    """Sub-folder of dataset.root holding this split. Default: the split's name."""
+    file_list: str | None = None
+    """A text file of `relative/path label` lines to read instead of scanning folders."""
+    transform: TransformConfig = TransformConfig()
+
+
+@dataclass(frozen=True)
+class NormalizeConfig:
+    mean: tuple[float, float, float] = field(
+        default=IMAGENET_MEAN, metadata=_check(lambda v: all(0 <= x <= 1 for x in v), "in 0..1 units (pixel / 255)"))
+    """Per-channel (R, G, B) mean subtracted, in 0..1 units."""
+    std: tuple[float, float, float] = field(
+        default=IMAGENET_STD, metadata=_check(lambda v: all(0 < x <= 1 for x in v), "in (0, 1] (pixel / 255)"))
+    """Per-channel (R, G, B) standard deviation divided by, in 0..1 units."""
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    """dtype of the image batches."""
+    channels_last: bool = False
+    """Memory format of the image batches: channels_last (NHWC in memory) or contiguous NCHW."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: cuda:LOCAL_RANK when CUDA is available, else cpu."""
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    num_workers: int | Auto = field(
+        default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or an integer >= 0"))
+    """Decoding processes per rank. auto: the CPU cores available to this local rank, capped by max_workers."""
+    max_workers: int = field(default=16, metadata=_check(lambda v: v > 0, "a positive integer"))
+    """Cap on num_workers: auto."""
+    prefetch_factor: int = field(default=2, metadata=_check(lambda v: v > 0, "a positive integer"))
+    """Batches each worker prepares ahead."""
+    persistent: bool = True
+    """Keep workers alive between epochs (no restart cost at each epoch boundary)."""
+    pin_memory: bool | Auto = "auto"
+    """Pin host batches for asynchronous copies. auto: when the output device is CUDA."""
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or >= 0"))
+    """This process's rank. auto: torch.distributed, else torchrun's RANK, else SLURM_PROCID, else 0."""
+    world_size: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v > 0, "'auto' or > 0"))
+    """Number of ranks. auto: torch.distributed, else WORLD_SIZE, else SLURM_NTASKS, else 1."""
+    local_rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or >= 0"))
+    """Rank on this node; picks the GPU cuda:LOCAL_RANK. auto: LOCAL_RANK, else SLURM_LOCALID, else 0."""
+
+
+@dataclass(frozen=True)
+class Config:
+    dataset: DatasetConfig
+    backend: Literal["auto", "dali", "torch"] = "auto"
+    """auto: DALI when it imports and a GPU is present, else torch. Forced by $FASTLOADER_BACKEND."""
+    seed: int = field(default=0, metadata=_check(lambda v: v >= 0, "an integer >= 0"))
+    """Seeds the epoch permutations and every random augmentation."""
+    normalize: NormalizeConfig = NormalizeConfig()
+    output: OutputConfig = OutputConfig()
+    workers: WorkersConfig = WorkersConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    splits: Mapping[str, SplitConfig] = field(default_factory=dict)
+    """One top-level section per split, named after it (train, val, ...)."""
+    source: str = "<dict>"
+    """Where the config came from, for messages."""
+
+    def split(self, name: str) -> SplitConfig:
+        """The named split's section, or an error listing the splits that exist."""
+        if name in self.splits:
+            return self.splits[name]
+        known = ", ".join(sorted(self.splits)) or "none"
+        hint = difflib.get_close_matches(name, list(self.splits), n=1)
+        suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
+        raise ConfigError(
+            f"{self.source}: no split '{name}' (splits defined: {known}){suggestion} "
+            f"Add a top-level '{name}:' section, e.g. '{name}: {{batch_size: 64}}'.")
+
+
+_SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
+             "workers": WorkersConfig, "distributed": DistributedConfig}
+_SCALARS = ("backend", "seed")
+_PATH_KEYS = ("dataset.root", "file_list")  # resolved against the config file's folder
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
+                overrides: Mapping[str, Any] | list[str] | tuple[str, ...] | None = None) -> Config:
+    """Read a config from a YAML path, a dict or a Config, apply overrides and validate it all.
+
+    Relative paths in a file are relative to the file's folder; in a dict, and in overrides, to the
+    current directory. `$FASTLOADER_BACKEND` replaces `backend` when set.
+    """
+    if isinstance(config, Config):
+        if not overrides and not os.environ.get(BACKEND_ENV):
+            return config
+        raw, source, base_dir = _config_to_raw(config), config.source, Path.cwd()
+    elif isinstance(config, Mapping):
+        raw, source, base_dir = _deep_copy(config), "<dict>", Path.cwd()
+    else:
+        path = Path(config)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} not found (working directory: {Path.cwd()}). "
+                              f"Pass the path of a YAML file such as configs/sample.yaml.")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
+        source, base_dir = str(path), path.resolve().parent
+        raw = _resolve_paths(raw, base_dir)
+
+    origins: dict[str, str] = {}
+    for key, value in _parse_overrides(overrides):
+        _set_dotted(raw, key, _resolve_override_path(key, value), f"override '{key}'", source)
+        origins[key] = f"override '{key}'"
+    forced = os.environ.get(BACKEND_ENV)
+    if forced:
+        raw["backend"] = forced
+        origins["backend"] = f"environment variable {BACKEND_ENV}"
+    return _Builder(source, origins).config(raw)
+
+
+def _parse_overrides(overrides) -> list[tuple[str, Any]]:
+    """Overrides as (dotted key, value) pairs; `key=value` strings have their value parsed as YAML."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [(str(k), v) for k, v in overrides.items()]
+    pairs = []
+    for item in overrides:
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(f"override {item!r}: expected 'dotted.key=value', e.g. 'train.batch_size=32'")
+        key, text = item.split("=", 1)
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        pairs.append((key.strip(), value))
+    return pairs
+
+
+def _set_dotted(raw: dict, key: str, value: Any, origin: str, source: str) -> None:
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise ConfigError(f"{origin}: '{key}' is not a dotted key such as 'train.batch_size'")
+    node = raw
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            prefix = ".".join(parts[: depth + 1])
+            raise ConfigError(f"{origin}: '{prefix}' in {source} is a value, not a section, so '{key}' cannot be set")
+        node = child
+    node[parts[-1]] = value
+
+
+def _is_path_key(dotted: str) -> bool:
+    return dotted == "dataset.root" or dotted.endswith(".file_list")
+
+
+def _resolve_one(value: Any, base_dir: Path) -> Any:
+    if not isinstance(value, str) or value.startswith("builtin:"):
+        return value
+    expanded = os.path.expanduser(os.path.expandvars(value))
+    return expanded if os.path.isabs(expanded) else str(base_dir / expanded)
+
+
+def _resolve_paths(raw: dict, base_dir: Path) -> dict:
+    """Make the file's relative paths absolute against its folder, so the config works from any cwd."""
+    dataset = raw.get("dataset")
+    if isinstance(dataset, dict) and "root" in dataset:
+        dataset["root"] = _resolve_one(dataset["root"], base_dir)
+    for key, section in raw.items():
+        if key not in _SECTIONS and isinstance(section, dict) and "file_list" in section:
+            section["file_list"] = _resolve_one(section["file_list"], base_dir)
+    return raw
+
+
+def _resolve_override_path(key: str, value: Any) -> Any:
+    return _resolve_one(value, Path.cwd()) if _is_path_key(key) else value
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def _config_to_raw(config: Config) -> dict:
+    raw = {}
+    for f in dataclasses.fields(Config):
+        if f.name in ("source",):
+            continue
+        value = getattr(config, f.name)
+        if f.name == "splits":
+            for name, split in value.items():
+                section = dataclasses.asdict(split)
+                section.pop("name")
+                raw[name] = section
+        else:
+            raw[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return _deep_copy(raw)
+
+
+def config_to_dict(config: Config) -> dict:
+    """The resolved config as plain data (for logs, JSON reports and round trips)."""
+    return _config_to_raw(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+
+def _all_dotted_keys() -> list[str]:
+    keys = [*_SCALARS]
+    for section, cls in _SECTIONS.items():
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+    for f in dataclasses.fields(SplitConfig):
+        if f.name == "name":
+            continue
+        if f.name == "transform":
+            keys += [f"<split>.transform.{t.name}" for t in dataclasses.fields(TransformConfig)]
+        else:
+            keys.append(f"<split>.{f.name}")
+    return keys
+
+
+class _Builder:
+    """Turns raw YAML data into the frozen dataclasses, raising ConfigError with exact locations."""
+
+    def __init__(self, source: str, origins: Mapping[str, str]):
+        self.source = source
+        self.origins = origins
+
+    def where(self, path: str) -> str:
+        """The file, or the override / environment variable that set this key or one of its parents."""
+        parts = path.split(".")
+        for depth in range(len(parts), 0, -1):
+            origin = self.origins.get(".".join(parts[:depth]))
+            if origin:
+                return origin
+        return self.source
+
+    def fail(self, path: str, message: str) -> typing.NoReturn:
+        raise ConfigError(f"{self.where(path)}: {path}: {message}")
+
+    def unknown(self, path: str, valid: list[str]) -> typing.NoReturn:
+        leaf = path.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(leaf, valid, n=1, cutoff=0.6)
+        if close:
+            prefix = path.rsplit(".", 1)[0] + "." if "." in path else ""
+            hint = f"did you mean '{prefix}{close[0]}'?"
+        else:
+            elsewhere = [k for k in _all_dotted_keys() if k.rsplit(".", 1)[-1] == leaf]
+            hint = (f"'{leaf}' belongs at '{elsewhere[0]}'." if elsewhere else
+                    f"valid keys here: {', '.join(valid)}.")
+        raise ConfigError(f"{self.where(path)}: unknown key '{path}'; {hint}")
+
+    # -- top level ---------------------------------------------------------------------------
+
+    def config(self, raw: dict) -> Config:
+        values: dict[str, Any] = {}
+        splits: dict[str, SplitConfig] = {}
+        for key, value in raw.items():
+            if key in _SCALARS:
+                hint = typing.get_type_hints(Config)[key]
+                values[key] = self.coerce(value, hint, key)
+            elif key in _SECTIONS:
+                values[key] = self.section(_SECTIONS[key], value, key)
+            elif isinstance(value, dict):
+                close = difflib.get_close_matches(key, [*_SECTIONS, *_SCALARS], n=1, cutoff=0.75)
+                if close:  # 'normalise:' is a typo, not a split named 'normalise'
+                    self.unknown(key, [*_SECTIONS, *_SCALARS])
+                splits[key] = self.split(key, value)
+            else:
+                self.unknown(key, [*_SECTIONS, *_SCALARS, "<split name>"])
+        if "dataset" not in values:
+            self.fail("dataset", "missing; every config needs 'dataset: {root: PATH}'")
+        self.validate_fields(Config, values, "")
+        return Config(**values, splits=splits, source=self.source)
+
+    def split(self, name: str, raw: dict) -> SplitConfig:
+        valid = [f.name for f in dataclasses.fields(SplitConfig) if f.name != "name"]
+        for key in raw:
+            if key not in valid:
+                self.unknown(f"{name}.{key}", valid)
+        mode = self.coerce(raw.get("mode", "train" if name == "train" else "eval"),
+                           typing.get_type_hints(SplitConfig)["mode"], f"{name}.mode")
+        defaults = {"shuffle": mode == "train", "drop_last": mode == "train"}
+        values: dict[str, Any] = {"name": name, "mode": mode}
+        hints = typing.get_type_hints(SplitConfig)
+        for key in ("batch_size", "shuffle", "drop_last", "folder", "file_list"):
+            if key in raw:
+                values[key] = self.coerce(raw[key], hints[key], f"{name}.{key}")
+            elif key in defaults:
+                values[key] = defaults[key]
+        if mode == "eval" and values["drop_last"]:
+            self.fail(f"{name}.drop_last", "must be false in eval mode, where every sample is read exactly once; "
+                                           "set drop_last: false, or mode: train")
+        transform = raw.get("transform", {})
+        if not isinstance(transform, dict):
+            self.fail(f"{name}.transform", f"expected a mapping of transform keys, got {transform!r}")
+        allowed = TRAIN_TRANSFORM_KEYS if mode == "train" else EVAL_TRANSFORM_KEYS
+        for key in transform:
+            if key not in allowed and key in EVAL_TRANSFORM_KEYS + TRAIN_TRANSFORM_KEYS:
+                self.fail(f"{name}.transform.{key}",
+                          f"applies only to {'eval' if mode == 'train' else 'train'} mode, and split '{name}' "
+                          f"has mode: {mode}; {mode} mode takes {', '.join(allowed)}")
+        values["transform"] = self.section(TransformConfig, transform, f"{name}.transform")
+        self.validate_fields(SplitConfig, values, name)
+        return SplitConfig(**values)
+
+    # -- sections and values -------------------------------------------------------------------
+
+    def section(self, cls, raw: Any, path: str):
+        if not isinstance(raw, dict):
+            self.fail(path, f"expected a mapping of keys ({', '.join(f.name for f in dataclasses.fields(cls))}), "
+                            f"got {raw!r}")
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+        values = {}
+        for key, value in raw.items():
+            if key not in names:
+                self.unknown(f"{path}.{key}", names)
+            values[key] = self.coerce(value, hints[key], f"{path}.{key}")
+        for f in dataclasses.fields(cls):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values:
+                self.fail(f"{path}.{f.name}", "missing; it has no default")
+        self.validate_fields(cls, values, path)
+        return cls(**values)
+
+    def validate_fields(self, cls, values: dict, path: str) -> None:
+        for f in dataclasses.fields(cls):
+            check = f.metadata.get("check")
+            if check and f.name in values:
+                predicate, message = check
+                if not predicate(values[f.name]):
+                    dotted = f"{path}.{f.name}" if path else f.name
+                    self.fail(dotted, f"must be {message}, got {_show(values[f.name])}")
+
+    def coerce(self, value: Any, hint: Any, path: str) -> Any:
+        """Check `value` against a type hint, converting YAML lists to tuples and ints to floats."""
+        origin = typing.get_origin(hint)
+        args = typing.get_args(hint)
+        if origin in (Union, types.UnionType):
+            for option in args:
+                try:
+                    return self.coerce(value, option, path)
+                except ConfigError:
+                    continue
+            self.fail(path, f"expected {_describe(hint)}, got {_show(value)}")
+        if origin is Literal:
+            if value in args and type(value) is type(args[args.index(value)]):
+                return value
+            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            hint_text = f"; did you mean '{close[0]}'?" if close else ""
+            self.fail(path, f"expected {_describe(hint)}, got {_show(value)}{hint_text}")
+        if origin is tuple:
+            if not isinstance(value, (list, tuple)):
+                self.fail(path, f"expected {_describe(hint)}, got {_show(value)}")
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(self.coerce(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
+            if len(value) != len(args):
+                self.fail(path, f"expected {_describe(hint)}, got {len(value)} values: {_show(value)}")
+            return tuple(self.coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        if hint is type(None):
+            if value is None:
+                return None
+            self.fail(path, f"expected null, got {_show(value)}")
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+        elif hint is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        elif hint is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        elif hint is str:
+            if isinstance(value, str):
+                return value
+        else:  # pragma: no cover - a schema error, not a user error
+            raise TypeError(f"unsupported type hint {hint!r} at {path}")
+        self.fail(path, f"expected {_describe(hint)}, got {_show(value)}")
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+        return f"a list of {len(args)} {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            type(None): "null"}.get(hint, str(hint))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        value = list(value)
+    text = repr(value) if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
+    return text.removesuffix("\n...").strip()

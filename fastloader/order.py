@@ -1,0 +1,98 @@
+"""The sampler both backends share: which samples, in which order, on which rank, in which batch.
+
+Everything is a pure function of (seed, epoch, rank, world size), so an epoch can be replayed
+exactly: by another backend, after a restart (resume from a batch offset), with another number of
+workers. Each sample also gets its own augmentation seed from (seed, epoch, sample index), so
+random crops do not depend on which worker decodes the sample.
+
+Train mode: every rank yields the same number of batches (DDP must not hang). With drop_last the
+epoch keeps the largest multiple of world_size x batch_size (drops fewer than that many samples);
+without it, the order is padded by wrapping around so that every rank gets ceil(N / world) samples.
+Eval mode: rank r takes samples r, r + world, ...; every sample exactly once, partial last batch.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_MASK63 = np.uint64(0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """A strong 64-bit mixer: nearby inputs give unrelated outputs."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+class EpochOrder:
+    def __init__(self, num_samples: int, batch_size: int, *, mode: str, shuffle: bool, drop_last: bool,
+                 seed: int, rank: int = 0, world_size: int = 1):
+        if mode not in ("train", "eval"):
+            raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
+        if mode == "eval" and drop_last:
+            raise ValueError("eval mode reads every sample exactly once; drop_last must be false")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} not in [0, {world_size})")
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.mode, self.shuffle, self.drop_last = mode, shuffle, drop_last
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+
+        if mode == "eval":
+            self.samples_per_rank = len(range(rank, num_samples, world_size))
+        elif drop_last:
+            self.samples_per_rank = (num_samples // (world_size * batch_size)) * batch_size
+        else:
+            self.samples_per_rank = math.ceil(num_samples / world_size)
+        if drop_last:
+            self.num_batches = self.samples_per_rank // batch_size
+        else:
+            self.num_batches = math.ceil(self.samples_per_rank / batch_size)
+
+    @property
+    def padded(self) -> int:
+        """Samples repeated this epoch (train mode without drop_last) so that ranks stay in step."""
+        if self.mode == "eval" or self.drop_last:
+            return 0
+        return self.samples_per_rank * self.world_size - self.num_samples
+
+    @property
+    def dropped(self) -> int:
+        """Samples left out this epoch, summed over ranks (train mode with drop_last)."""
+        if self.mode == "eval" or not self.drop_last:
+            return 0
+        return self.num_samples - self.samples_per_rank * self.world_size
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The whole epoch's order, before sharding (int64 [num_samples])."""
+        if not self.shuffle:
+            return np.arange(self.num_samples, dtype=np.int64)
+        rng = np.random.default_rng([self.seed, epoch, 0xF457])
+        return rng.permutation(self.num_samples).astype(np.int64, copy=False)
+
+    def rank_indices(self, epoch: int) -> np.ndarray:
+        """This rank's sample indices for the epoch, in the order they are yielded."""
+        order = self.permutation(epoch)
+        if self.mode == "train":
+            total = self.samples_per_rank * self.world_size
+            if total > len(order):  # pad by wrapping around (tiling if the dataset is tiny)
+                order = np.resize(order, total)
+            order = order[:total]
+        return order[self.rank::self.world_size]
+
+    def sample_seeds(self, epoch: int, indices: np.ndarray) -> np.ndarray:
+        """Per-sample augmentation seeds (int64, non-negative) from (seed, epoch, sample index)."""
+        key = _splitmix64(np.full(len(indices), self.seed, dtype=np.uint64))
+        with np.errstate(over="ignore"):
+            key = _splitmix64(key ^ np.uint64(epoch))
+            key = _splitmix64(key ^ indices.astype(np.uint64))
+        return (key & _MASK63).astype(np.int64)
+
+    def batches(self, epoch: int, start_batch: int = 0) -> list[np.ndarray]:
+        """The epoch's batches from `start_batch` on: int64 arrays [k, 2] of (sample index, sample seed)."""
+        indices = self.rank_indices(epoch)[: self.num_batches * self.batch_size if self.drop_last else None]
+        pairs = np.stack([indices, self.sample_seeds(epoch, indices)], axis=1)
+        return [pairs[b * self.batch_size:(b + 1) * self.batch_size] for b in range(start_batch, self.num_batches)]

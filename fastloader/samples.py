@@ -1,0 +1,167 @@
+"""The SampleIndex: every (path, label) of a split, scanned once and shared by both backends.
+
+Why numpy: DataLoader workers are forked, and a list of 1.28M Python strings is touched page by page
+by reference counting, so each worker slowly copies the whole list. Three numpy arrays (one byte
+buffer of UTF-8 paths, their offsets, the labels) are three objects: nothing is copied.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .config import Config, ConfigError, SplitConfig
+
+log = logging.getLogger("fastloader")
+
+
+@dataclass(frozen=True, eq=False)
+class SampleIndex:
+    root: str
+    """Folder the relative paths are relative to."""
+    classes: tuple[str, ...]
+    """Class names; label i is classes[i]."""
+    path_bytes: np.ndarray
+    """uint8: the UTF-8 relative paths, back to back."""
+    offsets: np.ndarray
+    """int64 [n + 1]: path i is path_bytes[offsets[i]:offsets[i + 1]]."""
+    labels: np.ndarray
+    """int64 [n]."""
+
+    @classmethod
+    def from_lists(cls, root: str, classes: Sequence[str], relpaths: Sequence[str],
+                   labels: Sequence[int]) -> "SampleIndex":
+        encoded = [p.encode("utf-8", "surrogateescape") for p in relpaths]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+        path_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        return cls(root=str(root), classes=tuple(classes), path_bytes=path_bytes, offsets=offsets,
+                   labels=np.asarray(labels, dtype=np.int64).reshape(len(encoded)))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def relpath(self, i: int) -> str:
+        start, end = self.offsets[i], self.offsets[i + 1]
+        return self.path_bytes[start:end].tobytes().decode("utf-8", "surrogateescape")
+
+    def path(self, i: int) -> str:
+        return os.path.join(self.root, self.relpath(i))
+
+    def label(self, i: int) -> int:
+        return int(self.labels[i])
+
+    def paths(self) -> Iterator[str]:
+        return (self.path(i) for i in range(len(self)))
+
+    def class_counts(self) -> np.ndarray:
+        return np.bincount(self.labels, minlength=len(self.classes))
+
+    @property
+    def nbytes(self) -> int:
+        return self.path_bytes.nbytes + self.offsets.nbytes + self.labels.nbytes
+
+
+def build_index(config: Config, split: SplitConfig) -> SampleIndex:
+    """The split's samples, from its file list or from root/<folder>/<class>/... folders."""
+    root = config.dataset.root
+    if root.startswith("builtin:"):
+        from .demo import builtin_dataset_root
+        root = builtin_dataset_root(root, config.source)
+    if split.file_list:
+        return read_file_list(split.file_list, root, config.dataset.classes)
+    split_dir = os.path.join(root, split.folder or split.name)
+    return scan_folder(split_dir, config.dataset.extensions, config.dataset.classes, config.source,
+                       key=f"{split.name}.folder")
+
+
+def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str] | None = None,
+                source: str = "<dict>", key: str = "dataset.root") -> SampleIndex:
+    """ImageFolder convention: sorted class folders -> labels 0..C-1; files in sorted order, recursively.
+
+    A class folder without images keeps its label (so labels stay aligned with other splits) and is
+    logged as a warning; a split without any image is an error.
+    """
+    if not os.path.isdir(split_dir):
+        parent = os.path.dirname(split_dir.rstrip(os.sep))
+        if not os.path.isdir(parent):
+            raise ConfigError(f"{source}: dataset.root: folder {parent!r} does not exist; "
+                              f"set dataset.root to the folder that holds the split folders")
+        present = sorted(e.name for e in os.scandir(parent) if e.is_dir())
+        raise ConfigError(f"{source}: split folder {split_dir!r} does not exist (folders in dataset.root: "
+                          f"{', '.join(present) or 'none'}); set {key} to one of them")
+    found = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+    if classes is None:
+        classes = found
+        if not classes:
+            raise ConfigError(f"{source}: {split_dir!r} has no class folders; expected "
+                              f"{split_dir}/<class name>/<image files>")
+    else:
+        missing = [c for c in classes if c not in found]
+        extra = [c for c in found if c not in classes]
+        if extra:
+            raise ConfigError(f"{source}: dataset.classes: {split_dir!r} has class folders not in the list: "
+                              f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}; add them to dataset.classes")
+        for name in missing:
+            log.warning("%s: class %r has no folder in %s; its label is kept, with no samples", source, name, split_dir)
+
+    suffixes = tuple(e.lower() for e in extensions)
+    relpaths: list[str] = []
+    labels: list[int] = []
+    started = last_report = time.monotonic()
+    for label, name in enumerate(classes):
+        class_dir = os.path.join(split_dir, name)
+        if not os.path.isdir(class_dir):
+            continue
+        before = len(relpaths)
+        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+            dirnames.sort()
+            rel_dir = os.path.relpath(dirpath, split_dir)
+            for filename in sorted(filenames):
+                if filename.lower().endswith(suffixes):
+                    relpaths.append(os.path.join(rel_dir, filename))
+                    labels.append(label)
+        if len(relpaths) == before:
+            log.warning("class folder %s holds no image files (%s); its label %d is kept, with no samples",
+                        class_dir, "/".join(suffixes), label)
+        now = time.monotonic()
+        if now - last_report > 5:
+            log.info("scanning %s: %d/%d classes, %d images so far", split_dir, label + 1, len(classes), len(relpaths))
+            last_report = now
+    if not relpaths:
+        raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}); "
+                          f"check dataset.root and dataset.extensions")
+    log.info("indexed %s: %d images in %d classes (%.2fs)", split_dir, len(relpaths), len(classes),
+             time.monotonic() - started)
+    return SampleIndex.from_lists(split_dir, classes, relpaths, labels)
+
+
+def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = None) -> SampleIndex:
+    """Lines of `relative/path label` (label an integer; paths may hold spaces; '#' starts a comment)."""
+    if not os.path.isfile(list_path):
+        raise ConfigError(f"file list {list_path!r} does not exist; fix the split's file_list key")
+    relpaths: list[str] = []
+    labels: list[int] = []
+    with open(list_path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.rsplit(None, 1)
+            if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+                raise ConfigError(f"{list_path}:{number}: expected 'relative/path label', got {line!r}")
+            label = int(parts[1])
+            if label < 0 or (classes is not None and label >= len(classes)):
+                limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
+                raise ConfigError(f"{list_path}:{number}: label {label} out of range{limit}")
+            relpaths.append(parts[0])
+            labels.append(label)
+    if not relpaths:
+        raise ConfigError(f"file list {list_path!r} holds no samples")
+    if classes is None:
+        classes = [str(i) for i in range(max(labels) + 1)]
+    return SampleIndex.from_lists(root, classes, relpaths, labels)

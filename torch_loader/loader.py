@@ -1,0 +1,89 @@
+"""The torch backend: DataLoader workers decode to uint8, fast_collate stacks, the prefetcher
+copies and normalizes on the device. Wired into the shared Loader contract.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterator
+
+import torch
+import torch.utils.data
+
+from fastloader.config import Config, SplitConfig
+from fastloader.contract import Loader
+from fastloader.distributed import RankInfo
+from fastloader.samples import SampleIndex
+
+from .collate import fast_collate
+from .dataset import ImageDataset
+from .prefetch import BatchConverter, convert_on_cpu, prefetch_to_cuda
+from .transforms import SampleTransform
+
+log = logging.getLogger("fastloader")
+
+
+class _EpochBatches(torch.utils.data.Sampler):
+    """The DataLoader's batch sampler: replays whatever batches the Loader planned for this epoch."""
+
+    def __init__(self):
+        self.batches: list = []
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def auto_num_workers(ranks: RankInfo, cap: int) -> int:
+    """The CPU cores this process may use, shared among the ranks on this node, capped."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        cores = os.cpu_count() or 1
+    return max(1, min(cap, cores // ranks.local_world_size))
+
+
+class TorchLoader(Loader):
+    backend = "torch"
+
+    def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
+                 device: torch.device):
+        super().__init__(config, split, index, ranks, device)
+        workers = config.workers
+        num_workers = workers.num_workers
+        if num_workers == "auto":
+            num_workers = auto_num_workers(ranks, workers.max_workers)
+        pin = device.type == "cuda" if workers.pin_memory == "auto" else workers.pin_memory
+        self.num_workers = num_workers
+        self._sampler = _EpochBatches()
+        transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation)
+        self._dataloader = torch.utils.data.DataLoader(
+            ImageDataset(index, transform),
+            batch_sampler=self._sampler,
+            collate_fn=fast_collate,
+            num_workers=num_workers,
+            pin_memory=pin and torch.cuda.is_available(),
+            persistent_workers=workers.persistent and num_workers > 0,
+            prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
+        )
+        self._convert = BatchConverter(config.normalize, config.output, device)
+        log.info("torch loader for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), %d workers, "
+                 "device %s", split.name, len(index), len(self), ranks.rank, ranks.world_size, ranks.source,
+                 num_workers, device)
+
+    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if not batches:
+            return iter(())
+        self._sampler.batches = batches
+        uint8_batches = iter(self._dataloader)
+        if self.device.type == "cuda":
+            return prefetch_to_cuda(uint8_batches, self._convert)
+        return convert_on_cpu(uint8_batches, self._convert)
+
+    def _close(self) -> None:
+        iterator = getattr(self._dataloader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self._dataloader = None
