@@ -298,6 +298,8 @@ def _config_to_raw(config: Config) -> dict:
             for name, split in value.items():
                 section = dataclasses.asdict(split)
                 section.pop("name")
+                allowed = TRAIN_TRANSFORM_KEYS if split.mode == "train" else EVAL_TRANSFORM_KEYS
+                section["transform"] = {k: v for k, v in section["transform"].items() if k in allowed}
                 raw[name] = section
         else:
             raw[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value

@@ -16,8 +16,7 @@ log = logging.getLogger("fastloader")
 
 def choose_backend(config: Config) -> tuple[str, str]:
     """(backend, reason). The DALI backend is not built yet: auto picks torch, dali is an error."""
-    dali_installed = importlib.util.find_spec("nvidia") is not None and \
-        importlib.util.find_spec("nvidia.dali") is not None
+    dali_installed = _dali_installed()
     if config.backend == "torch":
         return "torch", f"backend: torch ({_origin(config)})"
     if config.backend == "dali":
@@ -28,6 +27,14 @@ def choose_backend(config: Config) -> tuple[str, str]:
     if not dali_installed:
         return "torch", "backend: auto and NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)"
     return "torch", "backend: auto; the DALI backend is not built yet in this version"
+
+
+def _dali_installed() -> bool:
+    """Whether `nvidia.dali` can be found, without importing it (a broken install counts as absent)."""
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _origin(config: Config) -> str:

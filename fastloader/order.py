@@ -52,6 +52,10 @@ class EpochOrder:
         else:
             self.num_batches = math.ceil(self.samples_per_rank / batch_size)
 
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch."""
+        return self.num_batches
+
     @property
     def padded(self) -> int:
         """Samples repeated this epoch (train mode without drop_last) so that ranks stay in step."""

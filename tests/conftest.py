@@ -1,0 +1,96 @@
+"""Shared fixtures: small real image datasets written by the tests themselves."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parent.parent
+REALPHOTOS = REPO.parent / "shared" / "data" / "realphotos"
+
+# Solid colours per class: after any crop and resize the pixels stay this colour, so tests can
+# check normalized values exactly. Class folder names sort as the labels: a_red=0, b_green=1, c_blue=2.
+COLOURS = {"a_red": (200, 30, 40), "b_green": (20, 180, 60), "c_blue": (30, 50, 220)}
+SIZES = [(64, 48), (48, 64), (80, 80), (100, 60), (60, 90)]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch, tmp_path_factory):
+    """No test sees a backend forced from outside, and the demo dataset goes to a temp cache."""
+    monkeypatch.delenv("FASTLOADER_BACKEND", raising=False)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+                 "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FASTLOADER_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "fastloader-cache"))
+
+
+def write_solid_dataset(root: Path, per_class: int = 5, splits=("train", "val"), fmt: str = "PNG") -> Path:
+    """root/<split>/<class>/img_XX.png, each image one solid colour; sizes vary."""
+    for split in splits:
+        for name, colour in COLOURS.items():
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                size = SIZES[i % len(SIZES)]
+                suffix = ".png" if fmt == "PNG" else ".jpg"
+                Image.new("RGB", size, colour).save(folder / f"img_{i:02d}{suffix}", format=fmt)
+    return root
+
+
+def write_textured_dataset(root: Path, per_class: int = 8, splits=("train", "val")) -> Path:
+    """Noisy gradients, so that different crops give different pixels."""
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for c, name in enumerate(COLOURS):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                w, h = SIZES[i % len(SIZES)]
+                y, x = np.mgrid[0:h, 0:w]
+                base = np.stack([x * 255 // w, y * 255 // h, np.full_like(x, 80 * c)], axis=-1)
+                noise = rng.integers(0, 40, size=(h, w, 3))
+                Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8)).save(folder / f"t_{i:02d}.png")
+    return root
+
+
+def base_config(root: Path, **sections) -> dict:
+    """A config dict over `root` with small sizes and no workers unless a test asks for them."""
+    config = {
+        "backend": "torch",
+        "seed": 7,
+        "dataset": {"root": str(root)},
+        "workers": {"num_workers": 0},
+        "train": {"batch_size": 4, "transform": {"size": 32}},
+        "val": {"batch_size": 4, "transform": {"size": 32}},
+    }
+    for key, value in sections.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return config
+
+
+@pytest.fixture
+def solid_root(tmp_path) -> Path:
+    return write_solid_dataset(tmp_path / "solid")
+
+
+@pytest.fixture
+def textured_root(tmp_path) -> Path:
+    return write_textured_dataset(tmp_path / "textured")
+
+
+def normalized(colour, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> np.ndarray:
+    return (np.asarray(colour) / 255.0 - np.asarray(mean)) / np.asarray(std)
+
+
+requires_realphotos = pytest.mark.skipif(not REALPHOTOS.is_dir(),
+                                         reason=f"real photos not present at {REALPHOTOS}")
+
+
+def env_without(*names: str) -> dict:
+    env = dict(os.environ)
+    for name in names:
+        env.pop(name, None)
+    return env

@@ -1,0 +1,54 @@
+"""The command line as a user runs it: a real subprocess, real files, exit codes and output."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
+
+
+def run(*args, cache_dir, **env):
+    environment = {k: v for k, v in os.environ.items() if k != "FASTLOADER_BACKEND"}
+    environment.update(FASTLOADER_CACHE_DIR=str(cache_dir), **env)
+    return subprocess.run([*FASTLOADER, *args], cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_bench_runs_the_embedded_demo_on_a_fresh_cache(tmp_path):
+    result = run("bench", "configs/sample.yaml", "--batches", "3", cache_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "generated the embedded demo dataset (first use): 300 JPEGs" in result.stderr
+    assert "split train: backend torch, device cpu, 2 workers, 240 samples, 7 batches/epoch" in result.stdout
+    assert "batches: [32, 3, 128, 128] float32, classes: circle, cross, square, stripes, triangle" in result.stdout
+    assert "96 images timed" in result.stdout and "images/s" in result.stdout
+    assert "3/5 batches" in result.stderr  # progress: 2 warm-up + 3 timed
+    again = run("bench", "configs/sample.yaml", "--split", "val", "--batches", "1", "--warmup", "0",
+                cache_dir=tmp_path)
+    assert again.returncode == 0 and "generated" not in again.stderr
+    assert "32 images timed" in again.stdout
+
+
+def test_config_errors_exit_2_with_a_message_and_no_traceback(tmp_path):
+    result = run("bench", "configs/sample.yaml", "--set", "train.bach_size=3", cache_dir=tmp_path)
+    assert result.returncode == 2
+    assert "fastloader: error: override 'train.bach_size': unknown key 'train.bach_size'; did you mean " \
+           "'train.batch_size'?" in result.stderr
+    assert "Traceback" not in result.stderr
+    missing = run("bench", "nope.yaml", cache_dir=tmp_path)
+    assert missing.returncode == 2 and "config file 'nope.yaml' not found" in missing.stderr
+
+
+def test_environment_forces_the_backend_and_debug_shows_tracebacks(tmp_path):
+    result = run("bench", "configs/sample.yaml", "--batches", "1", "--debug", cache_dir=tmp_path,
+                 FASTLOADER_BACKEND="dali")
+    assert result.returncode != 0 and "Traceback" in result.stderr and "no DALI backend yet" in result.stderr
+
+
+def test_version_and_help(tmp_path):
+    from fastloader import __version__
+    assert run("--version", cache_dir=tmp_path).stdout.strip() == f"fastloader {__version__}"
+    help_text = run("bench", "--help", cache_dir=tmp_path).stdout
+    assert "--set KEY=VALUE" in help_text and "fastloader bench configs/sample.yaml" in help_text

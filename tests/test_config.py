@@ -1,0 +1,167 @@
+"""Config: every key checked, every error names where, what and how to fix it."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fastloader import load_config
+from fastloader.config import ConfigError
+from conftest import REPO
+
+
+def write(tmp_path: Path, data: dict, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def error_of(config, overrides=None) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(config, overrides)
+    return str(caught.value)
+
+
+def test_imagenette_config_parses_with_train_and_eval_splits():
+    config = load_config(REPO / "configs" / "imagenette.yaml")
+    assert sorted(config.splits) == ["train", "val"]
+    train, val = config.split("train"), config.split("val")
+    assert (train.mode, train.shuffle, train.drop_last) == ("train", True, True)
+    assert (val.mode, val.shuffle, val.drop_last) == ("eval", False, False)
+    assert train.transform.scale == (0.08, 1.0) and train.transform.hflip == 0.5
+    assert val.transform.crop_pct == 0.875 and val.transform.size == 224
+    assert config.output.dtype == "float32" and config.output.channels_last is False
+    # A relative root is relative to the config file's folder, whatever the working directory.
+    assert config.dataset.root == str(REPO / "configs" / "../data/imagenette2-320")
+
+
+def test_config_is_frozen():
+    config = load_config(REPO / "configs" / "sample.yaml")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.seed = 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.split("train").transform.size = 3
+
+
+def test_unknown_key_names_the_file_the_key_and_the_closest_valid_key(tmp_path):
+    path = write(tmp_path, {"dataset": {"root": "x"}, "train": {"bach_size": 3}})
+    message = error_of(path)
+    assert str(path) in message
+    assert "unknown key 'train.bach_size'" in message
+    assert "did you mean 'train.batch_size'?" in message
+
+
+def test_key_in_the_wrong_section_is_pointed_to_its_place(tmp_path):
+    message = error_of(write(tmp_path, {"dataset": {"root": "x"}, "train": {"hflip": 0.5}}))
+    assert "unknown key 'train.hflip'" in message and "<split>.transform.hflip" in message
+
+
+def test_misspelled_section_is_not_taken_for_a_split(tmp_path):
+    message = error_of(write(tmp_path, {"dataset": {"root": "x"}, "normalise": {"mean": [0, 0, 0]}}))
+    assert "unknown key 'normalise'" in message and "did you mean 'normalize'?" in message
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("train.batch_size", "big", "train.batch_size: expected an integer, got 'big'"),
+    ("train.batch_size", True, "train.batch_size: expected an integer, got true"),
+    ("train.batch_size", 0, "train.batch_size: must be a positive integer, got 0"),
+    ("train.transform.scale", [0.9, 0.1], "train.transform.scale: must be 0 < min <= max <= 1, got [0.9, 0.1]"),
+    ("train.transform.scale", [0.5], "train.transform.scale: expected a list of 2 numbers, got 1 values"),
+    ("train.transform.hflip", 1.5, "train.transform.hflip: must be a probability in [0, 1], got 1.5"),
+    ("normalize.mean", [124, 116, 104], "normalize.mean: must be in 0..1 units (pixel / 255)"),
+    ("normalize.std", [0.2, 0.2], "normalize.std: expected a list of 3 numbers, got 2 values"),
+    ("output.dtype", "bfloat", "output.dtype: expected one of 'float32', 'float16', 'bfloat16', got 'bfloat'; "
+                               "did you mean 'bfloat16'?"),
+    ("workers.num_workers", -1, "workers.num_workers: must be 'auto' or an integer >= 0, got -1"),
+    ("workers.num_workers", "many", "workers.num_workers: expected an integer or one of 'auto', got 'many'"),
+    ("backend", "jax", "backend: expected one of 'auto', 'dali', 'torch', got 'jax'"),
+])
+def test_wrong_type_or_range_names_the_dotted_key_and_the_value(tmp_path, key, value, expected):
+    raw = {"dataset": {"root": "x"}, "train": {}}
+    section, *rest = key.split(".")
+    node = raw.setdefault(section, {}) if rest else raw
+    for part in rest[:-1]:
+        node = node.setdefault(part, {})
+    node[rest[-1] if rest else key] = value
+    path = write(tmp_path, raw)
+    message = error_of(path)
+    assert message.startswith(f"{path}: ")
+    assert expected in message
+
+
+def test_eval_split_refuses_drop_last_and_train_only_keys(tmp_path):
+    message = error_of(write(tmp_path, {"dataset": {"root": "x"}, "val": {"drop_last": True}}))
+    assert "val.drop_last: must be false in eval mode" in message
+    message = error_of(write(tmp_path, {"dataset": {"root": "x"}, "val": {"transform": {"scale": [0.5, 1]}}}))
+    assert "val.transform.scale: applies only to train mode" in message
+    message = error_of(write(tmp_path, {"dataset": {"root": "x"}, "train": {"transform": {"crop_pct": 0.9}}}))
+    assert "train.transform.crop_pct: applies only to eval mode" in message
+
+
+def test_split_mode_defaults_follow_the_split_name_and_can_be_set(tmp_path):
+    config = load_config(write(tmp_path, {"dataset": {"root": "x"}, "train": {}, "holdout": {},
+                                          "train_eval": {"mode": "eval"}}))
+    assert config.split("train").mode == "train" and config.split("holdout").mode == "eval"
+    assert config.split("train_eval").mode == "eval" and config.split("train_eval").shuffle is False
+
+
+def test_missing_dataset_and_missing_split_are_explained(tmp_path):
+    assert "dataset: missing" in error_of(write(tmp_path, {"train": {}}))
+    config = load_config(write(tmp_path, {"dataset": {"root": "x"}, "train": {}}))
+    with pytest.raises(ConfigError, match=r"no split 'tran' \(splits defined: train\); did you mean 'train'\?"):
+        config.split("tran")
+
+
+def test_overrides_as_mapping_and_as_yaml_strings():
+    path = REPO / "configs" / "imagenette.yaml"
+    from_dict = load_config(path, {"train.batch_size": 32, "backend": "torch", "train.transform.scale": [0.5, 1]})
+    from_strings = load_config(path, ["train.batch_size=32", "backend=torch", "train.transform.scale=[0.5, 1]"])
+    assert from_dict == from_strings
+    assert from_dict.split("train").batch_size == 32 and from_dict.backend == "torch"
+    assert from_dict.split("train").transform.scale == (0.5, 1.0)
+
+
+def test_override_errors_name_the_override_not_the_file():
+    path = REPO / "configs" / "imagenette.yaml"
+    message = error_of(path, ["train.bach_size=32"])
+    assert message.startswith("override 'train.bach_size': unknown key 'train.bach_size'")
+    assert "did you mean 'train.batch_size'" in message
+    assert "override 'train.batch_size': train.batch_size: expected an integer, got 'x'" in error_of(
+        path, {"train.batch_size": "x"})
+    assert "expected 'dotted.key=value'" in error_of(path, ["train.batch_size"])
+
+
+def test_override_paths_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config(REPO / "configs" / "imagenette.yaml", {"dataset.root": "data/in"})
+    assert config.dataset.root == str(tmp_path / "data/in")
+
+
+def test_dict_config_paths_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config({"dataset": {"root": "rel"}, "train": {}})
+    assert config.source == "<dict>" and config.dataset.root == "rel"
+
+
+def test_environment_variable_forces_the_backend(monkeypatch):
+    path = REPO / "configs" / "imagenette.yaml"
+    monkeypatch.setenv("FASTLOADER_BACKEND", "torch")
+    assert load_config(path).backend == "torch"
+    assert load_config(path, {"backend": "dali"}).backend == "torch"
+    monkeypatch.setenv("FASTLOADER_BACKEND", "tensorflow")
+    assert "environment variable FASTLOADER_BACKEND: backend: expected one of" in error_of(path)
+
+
+def test_loaded_config_round_trips_through_load_config_with_overrides():
+    config = load_config(REPO / "configs" / "imagenette.yaml")
+    again = load_config(config, {"seed": 5})
+    assert again.seed == 5 and again.splits == config.splits and again.dataset == config.dataset
+
+
+def test_invalid_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    assert f"{bad}: not valid YAML" in error_of(bad)
+    assert "config file 'nope.yaml' not found" in error_of("nope.yaml")

@@ -1,0 +1,41 @@
+"""`import fastloader` must work, and build a loader, where DALI is not installed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from conftest import REPO
+
+HIDE_DALI = textwrap.dedent("""
+    import sys, importlib.abc
+    class HideNvidia(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "nvidia" or name.startswith("nvidia."):
+                raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)")
+    sys.meta_path.insert(0, HideNvidia())
+""")
+
+
+def test_import_and_build_without_dali(tmp_path):
+    script = HIDE_DALI + textwrap.dedent(f"""
+        import logging
+        logging.basicConfig(level=logging.INFO)
+        import fastloader
+        loader = fastloader.build_loader({str(REPO / 'configs' / 'sample.yaml')!r}, "val",
+                                         {{"workers.num_workers": 0}})
+        images, labels = next(iter(loader))
+        print(loader.backend, tuple(images.shape), any(m.startswith("nvidia") for m in sys.modules))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                            env={"FASTLOADER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["torch", "(32,", "3,", "128,", "128)", "False"]
+    assert "NVIDIA DALI is not installed" in result.stderr or "no CUDA GPU" in result.stderr
+
+
+def test_importing_fastloader_loads_no_backend():
+    script = "import sys, fastloader; print(sorted(m for m in sys.modules if m.split('.')[0] in " \
+             "('nvidia', 'torch_loader', 'dali_loader', 'torchvision')))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

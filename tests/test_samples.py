@@ -1,0 +1,104 @@
+"""SampleIndex: ImageFolder labels, deterministic order, file lists, numpy storage, clear errors."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastloader import load_config
+from fastloader.config import ConfigError, IMAGE_EXTENSIONS
+from fastloader.samples import SampleIndex, build_index, read_file_list, scan_folder
+
+
+def touch_image(path, colour=(1, 2, 3)):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (4, 4), colour).save(path, format="PNG")
+
+
+def test_folder_scan_follows_imagefolder_labels_and_sorted_order(tmp_path):
+    split = tmp_path / "train"
+    for rel in ["dog/b.JPG", "dog/a.jpeg", "dog/sub/c.Png", "cat/z.webp", "Zebra/1.png", "cat/notes.txt",
+                "cat/.hidden/x.txt"]:
+        touch_image(split / rel) if not rel.endswith(".txt") else (split / rel).parent.mkdir(parents=True,
+                                                                                            exist_ok=True)
+    (split / "cat" / "notes.txt").write_text("not an image")
+    index = scan_folder(str(split), IMAGE_EXTENSIONS)
+    assert index.classes == ("Zebra", "cat", "dog")  # sorted as strings, like torchvision
+    assert [index.relpath(i) for i in range(len(index))] == [
+        "Zebra/1.png", "cat/z.webp", "dog/a.jpeg", "dog/b.JPG", "dog/sub/c.Png"]
+    assert index.labels.tolist() == [0, 1, 2, 2, 2]
+    assert index.path(3) == str(split / "dog" / "b.JPG")
+
+
+def test_index_is_three_numpy_arrays_not_python_strings(tmp_path):
+    index = SampleIndex.from_lists(str(tmp_path), ["a", "b"], ["a/1.jpg", "b/ü 2.jpg"], [0, 1])
+    assert isinstance(index.path_bytes, np.ndarray) and index.path_bytes.dtype == np.uint8
+    assert index.offsets.tolist() == [0, 7, 17]  # "ü" is two bytes
+    assert index.labels.dtype == np.int64
+    assert [index.relpath(i) for i in range(2)] == ["a/1.jpg", "b/ü 2.jpg"]
+    assert index.nbytes == 17 + 3 * 8 + 2 * 8
+    assert index.class_counts().tolist() == [1, 1]
+
+
+def test_empty_class_folder_keeps_its_label_and_warns(tmp_path, caplog):
+    touch_image(tmp_path / "val" / "a" / "1.png")
+    (tmp_path / "val" / "b").mkdir()
+    touch_image(tmp_path / "val" / "c" / "1.png")
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        index = scan_folder(str(tmp_path / "val"), IMAGE_EXTENSIONS)
+    assert index.classes == ("a", "b", "c") and index.labels.tolist() == [0, 2]
+    assert any("holds no image files" in r.message and "label 1" in r.message for r in caplog.records)
+
+
+def test_explicit_class_list_fixes_labels_across_splits(tmp_path):
+    touch_image(tmp_path / "val" / "c" / "1.png")
+    config = load_config({"dataset": {"root": str(tmp_path), "classes": ["a", "b", "c"]}, "val": {}})
+    index = build_index(config, config.split("val"))
+    assert index.classes == ("a", "b", "c") and index.labels.tolist() == [2]
+
+
+def test_missing_folders_and_empty_splits_are_explained(tmp_path):
+    (tmp_path / "train" / "cls").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"split folder '.*/val' does not exist \(folders in dataset.root: "
+                                          r"train\); set val.folder"):
+        config = load_config({"dataset": {"root": str(tmp_path)}, "val": {}})
+        build_index(config, config.split("val"))
+    with pytest.raises(ConfigError, match="dataset.root: folder '.*/nowhere' does not exist"):
+        scan_folder(str(tmp_path / "nowhere" / "train"), IMAGE_EXTENSIONS)
+    with pytest.raises(ConfigError, match="no image files under"):
+        scan_folder(str(tmp_path / "train"), IMAGE_EXTENSIONS)
+    (tmp_path / "flat").mkdir()
+    touch_image(tmp_path / "flat" / "1.png")
+    with pytest.raises(ConfigError, match="has no class folders"):
+        scan_folder(str(tmp_path / "flat"), IMAGE_EXTENSIONS)
+
+
+def test_file_list_with_spaces_comments_and_labels(tmp_path):
+    listing = tmp_path / "list.txt"
+    listing.write_text("# path label\n\nimgs/a b.jpg 1\nimgs/c.jpg   0\n/abs/d.jpg 3\n")
+    index = read_file_list(str(listing), str(tmp_path))
+    assert [index.relpath(i) for i in range(3)] == ["imgs/a b.jpg", "imgs/c.jpg", "/abs/d.jpg"]
+    assert index.labels.tolist() == [1, 0, 3] and index.classes == ("0", "1", "2", "3")
+    assert index.path(0) == str(tmp_path / "imgs/a b.jpg") and index.path(2) == "/abs/d.jpg"
+
+
+def test_file_list_errors_name_file_and_line(tmp_path):
+    listing = tmp_path / "list.txt"
+    listing.write_text("a.jpg 0\nb.jpg cat\n")
+    with pytest.raises(ConfigError, match=r"list.txt:2: expected 'relative/path label', got 'b.jpg cat'"):
+        read_file_list(str(listing), str(tmp_path))
+    listing.write_text("a.jpg 5\n")
+    with pytest.raises(ConfigError, match=r"list.txt:1: label 5 out of range \(dataset.classes has 2 names\)"):
+        read_file_list(str(listing), str(tmp_path), classes=["x", "y"])
+
+
+def test_split_file_list_key_is_used_instead_of_scanning(tmp_path):
+    touch_image(tmp_path / "data" / "x.png")
+    (tmp_path / "train.txt").write_text("x.png 1\n")
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text("dataset: {root: data, classes: [cats, dogs]}\ntrain: {file_list: train.txt}\n")
+    config = load_config(config_path)
+    index = build_index(config, config.split("train"))
+    assert index.path(0) == str(tmp_path / "data" / "x.png") and index.classes == ("cats", "dogs")

@@ -1,0 +1,219 @@
+"""The torch backend against the contract: pixels, labels, orders, dtypes, layouts, epochs, edge cases."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastloader import build_loader
+from conftest import COLOURS, base_config, normalized
+
+
+def collect(loader):
+    images, labels = [], []
+    for x, y in loader:
+        images.append(x.float())
+        labels.append(y)
+    if not labels:
+        return torch.empty(0), torch.empty(0, dtype=torch.int64)
+    return torch.cat(images), torch.cat(labels)
+
+
+def test_contract_attributes_shapes_and_exact_normalized_pixels(solid_root):
+    with build_loader(base_config(solid_root), split="val") as loader:
+        assert loader.backend == "torch" and loader.device == torch.device("cpu")
+        assert (loader.batch_size, loader.num_samples, len(loader)) == (4, 15, 4)
+        assert loader.classes == tuple(COLOURS)
+        batches = list(loader)
+    assert [tuple(x.shape) for x, _ in batches] == [(4, 3, 32, 32)] * 3 + [(3, 3, 32, 32)]
+    for images, labels in batches:
+        assert images.dtype == torch.float32 and labels.dtype == torch.int64
+        for image, label in zip(images, labels):
+            expected = normalized(COLOURS[loader.classes[label]])
+            per_channel = image.mean(dim=(1, 2)).numpy()
+            assert np.allclose(per_channel, expected, atol=1e-5), (per_channel, expected)
+            assert float(image.std(dim=(1, 2)).max()) < 1e-5  # a solid colour stays solid
+
+
+def test_eval_yields_each_sample_once_in_index_order_with_workers(solid_root):
+    with build_loader(base_config(solid_root, workers={"num_workers": 2}), split="val") as loader:
+        _, labels = collect(loader)
+    assert labels.tolist() == [0] * 5 + [1] * 5 + [2] * 5
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_dtypes_and_channels_last_are_honoured(textured_root, dtype):
+    reference = build_loader(base_config(textured_root), split="val")
+    config = base_config(textured_root, output={"dtype": dtype, "channels_last": True})
+    with build_loader(config, split="val") as loader, reference:
+        for (x, _), (ref, _) in zip(loader, reference):
+            assert x.dtype == getattr(torch, dtype)
+            assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+            assert torch.allclose(x.float(), ref, atol=0.02 * ref.abs().max().item())
+            assert ref.is_contiguous()
+
+
+def test_same_seed_same_batches_other_epoch_other_order_and_crops(textured_root):
+    config = base_config(textured_root)
+    first, second = build_loader(config), build_loader(config)
+    a0, la0 = collect(first)
+    b0, lb0 = collect(second)
+    assert torch.equal(a0, b0) and torch.equal(la0, lb0)
+    a1, la1 = collect(first)  # a new loop is the next epoch
+    assert not torch.equal(la0, la1)
+    assert not torch.equal(a0, a1)
+    second.set_epoch(1)
+    b1, _ = collect(second)
+    assert torch.equal(a1, b1)
+    other_seed, _ = collect(build_loader({**config, "seed": 8}))
+    assert not torch.equal(a0, other_seed)
+
+
+def test_crops_do_not_depend_on_the_number_of_workers(textured_root):
+    single, _ = collect(build_loader(base_config(textured_root, workers={"num_workers": 0})))
+    with build_loader(base_config(textured_root, workers={"num_workers": 2})) as loader:
+        multi, _ = collect(loader)
+    assert torch.equal(single, multi)
+
+
+def test_break_then_new_epoch_and_close(textured_root):
+    loader = build_loader(base_config(textured_root, workers={"num_workers": 2}))
+    for _ in loader:
+        break
+    assert sum(1 for _ in loader) == len(loader) == 6  # 24 samples // 4, the next epoch in full
+    full_epoch_2 = collect(build_loader(base_config(textured_root), split="train"))
+    loader.close()
+    loader.close()  # idempotent
+    with pytest.raises(RuntimeError, match="loader for split 'train' is closed; build a new one"):
+        iter(loader)
+    assert len(full_epoch_2[1]) == 24
+
+
+def test_dataset_smaller_than_one_batch(solid_root, caplog):
+    big_batch = {"batch_size": 64}
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        dropping = build_loader(base_config(solid_root, train=big_batch))
+    assert len(dropping) == 0 and list(dropping) == []
+    assert any("yields no batch per epoch" in r.message and "train.drop_last: false" in r.message
+               for r in caplog.records)
+    keeping = build_loader(base_config(solid_root, train={**big_batch, "drop_last": False}))
+    images, labels = collect(keeping)
+    assert len(keeping) == 1 and images.shape == (15, 3, 32, 32) and sorted(labels.tolist()) == [0] * 5 + [1] * 5 + [2] * 5
+
+
+def test_train_crops_flip_rate_and_area_follow_the_config():
+    import random
+    from torch_loader.transforms import random_resized_crop
+    flips, areas = 0, []
+    for seed in range(3000):
+        crop = random_resized_crop(400, 300, random.Random(seed), (0.25, 0.5), (0.75, 4 / 3), 0.3)
+        flips += crop.flip
+        w, h = crop.right - crop.left, crop.bottom - crop.top
+        areas.append(w * h / (400 * 300))
+        assert 0 <= crop.left < crop.right <= 400 and 0 <= crop.top < crop.bottom <= 300
+        assert 0.74 <= w / h <= 1.34
+    assert 0.27 < flips / 3000 < 0.33
+    assert 0.24 <= min(areas) and max(areas) <= 0.51 and 0.35 < np.mean(areas) < 0.40
+
+
+def test_eval_crop_matches_torchvision_resize_then_center_crop(tmp_path):
+    import torchvision.transforms as T
+    from fastloader import load_config
+    from torch_loader.transforms import SampleTransform
+    rng = np.random.default_rng(1)
+    y, x = np.mgrid[0:375, 0:500]
+    pixels = np.stack([x * 255 // 500, y * 255 // 375, (x + y) % 256], -1) + rng.integers(0, 20, (375, 500, 3))
+    path = tmp_path / "photo.png"
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path)
+    split = load_config({"dataset": {"root": "x"}, "val": {"transform": {"size": 224}}}).split("val")
+    ours = SampleTransform(split)(str(path), 0).astype(float)
+    theirs = np.asarray(T.Compose([T.Resize(256), T.CenterCrop(224)])(Image.open(path).convert("RGB"))).astype(float)
+    assert ours.shape == theirs.shape == (224, 224, 3)
+    assert np.abs(ours - theirs).mean() < 2.0  # one resize of the box vs. resize then crop
+
+
+def test_jpeg_draft_decode_stays_close_to_a_full_decode(tmp_path):
+    from fastloader import load_config
+    from torch_loader.transforms import SampleTransform
+    y, x = np.mgrid[0:1200, 0:1600]
+    pixels = np.stack([x * 255 // 1600, y * 255 // 1200, ((x // 40 + y // 40) % 2) * 200], -1).astype(np.uint8)
+    path = tmp_path / "big.jpg"
+    Image.fromarray(pixels).save(path, quality=95)
+    split = load_config({"dataset": {"root": "x"}, "val": {"transform": {"size": 224}}}).split("val")
+    drafted = SampleTransform(split, use_draft=True)(str(path), 0).astype(float)
+    full = SampleTransform(split, use_draft=False)(str(path), 0).astype(float)
+    assert np.abs(drafted - full).mean() < 3.0
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "P", "RGBA", "I;16", "LA", "1"])
+def test_any_image_mode_is_decoded_to_correct_rgb(tmp_path, mode):
+    folder = tmp_path / "val" / "only"
+    folder.mkdir(parents=True)
+    colour = (60, 150, 210)
+    base = Image.new("RGB", (40, 30), colour)
+    if mode == "L":
+        image, expected, name = base.convert("L"), (base.convert("L").getpixel((0, 0)),) * 3, "x.jpg"
+    elif mode == "CMYK":
+        image, expected, name = base.convert("CMYK"), colour, "x.jpg"
+    elif mode == "P":
+        image, expected, name = base.convert("P", palette=Image.Palette.ADAPTIVE), colour, "x.png"
+    elif mode == "RGBA":
+        image, expected, name = base.convert("RGBA"), colour, "x.png"
+    elif mode == "LA":
+        image, expected, name = base.convert("LA"), (base.convert("L").getpixel((0, 0)),) * 3, "x.png"
+    elif mode == "1":
+        image, expected, name = Image.new("1", (40, 30), 1), (255, 255, 255), "x.png"
+    else:  # 16-bit greyscale: 0x8080 must become 128, not clip to white
+        image = Image.fromarray(np.full((30, 40), 0x8080, dtype=np.uint16))
+        expected, name = (128, 128, 128), "x.png"
+    image.save(folder / name, quality=95) if name.endswith(".jpg") else image.save(folder / name)
+    loader = build_loader(base_config(tmp_path), split="val")
+    images, _ = collect(loader)
+    pixel = images[0].mean(dim=(1, 2)).numpy()
+    assert np.allclose(pixel, normalized(expected), atol=3 / 255 / 0.224), (mode, pixel, normalized(expected))
+
+
+def test_exif_orientation_is_applied_unless_disabled(tmp_path):
+    folder = tmp_path / "val" / "only"
+    folder.mkdir(parents=True)
+    pixels = np.zeros((40, 80, 3), dtype=np.uint8)
+    pixels[:, :40] = (255, 0, 0)   # stored left half red
+    pixels[:, 40:] = (0, 0, 255)   # stored right half blue
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[0x0112] = 6  # displayed rotated 90 degrees clockwise: stored left becomes the top
+    image.save(folder / "rotated.jpg", quality=95, exif=exif.tobytes())
+    config = base_config(tmp_path, val={"transform": {"size": 32, "crop_pct": 1.0}})
+    upright, _ = collect(build_loader(config, split="val"))
+    red = normalized((255, 0, 0))[0]
+    assert upright[0, 0, :8].mean() > red - 0.3 and upright[0, 0, -8:].mean() < 0  # red on top, not below
+    config["dataset"]["exif_orientation"] = False
+    stored, _ = collect(build_loader(config, split="val"))
+    assert stored[0, 0, :, :8].mean() > red - 0.3 and stored[0, 0, :, -8:].mean() < 0  # red on the left
+
+
+def test_unreadable_file_error_names_the_file(tmp_path):
+    folder = tmp_path / "val" / "only"
+    folder.mkdir(parents=True)
+    (folder / "broken.jpg").write_bytes(b"this is not a jpeg")
+    with pytest.raises(RuntimeError, match=r"cannot load image '.*broken.jpg' \(sample 0, label 0\)"):
+        list(build_loader(base_config(tmp_path), split="val"))
+
+
+def test_builtin_demo_dataset_is_generated_on_first_use(caplog):
+    from conftest import REPO
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        loader = build_loader(REPO / "configs" / "sample.yaml", "val", {"workers.num_workers": 0})
+    images, labels = collect(loader)
+    assert loader.classes == ("circle", "cross", "square", "stripes", "triangle")
+    assert images.shape == (60, 3, 128, 128) and labels.bincount().tolist() == [12] * 5
+    assert loader.num_samples == 60
+
+
+def test_dali_backend_is_refused_with_a_way_out(solid_root):
+    from fastloader.config import ConfigError
+    with pytest.raises(ConfigError, match="no DALI backend yet.*set backend: torch or auto"):
+        build_loader(base_config(solid_root, backend="dali"))
