@@ -6,7 +6,7 @@ import torch
 
 from fastloader import build_loader, load_config
 from fastloader.samples import build_index
-from torch_loader.prefetch import BatchConverter
+from torch_loader.prefetch import Normalizer
 from torch_loader.transforms import SampleTransform
 from conftest import REALPHOTOS, REPO, requires_realphotos
 
@@ -27,10 +27,11 @@ def test_val_yields_all_100_photos_exactly_once_with_folder_labels():
     config = load_config(CONFIG, overrides)
     index = build_index(config, config.split("val"))
     transform = SampleTransform(config.split("val"))
-    convert = BatchConverter(config.normalize, config.output, torch.device("cpu"))
+    normalizer = Normalizer(config.normalize, config.output, torch.device("cpu"))
+    single = torch.empty(3, 224, 224)
     for i in range(100):
-        single = torch.from_numpy(transform(index.path(i), 0).copy()).permute(2, 0, 1)[None]
-        assert torch.equal(convert(single)[0], images[i]), index.path(i)
+        normalizer.into(single, transform(index.path(i), 0))
+        assert torch.equal(single, images[i]), index.path(i)
     loader.close()
 
 

@@ -1,36 +1,62 @@
-"""fast_collate: uint8 HWC samples -> one uint8 [B, 3, H, W] tensor, without a float in sight.
+"""Collate: per-sample uint8 [3, H, W] -> one batch tensor, written in place, no float on the way.
 
-The batch is laid out NHWC in memory (the samples' own layout, so stacking is one memcpy each) and
-returned as an NCHW view: logically NCHW, physically channels_last. The conversion to float on
-the device then writes whichever memory format the config asks for, in the same pass. In a worker
-the batch is allocated in shared memory directly, as torch's default_collate does, so handing it to
-the main process copies nothing.
+`fast_collate` (GPU output) stacks uint8 in NHWC memory, returned as an NCHW view: the samples'
+own layout, so each copy is one memcpy, and the device converts to the configured memory format in
+the same pass that normalizes. `NormalizingCollate` (CPU output) writes each image normalized
+straight into the float batch. In a worker, either batch is allocated in shared memory directly,
+as torch's default_collate does, so handing it to the main process copies nothing.
 """
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import torch
 import torch.utils.data
 
+from .prefetch import Normalizer
 
-def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
+
+def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    """An uninitialized [B, C, H, W] tensor; in shared memory when called in a DataLoader worker."""
     if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
-    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
-    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+        memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        return torch.empty(shape, dtype=dtype, memory_format=memory_format)
+    b, c, h, w = shape
+    stride = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
 
 
-def fast_collate(samples: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images uint8 [B, 3, H, W] in channels_last memory, labels int64 [B])."""
+def _labels(samples) -> torch.Tensor:
+    return torch.tensor([label for _, label in samples], dtype=torch.int64)
+
+
+def _check_shapes(samples) -> tuple[int, int, int, int]:
     if not samples:
-        raise ValueError("fast_collate got an empty batch")
-    height, width = samples[0][0].shape[:2]
-    nhwc = _empty_uint8((len(samples), height, width, 3))
-    target = nhwc.numpy()
-    labels = torch.empty(len(samples), dtype=torch.int64)
-    for i, (image, label) in enumerate(samples):
-        if image.shape != (height, width, 3):
-            raise ValueError(f"sample {i} of the batch has shape {image.shape}, expected {(height, width, 3)}")
-        target[i] = image
-        labels[i] = label
-    return nhwc.permute(0, 3, 1, 2), labels
+        raise ValueError("collate got an empty batch")
+    shape = tuple(samples[0][0].shape)
+    for i, (image, _) in enumerate(samples):
+        if tuple(image.shape) != shape:
+            raise ValueError(f"sample {i} of the batch has shape {tuple(image.shape)}, expected {shape}")
+    return (len(samples), *shape)
+
+
+def fast_collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images uint8 [B, 3, H, W] in channels_last memory, labels int64 [B])."""
+    images = empty_batch(_check_shapes(samples), torch.uint8, channels_last=True)
+    for slot, (image, _) in zip(images, samples):
+        slot.copy_(image)
+    return images, _labels(samples)
+
+
+class NormalizingCollate:
+    """(images normalized [B, 3, H, W] in the output dtype and memory format, labels int64 [B])."""
+
+    def __init__(self, normalizer: Normalizer):
+        self.normalizer = normalizer
+
+    def __call__(self, samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        images = empty_batch(_check_shapes(samples), self.normalizer.dtype, self.normalizer.channels_last)
+        for slot, (image, _) in zip(images, samples):
+            self.normalizer.into(slot, image)
+        return images, _labels(samples)

@@ -15,9 +15,9 @@ from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
 from fastloader.samples import SampleIndex
 
-from .collate import fast_collate
+from .collate import NormalizingCollate, fast_collate
 from .dataset import ImageDataset
-from .prefetch import BatchConverter, convert_on_cpu, prefetch_to_cuda
+from .prefetch import Normalizer, prefetch_to_cuda
 from .transforms import SampleTransform
 
 log = logging.getLogger("fastloader")
@@ -59,16 +59,17 @@ class TorchLoader(Loader):
         self.num_workers = num_workers
         self._sampler = _EpochBatches()
         transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation)
+        self._normalizer = Normalizer(config.normalize, config.output, device)
+        on_cuda = device.type == "cuda"
         self._dataloader = torch.utils.data.DataLoader(
             ImageDataset(index, transform),
             batch_sampler=self._sampler,
-            collate_fn=fast_collate,
+            collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer),
             num_workers=num_workers,
             pin_memory=pin and torch.cuda.is_available(),
             persistent_workers=workers.persistent and num_workers > 0,
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
         )
-        self._convert = BatchConverter(config.normalize, config.output, device)
         log.info("torch loader for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), %d workers, "
                  "device %s", split.name, len(index), len(self), ranks.rank, ranks.world_size, ranks.source,
                  num_workers, device)
@@ -77,10 +78,9 @@ class TorchLoader(Loader):
         if not batches:
             return iter(())
         self._sampler.batches = batches
-        uint8_batches = iter(self._dataloader)
-        if self.device.type == "cuda":
-            return prefetch_to_cuda(uint8_batches, self._convert)
-        return convert_on_cpu(uint8_batches, self._convert)
+        if self.device.type == "cuda":  # workers give uint8; the GPU normalizes on a side stream
+            return prefetch_to_cuda(iter(self._dataloader), self._normalizer)
+        return iter(self._dataloader)  # workers normalized already (NormalizingCollate)
 
     def _close(self) -> None:
         iterator = getattr(self._dataloader, "_iterator", None)

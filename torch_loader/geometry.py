@@ -1,0 +1,61 @@
+"""Where to crop: torchvision's RandomResizedCrop sampling and Resize + CenterCrop, as one box.
+
+The box is chosen from the image's size alone, before any pixel is decoded, so that the decoder can
+decode less (see decode.py) and eval resizes only the centre region instead of the whole image.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Crop:
+    """A region of the (upright) source image to resize to the output size, and whether to flip."""
+    left: float
+    top: float
+    right: float
+    bottom: float
+    flip: bool = False
+
+    def scaled(self, sx: float, sy: float) -> "Crop":
+        return Crop(self.left * sx, self.top * sy, self.right * sx, self.bottom * sy, self.flip)
+
+
+def random_resized_crop(width: int, height: int, rng: random.Random, scale: tuple[float, float],
+                        ratio: tuple[float, float], hflip: float) -> Crop:
+    """torchvision's RandomResizedCrop sampling (10 tries, then a centre crop), from our own rng."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = rng.randint(0, height - h)
+            left = rng.randint(0, width - w)
+            return Crop(left, top, left + w, top + h, rng.random() < hflip)
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        w, h = int(round(height * ratio[1])), height
+    else:
+        w, h = width, height
+    top, left = (height - h) // 2, (width - w) // 2
+    return Crop(left, top, left + w, top + h, rng.random() < hflip)
+
+
+def center_crop(width: int, height: int, size: int, crop_pct: float) -> Crop:
+    """The source box that Resize(floor(size / crop_pct)) then CenterCrop(size) would keep."""
+    short = math.floor(size / crop_pct)
+    if width <= height:
+        resized_w, resized_h = short, int(short * height / width)
+    else:
+        resized_w, resized_h = int(short * width / height), short
+    sx, sy = width / resized_w, height / resized_h
+    top = int(round((resized_h - size) / 2.0))
+    left = int(round((resized_w - size) / 2.0))
+    return Crop(left * sx, top * sy, (left + size) * sx, (top + size) * sy)
