@@ -217,3 +217,33 @@ def test_dali_backend_is_refused_with_a_way_out(solid_root):
     from fastloader.config import ConfigError
     with pytest.raises(ConfigError, match="no DALI backend yet.*set backend: torch or auto"):
         build_loader(base_config(solid_root, backend="dali"))
+
+
+def test_resume_mid_epoch_yields_exactly_the_remaining_batches_then_the_next_epochs(textured_root):
+    config = base_config(textured_root, workers={"num_workers": 2})
+    with build_loader(config) as reference:
+        epoch0 = [(x, y) for x, y in reference]
+        epoch1 = [(x, y) for x, y in reference]
+    with build_loader(config) as interrupted:
+        for step, _ in enumerate(interrupted):
+            if step == 2:
+                state = interrupted.state_dict()
+                break
+    assert state["epoch"] == 0 and state["batches_done"] == 3 and state["version"] == 1
+    import json
+    state = json.loads(json.dumps(state))  # plain data: saveable as JSON or with torch.save
+    with build_loader(config) as resumed:
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        after = list(resumed)
+    assert len(rest) == len(epoch0) - 3
+    for (x, y), (rx, ry) in zip(epoch0[3:] + epoch1, rest + after):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+
+
+def test_resume_state_from_another_dataset_or_world_is_refused(textured_root, solid_root):
+    state = build_loader(base_config(textured_root)).state_dict()
+    with pytest.raises(ValueError, match="num_samples=24, this loader has num_samples=15"):
+        build_loader(base_config(solid_root)).load_state_dict(state)
+    with pytest.raises(ValueError, match="world_size=1, this loader has world_size=2"):
+        build_loader(base_config(textured_root, distributed={"world_size": 2, "rank": 1})).load_state_dict(state)
