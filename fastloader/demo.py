@@ -43,7 +43,11 @@ def builtin_dataset_root(name: str, source: str) -> str:
 
 
 def generate_sample(root: Path) -> None:
-    """Write the demo dataset to `root` atomically: a temporary folder renamed at the end."""
+    """Write the demo dataset to `root` atomically: a temporary folder renamed at the end.
+
+    Several ranks may start at once: each writes its own temporary copy, the first rename wins
+    and the others discard theirs, so nobody ever reads a half-written dataset.
+    """
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".sample-", dir=root.parent))
     try:
@@ -57,9 +61,12 @@ def generate_sample(root: Path) -> None:
                     _draw(name, label, rng).save(folder / f"{name}_{i:03d}.jpg", quality=90)
                     total += 1
         (staging / "COMPLETE").write_text(f"fastloader demo dataset v{SAMPLE_VERSION}\n")
-        if root.exists():
-            shutil.rmtree(root)
-        os.replace(staging, root)
+        try:
+            os.rename(staging, root)
+        except OSError:
+            if not (root / "COMPLETE").exists():
+                raise
+            return  # another process finished first; its copy is identical
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.warning("generated the embedded demo dataset (first use): %d JPEGs in %d classes at %s",

@@ -247,3 +247,18 @@ def test_resume_state_from_another_dataset_or_world_is_refused(textured_root, so
         build_loader(base_config(solid_root)).load_state_dict(state)
     with pytest.raises(ValueError, match="world_size=1, this loader has world_size=2"):
         build_loader(base_config(textured_root, distributed={"world_size": 2, "rank": 1})).load_state_dict(state)
+
+
+def test_demo_dataset_generated_by_concurrent_processes_is_complete(tmp_path):
+    import multiprocessing
+    from fastloader.demo import generate_sample
+    target = tmp_path / "sample"
+    processes = [multiprocessing.get_context("fork").Process(target=generate_sample, args=(target,))
+                 for _ in range(3)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(60)
+    assert [p.exitcode for p in processes] == [0, 0, 0]
+    assert len(list(target.glob("*/*/*.jpg"))) == 300 and (target / "COMPLETE").exists()
+    assert not list(tmp_path.glob(".sample-*"))  # no temporary copy left behind
