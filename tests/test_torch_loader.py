@@ -195,12 +195,14 @@ def test_exif_orientation_is_applied_unless_disabled(tmp_path):
     assert stored[0, 0, :, :8].mean() > red - 0.3 and stored[0, 0, :, -8:].mean() < 0  # red on the left
 
 
-def test_unreadable_file_error_names_the_file(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_unreadable_file_error_names_the_file(tmp_path, workers):
     folder = tmp_path / "val" / "only"
     folder.mkdir(parents=True)
     (folder / "broken.jpg").write_bytes(b"this is not a jpeg")
-    with pytest.raises(RuntimeError, match=r"cannot load image '.*broken.jpg' \(sample 0, label 0\)"):
-        list(build_loader(base_config(tmp_path), split="val"))
+    with pytest.raises(RuntimeError, match=r"cannot load image '.*broken.jpg' \(sample 0, label 0\): "
+                                           r"UnidentifiedImageError"):
+        list(build_loader(base_config(tmp_path, workers={"num_workers": workers}), split="val"))
 
 
 def test_builtin_demo_dataset_is_generated_on_first_use(caplog):
