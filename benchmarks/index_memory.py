@@ -134,7 +134,7 @@ def report_index(result: dict) -> None:
     print(f"  process RSS growth:      {growth_mb:.1f} MB   "
           f"target < {INDEX_TARGET_MB} MB: {'OK' if growth_mb < INDEX_TARGET_MB else 'ABOVE TARGET'}")
     if result["peak_growth_kb"] is not None:
-        print(f"  peak RSS growth (build): {result['peak_growth_kb'] / 1024:.1f} MB (temporary Python lists)")
+        print(f"  peak RSS growth (build): {result['peak_growth_kb'] / 1024:.1f} MB (build buffers, freed after)")
 
 
 # -- part B ---------------------------------------------------------------------------------------

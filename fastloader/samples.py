@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from array import array
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -35,12 +36,10 @@ class SampleIndex:
     @classmethod
     def from_lists(cls, root: str, classes: Sequence[str], relpaths: Sequence[str],
                    labels: Sequence[int]) -> "SampleIndex":
-        encoded = [p.encode("utf-8", "surrogateescape") for p in relpaths]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
-        path_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        return cls(root=str(root), classes=tuple(classes), path_bytes=path_bytes, offsets=offsets,
-                   labels=np.asarray(labels, dtype=np.int64).reshape(len(encoded)))
+        builder = IndexBuilder()
+        for path, label in zip(relpaths, labels, strict=True):
+            builder.add(path, label)
+        return builder.build(root, classes)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -64,6 +63,33 @@ class SampleIndex:
     @property
     def nbytes(self) -> int:
         return self.path_bytes.nbytes + self.offsets.nbytes + self.labels.nbytes
+
+
+class IndexBuilder:
+    """Appends (path, label) pairs straight into compact buffers: no list of a million strings,
+    even while scanning."""
+
+    def __init__(self):
+        self._bytes = bytearray()
+        self._offsets = array("q", [0])
+        self._labels = array("q")
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def add(self, relpath: str, label: int) -> None:
+        self._bytes += relpath.encode("utf-8", "surrogateescape")
+        self._offsets.append(len(self._bytes))
+        self._labels.append(label)
+
+    def labels(self) -> np.ndarray:
+        return np.frombuffer(self._labels, dtype=np.int64)
+
+    def build(self, root: str, classes: Sequence[str]) -> SampleIndex:
+        return SampleIndex(root=str(root), classes=tuple(classes),
+                           path_bytes=np.frombuffer(bytes(self._bytes), dtype=np.uint8),
+                           offsets=np.array(self._offsets, dtype=np.int64),
+                           labels=np.array(self._labels, dtype=np.int64))
 
 
 def build_index(config: Config, split: SplitConfig) -> SampleIndex:
@@ -110,42 +136,39 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
             log.warning("%s: class %r has no folder in %s; its label is kept, with no samples", source, name, split_dir)
 
     suffixes = tuple(e.lower() for e in extensions)
-    relpaths: list[str] = []
-    labels: list[int] = []
+    builder = IndexBuilder()
     started = last_report = time.monotonic()
     for label, name in enumerate(classes):
         class_dir = os.path.join(split_dir, name)
         if not os.path.isdir(class_dir):
             continue
-        before = len(relpaths)
+        before = len(builder)
         for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
             dirnames.sort()
             rel_dir = os.path.relpath(dirpath, split_dir)
             for filename in sorted(filenames):
                 if filename.lower().endswith(suffixes):
-                    relpaths.append(os.path.join(rel_dir, filename))
-                    labels.append(label)
-        if len(relpaths) == before:
+                    builder.add(os.path.join(rel_dir, filename), label)
+        if len(builder) == before:
             log.warning("class folder %s holds no image files (%s); its label %d is kept, with no samples",
                         class_dir, "/".join(suffixes), label)
         now = time.monotonic()
         if now - last_report > 5:
-            log.info("scanning %s: %d/%d classes, %d images so far", split_dir, label + 1, len(classes), len(relpaths))
+            log.info("scanning %s: %d/%d classes, %d images so far", split_dir, label + 1, len(classes), len(builder))
             last_report = now
-    if not relpaths:
+    if not len(builder):
         raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}); "
                           f"check dataset.root and dataset.extensions")
-    log.info("indexed %s: %d images in %d classes (%.2fs)", split_dir, len(relpaths), len(classes),
+    log.info("indexed %s: %d images in %d classes (%.2fs)", split_dir, len(builder), len(classes),
              time.monotonic() - started)
-    return SampleIndex.from_lists(split_dir, classes, relpaths, labels)
+    return builder.build(split_dir, classes)
 
 
 def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = None) -> SampleIndex:
     """Lines of `relative/path label` (label an integer; paths may hold spaces; '#' starts a comment)."""
     if not os.path.isfile(list_path):
         raise ConfigError(f"file list {list_path!r} does not exist; fix the split's file_list key")
-    relpaths: list[str] = []
-    labels: list[int] = []
+    builder = IndexBuilder()
     with open(list_path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             line = line.strip()
@@ -158,10 +181,9 @@ def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = No
             if label < 0 or (classes is not None and label >= len(classes)):
                 limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
                 raise ConfigError(f"{list_path}:{number}: label {label} out of range{limit}")
-            relpaths.append(parts[0])
-            labels.append(label)
-    if not relpaths:
+            builder.add(parts[0], label)
+    if not len(builder):
         raise ConfigError(f"file list {list_path!r} holds no samples")
     if classes is None:
-        classes = [str(i) for i in range(max(labels) + 1)]
-    return SampleIndex.from_lists(root, classes, relpaths, labels)
+        classes = [str(i) for i in range(int(builder.labels().max()) + 1)]
+    return builder.build(root, classes)
