@@ -173,7 +173,6 @@ class Config:
 _SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
              "workers": WorkersConfig, "distributed": DistributedConfig}
 _SCALARS = ("backend", "seed")
-_PATH_KEYS = ("dataset.root", "file_list")  # resolved against the config file's folder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +261,7 @@ def _resolve_one(value: Any, base_dir: Path) -> Any:
     if not isinstance(value, str) or value.startswith("builtin:"):
         return value
     expanded = os.path.expanduser(os.path.expandvars(value))
-    return expanded if os.path.isabs(expanded) else str(base_dir / expanded)
+    return os.path.normpath(expanded if os.path.isabs(expanded) else str(base_dir / expanded))
 
 
 def _resolve_paths(raw: dict, base_dir: Path) -> dict:

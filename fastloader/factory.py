@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 
 import torch
 
@@ -38,7 +39,6 @@ def _dali_installed() -> bool:
 
 
 def _origin(config: Config) -> str:
-    import os
     return f"forced by {BACKEND_ENV}" if os.environ.get(BACKEND_ENV) else f"from {config.source}"
 
 

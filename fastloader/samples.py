@@ -115,8 +115,8 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
     if not os.path.isdir(split_dir):
         parent = os.path.dirname(split_dir.rstrip(os.sep))
         if not os.path.isdir(parent):
-            raise ConfigError(f"{source}: dataset.root: folder {parent!r} does not exist; "
-                              f"set dataset.root to the folder that holds the split folders")
+            raise ConfigError(f"{source}: dataset.root: folder {parent!r} does not exist; set dataset.root to the "
+                              f"folder that holds the split folders (or pass --set dataset.root=PATH)")
         present = sorted(e.name for e in os.scandir(parent) if e.is_dir())
         raise ConfigError(f"{source}: split folder {split_dir!r} does not exist (folders in dataset.root: "
                           f"{', '.join(present) or 'none'}); set {key} to one of them")

@@ -34,7 +34,7 @@ def test_imagenette_config_parses_with_train_and_eval_splits():
     assert val.transform.crop_pct == 0.875 and val.transform.size == 224
     assert config.output.dtype == "float32" and config.output.channels_last is False
     # A relative root is relative to the config file's folder, whatever the working directory.
-    assert config.dataset.root == str(REPO / "configs" / "../data/imagenette2-320")
+    assert config.dataset.root == str(REPO / "data" / "imagenette2-320")
 
 
 def test_config_is_frozen():
