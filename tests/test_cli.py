@@ -1,17 +1,16 @@
 """The command line as a user runs it: a real subprocess, real files, exit codes and output."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, env_without
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
 
 
 def run(*args, cache_dir, **env):
-    environment = {k: v for k, v in os.environ.items() if k != "FASTLOADER_BACKEND"}
+    environment = env_without("FASTLOADER_BACKEND")
     environment.update(FASTLOADER_CACHE_DIR=str(cache_dir), **env)
     return subprocess.run([*FASTLOADER, *args], cwd=REPO, env=environment, capture_output=True, text=True,
                           timeout=240)

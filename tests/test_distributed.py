@@ -11,7 +11,7 @@ import pytest
 
 from fastloader.config import ConfigError, DistributedConfig
 from fastloader.distributed import detect_ranks
-from conftest import REPO, write_textured_dataset
+from conftest import REPO, env_without, write_textured_dataset
 
 
 def test_single_process_by_default():
@@ -61,7 +61,7 @@ def run_ranks(config: dict, split: str, world: int, launcher: str) -> list[dict]
     """Start one real process per rank with the launcher's variables set, as torchrun or srun would."""
     procs = []
     for rank in range(world):
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
+        env = env_without("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")
         if launcher == "torchrun":
             env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
         else:
