@@ -17,7 +17,6 @@ log = logging.getLogger("fastloader")
 
 def choose_backend(config: Config) -> tuple[str, str]:
     """(backend, reason). The DALI backend is not built yet: auto picks torch, dali is an error."""
-    dali_installed = _dali_installed()
     if config.backend == "torch":
         return "torch", f"backend: torch ({_origin(config)})"
     if config.backend == "dali":
@@ -25,7 +24,7 @@ def choose_backend(config: Config) -> tuple[str, str]:
                           f"(it is the next milestone); set backend: torch or auto, or {BACKEND_ENV}=torch")
     if not torch.cuda.is_available():
         return "torch", "backend: auto and no CUDA GPU is available"
-    if not dali_installed:
+    if not _dali_installed():
         return "torch", "backend: auto and NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)"
     return "torch", "backend: auto; the DALI backend is not built yet in this version"
 
