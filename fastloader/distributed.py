@@ -59,3 +59,15 @@ def detect_ranks(config: DistributedConfig | None = None) -> RankInfo:
                           f"fix distributed.rank / distributed.world_size or the launcher's variables")
     return RankInfo(rank=rank, world_size=world, local_rank=local, local_world_size=max(1, local_world),
                     source=source)
+
+
+def cpu_workers_per_rank(ranks: RankInfo, cap: int) -> int:
+    """The CPU cores this process may use, shared among the ranks on this node, capped.
+
+    Both backends size their parallelism with it: DataLoader workers for torch, CPU threads for DALI.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        cores = os.cpu_count() or 1
+    return max(1, min(cap, cores // ranks.local_world_size))
