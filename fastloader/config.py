@@ -70,9 +70,24 @@ class TransformConfig:
     """eval: resize the shorter side to floor(size / crop_pct), then centre-crop size x size."""
     interpolation: Interpolation = "bilinear"
     """Resampling filter of the resize (antialiased when shrinking)."""
+    erase_prob: float = field(default=0.0, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
+    """train: probability that an image gets random erasing (timm's RandomErasing, on the device). 0: off."""
+    erase_mode: Literal["const", "rand", "pixel"] = "const"
+    """train: fill of an erased box: const (zeros after normalization), rand (one normal colour per box),
+    pixel (normal noise per pixel)."""
+    erase_area: tuple[float, float] = field(
+        default=(0.02, 1 / 3), metadata=_check(lambda v: 0 < v[0] <= v[1] < 1, "0 < min <= max < 1"))
+    """train: range of the erased area as a fraction of the image, shared among the boxes of an image."""
+    erase_ratio: tuple[float, float] = field(
+        default=(0.3, 1 / 0.3), metadata=_check(lambda v: 0 < v[0] <= v[1], "0 < min <= max"))
+    """train: range of an erased box's aspect ratio (height / width, as timm)."""
+    erase_count: tuple[int, int] = field(
+        default=(1, 1), metadata=_check(lambda v: 1 <= v[0] <= v[1] <= 16, "1 <= min <= max <= 16"))
+    """train: range of the number of boxes erased in an image."""
 
 
-TRAIN_TRANSFORM_KEYS = ("size", "scale", "ratio", "hflip", "interpolation")
+TRAIN_TRANSFORM_KEYS = ("size", "scale", "ratio", "hflip", "interpolation",
+                        "erase_prob", "erase_mode", "erase_area", "erase_ratio", "erase_count")
 EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation")
 
 
@@ -133,6 +148,16 @@ class WorkersConfig:
 
 
 @dataclass(frozen=True)
+class DaliConfig:
+    hw_decoder_load: float = field(default=0.65, metadata=_check(lambda v: 0 <= v <= 1, "a fraction in [0, 1]"))
+    """GPU flavour: share of each batch sent to the GPU's hardware JPEG decoder where it has one (A100,
+    H100, H200); the rest goes to nvJPEG's CUDA decoder. 0.65 is NVIDIA's ResNet-50 example value."""
+    threads: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v > 0, "'auto' or > 0"))
+    """DALI's CPU threads per rank. auto: workers.num_workers when set, else the CPU cores available to this
+    local rank, capped by workers.max_workers."""
+
+
+@dataclass(frozen=True)
 class DistributedConfig:
     rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or >= 0"))
     """This process's rank. auto: torch.distributed, else torchrun's RANK, else SLURM_PROCID, else 0."""
@@ -152,6 +177,7 @@ class Config:
     normalize: NormalizeConfig = NormalizeConfig()
     output: OutputConfig = OutputConfig()
     workers: WorkersConfig = WorkersConfig()
+    dali: DaliConfig = DaliConfig()
     distributed: DistributedConfig = DistributedConfig()
     splits: Mapping[str, SplitConfig] = field(default_factory=dict)
     """One top-level section per split, named after it (train, val, ...)."""
@@ -171,7 +197,7 @@ class Config:
 
 
 _SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
-             "workers": WorkersConfig, "distributed": DistributedConfig}
+             "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig}
 _SCALARS = ("backend", "seed")
 
 

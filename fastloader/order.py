@@ -28,6 +28,15 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
+def seeded_uniform(seeds: np.ndarray, salt: int, count: int) -> np.ndarray:
+    """`count` uniform floats in [0, 1) per seed (float64 [len(seeds), count]): a pure function of
+    (seed, salt), so augmentations drawn from it replay exactly, batched, without a Python loop."""
+    base = _splitmix64(seeds.astype(np.uint64) ^ _splitmix64(np.full(1, salt, dtype=np.uint64)))
+    with np.errstate(over="ignore"):
+        streams = base[:, None] + np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)
+    return (_splitmix64(streams) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 class EpochOrder:
     def __init__(self, num_samples: int, batch_size: int, *, mode: str, shuffle: bool, drop_last: bool,
                  seed: int, rank: int = 0, world_size: int = 1):

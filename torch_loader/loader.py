@@ -4,7 +4,6 @@ copies and normalizes on the device. Wired into the shared Loader contract.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Iterator
 
 import torch
@@ -12,7 +11,8 @@ import torch.utils.data
 
 from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
-from fastloader.distributed import RankInfo
+from fastloader.device_ops import erasing_enabled, random_erasing
+from fastloader.distributed import RankInfo, cpu_workers_per_rank
 from fastloader.samples import SampleIndex
 
 from .collate import NormalizingCollate, fast_collate
@@ -36,15 +36,6 @@ class _EpochBatches(torch.utils.data.Sampler):
         return len(self.batches)
 
 
-def auto_num_workers(ranks: RankInfo, cap: int) -> int:
-    """The CPU cores this process may use, shared among the ranks on this node, capped."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        cores = os.cpu_count() or 1
-    return max(1, min(cap, cores // ranks.local_world_size))
-
-
 class TorchLoader(Loader):
     backend = "torch"
 
@@ -54,12 +45,13 @@ class TorchLoader(Loader):
         workers = config.workers
         num_workers = workers.num_workers
         if num_workers == "auto":
-            num_workers = auto_num_workers(ranks, workers.max_workers)
+            num_workers = cpu_workers_per_rank(ranks, workers.max_workers)
         pin = device.type == "cuda" if workers.pin_memory == "auto" else workers.pin_memory
         self.num_workers = num_workers
         self._sampler = _EpochBatches()
         transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation)
         self._normalizer = Normalizer(config.normalize, config.output, device)
+        self._erasing = erasing_enabled(split.transform, split.mode)
         on_cuda = device.type == "cuda"
         self._dataloader = torch.utils.data.DataLoader(
             ImageDataset(index, transform),
@@ -74,13 +66,21 @@ class TorchLoader(Loader):
                  "device %s", split.name, len(index), len(self), ranks.rank, ranks.world_size, ranks.source,
                  num_workers, device)
 
+    def describe(self) -> dict:
+        return {**super().describe(), "workers": self.num_workers}
+
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
             return iter(())
         self._sampler.batches = batches
         if self.device.type == "cuda":  # workers give uint8; the GPU normalizes on a side stream
-            return prefetch_to_cuda(iter(self._dataloader), self._normalizer)
-        return iter(self._dataloader)  # workers normalized already (NormalizingCollate)
+            normalized = prefetch_to_cuda(iter(self._dataloader), self._normalizer)
+        else:
+            normalized = iter(self._dataloader)  # workers normalized already (NormalizingCollate)
+        if not self._erasing:
+            return normalized
+        return ((random_erasing(images, batch[:, 1], self.split.transform), labels)
+                for (images, labels), batch in zip(normalized, batches))
 
     def _close(self) -> None:
         iterator = getattr(self._dataloader, "_iterator", None)

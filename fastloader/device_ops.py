@@ -1,0 +1,78 @@
+"""Batch-level augmentations that both backends apply to the normalized batch, on its device.
+
+Random erasing follows timm's RandomErasing (Zhong et al.): with probability `erase_prob` an image
+gets between erase_count[0] and erase_count[1] boxes, each of area uniform(erase_area) x image area /
+count and aspect ratio (height / width) log-uniform in erase_ratio, placed uniformly where it fits
+(10 tries, else that box is skipped); a box is filled with zeros, one normal colour, or normal noise
+per pixel. timm loops over the images of a batch in Python; here the box parameters of the whole
+batch come from the samples' seeds in one vectorized draw (so they replay exactly, whatever the
+backend or the number of workers), and the boxes become one mask per box slot.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .config import TransformConfig
+from .order import seeded_uniform
+
+_ATTEMPTS = 10
+_ERASE_SALT = 0xE7A5E
+
+
+def erasing_enabled(transform: TransformConfig, mode: str) -> bool:
+    """Random erasing runs in train mode only, when its probability is above zero."""
+    return mode == "train" and transform.erase_prob > 0
+
+
+def erase_boxes(seeds: np.ndarray, height: int, width: int, transform: TransformConfig) -> np.ndarray:
+    """int64 [B, max_count, 4] boxes (top, left, height, width); height 0 where no box is erased."""
+    t = transform
+    lo, hi = t.erase_count
+    batch = len(seeds)
+    draws = seeded_uniform(seeds, _ERASE_SALT, 2 + hi * _ATTEMPTS * 4)
+    erase = draws[:, 0] < t.erase_prob
+    count = lo + np.minimum(np.floor(draws[:, 1] * (hi - lo + 1)), hi - lo).astype(np.int64)
+    tries = draws[:, 2:].reshape(batch, hi, _ATTEMPTS, 4)
+    area = height * width * (t.erase_area[0] + (t.erase_area[1] - t.erase_area[0]) * tries[..., 0])
+    area /= count[:, None, None]
+    log_lo, log_hi = math.log(t.erase_ratio[0]), math.log(t.erase_ratio[1])
+    aspect = np.exp(log_lo + (log_hi - log_lo) * tries[..., 1])
+    box_h = np.rint(np.sqrt(area * aspect)).astype(np.int64)
+    box_w = np.rint(np.sqrt(area / aspect)).astype(np.int64)
+    fits = (box_h < height) & (box_w < width) & (box_h > 0) & (box_w > 0)
+    first = np.argmax(fits, axis=2)[..., None]  # the first try that fits, as timm's loop takes
+    pick = lambda a: np.take_along_axis(a, first, axis=2)[..., 0]  # noqa: E731
+    box_h, box_w = pick(box_h), pick(box_w)
+    top = np.floor(pick(tries[..., 2]) * (height - box_h + 1)).astype(np.int64)
+    left = np.floor(pick(tries[..., 3]) * (width - box_w + 1)).astype(np.int64)
+    used = erase[:, None] & fits.any(axis=2) & (np.arange(hi)[None, :] < count[:, None])
+    box_h = np.where(used, box_h, 0)
+    return np.stack([top, left, box_h, box_w], axis=-1)
+
+
+def random_erasing(images: torch.Tensor, seeds: np.ndarray, transform: TransformConfig) -> torch.Tensor:
+    """Erase boxes in a normalized batch [B, C, H, W] in place (any dtype, memory format, device)."""
+    _, channels, height, width = images.shape
+    boxes = erase_boxes(np.asarray(seeds, dtype=np.int64), height, width, transform)
+    if not boxes[..., 2].any():
+        return images
+    device = images.device
+    box = torch.from_numpy(boxes).to(device, non_blocking=True)
+    rows = torch.arange(height, device=device).view(1, 1, height, 1)
+    cols = torch.arange(width, device=device).view(1, 1, 1, width)
+    top, left, box_h, box_w = (box[..., i].view(*box.shape[:2], 1, 1) for i in range(4))
+    inside = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)  # [B, K, H, W]
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(seeds[0]) ^ _ERASE_SALT)
+    for slot in range(boxes.shape[1]):
+        mask = inside[:, slot:slot + 1]
+        if transform.erase_mode == "const":
+            images.masked_fill_(mask, 0)
+            continue
+        shape = (len(images), channels, 1, 1) if transform.erase_mode == "rand" else images.shape
+        noise = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(images.dtype)
+        torch.where(mask, noise, images, out=images)
+    return images

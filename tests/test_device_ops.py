@@ -1,0 +1,74 @@
+"""Random erasing, batched: timm's sampling rules, reproducible from the samples' seeds."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from fastloader.config import TransformConfig
+from fastloader.device_ops import erase_boxes, erasing_enabled, random_erasing
+
+ERASE = TransformConfig(erase_prob=0.25, erase_area=(0.05, 0.3), erase_ratio=(0.5, 2.0), erase_count=(1, 3))
+
+
+def test_boxes_follow_probability_area_ratio_and_count():
+    seeds = np.arange(20000, dtype=np.int64) * 7919
+    boxes = erase_boxes(seeds, 100, 120, ERASE)
+    used = boxes[..., 2] > 0
+    erased = used.any(axis=1)
+    assert abs(erased.mean() - 0.25) < 0.02
+    counts = used[erased].sum(axis=1)
+    assert set(np.unique(counts)) == {1, 2, 3}
+    top, left, height, width = (boxes[..., i][used] for i in range(4))
+    per_box_area = height * width / (100 * 120)
+    count_of_box = np.repeat(counts, counts)  # boxes are filled in slot order: slots < count
+    scaled = per_box_area * count_of_box  # timm divides the drawn area among the boxes
+    assert scaled.min() > 0.05 * 0.8 and scaled.max() < 0.3 * 1.2
+    assert (height / width).min() > 0.5 * 0.8 and (height / width).max() < 2.0 * 1.25
+    assert (top >= 0).all() and (left >= 0).all() and (top + height <= 100).all() and (left + width <= 120).all()
+
+
+def test_boxes_replay_from_the_seeds_and_differ_between_seeds():
+    seeds = np.array([5, 6, 7, 8] * 50, dtype=np.int64)
+    first, again = erase_boxes(seeds, 64, 64, ERASE), erase_boxes(seeds, 64, 64, ERASE)
+    assert np.array_equal(first, again)
+    assert np.array_equal(first[:4], first[4:8])  # a box is a function of its sample's seed alone
+    assert not np.array_equal(first[0], first[1]) or not np.array_equal(first[1], first[2])
+
+
+@pytest.mark.parametrize("mode", ["const", "rand", "pixel"])
+def test_modes_fill_inside_the_boxes_only(mode):
+    config = dataclasses.replace(ERASE, erase_prob=1.0, erase_count=(1, 1), erase_mode=mode)
+    seeds = np.arange(16, dtype=np.int64)
+    images = torch.full((16, 3, 48, 48), 5.0)
+    random_erasing(images, seeds, config)
+    boxes = erase_boxes(seeds, 48, 48, config)
+    for image, (top, left, height, width) in zip(images, boxes[:, 0]):
+        inside = image[:, top:top + height, left:left + width]
+        outside = image.clone()
+        outside[:, top:top + height, left:left + width] = 5.0
+        assert (outside == 5.0).all() and height > 0 and (inside != 5.0).all()
+        if mode == "const":
+            assert (inside == 0).all()
+        elif mode == "rand":  # one colour per box
+            assert (inside == inside[:, :1, :1]).all()
+        else:
+            assert inside.std() > 0.5
+    if mode != "const":
+        values = torch.cat([image[image != 5.0] for image in images])
+        assert abs(float(values.mean())) < 0.3 and 0.7 < float(values.std()) < 1.3  # normal(0, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dtype_and_channels_last_are_kept(dtype):
+    images = torch.ones(4, 3, 32, 32, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    out = random_erasing(images, np.arange(4), dataclasses.replace(ERASE, erase_prob=1.0, erase_mode="pixel"))
+    assert out is images and out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
+    assert (out != 1).any()
+
+
+def test_erasing_is_for_train_mode_only():
+    assert erasing_enabled(ERASE, "train") and not erasing_enabled(ERASE, "eval")
+    assert not erasing_enabled(TransformConfig(), "train")  # off by default
