@@ -89,7 +89,7 @@ def bench(args) -> int:
         progress.finish()
         rate = images / elapsed if elapsed > 0 else float("nan")
         print(f"split {args.split}: backend {loader.backend}, device {loader.device}, "
-              f"{getattr(loader, 'num_workers', '-')} workers, {loader.num_samples} samples, "
+              f"{_parallelism(loader)}, {loader.num_samples} samples, "
               f"{per_epoch} batches/epoch")
         print(f"batches: {shape} {str(dtype).removeprefix('torch.')}, classes: {', '.join(loader.classes[:8])}"
               f"{' ...' if len(loader.classes) > 8 else ''}")
@@ -124,5 +124,14 @@ class _Progress:
             sys.stderr.write("\n")
 
 
+def _parallelism(loader) -> str:
+    """How the loader decodes in parallel: torch workers, or DALI's flavour and threads."""
+    info = loader.describe()
+    if "flavour" in info:
+        return f"{info['flavour']} flavour, {info['threads']} threads"
+    return f"{info['workers']} workers"
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -1,7 +1,6 @@
 """Picks the backend (auto | dali | torch), says why in the log, and builds the loader."""
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 
@@ -15,26 +14,34 @@ from .samples import build_index
 log = logging.getLogger("fastloader")
 
 
+DALI_INSTALL_HINT = "pip install nvidia-dali-cuda120 (Linux x86_64 / aarch64)"
+
+
 def choose_backend(config: Config) -> tuple[str, str]:
-    """(backend, reason). The DALI backend is not built yet: auto picks torch, dali is an error."""
+    """(backend, reason). auto takes DALI where it imports and a CUDA GPU is present, else torch."""
     if config.backend == "torch":
         return "torch", f"backend: torch ({_origin(config)})"
     if config.backend == "dali":
-        raise ConfigError(f"{config.source}: backend: dali: this version of fastloader has no DALI backend yet "
-                          f"(it is the next milestone); set backend: torch or auto, or {BACKEND_ENV}=torch")
+        problem = _dali_import_problem()
+        if problem:
+            raise ConfigError(f"{config.source}: backend: dali ({_origin(config)}), but NVIDIA DALI does not "
+                              f"import: {problem}. Install it with: {DALI_INSTALL_HINT}; or set backend: torch")
+        return "dali", f"backend: dali ({_origin(config)})"
     if not torch.cuda.is_available():
         return "torch", "backend: auto and no CUDA GPU is available"
-    if not _dali_installed():
-        return "torch", "backend: auto and NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)"
-    return "torch", "backend: auto; the DALI backend is not built yet in this version"
+    problem = _dali_import_problem()
+    if problem:
+        return "torch", f"backend: auto and NVIDIA DALI does not import ({problem}; {DALI_INSTALL_HINT})"
+    return "dali", "backend: auto, a CUDA GPU is present and NVIDIA DALI imports"
 
 
-def _dali_installed() -> bool:
-    """Whether `nvidia.dali` can be found, without importing it (a broken install counts as absent)."""
+def _dali_import_problem() -> str | None:
+    """None when `nvidia.dali` imports, else why not (not installed, or a broken install)."""
     try:
-        return importlib.util.find_spec("nvidia.dali") is not None
-    except (ImportError, ValueError):
-        return False
+        import nvidia.dali  # noqa: F401  (only here: `import fastloader` must not need DALI)
+    except ImportError as error:
+        return str(error) or type(error).__name__
+    return None
 
 
 def _origin(config: Config) -> str:
@@ -60,7 +67,12 @@ def create_loader(config: Config, split_name: str) -> Loader:
     backend, reason = choose_backend(config)
     ranks = detect_ranks(config.distributed)
     device = choose_device(config, ranks)
+    if backend == "dali" and device.type == "cpu":
+        reason += "; no CUDA device for the output, so DALI runs its CPU flavour (decoding on the CPU)"
     log.info("backend %s for split '%s': %s", backend, split_name, reason)
     index = build_index(config, split)
-    from torch_loader.loader import TorchLoader  # imported here: backends load only when chosen
+    if backend == "dali":  # backends are imported only when chosen
+        from dali_loader.loader import DaliLoader
+        return DaliLoader(config, split, index, ranks, device)
+    from torch_loader.loader import TorchLoader
     return TorchLoader(config, split, index, ranks, device)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,6 +55,31 @@ def write_textured_dataset(root: Path, per_class: int = 8, splits=("train", "val
                 noise = rng.integers(0, 40, size=(h, w, 3))
                 Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8)).save(folder / f"t_{i:02d}.png")
     return root
+
+
+def write_gradient_dataset(root: Path, per_class: int = 20, size=(200, 150)) -> Path:
+    """train/<class>/g_XX.png whose red channel is x / (W - 1) and green y / (H - 1), times 255: the
+    pixels of a crop tell where it came from (see crop_extent)."""
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([np.rint(x * 255 / (width - 1)), np.rint(y * 255 / (height - 1)),
+                       np.full_like(x, 128)], axis=-1).astype(np.uint8)
+    for name in ("a", "b"):
+        folder = root / "train" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(pixels).save(folder / f"g_{i:02d}.png")
+    return root
+
+
+def crop_extent(image: torch.Tensor, size=(200, 150), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
+    """(area fraction, aspect w / h, flipped) of the source box a gradient image's crop came from."""
+    width, height = size
+    rgb = image.float() * torch.tensor(std).view(3, 1, 1) + torch.tensor(mean).view(3, 1, 1)
+    red, green = rgb[0].mean(dim=0) * (width - 1), rgb[1].mean(dim=1) * (height - 1)  # per column / row
+    box_w = abs(float(red[-1] - red[0])) * len(red) / (len(red) - 1)
+    box_h = abs(float(green[-1] - green[0])) * len(green) / (len(green) - 1)
+    return box_w * box_h / (width * height), box_w / box_h, bool(red[-1] < red[0])
 
 
 def base_config(root: Path, **sections) -> dict:

@@ -40,10 +40,21 @@ def test_config_errors_exit_2_with_a_message_and_no_traceback(tmp_path):
     assert missing.returncode == 2 and "config file 'nope.yaml' not found" in missing.stderr
 
 
-def test_environment_forces_the_backend_and_debug_shows_tracebacks(tmp_path):
-    result = run("bench", "configs/sample.yaml", "--batches", "1", "--debug", cache_dir=tmp_path,
+def test_environment_forces_the_dali_backend_which_runs_its_cpu_flavour_without_a_gpu(tmp_path):
+    result = run("bench", "configs/sample.yaml", "--batches", "2", "--warmup", "1", cache_dir=tmp_path,
                  FASTLOADER_BACKEND="dali")
-    assert result.returncode != 0 and "Traceback" in result.stderr and "no DALI backend yet" in result.stderr
+    assert result.returncode == 0, result.stderr
+    assert "backend: dali (forced by FASTLOADER_BACKEND); no CUDA device for the output, so DALI runs its CPU " \
+           "flavour" in result.stderr
+    assert "split train: backend dali, device cpu, cpu flavour, 2 threads" in result.stdout and "64 images timed" in result.stdout
+
+
+def test_debug_shows_tracebacks(tmp_path):
+    quiet = run("bench", "configs/sample.yaml", "--set", "train.batch_size=0", cache_dir=tmp_path)
+    loud = run("bench", "configs/sample.yaml", "--set", "train.batch_size=0", "--debug", cache_dir=tmp_path)
+    message = "train.batch_size: must be a positive integer, got 0"
+    assert quiet.returncode == 2 and message in quiet.stderr and "Traceback" not in quiet.stderr
+    assert loud.returncode != 0 and message in loud.stderr and "Traceback" in loud.stderr
 
 
 def test_version_and_help(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from fastloader import build_loader, load_config
@@ -45,3 +46,19 @@ def test_train_batches_are_normalized_over_a_pass():
     mean = images.mean(dim=(0, 2, 3)).numpy()
     std = images.std(dim=(0, 2, 3)).numpy()
     assert np.all(np.abs(mean) < 0.25) and np.all((std > 0.8) & (std < 1.2)), (mean, std)
+
+
+def test_dali_val_yields_the_same_100_photos_in_the_same_order_within_the_parity_bound():
+    from test_dali import PARITY_IMAGE_BOUND, PARITY_MEAN_BOUND
+    pytest.importorskip("nvidia.dali")
+    overrides = {"dataset.root": str(REALPHOTOS), "workers.num_workers": 2}
+    outputs = {}
+    for backend in ("torch", "dali"):
+        with build_loader(CONFIG, split="val", overrides={**overrides, "backend": backend}) as loader:
+            assert loader.backend == backend
+            batches = list(loader)
+        outputs[backend] = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+    (x_torch, y_torch), (x_dali, y_dali) = outputs["torch"], outputs["dali"]
+    assert x_dali.shape == (100, 3, 224, 224) and torch.equal(y_dali, y_torch)
+    per_image = (x_dali - x_torch).abs().mean(dim=(1, 2, 3))
+    assert per_image.mean() < PARITY_MEAN_BOUND and per_image.max() < PARITY_IMAGE_BOUND, per_image

@@ -215,12 +215,6 @@ def test_builtin_demo_dataset_is_generated_on_first_use(caplog):
     assert loader.num_samples == 60
 
 
-def test_dali_backend_is_refused_with_a_way_out(solid_root):
-    from fastloader.config import ConfigError
-    with pytest.raises(ConfigError, match="no DALI backend yet.*set backend: torch or auto"):
-        build_loader(base_config(solid_root, backend="dali"))
-
-
 def test_resume_mid_epoch_yields_exactly_the_remaining_batches_then_the_next_epochs(textured_root):
     config = base_config(textured_root, workers={"num_workers": 2})
     with build_loader(config) as reference:

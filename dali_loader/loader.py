@@ -1,0 +1,139 @@
+"""The DALI backend behind the Loader contract.
+
+The pipeline is fed from the shared sampler (fastloader.order) through an external source, not by
+DALI's file reader: the reader shards contiguously, rotates shards between epochs and shuffles
+through a 1024-sample buffer, so it can neither replay the torch backend's order nor resume at a
+batch offset. Feeding our own batches gives both backends the same samples, labels and order on
+every rank, a partial last batch in eval mode (DALI takes batches of any size up to the maximum),
+and a cost this backend's benchmark measures against NVIDIA's reader-based pipeline.
+
+The loop drives the pipeline itself rather than through DALI's PyTorch iterator, whose reset
+refuses an unfinished epoch (NVIDIA/DALI #1615): leaving a loop early and starting another must
+work, so an abandoned epoch is ended by draining the few batches DALI prefetched.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterator
+
+import numpy as np
+import torch
+from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+from fastloader.config import Config, SplitConfig
+from fastloader.contract import Loader
+from fastloader.device_ops import erasing_enabled, random_erasing
+from fastloader.distributed import RankInfo, cpu_workers_per_rank
+from fastloader.order import seeded_uniform
+from fastloader.samples import SampleIndex
+
+from .pipeline import build_pipeline
+
+log = logging.getLogger("fastloader")
+
+_SEED_SALT = 0xDA11
+
+
+class _Feed:
+    """The pipeline's source: file paths and labels of the planned batches, one batch a call."""
+
+    def __init__(self, index: SampleIndex):
+        self.index = index
+        self.batches: Iterator[np.ndarray] = iter(())
+
+    def __call__(self) -> tuple[list[np.ndarray], np.ndarray]:
+        batch = next(self.batches)  # StopIteration ends DALI's epoch
+        indices = batch[:, 0]
+        paths = [np.frombuffer(os.fsencode(self.index.path(i)), dtype=np.uint8) for i in indices]
+        return paths, self.index.labels[indices]
+
+
+def dali_threads(config: Config, ranks: RankInfo) -> int:
+    """dali.threads, else workers.num_workers (at least 1), else this rank's share of the cores."""
+    if config.dali.threads != "auto":
+        return config.dali.threads
+    if config.workers.num_workers != "auto":
+        return max(1, config.workers.num_workers)
+    return cpu_workers_per_rank(ranks, config.workers.max_workers)
+
+
+def pipeline_seed(seed: int, rank: int) -> int:
+    """DALI's seed for its random operators: a function of the config's seed and the rank."""
+    return int(seeded_uniform(np.array([seed]), _SEED_SALT + rank, 1)[0, 0] * (2**31 - 1))
+
+
+class DaliLoader(Loader):
+    backend = "dali"
+
+    def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
+                 device: torch.device):
+        super().__init__(config, split, index, ranks, device)
+        self.flavour = "gpu" if device.type == "cuda" else "cpu"
+        self.num_threads = dali_threads(config, ranks)
+        self._bfloat16 = config.output.dtype == "bfloat16"
+        self._erasing = erasing_enabled(split.transform, split.mode)
+        self._feed = _Feed(index)
+        self._pipe = build_pipeline(
+            config, split, self._feed, device_id=device.index if self.flavour == "gpu" else None,
+            batch_size=split.batch_size, num_threads=self.num_threads,
+            prefetch_queue_depth=config.workers.prefetch_factor, seed=pipeline_seed(config.seed, ranks.rank))
+        self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
+        self._run = 0  # which loop owns the pipeline
+        log.info("dali loader (%s flavour) for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), "
+                 "%d threads, device %s", self.flavour, split.name, len(index), len(self), ranks.rank,
+                 ranks.world_size, ranks.source, self.num_threads, device)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
+
+    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._end_epoch()
+        if not batches:
+            return
+        self._run += 1
+        run = self._run
+        self._feed.batches = iter(batches)
+        self._epoch_open = True
+        for batch in batches:
+            if self._run != run:  # a newer loop took the pipeline over
+                return
+            images, labels = self._pipe.run()
+            yield self._to_torch(images, labels, batch[:, 1])
+        self._end_epoch()
+
+    def _end_epoch(self) -> None:
+        """Stop feeding, drop the batches DALI prefetched (after a `break`) and rewind its epoch."""
+        if not self._epoch_open:
+            return
+        self._feed.batches = iter(())
+        while True:
+            try:
+                self._pipe.run()
+            except StopIteration:
+                break
+        self._pipe.reset()
+        self._epoch_open = False
+
+    def _to_torch(self, images, labels, seeds: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """DALI's batch -> torch tensors on self.device, in the configured dtype and memory format."""
+        images, labels = images.as_tensor(), labels.as_tensor()
+        if self.flavour == "gpu":  # copy on the trainer's stream, as DALI's own iterator does
+            stream = torch.cuda.current_stream(self.device)
+            images = feed_ndarray(images, torch.empty(images.shape(), dtype=to_torch_type[images.dtype],
+                                                      device=self.device), cuda_stream=stream)
+            labels = feed_ndarray(labels, torch.empty(labels.shape(), dtype=torch.int64, device=self.device),
+                                  cuda_stream=stream)
+        else:  # DALI's executor does not reuse output buffers still referenced: no copy needed
+            images, labels = torch.from_dlpack(images), torch.from_dlpack(labels)
+        if self.config.output.channels_last:
+            images = images.permute(0, 3, 1, 2)  # NHWC memory seen as a channels_last NCHW tensor
+        if self._bfloat16:
+            images = images.to(torch.bfloat16)
+        if self._erasing:
+            random_erasing(images, seeds, self.split.transform)
+        return images, labels
+
+    def _close(self) -> None:
+        self._feed.batches = iter(())
+        self._pipe = None  # DALI frees its threads and buffers when the pipeline is destroyed

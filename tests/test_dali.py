@@ -1,0 +1,210 @@
+"""The DALI backend in its CPU flavour (what runs without a GPU), held to the torch backend's contract."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
+
+from conftest import REPO, base_config, crop_extent, normalized, write_gradient_dataset  # noqa: E402
+from fastloader import build_loader  # noqa: E402
+from fastloader.config import ConfigError  # noqa: E402
+from test_packaging import HIDE_DALI  # noqa: E402
+
+# Mean absolute difference (normalized units) between the backends on the same eval images, bilinear.
+# Measured: mean 0.032 (worst image 0.038) on the textured images below and mean 0.032 (worst 0.101)
+# on ../shared/data/realphotos. The torch backend resizes the centre box rounded to whole pixels;
+# DALI resizes the exact fractional box, within 0.003 of torchvision's Resize + CenterCrop.
+PARITY_MEAN_BOUND = 0.05
+PARITY_IMAGE_BOUND = 0.15
+
+
+def both(config: dict, split: str = "val"):
+    """The same config on each backend: (torch loader, dali loader)."""
+    return (build_loader({**config, "backend": "torch"}, split), build_loader({**config, "backend": "dali"}, split))
+
+
+def epoch(loader) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    batches = list(loader)
+    return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]), [len(y) for _, y in batches]
+
+
+def test_eval_matches_the_torch_backend_sample_for_sample(textured_root):
+    config = base_config(textured_root, val={"batch_size": 7, "transform": {"size": 40}})
+    torch_loader, dali_loader = both(config)
+    assert dali_loader.backend == "dali" and dali_loader.flavour == "cpu" and dali_loader.device.type == "cpu"
+    assert len(dali_loader) == len(torch_loader) == 4 and dali_loader.num_samples == 24
+    x_torch, y_torch, sizes_torch = epoch(torch_loader)
+    x_dali, y_dali, sizes_dali = epoch(dali_loader)
+    assert sizes_dali == sizes_torch == [7, 7, 7, 3]  # eval: partial last batch, nothing repeated
+    assert y_dali.dtype == torch.int64 and torch.equal(y_dali, y_torch)
+    assert x_dali.shape == x_torch.shape == (24, 3, 40, 40) and x_dali.dtype == torch.float32
+    per_image = (x_dali - x_torch).abs().mean(dim=(1, 2, 3))
+    assert per_image.mean() < PARITY_MEAN_BOUND and per_image.max() < PARITY_IMAGE_BOUND, per_image
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_solid_colours_come_out_normalized_exactly(solid_root, split):
+    loader = build_loader(base_config(solid_root, backend="dali"), split)
+    for images, labels in loader:
+        for image, label in zip(images, labels):
+            expected = torch.tensor(normalized(list(_colours())[int(label)]), dtype=torch.float32)
+            assert torch.allclose(image.mean(dim=(1, 2)), expected, atol=0.02), (image.mean(dim=(1, 2)), expected)
+            assert float(image.std(dim=(1, 2)).max()) < 0.02
+
+
+def _colours():
+    from conftest import COLOURS
+    return COLOURS.values()
+
+
+@pytest.mark.parametrize("dtype,channels_last", [("float16", False), ("bfloat16", True), ("float32", True)])
+def test_output_dtype_and_memory_format(textured_root, dtype, channels_last):
+    config = base_config(textured_root, backend="dali")
+    reference, _, _ = epoch(build_loader(config, "val"))
+    loader = build_loader({**config, "output": {"dtype": dtype, "channels_last": channels_last}}, "val")
+    images, labels = next(iter(loader))
+    assert images.dtype == getattr(torch, dtype) and images.shape == (4, 3, 32, 32)
+    assert images.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    assert torch.allclose(images.float(), reference[:4], atol=0.05)
+
+
+def test_train_order_is_the_shared_samplers(textured_root):
+    config = base_config(textured_root, train={"batch_size": 5})
+    torch_loader, dali_loader = both(config, "train")
+    assert len(dali_loader) == len(torch_loader) == 4  # 24 samples, drop_last
+    orders = []
+    for _ in range(2):
+        _, y_torch, _ = epoch(torch_loader)
+        _, y_dali, sizes = epoch(dali_loader)
+        assert torch.equal(y_dali, y_torch) and sizes == [5] * 4
+        orders.append(y_dali)
+    assert not torch.equal(orders[0], orders[1])  # a new permutation each epoch
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_train_crops_follow_scale_ratio_and_flip_probability(tmp_path, backend):
+    root = write_gradient_dataset(tmp_path / "gradient", per_class=200)
+    config = base_config(root, backend=backend,
+                         train={"batch_size": 50, "transform": {"size": 64, "scale": [0.25, 0.5], "hflip": 0.3}})
+    config.pop("val")
+    crops = np.array([crop_extent(image) for images, _ in build_loader(config, "train") for image in images])
+    area, aspect, flipped = crops[:, 0], crops[:, 1], crops[:, 2]
+    assert len(crops) == 400
+    # measured on both backends: areas 0.252-0.501, aspects 0.750-1.336 (box edges blur by < 1 px)
+    assert 0.24 < area.min() < 0.28 and 0.47 < area.max() < 0.51, (area.min(), area.max())
+    assert 0.74 < aspect.min() < 0.8 and 1.28 < aspect.max() < 1.345, (aspect.min(), aspect.max())
+    assert abs(flipped.mean() - 0.3) < 0.07, flipped.mean()
+
+
+def test_a_loop_left_with_break_does_not_disturb_the_next(textured_root):
+    config = base_config(textured_root, backend="dali")
+    reference = build_loader(config, "val")
+    expected, labels, _ = epoch(reference)
+    loader = build_loader(config, "val")
+    for step, _ in enumerate(loader):
+        if step == 1:
+            break
+    images, again, _ = epoch(loader)  # the next epoch (same order in eval), complete
+    assert torch.equal(again, labels) and torch.equal(images, expected)
+    abandoned = iter(loader)
+    next(abandoned)
+    images, _, _ = epoch(loader)  # a new loop takes the pipeline over from a still-referenced one
+    assert torch.equal(images, expected)
+    assert list(abandoned) == []
+
+
+def test_batches_stay_valid_while_the_trainer_holds_them(textured_root):
+    loader = build_loader(base_config(textured_root, backend="dali"), "val")
+    held = list(loader) + list(loader)  # DALI's buffers must not be reused under these tensors
+    copies = [x.clone() for x, _ in build_loader(base_config(textured_root, backend="dali"), "val")]
+    for (images, _), copy in zip(held, copies + copies):
+        assert torch.equal(images, copy)
+
+
+def test_resume_mid_epoch_yields_exactly_the_remaining_batches(textured_root):
+    config = base_config(textured_root, backend="dali", val={"batch_size": 5})
+    reference = [x for x, _ in build_loader(config, "val")]
+    loader = build_loader(config, "val")
+    for step, _ in enumerate(loader):
+        if step == 1:
+            state = loader.state_dict()
+            break
+    assert state["backend"] == "dali" and state["batches_done"] == 2
+    resumed = build_loader(config, "val")
+    resumed.load_state_dict(state)
+    rest = [x for x, _ in resumed]
+    assert len(rest) == len(reference) - 2 and all(torch.equal(a, b) for a, b in zip(rest, reference[2:]))
+    with pytest.raises(ValueError, match="saved with backend='dali', this loader has backend='torch'"):
+        build_loader({**config, "backend": "torch"}, "val").load_state_dict(state)
+
+
+def test_eval_shards_cover_every_sample_once_across_ranks(textured_root):
+    seen = []
+    for rank in range(3):
+        config = base_config(textured_root, distributed={"rank": rank, "world_size": 3},
+                             val={"batch_size": 3})
+        torch_loader, dali_loader = both(config)
+        _, y_torch, _ = epoch(torch_loader)
+        _, y_dali, _ = epoch(dali_loader)
+        assert torch.equal(y_dali, y_torch) and len(dali_loader) == 3
+        seen.append(len(y_dali))
+    assert sum(seen) == 24
+
+
+def test_close_frees_the_pipeline(textured_root):
+    with build_loader(base_config(textured_root, backend="dali"), "val") as loader:
+        next(iter(loader))
+    assert loader._pipe is None
+    with pytest.raises(RuntimeError, match="dali loader for split 'val' is closed"):
+        next(iter(loader))
+
+
+def test_random_erasing_draws_the_same_boxes_on_both_backends(solid_root):
+    config = base_config(solid_root, train={"batch_size": 5, "transform": {"erase_prob": 1.0, "hflip": 0.0}})
+    torch_loader, dali_loader = both(config, "train")
+    for (x_torch, y_torch), (x_dali, y_dali) in zip(torch_loader, dali_loader):
+        assert torch.equal(y_torch, y_dali)
+        erased_torch, erased_dali = (x_torch == 0).all(dim=1), (x_dali == 0).all(dim=1)
+        assert torch.equal(erased_torch, erased_dali)
+        fractions = erased_dali.float().mean(dim=(1, 2))
+        assert ((fractions > 0.01) & (fractions < 0.36)).all(), fractions
+
+
+def test_backend_dali_without_a_gpu_runs_the_cpu_flavour_and_says_so(solid_root, caplog):
+    with caplog.at_level(logging.INFO, logger="fastloader"):
+        loader = build_loader(base_config(solid_root, backend="dali"), "val")
+    assert loader.backend == "dali" and loader.flavour == "cpu"
+    assert "no CUDA device for the output, so DALI runs its CPU flavour" in caplog.text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="auto picks DALI where a GPU is present")
+def test_auto_without_a_gpu_picks_torch_and_says_why(solid_root, caplog):
+    with caplog.at_level(logging.INFO, logger="fastloader"):
+        loader = build_loader(base_config(solid_root, backend="auto"), "val")
+    assert loader.backend == "torch" and "backend: auto and no CUDA GPU is available" in caplog.text
+
+
+def test_backend_dali_where_dali_is_missing_says_how_to_install_it(solid_root):
+    script = HIDE_DALI + textwrap.dedent(f"""
+        import fastloader
+        try:
+            fastloader.build_loader({base_config(solid_root, backend='dali')!r}, "val")
+        except fastloader.config.ConfigError as error:
+            print(error)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert "backend: dali (from <dict>), but NVIDIA DALI does not import: No module named 'nvidia'" in result.stdout
+    assert "pip install nvidia-dali-cuda120" in result.stdout and "or set backend: torch" in result.stdout
+
+
+def test_config_errors_reach_the_dali_backend_unchanged(solid_root):
+    with pytest.raises(ConfigError, match="val.transform.erase_prob: applies only to train mode"):
+        build_loader(base_config(solid_root, backend="dali", val={"transform": {"erase_prob": 0.5}}), "val")
