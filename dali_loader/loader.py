@@ -80,6 +80,7 @@ class DaliLoader(Loader):
             prefetch_queue_depth=config.workers.prefetch_factor, seed=pipeline_seed(config.seed, ranks.rank))
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._run = 0  # which loop owns the pipeline
+        self._broken = ""  # why the pipeline cannot run any more
         log.info("dali loader (%s flavour) for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), "
                  "%d threads, device %s", self.flavour, split.name, len(index), len(self), ranks.rank,
                  ranks.world_size, ranks.source, self.num_threads, device)
@@ -88,6 +89,8 @@ class DaliLoader(Loader):
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._broken:
+            raise RuntimeError(self._broken)
         self._end_epoch()
         if not batches:
             return
@@ -95,12 +98,27 @@ class DaliLoader(Loader):
         run = self._run
         self._feed.batches = iter(batches)
         self._epoch_open = True
-        for batch in batches:
+        for number, batch in enumerate(batches):
             if self._run != run:  # a newer loop took the pipeline over
                 return
-            images, labels = self._pipe.run()
+            try:
+                images, labels = self._pipe.run()
+            except RuntimeError as error:
+                raise self._failed(error, number, batch) from error
             yield self._to_torch(images, labels, batch[:, 1])
         self._end_epoch()
+
+    def _failed(self, error: RuntimeError, number: int, batch: np.ndarray) -> RuntimeError:
+        """DALI cannot go on after an operator fails: say where, and refuse later loops clearly."""
+        dali_says = " ".join(line.strip() for line in str(error).splitlines()
+                             if line.strip() and "pipeline object is no longer valid" not in line)
+        files = ", ".join(self.index.path(i) for i in batch[:3, 0]) + (" ..." if len(batch) > 3 else "")
+        self._broken = (f"the DALI pipeline of split '{self.split.name}' failed at batch {number} of epoch "
+                        f"{self.epoch} (files {files}, or a batch DALI had started after it). DALI says: "
+                        f"{dali_says[:1500]}. A DALI pipeline cannot continue after an error: fix or remove "
+                        f"the file, then build a new loader")
+        self._epoch_open = False
+        return RuntimeError(self._broken)
 
     def _end_epoch(self) -> None:
         """Stop feeding, drop the batches DALI prefetched (after a `break`) and rewind its epoch."""

@@ -208,3 +208,19 @@ def test_backend_dali_where_dali_is_missing_says_how_to_install_it(solid_root):
 def test_config_errors_reach_the_dali_backend_unchanged(solid_root):
     with pytest.raises(ConfigError, match="val.transform.erase_prob: applies only to train mode"):
         build_loader(base_config(solid_root, backend="dali", val={"transform": {"erase_prob": 0.5}}), "val")
+
+
+def test_a_file_gone_after_indexing_fails_clearly_and_for_good(textured_root):
+    loader = build_loader(base_config(textured_root, backend="dali"), "val")
+    gone = loader.index.path(9)  # in the third batch of 4
+    import os
+    os.remove(gone)
+    delivered = []
+    with pytest.raises(RuntimeError) as failure:
+        for _, labels in loader:
+            delivered.append(len(labels))
+    message = str(failure.value)
+    assert delivered == [4, 4] and "the DALI pipeline of split 'val' failed at batch 2 of epoch 0" in message
+    assert gone in message and "build a new loader" in message
+    with pytest.raises(RuntimeError, match="failed at batch 2 of epoch 0"):
+        next(iter(loader))
