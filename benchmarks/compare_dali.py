@@ -98,19 +98,13 @@ def iterator_factory(make_pipeline) -> Factory:
 def build_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path, repeat: int,
                 args: argparse.Namespace) -> dict[str, Factory]:
     gpu = args.device == "gpu"
-    overrides = {"backend": "dali", "output.device": "cuda" if gpu else "cpu", "dataset.root": str(split_dir),
-                 "dataset.classes": list(index.classes), f"{split}.file_list": str(list_path),
-                 f"{split}.batch_size": args.batch_size, "dali.threads": args.workers,
-                 f"{split}.transform.size": args.size, "workers.prefetch_factor": 2}
-
-    def ours():
-        loader = fastloader.build_loader(str(CONFIG), split, overrides)
-        return loader, loader.close
-
+    overrides = harness.fastloader_overrides(
+        split, split_dir, index, list_path, args, backend="dali",
+        **{"output.device": "cuda" if gpu else "cpu", "dali.threads": args.workers, "workers.prefetch_factor": 2})
     files, labels = listed_files(index, repeat)
     train = split == "train"
     size = int(args.size / 0.875)
-    return {OURS: ours,
+    return {OURS: harness.fastloader_factory(split, overrides),
             NVIDIA: iterator_factory(lambda: nvidia_example_pipeline(files, labels, train, gpu, args.size, size, args)),
             READER: iterator_factory(lambda: our_graph_on_dali_reader(files, labels, split, gpu, overrides, args))}
 

@@ -17,26 +17,12 @@ import torch.utils.data
 from torchvision import datasets, transforms
 
 import harness
-from harness import CONFIG, Factory
+from harness import Factory
 
-import fastloader
 from fastloader.config import IMAGENET_MEAN, IMAGENET_STD
 from fastloader.samples import SampleIndex
 
 OURS, THEIRS = "fastloader torch", "torchvision defaults"
-
-
-def fastloader_factory(split: str, split_dir: Path, list_path: Path, classes: list[str],
-                       args: argparse.Namespace) -> Factory:
-    overrides = {"backend": "torch", "output.device": "cpu", "dataset.root": str(split_dir),
-                 "dataset.classes": classes, f"{split}.file_list": str(list_path),
-                 f"{split}.batch_size": args.batch_size, "workers.num_workers": args.workers,
-                 f"{split}.transform.size": args.size}
-
-    def build():
-        loader = fastloader.build_loader(str(CONFIG), split, overrides)
-        return loader, loader.close
-    return build
 
 
 def torchvision_transform(split: str, size: int) -> transforms.Compose:
@@ -62,7 +48,9 @@ def torchvision_factory(split: str, split_dir: Path, repeat: int, args: argparse
 
 def build_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path, repeat: int,
                 args: argparse.Namespace) -> dict[str, Factory]:
-    return {OURS: fastloader_factory(split, split_dir, list_path, list(index.classes), args),
+    overrides = harness.fastloader_overrides(split, split_dir, index, list_path, args, backend="torch",
+                                             **{"output.device": "cpu", "workers.num_workers": args.workers})
+    return {OURS: harness.fastloader_factory(split, overrides),
             THEIRS: torchvision_factory(split, split_dir, repeat, args)}
 
 

@@ -28,6 +28,7 @@ import torchvision
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+import fastloader  # noqa: E402
 from fastloader.config import IMAGE_EXTENSIONS  # noqa: E402
 from fastloader.samples import SampleIndex, scan_folder  # noqa: E402
 
@@ -94,6 +95,21 @@ def write_file_list(index: SampleIndex, repeat: int, list_path: Path) -> None:
     """The split's images (ImageFolder order and labels) listed `repeat` times, relative to the split folder."""
     lines = [f"{index.relpath(i)} {index.label(i)}\n" for i in range(len(index))]
     list_path.write_text("".join(lines * repeat), encoding="utf-8")
+
+
+def fastloader_overrides(split: str, split_dir: Path, index: SampleIndex, list_path: Path,
+                         args: argparse.Namespace, **extra) -> dict:
+    """configs/imagenette.yaml pointed at this split's repeated file list, at the benchmark's sizes."""
+    return {"dataset.root": str(split_dir), "dataset.classes": list(index.classes),
+            f"{split}.file_list": str(list_path), f"{split}.batch_size": args.batch_size,
+            f"{split}.transform.size": args.size, **extra}
+
+
+def fastloader_factory(split: str, overrides: dict) -> Factory:
+    def build():
+        loader = fastloader.build_loader(str(CONFIG), split, overrides)
+        return loader, loader.close
+    return build
 
 
 def measure(build: Factory, warmup: int, batches: int) -> dict:
