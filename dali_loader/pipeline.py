@@ -8,8 +8,8 @@ crop / mirror / normalize. One function builds both flavours:
 
 Every transform key means what it means for the torch backend: `scale` and `ratio` are
 RandomResizedCrop's area and aspect ranges (10 tries), `hflip` the coin's probability, `crop_pct`
-the shorter side floor(size / crop_pct) before the centre crop (the same box, see centre_box), `interpolation` the filter, and
-shrinking is antialiased in both.
+the shorter side floor(size / crop_pct) before the centre crop (the same box, see centre_box),
+`interpolation` the filter, and shrinking is antialiased in both.
 """
 from __future__ import annotations
 

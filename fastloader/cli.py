@@ -134,4 +134,3 @@ def _parallelism(loader) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import torch
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
 
-from conftest import REPO, base_config, crop_extent, normalized, write_gradient_dataset  # noqa: E402
+from conftest import COLOURS, REPO, base_config, crop_extent, normalized, write_gradient_dataset  # noqa: E402
 from fastloader import build_loader  # noqa: E402
 from fastloader.config import ConfigError  # noqa: E402
 from test_packaging import HIDE_DALI  # noqa: E402
@@ -54,14 +55,9 @@ def test_solid_colours_come_out_normalized_exactly(solid_root, split):
     loader = build_loader(base_config(solid_root, backend="dali"), split)
     for images, labels in loader:
         for image, label in zip(images, labels):
-            expected = torch.tensor(normalized(list(_colours())[int(label)]), dtype=torch.float32)
+            expected = torch.tensor(normalized(list(COLOURS.values())[int(label)]), dtype=torch.float32)
             assert torch.allclose(image.mean(dim=(1, 2)), expected, atol=0.02), (image.mean(dim=(1, 2)), expected)
             assert float(image.std(dim=(1, 2)).max()) < 0.02
-
-
-def _colours():
-    from conftest import COLOURS
-    return COLOURS.values()
 
 
 @pytest.mark.parametrize("dtype,channels_last", [("float16", False), ("bfloat16", True), ("float32", True)])
@@ -213,7 +209,6 @@ def test_config_errors_reach_the_dali_backend_unchanged(solid_root):
 def test_a_file_gone_after_indexing_fails_clearly_and_for_good(textured_root):
     loader = build_loader(base_config(textured_root, backend="dali"), "val")
     gone = loader.index.path(9)  # in the third batch of 4
-    import os
     os.remove(gone)
     delivered = []
     with pytest.raises(RuntimeError) as failure:

@@ -49,8 +49,8 @@ def test_train_batches_are_normalized_over_a_pass():
 
 
 def test_dali_val_yields_the_same_100_photos_in_the_same_order_within_the_parity_bound():
-    from test_dali import PARITY_IMAGE_BOUND, PARITY_MEAN_BOUND
     pytest.importorskip("nvidia.dali")
+    from test_dali import PARITY_IMAGE_BOUND, PARITY_MEAN_BOUND
     overrides = {"dataset.root": str(REALPHOTOS), "workers.num_workers": 2}
     outputs = {}
     for backend in ("torch", "dali"):
