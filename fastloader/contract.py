@@ -1,7 +1,7 @@
 """The Loader contract both backends implement, and the behaviour they share.
 
 Shared here, so that the backends cannot drift apart: which epoch a `for` loop runs, what `len`
-means, the closed state, and the (epoch, batch) position that a resume restarts from.
+means, the closed state, and the (epoch, position) that a resume restarts from.
 """
 from __future__ import annotations
 
@@ -39,8 +39,9 @@ class Loader(abc.ABC):
                                 world_size=ranks.world_size)
         self._epoch = 0
         self._epoch_set = True  # the first loop runs epoch 0
-        self._resume_batch = 0
-        self._batches_done = 0  # in the current epoch: the resume position
+        self._resume_position = 0  # where the next loop starts in its epoch's global order
+        self._position = 0  # samples of the current epoch's global order consumed by all ranks together
+        self._loops = 0  # `for` loops started; only the newest one counts consumed batches
         self._closed = False
         if self.order.num_batches == 0:
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
@@ -78,7 +79,8 @@ class Loader(abc.ABC):
         """Make the next `for` loop run this epoch (its order is a function of seed and epoch)."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self._epoch, self._epoch_set, self._resume_batch = int(epoch), True, 0
+        self._epoch, self._epoch_set = int(epoch), True
+        self._resume_position = self._position = 0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._closed:
@@ -87,35 +89,72 @@ class Loader(abc.ABC):
         if not self._epoch_set:
             self._epoch += 1
         self._epoch_set = False
-        start, self._resume_batch = self._resume_batch, 0
-        return self._run_epoch(self._epoch, start)
+        self._position, self._resume_position = self._resume_position, 0
+        self._loops += 1
+        return self._run_epoch(self._epoch, self._position, self._loops)
 
-    def _run_epoch(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._batches_done = start
+    def _run_epoch(self, epoch: int, start: int, loop: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        global_batch = self.batch_size * self.ranks.world_size  # ranks step together (DDP)
         for images, labels in self._iter_batches(self.order.batches(epoch, start)):
-            self._batches_done += 1
+            if loop == self._loops:  # an abandoned older loop no longer moves the resume position
+                self._position += global_batch
             yield images, labels
 
     def state_dict(self) -> dict:
-        """Where the trainer is: resuming from it yields exactly the batches not yet consumed."""
+        """Where the trainer is: resuming from it yields exactly the batches not yet consumed.
+
+        Plain ints and strings (JSON or torch.save). Ranks of a data-parallel job step together, so
+        every rank's state is the same and rank 0's is enough to resume all of them.
+        """
         return {"version": STATE_VERSION, "backend": self.backend, "split": self.split.name,
-                "epoch": self._epoch, "batches_done": self._batches_done, "seed": self.config.seed,
-                "num_samples": len(self.index), "world_size": self.ranks.world_size, "rank": self.ranks.rank}
+                "dataset": self.index.fingerprint, "num_samples": len(self.index), "seed": self.config.seed,
+                "shuffle": self.split.shuffle, "epoch": self._epoch,
+                "position": min(self._position, len(self.index)),
+                "batch_size": self.batch_size, "world_size": self.ranks.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        """Make the next `for` loop continue the saved epoch after its last consumed batch."""
-        expected = self.state_dict()
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
-        for key in ("backend", "split", "seed", "num_samples", "world_size"):
-            if state.get(key) != expected[key]:
-                raise ValueError(f"loader state was saved with {key}={state.get(key)!r}, this loader has "
-                                 f"{key}={expected[key]!r}; resume with the same config and job size")
-        epoch, done = int(state["epoch"]), int(state["batches_done"])
-        if done >= self.order.num_batches:  # saved at the end of an epoch: go on with the next
-            epoch, done = epoch + 1, 0
+        """Make the next `for` loop continue the saved epoch after its last consumed batch.
+
+        Another world size or batch size re-shards the rest of the epoch: the ranks together still
+        get every remaining sample once (eval) or equal shares of it (train).
+        """
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            found = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"loader state version {found!r} is not {STATE_VERSION}: pass the dict that "
+                             f"loader.state_dict() returned, saved by this fastloader version")
+        self._refuse_other(state)
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if self.order.shared_after(position) == 0:  # saved at the end of an epoch: go on with the next
+            epoch, position = epoch + 1, 0
+        elif (state["world_size"], state["batch_size"]) != (self.ranks.world_size, self.batch_size):
+            log.info("split '%s': resuming epoch %d at sample %d of %d with %d ranks x batch %d; the state was "
+                     "saved by %d ranks x batch %d, so the rest of the epoch is re-sharded", self.split.name, epoch,
+                     position, len(self.index), self.ranks.world_size, self.batch_size, state["world_size"],
+                     state["batch_size"])
         self._epoch, self._epoch_set = epoch, True
-        self._resume_batch = self._batches_done = done
+        self._resume_position = self._position = position
+
+    def _refuse_other(self, state: dict) -> None:
+        """A state of another backend, split, dataset, seed or order cannot replay this run's batches."""
+        mine = self.state_dict()
+        name = self.split.name
+        if state.get("backend") != mine["backend"]:
+            raise ValueError(f"loader state was saved by the {state.get('backend')} backend and this loader is "
+                             f"{mine['backend']}: their random crops differ, so the rest of the epoch would not "
+                             f"be the interrupted run's; set backend: {state.get('backend')} to resume")
+        if state.get("split") != name:
+            raise ValueError(f"loader state was saved for split {state.get('split')!r}, this loader reads split "
+                             f"{name!r}; give each split's loader its own state")
+        if state.get("dataset") != mine["dataset"]:
+            raise ValueError(f"loader state was saved for another dataset: {state.get('num_samples')} samples "
+                             f"(fingerprint {state.get('dataset')}) then, {mine['num_samples']} samples "
+                             f"(fingerprint {mine['dataset']}) in {self.index.root} now; files were added, removed "
+                             f"or relabelled. Resume on the same files, or start afresh without load_state_dict")
+        for key, config_key in (("seed", "seed"), ("shuffle", f"{name}.shuffle")):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"loader state was saved with {config_key}: {state.get(key)!r}, this loader has "
+                                 f"{config_key}: {mine[key]!r} (from {self.config.source}); set it back to "
+                                 f"resume the same order")
 
     def close(self) -> None:
         """Stop workers / free the pipeline. Iterating afterwards raises an error."""

@@ -9,6 +9,9 @@ Train mode: every rank yields the same number of batches (DDP must not hang). Wi
 epoch keeps the largest multiple of world_size x batch_size (drops fewer than that many samples);
 without it, the order is padded by wrapping around so that every rank gets ceil(N / world) samples.
 Eval mode: rank r takes samples r, r + world, ...; every sample exactly once, partial last batch.
+
+A resume names a position in the epoch's global order (samples consumed by all ranks together), not a
+rank's batch count, so the rest of an epoch can be replayed on the same ranks or re-sharded over others.
 """
 from __future__ import annotations
 
@@ -86,15 +89,30 @@ class EpochOrder:
         rng = np.random.default_rng([self.seed, epoch, 0xF457])
         return rng.permutation(self.num_samples).astype(np.int64, copy=False)
 
-    def rank_indices(self, epoch: int) -> np.ndarray:
-        """This rank's sample indices for the epoch, in the order they are yielded."""
+    def shared_after(self, position: int) -> int:
+        """How many positions of the epoch's global order the ranks share once the first `position`
+        are consumed: what is left, cut to whole global batches (drop_last) or padded to equal shares."""
+        left = max(0, self.num_samples - position)
+        if self.mode == "eval":
+            return left
+        if self.drop_last:
+            return left // (self.world_size * self.batch_size) * self.world_size * self.batch_size
+        return math.ceil(left / self.world_size) * self.world_size
+
+    def rank_indices(self, epoch: int, position: int = 0) -> np.ndarray:
+        """This rank's sample indices for the epoch, in the order they are yielded, after the first
+        `position` samples of the epoch's global order (those all ranks consumed before a restart).
+
+        Rank r takes global positions r, r + world, ...: after k batches on every rank, the ranks
+        together have consumed exactly the first k x batch x world positions, whatever the world size.
+        That is why a restart may re-shard the rest of an epoch over another number of ranks.
+        """
         order = self.permutation(epoch)
-        if self.mode == "train":
-            total = self.samples_per_rank * self.world_size
-            if total > len(order):  # pad by wrapping around (tiling if the dataset is tiny)
-                order = np.resize(order, total)
-            order = order[:total]
-        return order[self.rank::self.world_size]
+        shared = self.shared_after(position)
+        if shared == 0:
+            return order[:0]
+        # Padding wraps around to the epoch's first samples (tiling if the dataset is tiny).
+        return np.resize(order, position + shared)[position:][self.rank::self.world_size]
 
     def sample_seeds(self, epoch: int, indices: np.ndarray) -> np.ndarray:
         """Per-sample augmentation seeds (int64, non-negative) from (seed, epoch, sample index)."""
@@ -104,8 +122,9 @@ class EpochOrder:
             key = _splitmix64(key ^ indices.astype(np.uint64))
         return (key & _MASK63).astype(np.int64)
 
-    def batches(self, epoch: int, start_batch: int = 0) -> list[np.ndarray]:
-        """The epoch's batches from `start_batch` on: int64 arrays [k, 2] of (sample index, sample seed)."""
-        indices = self.rank_indices(epoch)[: self.num_batches * self.batch_size if self.drop_last else None]
+    def batches(self, epoch: int, position: int = 0) -> list[np.ndarray]:
+        """The epoch's batches after global position `position`: int64 arrays [k, 2] of
+        (sample index, sample seed). Position 0 is the whole epoch; k batches in, it is k x batch x world."""
+        indices = self.rank_indices(epoch, position)
         pairs = np.stack([indices, self.sample_seeds(epoch, indices)], axis=1)
-        return [pairs[b * self.batch_size:(b + 1) * self.batch_size] for b in range(start_batch, self.num_batches)]
+        return [pairs[start:start + self.batch_size] for start in range(0, len(pairs), self.batch_size)]

@@ -6,6 +6,8 @@ buffer of UTF-8 paths, their offsets, the labels) are three objects: nothing is 
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 import time
@@ -63,6 +65,16 @@ class SampleIndex:
     @property
     def nbytes(self) -> int:
         return self.path_bytes.nbytes + self.offsets.nbytes + self.labels.nbytes
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A short hash of the classes, relative paths and labels: a saved loader state names the
+        dataset it belongs to, wherever the dataset is mounted."""
+        digest = hashlib.blake2b(digest_size=8)
+        digest.update("\0".join(self.classes).encode("utf-8", "surrogateescape"))
+        for part in (self.path_bytes, self.offsets, self.labels):
+            digest.update(np.ascontiguousarray(part).data)
+        return digest.hexdigest()
 
 
 class IndexBuilder:

@@ -72,6 +72,27 @@ def write_gradient_dataset(root: Path, per_class: int = 20, size=(200, 150)) -> 
     return root
 
 
+def write_numbered_dataset(root: Path, per_class: int = 12, splits=("train", "val")) -> Path:
+    """root/<split>/<class>/n_XX.png, each image one solid colour of its own: whatever crop, flip or
+    resize a loader applies, `identities` reads back which file every output image came from."""
+    number = 0
+    for split in splits:
+        for name in COLOURS:
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                colour = (40 + 8 * (number % 24), 40 + 8 * (number // 24 % 24), 60)
+                Image.new("RGB", SIZES[i % len(SIZES)], colour).save(folder / f"n_{i:02d}.png")
+                number += 1
+    return root
+
+
+def identities(images: torch.Tensor, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> list[tuple]:
+    """The solid colour of each image of a normalized batch (see write_numbered_dataset)."""
+    rgb = images.float().mean(dim=(2, 3)) * torch.tensor(std) + torch.tensor(mean)
+    return [tuple(int(v) for v in row) for row in torch.round(rgb * 255).to(torch.int64).tolist()]
+
+
 def crop_extent(image: torch.Tensor, size=(200, 150), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
     """(area fraction, aspect w / h, flipped) of the source box a gradient image's crop came from."""
     width, height = size

@@ -63,11 +63,43 @@ def test_dataset_smaller_than_a_batch():
     assert len(kept) == 1 and sorted(kept.batches(0)[0][:, 0].tolist()) == [0, 1, 2]
 
 
-def test_resume_offset_replays_the_tail_of_the_epoch():
-    order = EpochOrder(100, 8, mode="train", shuffle=True, drop_last=False, seed=5)
-    full = order.batches(4)
-    tail = order.batches(4, start_batch=5)
-    assert len(tail) == len(full) - 5 and all(np.array_equal(a, b) for a, b in zip(full[5:], tail))
+@pytest.mark.parametrize("mode, drop_last", [("train", False), ("train", True), ("eval", False)])
+@pytest.mark.parametrize("n, batch, world", [(100, 8, 1), (101, 8, 3), (64, 4, 4)])
+def test_resume_at_k_global_batches_replays_each_ranks_tail(mode, drop_last, n, batch, world):
+    orders = rank_orders(n, batch, world, mode=mode, shuffle=mode == "train", drop_last=drop_last, seed=5)
+    for order in orders:
+        full = order.batches(4)
+        for k in (1, 2, len(full) - 1):
+            tail = order.batches(4, position=k * batch * world)
+            assert len(tail) == len(full) - k
+            assert all(np.array_equal(a, b) for a, b in zip(full[k:], tail))
+
+
+@pytest.mark.parametrize("mode, drop_last", [("train", False), ("train", True), ("eval", False)])
+@pytest.mark.parametrize("n, batch, world, k, new_batch, new_world",
+                         [(101, 8, 3, 2, 8, 2), (101, 8, 2, 3, 5, 4), (64, 4, 4, 1, 4, 1), (30, 4, 1, 5, 4, 3)])
+def test_a_restart_on_another_number_of_ranks_re_shards_the_rest_of_the_epoch(
+        mode, drop_last, n, batch, world, k, new_batch, new_world):
+    kw = dict(mode=mode, shuffle=mode == "train", drop_last=drop_last, seed=9)
+    before = np.concatenate([np.concatenate([b[:, 0] for b in o.batches(2)[:k]])
+                             for o in rank_orders(n, batch, world, **kw)])
+    after_orders = rank_orders(n, new_batch, new_world, **kw)
+    after = [o.batches(2, position=k * batch * world) for o in after_orders]
+    assert len({len(batches) for batches in after}) == 1 or mode == "eval"  # DDP stays in step
+    rest = np.concatenate([b[:, 0] for batches in after for b in batches] or [np.array([], np.int64)])
+    if mode == "eval" or drop_last:  # nothing consumed twice
+        assert len(set(before.tolist()) | set(rest.tolist())) == len(before) + len(rest)
+    if mode == "eval":  # every sample exactly once over the interrupted and the resumed job
+        assert sorted(before.tolist() + rest.tolist()) == list(range(n))
+    elif drop_last:  # whole global batches of the new job, dropping fewer than one of them
+        assert all(len(b) == new_batch for batches in after for b in batches)
+        assert 0 <= n - len(before) - len(rest) < new_batch * new_world
+    else:  # everything covered, the new ranks padded to equal shares
+        assert set(before.tolist()) | set(rest.tolist()) == set(range(n))
+        assert len({sum(len(b) for b in batches) for batches in after}) == 1
+    seeds = {int(i): int(s) for batches in after for b in batches for i, s in b}
+    reference = {int(i): int(s) for b in EpochOrder(n, batch, **kw).batches(2) for i, s in b}
+    assert all(reference[i] == s for i, s in seeds.items())  # a sample's augmentation seed is unchanged
 
 
 def test_sample_seeds_depend_on_seed_epoch_and_sample_only():
