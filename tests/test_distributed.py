@@ -11,7 +11,8 @@ import pytest
 
 from fastloader.config import ConfigError, DistributedConfig
 from fastloader.distributed import detect_ranks
-from conftest import REPO, env_without, write_textured_dataset
+from conftest import REPO, env_without, write_numbered_dataset
+from test_resume import BACKENDS
 
 
 def test_single_process_by_default():
@@ -49,49 +50,80 @@ def test_config_values_win_and_bad_values_are_explained(monkeypatch):
 
 
 RANK_SCRIPT = textwrap.dedent("""
-    import json, sys, fastloader
-    config, split = json.loads(sys.argv[1]), sys.argv[2]
-    loader = fastloader.build_loader(config, split)
-    batches = [(x.mean(dim=(1, 2, 3)).tolist(), y.tolist()) for x, y in loader]
-    print(json.dumps({"len": len(loader), "batches": batches}))
+    import json, os, sys
+    sys.path.insert(0, "tests")
+    import torch.distributed as dist
+    import fastloader
+    from conftest import identities
+    config = json.loads(sys.argv[1])
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: a real process group, as a DDP job has
+        dist.init_process_group("gloo")
+    result = {}
+    for split in ("val", "train"):
+        loader = fastloader.build_loader(config, split)
+        batches = [[identities(x), y.tolist()] for x, y in loader]
+        result[split] = {"len": len(loader), "source": loader.ranks.source, "batches": batches}
+    if dist.is_initialized():
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, result)
+        if dist.get_rank() == 0:
+            print(json.dumps(everyone))
+        dist.barrier()  # leave together: gloo may abort a rank whose peers already closed their sockets
+        dist.destroy_process_group()
+    else:
+        print(json.dumps([result]))
 """)
 
 
-def run_ranks(config: dict, split: str, world: int, launcher: str) -> list[dict]:
-    """Start one real process per rank with the launcher's variables set, as torchrun or srun would."""
+def run_ranks(config: dict, world: int, launcher: str, tmp_path) -> list[dict]:
+    """One real process per rank: started by torchrun (with a gloo process group), or with the
+    variables srun sets. Returns each rank's {split: {len, source, batches}}."""
+    if launcher == "torchrun":
+        script = tmp_path / "rank.py"
+        script.write_text(RANK_SCRIPT)
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc_per_node={world}", str(script), json.dumps(config)],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
     procs = []
     for rank in range(world):
         env = env_without("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")
-        if launcher == "torchrun":
-            env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-        else:
-            env.update(SLURM_PROCID=str(rank), SLURM_NTASKS=str(world), SLURM_LOCALID=str(rank))
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, json.dumps(config), split], env=env,
+        env.update(SLURM_PROCID=str(rank), SLURM_NTASKS=str(world), SLURM_LOCALID=str(rank))
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, json.dumps(config)], env=env,
                                       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        results.append(json.loads(out))
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        results += json.loads(out)
     return results
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
-def test_ranks_in_separate_processes_shard_101_samples(tmp_path, launcher):
-    # 101 images in 3 classes (34, 34, 33): not divisible by 3 ranks x batch 8.
-    root = write_textured_dataset(tmp_path / "d", per_class=34, splits=("val",))
-    os.remove(root / "val" / "c_blue" / "t_33.png")
-    config = {"backend": "torch", "seed": 3, "dataset": {"root": str(root)}, "workers": {"num_workers": 0},
+def test_ranks_in_separate_processes_shard_101_samples(tmp_path, launcher, backend):
+    # 101 images in 3 classes (34, 34, 33): not divisible by 3 ranks x batch 8. Each image is one
+    # colour of its own, so every output image names its file, whatever crop the backend drew.
+    root = write_numbered_dataset(tmp_path / "d", per_class=34, splits=("val",))
+    os.remove(root / "val" / "c_blue" / "n_33.png")
+    config = {"backend": backend, "seed": 3, "dataset": {"root": str(root)}, "workers": {"num_workers": 0},
               "val": {"batch_size": 8, "transform": {"size": 8}},
               "train": {"folder": "val", "batch_size": 8, "transform": {"size": 8}}}
-    evals = run_ranks(config, "val", 3, launcher)
-    samples = [(label, round(mean, 5)) for result in evals for means, ys in result["batches"]
-               for mean, label in zip(means, ys)]
-    assert len(samples) == len(set(samples)) == 101  # every sample once (each image has its own mean)
-    assert sorted(label for label, _ in samples) == [0] * 34 + [1] * 34 + [2] * 33
-    assert [r["len"] for r in evals] == [5, 5, 5]
-    trains = run_ranks(config, "train", 3, launcher)
+    ranks = run_ranks(config, 3, launcher, tmp_path)
+    expected_source = "torch.distributed" if launcher == "torchrun" else "slurm"
+    assert [r["val"]["source"] for r in ranks] == [expected_source] * 3
+
+    evals = [r["val"] for r in ranks]
+    samples = [(tuple(image), label) for r in evals for images, labels in r["batches"]
+               for image, label in zip(images, labels)]
+    assert len(samples) == len(set(samples)) == 101  # every sample exactly once over the ranks
+    assert sorted(label for _, label in samples) == [0] * 34 + [1] * 34 + [2] * 33
+    assert [r["len"] for r in evals] == [5, 5, 5] and [len(r["batches"]) for r in evals] == [5, 5, 5]
+
+    trains = [r["train"] for r in ranks]
     assert [r["len"] for r in trains] == [4, 4, 4]  # 101 // 24 = 4 global batches on every rank
-    assert [len(r["batches"]) for r in trains] == [4, 4, 4]
-    seen = [(y, round(m, 5)) for r in trains for means, ys in r["batches"] for m, y in zip(means, ys)]
+    assert [[len(labels) for _, labels in r["batches"]] for r in trains] == [[8] * 4] * 3
+    seen = [tuple(image) for r in trains for images, _ in r["batches"] for image in images]
     assert len(seen) == len(set(seen)) == 96  # disjoint across ranks; 101 - 96 < 3 x 8 dropped
+    assert set(seen) <= {image for image, _ in samples}
