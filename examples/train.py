@@ -1,0 +1,141 @@
+"""Train a torchvision classifier on fastloader batches: one process, or DDP under torchrun/srun.
+
+    python examples/train.py configs/sample.yaml --epochs 2
+    torchrun --nproc_per_node=2 examples/train.py configs/sample.yaml --checkpoint run/ckpt.pt
+
+With --checkpoint, rank 0 saves the model, the optimizer and the train loader's state every
+--save-every steps and at the end of each epoch; starting again with the same command resumes
+exactly where the checkpoint left off, mid-epoch included. The loader does the sharding; this
+script only wraps the model in DDP. Works on CPU (gloo) and GPU (nccl, one GPU per local rank).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torchvision
+
+from fastloader import build_loader
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="fastloader YAML config with a train and a val split")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set train.batch_size=64 (repeatable)")
+    parser.add_argument("--model", default="resnet18", help="a torchvision model name (default: resnet18)")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.1, help="learning rate for a global batch of 256")
+    parser.add_argument("--checkpoint", help="file to save to and resume from")
+    parser.add_argument("--save-every", type=int, default=100, metavar="STEPS")
+    parser.add_argument("--max-steps", type=int, default=0,
+                        help="stop after this many steps of this run, saving a checkpoint (as a preemption would)")
+    parser.add_argument("--log-every", type=int, default=10, metavar="STEPS")
+    return parser.parse_args()
+
+
+def say(*parts) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*parts, flush=True)
+
+
+def save(path: str, model, optimizer, train, step: int) -> None:
+    """Rank 0 writes; every rank's loader state is the same (ranks step together)."""
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    model = getattr(model, "module", model)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "train_loader": train.state_dict(),
+             "step": step}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)  # a job killed while saving keeps the previous checkpoint
+
+
+def evaluate(model, val) -> tuple[float, int]:
+    """Accuracy over the whole val split: each rank scores its shard, the sums are all-reduced.
+
+    The bare module runs, not DDP's wrapper: ranks may hold different numbers of val batches, and
+    DDP's forward could wait for a collective on a rank that has already finished.
+    """
+    model = getattr(model, "module", model)
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=val.device)
+    with torch.no_grad():
+        for images, labels in val:
+            totals += torch.stack([(model(images).argmax(1) == labels).sum(), torch.tensor(len(labels))]).to(totals)
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    model.train()
+    return float(totals[0] / totals[1]), int(totals[1])
+
+
+def main() -> None:
+    args = parse_args()
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:  # torchrun (or srun with its variables)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    train = build_loader(args.config, "train", args.overrides)
+    val = build_loader(args.config, "val", args.overrides)
+    device, world = train.device, train.ranks.world_size
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    model = torchvision.models.get_model(args.model, num_classes=len(train.classes)).to(device)
+    dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[train.config.output.dtype]
+    lr = args.lr * train.batch_size * world / 256
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-5)
+
+    step = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        saved = torch.load(args.checkpoint, map_location=device, weights_only=True)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        train.load_state_dict(saved["train_loader"])  # the next loop continues the saved epoch
+        step = saved["step"]
+        say(f"resumed from {args.checkpoint}: step {step}, epoch {train.epoch}, "
+            f"sample {saved['train_loader']['position']} of {train.num_samples}")
+    if dist.is_initialized():
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    say(f"{args.model} on {world} rank(s), {train.backend} backend, device {device}, global batch "
+        f"{train.batch_size * world}, {len(train)} steps per epoch")
+
+    steps_this_run = 0
+    for epoch in range(train.epoch, args.epochs):
+        started, images_seen, loss = time.perf_counter(), 0, torch.tensor(float("nan"))
+        for images, labels in train:  # after a resume, the first loop is the rest of the saved epoch
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step, steps_this_run, images_seen = step + 1, steps_this_run + 1, images_seen + len(labels) * world
+            if step % args.log_every == 0:
+                rate = images_seen / (time.perf_counter() - started)
+                say(f"epoch {epoch} step {step} loss {loss.item():.3f} {rate:.0f} images/s")
+            if args.checkpoint and step % args.save_every == 0:
+                save(args.checkpoint, model, optimizer, train, step)
+            if steps_this_run == args.max_steps:
+                if args.checkpoint:
+                    save(args.checkpoint, model, optimizer, train, step)
+                say(f"stopped after {steps_this_run} steps (--max-steps) at epoch {epoch}, step {step}")
+                return finish(train, val)
+        seconds = time.perf_counter() - started
+        accuracy, scored = evaluate(model, val)
+        say(f"epoch {epoch} done: loss {loss.item():.3f}, val accuracy {accuracy:.3f} on {scored} images, "
+            f"{images_seen / seconds:.0f} images/s")
+        if args.checkpoint:
+            save(args.checkpoint, model, optimizer, train, step)
+    finish(train, val)
+
+
+def finish(*loaders) -> None:
+    for loader in loaders:
+        loader.close()
+    if dist.is_initialized():
+        dist.barrier()  # leave together: gloo may abort a rank whose peers already closed their sockets
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

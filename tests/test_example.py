@@ -1,0 +1,41 @@
+"""examples/train.py under torchrun with 2 CPU ranks: DDP training, exactly-once evaluation, and a
+run stopped mid-epoch that the same command resumes from its checkpoint."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import torch
+
+from conftest import REPO
+
+SMALL = ["--set", "train.transform.size=32", "--set", "val.transform.size=32", "--set", "train.batch_size=16"]
+
+
+def torchrun(*args: str, cwd) -> str:
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(REPO / "examples" / "train.py"), str(REPO / "configs" / "sample.yaml"), *SMALL, *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_two_rank_ddp_run_stops_mid_epoch_and_the_same_command_resumes_it(tmp_path):
+    checkpoint = tmp_path / "ckpt.pt"
+    first = torchrun("--epochs", "2", "--max-steps", "3", "--log-every", "1", "--checkpoint", str(checkpoint),
+                     cwd=tmp_path)
+    # 240 demo images, 2 ranks x batch 16: 7 steps per epoch
+    assert "resnet18 on 2 rank(s), torch backend, device cpu, global batch 32, 7 steps per epoch" in first
+    assert len(re.findall(r"epoch 0 step \d loss \d+\.\d+ \d+ images/s", first)) == 3
+    assert "stopped after 3 steps (--max-steps) at epoch 0, step 3" in first
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["step"] == 3 and saved["train_loader"]["position"] == 3 * 32
+
+    second = torchrun("--epochs", "2", "--log-every", "1", "--checkpoint", str(checkpoint), cwd=tmp_path)
+    assert "resumed from" in second and "step 3, epoch 0, sample 96 of 240" in second
+    steps = [(int(e), int(s)) for e, s in re.findall(r"epoch (\d) step (\d+) loss", second)]
+    assert steps == [(0, s) for s in range(4, 8)] + [(1, s) for s in range(8, 15)]  # nothing replayed or lost
+    accuracy = re.findall(r"epoch (\d) done: loss \d+\.\d+, val accuracy (\d\.\d+) on (\d+) images", second)
+    assert [(e, n) for e, _, n in accuracy] == [("0", "60"), ("1", "60")]  # every val image once over the ranks
+    assert torch.load(checkpoint, weights_only=True)["train_loader"]["epoch"] == 1
