@@ -84,6 +84,20 @@ def test_train_order_is_the_shared_samplers(textured_root):
     assert not torch.equal(orders[0], orders[1])  # a new permutation each epoch
 
 
+def test_what_of_dalis_random_crops_replays_as_the_readme_says(textured_root):
+    def run(threads: int, start_epoch: int = 0) -> list[torch.Tensor]:
+        loader = build_loader(base_config(textured_root, backend="dali", dali={"threads": threads},
+                                          train={"batch_size": 6}))
+        loader.set_epoch(start_epoch)
+        return [x for x, _ in loader] + ([x for x, _ in loader] if start_epoch == 0 else [])
+
+    two_epochs = run(threads=1)
+    same = run(threads=2)  # a fresh run with the same seed: the same crops, whatever the thread count
+    assert all(torch.equal(a, b) for a, b in zip(two_epochs, same, strict=True))
+    skipped_to = run(threads=1, start_epoch=1)  # DALI's generators restart from their seed
+    assert not torch.equal(torch.cat(skipped_to), torch.cat(two_epochs[4:]))
+
+
 @pytest.mark.parametrize("backend", ["torch", "dali"])
 def test_train_crops_follow_scale_ratio_and_flip_probability(tmp_path, backend):
     root = write_gradient_dataset(tmp_path / "gradient", per_class=200)
