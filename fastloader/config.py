@@ -52,6 +52,9 @@ class DatasetConfig:
     """File suffixes taken as images (compared case-insensitively)."""
     exif_orientation: bool = True
     """Rotate photos as their EXIF orientation tag says, as a person viewing them would see them."""
+    exclude: str | None = None
+    """A text file of image paths relative to dataset.root, one per line, left out of every split
+    (`fastloader check --exclude-list` writes one)."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,12 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class StatsConfig:
+    log_level: Literal["debug", "info", "warning", "none"] = "info"
+    """Level of the end-of-epoch line that says how long the trainer waited for data (none: no line)."""
+
+
+@dataclass(frozen=True)
 class Config:
     dataset: DatasetConfig
     backend: Literal["auto", "dali", "torch"] = "auto"
@@ -179,6 +188,7 @@ class Config:
     workers: WorkersConfig = WorkersConfig()
     dali: DaliConfig = DaliConfig()
     distributed: DistributedConfig = DistributedConfig()
+    stats: StatsConfig = StatsConfig()
     splits: Mapping[str, SplitConfig] = field(default_factory=dict)
     """One top-level section per split, named after it (train, val, ...)."""
     source: str = "<dict>"
@@ -197,7 +207,7 @@ class Config:
 
 
 _SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
-             "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig}
+             "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig, "stats": StatsConfig}
 _SCALARS = ("backend", "seed")
 
 
@@ -280,7 +290,7 @@ def _set_dotted(raw: dict, key: str, value: Any, origin: str, source: str) -> No
 
 
 def _is_path_key(dotted: str) -> bool:
-    return dotted == "dataset.root" or dotted.endswith(".file_list")
+    return dotted in ("dataset.root", "dataset.exclude") or dotted.endswith(".file_list")
 
 
 def _resolve_one(value: Any, base_dir: Path) -> Any:
@@ -293,8 +303,10 @@ def _resolve_one(value: Any, base_dir: Path) -> Any:
 def _resolve_paths(raw: dict, base_dir: Path) -> dict:
     """Make the file's relative paths absolute against its folder, so the config works from any cwd."""
     dataset = raw.get("dataset")
-    if isinstance(dataset, dict) and "root" in dataset:
-        dataset["root"] = _resolve_one(dataset["root"], base_dir)
+    if isinstance(dataset, dict):
+        for key in ("root", "exclude"):
+            if key in dataset:
+                dataset[key] = _resolve_one(dataset[key], base_dir)
     for key, section in raw.items():
         if key not in _SECTIONS and isinstance(section, dict) and "file_list" in section:
             section["file_list"] = _resolve_one(section["file_list"], base_dir)

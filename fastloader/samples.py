@@ -110,19 +110,33 @@ def build_index(config: Config, split: SplitConfig) -> SampleIndex:
     if root.startswith("builtin:"):
         from .demo import builtin_dataset_root
         root = builtin_dataset_root(root, config.source)
+    excluded = read_exclude_list(config.dataset.exclude, root) if config.dataset.exclude else frozenset()
     if split.file_list:
-        return read_file_list(split.file_list, root, config.dataset.classes)
-    split_dir = os.path.join(root, split.folder or split.name)
-    return scan_folder(split_dir, config.dataset.extensions, config.dataset.classes, config.source,
-                       key=f"{split.name}.folder")
+        return read_file_list(split.file_list, root, config.dataset.classes, excluded)
+    folder = os.path.normpath(split.folder or split.name)
+    skip = frozenset(path[len(folder) + 1:] for path in excluded if path.startswith(folder + os.sep))
+    return scan_folder(os.path.join(root, folder), config.dataset.extensions, config.dataset.classes,
+                       config.source, key=f"{split.name}.folder", skip=skip)
+
+
+def read_exclude_list(list_path: str, root: str) -> frozenset[str]:
+    """dataset.exclude: image paths relative to dataset.root (or absolute), one per line, '#' comments."""
+    if not os.path.isfile(list_path):
+        raise ConfigError(f"dataset.exclude: file {list_path!r} does not exist; write it with "
+                          f"`fastloader check CONFIG --exclude-list {list_path}` or remove the key")
+    with open(list_path, encoding="utf-8", errors="surrogateescape") as handle:
+        lines = [line.strip() for line in handle]
+    return frozenset(os.path.normpath(os.path.relpath(line, root) if os.path.isabs(line) else line)
+                     for line in lines if line and not line.startswith("#"))
 
 
 def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str] | None = None,
-                source: str = "<dict>", key: str = "dataset.root") -> SampleIndex:
+                source: str = "<dict>", key: str = "dataset.root", skip: frozenset[str] = frozenset()) -> SampleIndex:
     """ImageFolder convention: sorted class folders -> labels 0..C-1; files in sorted order, recursively.
 
     A class folder without images keeps its label (so labels stay aligned with other splits) and is
-    logged as a warning; a split without any image is an error.
+    logged as a warning; a split without any image is an error. Paths in `skip` (relative to
+    split_dir, from dataset.exclude) are left out and counted in the log.
     """
     if not os.path.isdir(split_dir):
         parent = os.path.dirname(split_dir.rstrip(os.sep))
@@ -149,6 +163,7 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
 
     suffixes = tuple(e.lower() for e in extensions)
     builder = IndexBuilder()
+    skipped = 0
     started = last_report = time.monotonic()
     for label, name in enumerate(classes):
         class_dir = os.path.join(split_dir, name)
@@ -160,7 +175,11 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
             rel_dir = os.path.relpath(dirpath, split_dir)
             for filename in sorted(filenames):
                 if filename.lower().endswith(suffixes):
-                    builder.add(os.path.join(rel_dir, filename), label)
+                    relpath = os.path.normpath(os.path.join(rel_dir, filename))
+                    if relpath in skip:
+                        skipped += 1
+                    else:
+                        builder.add(relpath, label)
         if len(builder) == before:
             log.warning("class folder %s holds no image files (%s); its label %d is kept, with no samples",
                         class_dir, "/".join(suffixes), label)
@@ -171,12 +190,13 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
     if not len(builder):
         raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}); "
                           f"check dataset.root and dataset.extensions")
-    log.info("indexed %s: %d images in %d classes (%.2fs)", split_dir, len(builder), len(classes),
-             time.monotonic() - started)
+    log.info("indexed %s: %d images in %d classes (%.2fs)%s", split_dir, len(builder), len(classes),
+             time.monotonic() - started, f", {skipped} left out by dataset.exclude" if skipped else "")
     return builder.build(split_dir, classes)
 
 
-def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = None) -> SampleIndex:
+def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = None,
+                   excluded: frozenset[str] = frozenset()) -> SampleIndex:
     """Lines of `relative/path label` (label an integer; paths may hold spaces; '#' starts a comment)."""
     if not os.path.isfile(list_path):
         raise ConfigError(f"file list {list_path!r} does not exist; fix the split's file_list key")
@@ -193,7 +213,8 @@ def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = No
             if label < 0 or (classes is not None and label >= len(classes)):
                 limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
                 raise ConfigError(f"{list_path}:{number}: label {label} out of range{limit}")
-            builder.add(parts[0], label)
+            if os.path.normpath(parts[0]) not in excluded:
+                builder.add(parts[0], label)
     if not len(builder):
         raise ConfigError(f"file list {list_path!r} holds no samples")
     if classes is None:

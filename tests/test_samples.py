@@ -102,3 +102,26 @@ def test_split_file_list_key_is_used_instead_of_scanning(tmp_path):
     config = load_config(config_path)
     index = build_index(config, config.split("train"))
     assert index.path(0) == str(tmp_path / "data" / "x.png") and index.classes == ("cats", "dogs")
+
+
+def test_exclude_list_leaves_files_out_of_folder_and_file_list_splits(tmp_path, caplog):
+    for rel in ["train/cat/a.png", "train/cat/b.png", "train/dog/c.png", "val/cat/d.png", "val/dog/e.png"]:
+        touch_image(tmp_path / "data" / rel)
+    exclude = tmp_path / "bad.txt"
+    exclude.write_text(f"# written by fastloader check\ntrain/cat/b.png\n{tmp_path / 'data' / 'val' / 'dog' / 'e.png'}\n")
+    (tmp_path / "data" / "list.txt").write_text("train/cat/a.png 0\ntrain/cat/b.png 0\ntrain/dog/c.png 1\n")
+    config = load_config({"dataset": {"root": str(tmp_path / "data"), "exclude": str(exclude)},
+                          "train": {}, "val": {}, "listed": {"file_list": str(tmp_path / "data" / "list.txt")}})
+    with caplog.at_level(logging.INFO, logger="fastloader"):
+        train = build_index(config, config.split("train"))
+    assert [train.relpath(i) for i in range(len(train))] == ["cat/a.png", "dog/c.png"]
+    assert "1 left out by dataset.exclude" in caplog.text
+    val = build_index(config, config.split("val"))
+    assert [val.relpath(i) for i in range(len(val))] == ["cat/d.png"] and val.classes == ("cat", "dog")
+    listed = build_index(config, config.split("listed"))
+    assert [listed.relpath(i) for i in range(len(listed))] == ["train/cat/a.png", "train/dog/c.png"]
+    missing = load_config({"dataset": {"root": str(tmp_path / "data"), "exclude": str(tmp_path / "nope.txt")},
+                           "train": {}})
+    with pytest.raises(ConfigError, match="dataset.exclude: file .*nope.txt' does not exist; write it with "
+                                          "`fastloader check CONFIG --exclude-list"):
+        build_index(missing, missing.split("train"))
