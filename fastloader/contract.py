@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 from typing import Iterator
 
 import torch
@@ -15,6 +16,7 @@ from .config import Config, SplitConfig, config_to_dict
 from .distributed import RankInfo
 from .order import EpochOrder
 from .samples import SampleIndex
+from .stats import LOG_LEVELS, LoaderStats
 
 log = logging.getLogger("fastloader")
 
@@ -42,6 +44,8 @@ class Loader(abc.ABC):
         self._resume_position = 0  # where the next loop starts in its epoch's global order
         self._position = 0  # samples of the current epoch's global order consumed by all ranks together
         self._loops = 0  # `for` loops started; only the newest one counts consumed batches
+        self.stats = LoaderStats()
+        """What the consumer of the latest `for` loop waited for (see fastloader.stats)."""
         self._closed = False
         if self.order.num_batches == 0:
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
@@ -95,10 +99,28 @@ class Loader(abc.ABC):
 
     def _run_epoch(self, epoch: int, start: int, loop: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         global_batch = self.batch_size * self.ranks.world_size  # ranks step together (DDP)
-        for images, labels in self._iter_batches(self.order.batches(epoch, start)):
+        stats = self.stats = LoaderStats(epoch=epoch)
+        clock = time.perf_counter
+        began = clock()  # the consumer asked for the first batch: generators start on the first next()
+        batches = iter(self._iter_batches(self.order.batches(epoch, start)))
+        while True:
+            asked = clock()
+            try:
+                images, labels = next(batches)
+            except StopIteration:
+                break
+            arrived = clock()
+            stats.add(arrived - asked if stats.batches else arrived - began, arrived - began, len(labels))
             if loop == self._loops:  # an abandoned older loop no longer moves the resume position
                 self._position += global_batch
             yield images, labels
+        self._log_stats(stats)
+
+    def _log_stats(self, stats: LoaderStats) -> None:
+        level = LOG_LEVELS.get(self.config.stats.log_level)
+        if level is not None and stats.batches:
+            log.log(level, "%s loader, split '%s', epoch %d, rank %d: %s", self.backend, self.split.name,
+                    stats.epoch, self.ranks.rank, stats.summary())
 
     def state_dict(self) -> dict:
         """Where the trainer is: resuming from it yields exactly the batches not yet consumed.

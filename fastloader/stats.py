@@ -1,0 +1,64 @@
+"""Stall accounting: how long the trainer waited for each batch, measured where it waits.
+
+The time a `for` loop spends blocked in the loader's `__next__` is the time the GPU (or the CPU
+model) could not work for lack of data. Every loader records it per batch, so "is my GPU waiting
+for data?" is a number, not a guess. The first batch is reported on its own (worker start-up,
+pipeline build, first decode) and left out of the stall fraction, which describes the steady state.
+"""
+from __future__ import annotations
+
+import logging
+from array import array
+from dataclasses import dataclass, field
+
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+
+
+@dataclass
+class LoaderStats:
+    """One `for` loop over a loader (an epoch, or its part after a resume or before a `break`)."""
+
+    epoch: int = 0
+    batches: int = 0
+    images: int = 0
+    time_to_first_batch_s: float = float("nan")
+    """From the loop asking for its first batch to getting it."""
+    wait_s: float = 0.0
+    """Time blocked in `__next__` for the batches after the first."""
+    elapsed_s: float = 0.0
+    """From the loop asking for its first batch to getting its last one."""
+    batch_wait_s: array = field(default_factory=lambda: array("d"), repr=False)
+    """Per batch: the time blocked in `__next__` for it."""
+    batch_done_s: array = field(default_factory=lambda: array("d"), repr=False)
+    """Per batch: when it arrived, in seconds since the loop asked for its first batch."""
+
+    def add(self, wait: float, at: float, images: int) -> None:
+        if self.batches == 0:
+            self.time_to_first_batch_s = wait
+        else:
+            self.wait_s += wait
+        self.batches += 1
+        self.images += images
+        self.elapsed_s = at
+        self.batch_wait_s.append(wait)
+        self.batch_done_s.append(at)
+
+    @property
+    def steady_s(self) -> float:
+        """Time after the first batch arrived."""
+        return self.elapsed_s - (self.time_to_first_batch_s if self.batches else 0.0)
+
+    @property
+    def images_per_second(self) -> float:
+        """Images delivered per second of the loop, first batch included."""
+        return self.images / self.elapsed_s if self.elapsed_s > 0 else float("nan")
+
+    @property
+    def stall_fraction(self) -> float:
+        """Share of the time after the first batch that the consumer spent waiting for data."""
+        return self.wait_s / self.steady_s if self.steady_s > 0 else float("nan")
+
+    def summary(self) -> str:
+        return (f"{self.images} images in {self.batches} batches, {self.elapsed_s:.2f} s: "
+                f"{self.images_per_second:.0f} images/s; waited for data {self.stall_fraction:.1%} of the time "
+                f"after the first batch, which took {self.time_to_first_batch_s:.2f} s")
