@@ -8,9 +8,13 @@ import sys
 class Progress:
     def __init__(self, total: int, unit: str = "batches"):
         self.total, self.unit = max(1, total), unit
-        self.tty, self.last = sys.stderr.isatty(), -1
+        self.tty, self.last, self.done = sys.stderr.isatty(), -1, 0
+
+    def advance(self, count: int = 1) -> None:
+        self.update(self.done + count)
 
     def update(self, done: int) -> None:
+        self.done = done
         percent = 100 * done // self.total
         if self.tty:
             sys.stderr.write(f"\r{done}/{self.total} {self.unit} ({percent}%)")
