@@ -1,14 +1,191 @@
-"""`fastloader show`: a grid of augmented samples as the model sees them (to be written)."""
+"""`fastloader show`: a grid of samples as the model sees them, de-normalized and captioned.
+
+Looking at the batches is the quickest check that crops, flips, labels and normalization are what
+the config says. The pixels shown are the loader's own output mapped back through mean/std, so a
+wrong normalization or a wrong label shows up here rather than as a slow training run.
+
+Only the standard library is imported at module level: cli.py imports every command module to
+build its parser, and `fastloader --help` must not wait for torch or Pillow.
+"""
 from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 HELP = "save a grid of augmented samples, de-normalized and captioned with their classes"
 EXAMPLES = """  fastloader show configs/sample.yaml --out grid.png
+  fastloader show configs/sample.yaml --out val.png --split val --n 25 --backend dali
+  fastloader show configs/sample.yaml --out epoch3.png --epoch 3 --seed 1
 """
+
+MIN_TILE = 128
+"""Tiles smaller than SMALL_TILE are scaled up (nearest neighbour) to at least this many pixels."""
+SMALL_TILE = 96
+"""Below this side a caption of the default font no longer fits, so the tile is enlarged."""
+PAD = 4
+"""Pixels between tiles and around the grid."""
+HEADER_HEIGHT = 20
+"""The band at the top holding the one-line header."""
+CAPTION_HEIGHT = 16
+"""The band under each tile holding its caption (the default font is about 12 px high)."""
+BACKGROUND = (255, 255, 255)
+TEXT = (20, 20, 20)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything goes: a grid of `columns` x `rows` tiles of `tile_w` x `tile_h` pixels."""
+
+    count: int
+    columns: int
+    rows: int
+    tile_w: int
+    tile_h: int
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """(width, height) of header + tiles + captions, before any widening for the header."""
+        return (PAD + self.columns * (self.tile_w + PAD),
+                HEADER_HEIGHT + self.rows * (self.tile_h + CAPTION_HEIGHT + PAD))
+
+    def tile_origin(self, i: int) -> tuple[int, int]:
+        """Top-left corner of tile i; tiles fill rows left to right, in the loader's order."""
+        row, column = divmod(i, self.columns)
+        return PAD + column * (self.tile_w + PAD), HEADER_HEIGHT + row * (self.tile_h + CAPTION_HEIGHT + PAD)
+
+
+def make_layout(count: int, height: int, width: int) -> Layout:
+    """An about-square grid (columns = ceil(sqrt(n))) with tiles scaled up when too small to caption."""
+    columns = max(1, math.ceil(math.sqrt(count)))
+    rows = max(1, math.ceil(count / columns))
+    factor = upscale_factor(height, width)
+    return Layout(count, columns, rows, width * factor, height * factor)
+
+
+def upscale_factor(height: int, width: int) -> int:
+    """An integer factor, so that nearest-neighbour scaling keeps every pixel a clean block."""
+    side = min(height, width)
+    return 1 if side >= SMALL_TILE else math.ceil(MIN_TILE / side)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", required=True, help="PNG file to write")
+    parser.add_argument("--out", required=True, metavar="PATH", help="PNG file to write (folders are created)")
+    parser.add_argument("--split", default="train", help="split section to read (default: train)")
+    parser.add_argument("--n", type=_positive, default=16, help="samples to show (default: 16)")
+    parser.add_argument("--backend", choices=("auto", "torch", "dali"), help="override the config's backend")
+    parser.add_argument("--seed", type=_non_negative, help="override the config's seed, to see other draws")
+    parser.add_argument("--epoch", type=_non_negative, default=0,
+                        help="epoch to draw from: its order and crops follow (seed, epoch) (default: 0)")
 
 
 def run(args) -> int:
-    raise NotImplementedError("fastloader show is not written yet")
+    from . import build_loader
+    overrides = _overrides(args)
+    with build_loader(args.config, split=args.split, overrides=overrides) as loader:
+        loader.set_epoch(args.epoch)
+        images, labels = first_samples(loader, args.n)
+        if len(labels) == 0:
+            print(f"fastloader: error: split '{args.split}' yielded no sample in epoch {args.epoch} "
+                  f"(see the warning above)", file=sys.stderr)
+            return 1
+        pixels = denormalize(images, loader.config.normalize.mean, loader.config.normalize.std)
+        header = (f"{Path(args.config).name} split {args.split}, backend {loader.backend}, "
+                  f"epoch {args.epoch}, seed {loader.config.seed}")
+        names = [loader.classes[int(label)] for label in labels]
+        backend, available = loader.backend, loader.num_samples
+    layout = make_layout(len(names), pixels.shape[1], pixels.shape[2])
+    canvas = render(pixels, names, [int(label) for label in labels], header, layout)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(out, format="PNG", optimize=True)
+    if len(names) < args.n:
+        print(f"split '{args.split}' yields {len(names)} samples in epoch {args.epoch} "
+              f"({available} in the split), fewer than --n {args.n}: showing them all")
+    print(f"wrote {args.out}: {len(names)} samples of split '{args.split}' (backend {backend}), "
+          f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px")
+    return 0
+
+
+def _overrides(args) -> list[str]:
+    """--backend and --seed are shorthands for --set; they come last, so they win."""
+    overrides = list(args.overrides)
+    if args.backend:
+        overrides.append(f"backend={args.backend}")
+    if args.seed is not None:
+        overrides.append(f"seed={args.seed}")
+    return overrides
+
+
+def first_samples(loader, n: int):
+    """The first n samples of the loader's epoch, across batches; stops early so no more is decoded."""
+    import torch
+    images, labels, taken = [], [], 0
+    for batch_images, batch_labels in loader:
+        keep = min(n - taken, len(batch_labels))
+        images.append(batch_images[:keep].detach().cpu())
+        labels.append(batch_labels[:keep].detach().cpu())
+        taken += keep
+        if taken >= n:
+            break
+    if not labels:
+        return torch.empty(0, 3, 1, 1), torch.empty(0, dtype=torch.int64)
+    return torch.cat(images), torch.cat(labels)
+
+
+def denormalize(images, mean, std):
+    """Normalized float [N, 3, H, W] (any dtype or memory format) -> uint8 [N, H, W, 3] for Pillow.
+
+    Computed in float32: half and bfloat16 lack the precision to land on the right uint8 value.
+    """
+    import torch
+    x = images.to(device="cpu", dtype=torch.float32)
+    x = x * torch.tensor(std).view(1, 3, 1, 1) + torch.tensor(mean).view(1, 3, 1, 1)
+    x = (x.clamp(0, 1) * 255).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 1).contiguous()  # NHWC in memory whatever the input's layout was
+
+
+def render(pixels, names: list[str], labels: list[int], header: str, layout: Layout):
+    """The grid as a Pillow image: header, then tiles in order, each captioned "label: class"."""
+    from PIL import Image, ImageDraw, ImageFont
+    font = ImageFont.load_default()
+    draw_probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    width, height = layout.grid_size
+    width = max(width, int(draw_probe.textlength(header, font=font)) + 2 * PAD)  # never cut the header
+    canvas = Image.new("RGB", (width, height), BACKGROUND)
+    draw = ImageDraw.Draw(canvas)
+    draw.text((PAD, 4), header, fill=TEXT, font=font)
+    for i, (name, label) in enumerate(zip(names, labels)):
+        x, y = layout.tile_origin(i)
+        tile = Image.fromarray(pixels[i].numpy())
+        if tile.size != (layout.tile_w, layout.tile_h):
+            tile = tile.resize((layout.tile_w, layout.tile_h), Image.Resampling.NEAREST)
+        canvas.paste(tile, (x, y))
+        caption = fit_text(draw, f"{label}: {name}", font, layout.tile_w)
+        draw.text((x, y + layout.tile_h + 2), caption, fill=TEXT, font=font)
+    return canvas
+
+
+def fit_text(draw, text: str, font, width: int) -> str:
+    """The text, cut with '..' where it is wider than the tile (ASCII: the default font has no ellipsis)."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    while text and draw.textlength(text + "..", font=font) > width:
+        text = text[:-1]
+    return text + ".."

@@ -1,0 +1,118 @@
+"""`fastloader show` as a user runs it: a real subprocess writes a real PNG, and its pixels are checked.
+
+The solid-colour dataset gives pixel truth: whatever the backend, dtype or memory format, the centre of
+each tile must come back as its class colour, which only holds if de-normalization is right.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import COLOURS, REPO, env_without, write_solid_dataset
+from fastloader.grid import CAPTION_HEIGHT, HEADER_HEIGHT, PAD
+
+FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
+
+
+def run(*args, cache_dir) -> subprocess.CompletedProcess:
+    environment = env_without("FASTLOADER_BACKEND")
+    environment.update(FASTLOADER_CACHE_DIR=str(cache_dir))
+    return subprocess.run([*FASTLOADER, *args], cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=240)
+
+
+def dali_missing() -> bool:
+    try:
+        return importlib.util.find_spec("nvidia.dali") is None
+    except ModuleNotFoundError:  # no `nvidia` namespace at all
+        return True
+
+
+def expected_layout(n: int, tile: int) -> tuple[int, int, int]:
+    """(columns, width, height) of the PNG for n square tiles, written out from the layout's rules."""
+    columns = math.ceil(math.sqrt(n))
+    rows = math.ceil(n / columns)
+    return columns, PAD + columns * (tile + PAD), HEADER_HEIGHT + rows * (tile + CAPTION_HEIGHT + PAD)
+
+
+def tile_box(i: int, columns: int, tile: int) -> tuple[int, int]:
+    """Top-left (x, y) of tile i."""
+    row, column = divmod(i, columns)
+    return PAD + column * (tile + PAD), HEADER_HEIGHT + row * (tile + CAPTION_HEIGHT + PAD)
+
+
+def dark_pixels(region: np.ndarray) -> int:
+    """Text is drawn near-black on white; count pixels dark in every channel."""
+    return int((region < 90).all(axis=-1).sum())
+
+
+def test_show_writes_a_captioned_grid_of_the_demo_dataset(tmp_path):
+    out = tmp_path / "tmp" / "grid.png"  # the parent folder does not exist yet
+    result = run("show", "configs/sample.yaml", "--out", str(out), "--n", "8", cache_dir=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    assert out.is_file()
+    assert f"wrote {out}: 8 samples of split 'train' (backend torch), 3x3 tiles of 128x128 px" in result.stdout
+    pixels = np.asarray(Image.open(out).convert("RGB"))
+    columns, width, height = expected_layout(8, 128)  # demo images at transform.size 128: no scaling
+    assert pixels.shape == (height, width, 3)
+    tiles = pixels[HEADER_HEIGHT:]
+    assert tiles.std() > 30 and len(np.unique(tiles.reshape(-1, 3), axis=0)) > 1000  # images, not a blank
+    assert dark_pixels(pixels[:HEADER_HEIGHT]) > 50  # the header line
+    x, y = tile_box(0, columns, 128)
+    assert dark_pixels(pixels[y + 128:y + 128 + CAPTION_HEIGHT, x:x + 128]) > 10  # the first caption
+    assert (pixels[-PAD:, :] == 255).all()  # white margin under the last row: nothing drawn off the layout
+
+    other = tmp_path / "other.png"  # another seed and epoch: another draw of crops and order
+    again = run("show", "configs/sample.yaml", "--out", str(other), "--n", "8", "--seed", "3", "--epoch", "1",
+                "--backend", "torch", cache_dir=tmp_path / "cache")
+    assert again.returncode == 0, again.stderr
+    other_pixels = np.asarray(Image.open(other).convert("RGB"))
+    assert other_pixels.shape == pixels.shape
+    assert not np.array_equal(other_pixels[HEADER_HEIGHT:], tiles)
+
+
+@pytest.mark.parametrize("options, backend", [
+    pytest.param([], "torch", id="torch"),
+    pytest.param(["--set", "backend=dali"], "dali", id="dali-cpu",
+                 marks=pytest.mark.skipif(dali_missing(), reason="NVIDIA DALI does not import here")),
+    pytest.param(["--set", "output.dtype=bfloat16", "--set", "output.channels_last=true"], "torch",
+                 id="bfloat16-channels-last"),
+])
+def test_tiles_show_the_class_colours_in_the_loaders_order(tmp_path, options, backend):
+    root = write_solid_dataset(tmp_path / "solid", per_class=5, splits=("val",))
+    config = tmp_path / "solid.yaml"
+    config.write_text(f"backend: torch\nseed: 0\ndataset:\n  root: {root}\nworkers:\n  num_workers: 0\n"
+                      f"val:\n  batch_size: 4\n  transform:\n    size: 32\n")
+    out = tmp_path / "grid.png"
+    result = run("show", str(config), "--out", str(out), "--split", "val", "--n", "20", *options,
+                 cache_dir=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    # 15 images in the split, fewer than --n: all are shown and the user is told
+    assert "split 'val' yields 15 samples in epoch 0 (15 in the split), fewer than --n 20" in result.stdout
+    assert f"15 samples of split 'val' (backend {backend})" in result.stdout and "4x4 tiles of 128x128 px" in result.stdout
+    pixels = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    columns, width, height = expected_layout(15, 128)  # 32 px images are scaled x4 so captions fit
+    assert pixels.shape == (height, width, 3)
+    # eval mode reads in index order: classes sorted, a_red then b_green then c_blue, 5 each
+    expected = [colour for colour in COLOURS.values() for _ in range(5)]
+    for i, colour in enumerate(expected):
+        x, y = tile_box(i, columns, 128)
+        centre = pixels[y + 64, x + 64]
+        assert np.abs(centre - np.asarray(colour)).max() <= 2, (i, centre.tolist(), colour)
+        assert dark_pixels(pixels[y + 128:y + 128 + CAPTION_HEIGHT, x:x + 128].astype(np.uint8)) > 10
+
+
+def test_an_unknown_split_exits_2_naming_it_without_a_traceback(tmp_path):
+    result = run("show", "configs/sample.yaml", "--out", str(tmp_path / "grid.png"), "--split", "nope",
+                 cache_dir=tmp_path / "cache")
+    assert result.returncode == 2
+    assert "fastloader: error:" in result.stderr and "no split 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "grid.png").exists()
