@@ -89,7 +89,7 @@ class Run:
         self.seconds = 0.0  # timed wall time, rounds summed
         self.wait_s = 0.0
         self.batch_wait_s, self.batch_done_s = array("d"), array("d")  # timed batches, for the plot
-        self.peak_rss = process_tree_rss()
+        self.peak_memory = 0  # bytes, the largest of the samples taken after each round
         self._clock = 0.0  # timed seconds before the current round
 
     def _batches(self):
@@ -103,7 +103,7 @@ class Run:
             self._next(clock)
             progress.advance()
         started = clock()
-        for number in range(count):
+        for _ in range(count):
             asked = clock()
             images = self._next(clock)
             arrived = clock()
@@ -112,12 +112,12 @@ class Run:
             self.wait_s += arrived - asked
             self.batch_wait_s.append(arrived - asked)
             self.batch_done_s.append(self._clock + clock() - started)
-            if number % 4 == 0:
-                self.peak_rss = max(self.peak_rss, process_tree_rss())
             progress.advance()
         synchronize(self.loader.device)
         self._clock += clock() - started
         self.seconds = self._clock
+        # Reading PSS takes ~10 ms per process, so it is sampled after each round, off the clock.
+        self.peak_memory = max(self.peak_memory, process_tree_memory())
 
     def _next(self, clock):
         asked = clock()
@@ -136,7 +136,7 @@ class Run:
                 "batches_per_second": batches / self.seconds if self.seconds else float("nan"),
                 "stall_fraction": self.wait_s / self.seconds if self.seconds else float("nan"),
                 "time_to_first_batch_s": self.first_batch_s, "build_s": self.build_s,
-                "peak_rss_bytes": self.peak_rss, "peak_gpu_bytes": peak_gpu_bytes(self.loader.device),
+                "peak_memory_bytes": self.peak_memory, "peak_gpu_bytes": peak_gpu_bytes(self.loader.device),
                 "images": self.images, "batches": batches, "seconds": self.seconds,
                 "batch_shape": self.shape, "dtype": self.dtype,
                 "per_batch": {"wait_s": list(self.batch_wait_s), "done_s": list(self.batch_done_s)},
@@ -151,10 +151,10 @@ def report(runs: list[Run], args, total: int) -> None:
           f"{' ...' if len(first.classes) > 8 else ''}")
     print(f"{total} batches timed per backend after {args.warmup} warm-up batches per round; "
           f"model step {args.step_ms:g} ms")
-    header = ("backend", "device", "parallelism", "images/s", "batches/s", "stall", "first batch", "peak RSS")
+    header = ("backend", "device", "parallelism", "images/s", "batches/s", "stall", "first batch", "peak memory")
     rows = [(r["backend"], r["device"], r["parallelism"], f"{r['images_per_second']:.0f}",
              f"{r['batches_per_second']:.1f}", f"{r['stall_fraction']:.1%}", f"{r['time_to_first_batch_s']:.2f} s",
-             human_bytes(r["peak_rss_bytes"])) for r in results]
+             human_bytes(r["peak_memory_bytes"])) for r in results]
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
         print("  ".join(str(cell).ljust(width) if i < 3 else str(cell).rjust(width)
@@ -252,20 +252,25 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def process_tree_rss() -> int:
-    """Resident memory of this process and its descendants (DataLoader workers), from /proc."""
+def process_tree_memory() -> int:
+    """Memory of this process and its descendants (DataLoader workers), from /proc: proportional set
+    size, so pages a forked worker shares with its parent count once, not once per process."""
     total, pending = 0, [os.getpid()]
     while pending:
         pid = pending.pop()
         try:
-            with open(f"/proc/{pid}/status") as status:
-                total += next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+            total += _proc_kib(f"/proc/{pid}/smaps_rollup", "Pss:") * 1024
             for task in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{task}/children") as children:
                     pending += [int(child) for child in children.read().split()]
-        except (OSError, StopIteration):  # gone meanwhile, or not Linux
+        except (OSError, StopIteration, ValueError):  # gone meanwhile, or not Linux
             continue
     return total
+
+
+def _proc_kib(path: str, key: str) -> int:
+    with open(path) as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith(key))
 
 
 def peak_gpu_bytes(device) -> int | None:

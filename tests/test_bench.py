@@ -26,7 +26,7 @@ def test_both_backends_interleaved_with_json_and_plot(tmp_path):
         assert run_["images"] == 6 * 16 and run_["batches"] == 6 and len(run_["per_batch"]["wait_s"]) == 6
         assert run_["images_per_second"] == pytest.approx(run_["images"] / run_["seconds"])
         assert 0 < run_["stall_fraction"] <= 1 and run_["time_to_first_batch_s"] > 0
-        assert run_["peak_rss_bytes"] > 100 * 2**20 and run_["batch_shape"] == [16, 3, 32, 32]
+        assert run_["peak_memory_bytes"] > 100 * 2**20 and run_["batch_shape"] == [16, 3, 32, 32]
         assert run_["config"]["train"]["batch_size"] == 16 and run_["config"]["backend"] == run_["backend"]
     ratio = dali_run["images_per_second"] / torch_run["images_per_second"]
     assert summary["ratio"] == {"dali/torch": pytest.approx(ratio)}
