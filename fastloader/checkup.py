@@ -51,6 +51,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from . import load_config
     from .config import ConfigError
+    from .samples import dataset_root
     from .screen import quiet_pillow
 
     config = load_config(args.config, args.overrides)
@@ -66,7 +67,7 @@ def run(args) -> int:
     checked = 0
     for split in config.splits.values():
         print()
-        tally = check_split(config, split, root, excluded, args.deep, args.workers)
+        tally = check_split(config, split, root, args.deep, args.workers)
         checked += tally.files
         for screened in tally.problems:
             problems.setdefault(os.path.relpath(screened.path, root), screened)
@@ -141,15 +142,6 @@ def cuda_devices() -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def dataset_root(config: Config) -> str:
-    """dataset.root as a folder (a builtin dataset is generated on first use)."""
-    root = config.dataset.root
-    if root.startswith("builtin:"):
-        from .demo import builtin_dataset_root
-        root = builtin_dataset_root(root, config.source)
-    return root
-
-
 class Tally:
     """What a split's screening adds up to, kept small for a million files: counts, the sizes in two
     int arrays, and only the odd files as objects."""
@@ -173,8 +165,7 @@ class Tally:
             self.problems.append(screened)
 
 
-def check_split(config: Config, split: SplitConfig, root: str, excluded: frozenset[str], deep: bool,
-                workers: int | None) -> Tally:
+def check_split(config: Config, split: SplitConfig, root: str, deep: bool, workers: int | None) -> Tally:
     """Index the split, screen its files with a progress line, print its summary."""
     from .progress import Progress
     from .samples import build_index
@@ -189,7 +180,7 @@ def check_split(config: Config, split: SplitConfig, root: str, excluded: frozens
     progress.finish()
     elapsed = time.perf_counter() - started
     where = f"file list {split.file_list}" if split.file_list else index.root
-    left_out = _excluded_in_split(split, excluded, root)
+    left_out = index.excluded
     print(f"split {split.name}: {_count(len(index), 'image')} in {_count(len(index.classes), 'class')} ({where})"
           f"{f', {left_out} more left out by dataset.exclude' if left_out else ''}")
     print(f"  images per class: {class_counts(index.classes, index.class_counts().tolist())}")
@@ -288,19 +279,3 @@ def _read_excluded(config: Config, root: str) -> frozenset[str]:
     print(f"dataset.exclude: {_count(len(excluded), 'path')} listed in {config.dataset.exclude} are left out, "
           f"not checked")
     return excluded
-
-
-def _excluded_in_split(split: SplitConfig, excluded: frozenset[str], root: str) -> int:
-    """How many files of this split dataset.exclude left out (those listed that exist in it)."""
-    if not excluded:
-        return 0
-    if split.file_list:
-        listed = set()
-        with open(split.file_list, encoding="utf-8") as handle:
-            for line in handle:
-                parts = line.strip().rsplit(None, 1)
-                if len(parts) == 2 and not parts[0].startswith("#"):
-                    listed.add(os.path.normpath(parts[0]))
-        return len(excluded & listed)
-    folder = os.path.normpath(split.folder or split.name) + os.sep
-    return sum(1 for path in excluded if path.startswith(folder) and os.path.isfile(os.path.join(root, path)))

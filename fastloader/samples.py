@@ -34,6 +34,8 @@ class SampleIndex:
     """int64 [n + 1]: path i is path_bytes[offsets[i]:offsets[i + 1]]."""
     labels: np.ndarray
     """int64 [n]."""
+    excluded: int = 0
+    """Files of the split that dataset.exclude left out."""
 
     @classmethod
     def from_lists(cls, root: str, classes: Sequence[str], relpaths: Sequence[str],
@@ -97,19 +99,25 @@ class IndexBuilder:
     def labels(self) -> np.ndarray:
         return np.frombuffer(self._labels, dtype=np.int64)
 
-    def build(self, root: str, classes: Sequence[str]) -> SampleIndex:
+    def build(self, root: str, classes: Sequence[str], excluded: int = 0) -> SampleIndex:
         return SampleIndex(root=str(root), classes=tuple(classes),
                            path_bytes=np.frombuffer(bytes(self._bytes), dtype=np.uint8),
                            offsets=np.array(self._offsets, dtype=np.int64),
-                           labels=np.array(self._labels, dtype=np.int64))
+                           labels=np.array(self._labels, dtype=np.int64), excluded=excluded)
 
 
-def build_index(config: Config, split: SplitConfig) -> SampleIndex:
-    """The split's samples, from its file list or from root/<folder>/<class>/... folders."""
+def dataset_root(config: Config) -> str:
+    """dataset.root as a folder (a builtin dataset is generated on first use)."""
     root = config.dataset.root
     if root.startswith("builtin:"):
         from .demo import builtin_dataset_root
         root = builtin_dataset_root(root, config.source)
+    return root
+
+
+def build_index(config: Config, split: SplitConfig) -> SampleIndex:
+    """The split's samples, from its file list or from root/<folder>/<class>/... folders."""
+    root = dataset_root(config)
     excluded = read_exclude_list(config.dataset.exclude, root) if config.dataset.exclude else frozenset()
     if split.file_list:
         return read_file_list(split.file_list, root, config.dataset.classes, excluded)
@@ -192,7 +200,7 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
                           f"check dataset.root and dataset.extensions")
     log.info("indexed %s: %d images in %d classes (%.2fs)%s", split_dir, len(builder), len(classes),
              time.monotonic() - started, f", {skipped} left out by dataset.exclude" if skipped else "")
-    return builder.build(split_dir, classes)
+    return builder.build(split_dir, classes, excluded=skipped)
 
 
 def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = None,
@@ -201,6 +209,7 @@ def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = No
     if not os.path.isfile(list_path):
         raise ConfigError(f"file list {list_path!r} does not exist; fix the split's file_list key")
     builder = IndexBuilder()
+    skipped = 0
     with open(list_path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             line = line.strip()
@@ -213,10 +222,14 @@ def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = No
             if label < 0 or (classes is not None and label >= len(classes)):
                 limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
                 raise ConfigError(f"{list_path}:{number}: label {label} out of range{limit}")
-            if os.path.normpath(parts[0]) not in excluded:
+            if os.path.normpath(parts[0]) in excluded:
+                skipped += 1
+            else:
                 builder.add(parts[0], label)
     if not len(builder):
         raise ConfigError(f"file list {list_path!r} holds no samples")
     if classes is None:
         classes = [str(i) for i in range(int(builder.labels().max()) + 1)]
-    return builder.build(root, classes)
+    if skipped:
+        log.info("file list %s: %d samples, %d left out by dataset.exclude", list_path, len(builder), skipped)
+    return builder.build(root, classes, excluded=skipped)
