@@ -61,13 +61,17 @@ def detect_ranks(config: DistributedConfig | None = None) -> RankInfo:
                     source=source)
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
 def cpu_workers_per_rank(ranks: RankInfo, cap: int) -> int:
     """The CPU cores this process may use, shared among the ranks on this node, capped.
 
     Both backends size their parallelism with it: DataLoader workers for torch, CPU threads for DALI.
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        cores = os.cpu_count() or 1
-    return max(1, min(cap, cores // ranks.local_world_size))
+    return max(1, min(cap, available_cores() // ranks.local_world_size))

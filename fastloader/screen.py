@@ -8,7 +8,7 @@ pixels. `deep=True` also decodes every file with Pillow, which catches corrupt c
 decode speed (about 950 ImageNet-sized JPEGs/s per core).
 
 Used by `fastloader check`; the loaders can call `screen_file` / `screen_files` on their inputs.
-Imports only the standard library and Pillow, so worker processes start fast.
+Worker processes are forked (see `_fork_context`), so they start without importing anything again.
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from PIL import Image, ImageFile, UnidentifiedImageError
+
+from .distributed import available_cores
 
 BOMB_PIXELS = 178_956_970
 """Width x height above which a file counts as a decompression bomb. It is Pillow's own error
@@ -194,14 +196,6 @@ def _init_worker() -> None:
     (rather than each printing a traceback)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     quiet_pillow()
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
 
 
 def _fork_context() -> multiprocessing.context.BaseContext | None:
