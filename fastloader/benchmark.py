@@ -90,7 +90,6 @@ class Run:
         self.wait_s = 0.0
         self.batch_wait_s, self.batch_done_s = array("d"), array("d")  # timed batches, for the plot
         self.peak_memory = 0  # bytes, the largest of the samples taken after each round
-        self._clock = 0.0  # timed seconds before the current round
 
     def _batches(self):
         while True:
@@ -111,11 +110,10 @@ class Run:
             self.images += len(images)
             self.wait_s += arrived - asked
             self.batch_wait_s.append(arrived - asked)
-            self.batch_done_s.append(self._clock + clock() - started)
+            self.batch_done_s.append(self.seconds + clock() - started)
             progress.advance()
         synchronize(self.loader.device)
-        self._clock += clock() - started
-        self.seconds = self._clock
+        self.seconds += clock() - started
         # Reading PSS takes ~10 ms per process, so it is sampled after each round, off the clock.
         self.peak_memory = max(self.peak_memory, process_tree_memory())
 
