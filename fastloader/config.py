@@ -55,6 +55,15 @@ class DatasetConfig:
     exclude: str | None = None
     """A text file of image paths relative to dataset.root, one per line, left out of every split
     (`fastloader check --exclude-list` writes one)."""
+    on_bad_image: Literal["skip", "raise"] = "skip"
+    """What a file that cannot be decoded does: skip (logged once per file, listed in
+    loader.bad_samples, its batch slot refilled) or raise (an error naming the file)."""
+    max_pixels: int = field(default=178_956_970, metadata=_check(lambda v: v > 0, "a positive integer"))
+    """Width x height above which an image counts as a decompression bomb and is refused before
+    its pixels are allocated (default: Pillow's own error threshold)."""
+    cache: str | None = None
+    """A cache folder written by `fastloader cache`: both backends read decoded uint8 pixels from it
+    through np.memmap instead of decoding the image files."""
 
 
 @dataclass(frozen=True)
@@ -290,7 +299,7 @@ def _set_dotted(raw: dict, key: str, value: Any, origin: str, source: str) -> No
 
 
 def _is_path_key(dotted: str) -> bool:
-    return dotted in ("dataset.root", "dataset.exclude") or dotted.endswith(".file_list")
+    return dotted in ("dataset.root", "dataset.exclude", "dataset.cache") or dotted.endswith(".file_list")
 
 
 def _resolve_one(value: Any, base_dir: Path) -> Any:
@@ -304,7 +313,7 @@ def _resolve_paths(raw: dict, base_dir: Path) -> dict:
     """Make the file's relative paths absolute against its folder, so the config works from any cwd."""
     dataset = raw.get("dataset")
     if isinstance(dataset, dict):
-        for key in ("root", "exclude"):
+        for key in ("root", "exclude", "cache"):
             if key in dataset:
                 dataset[key] = _resolve_one(dataset[key], base_dir)
     for key, section in raw.items():
