@@ -45,6 +45,8 @@ class Loader(abc.ABC):
         self._position = 0  # samples of the current epoch's global order consumed by all ranks together
         self._loops = 0  # `for` loops started; only the newest one counts consumed batches
         self.stats = LoaderStats()
+        self.bad_samples: list[tuple[str, str]] = []
+        """(path, reason) of every file skipped so far under dataset.on_bad_image: skip."""
         """What the consumer of the latest `for` loop waited for (see fastloader.stats)."""
         self._closed = False
         if self.order.num_batches == 0:

@@ -125,3 +125,12 @@ def test_exclude_list_leaves_files_out_of_folder_and_file_list_splits(tmp_path, 
     with pytest.raises(ConfigError, match="dataset.exclude: file .*nope.txt' does not exist; write it with "
                                           "`fastloader check CONFIG --exclude-list"):
         build_index(missing, missing.split("train"))
+
+
+def test_without_drops_samples_and_keeps_the_rest_in_order():
+    index = SampleIndex.from_lists("/r", ["a", "b"], ["a/1.jpg", "a/2.jpg", "b/é 3.jpg", "b/4.jpg"], [0, 0, 1, 1])
+    kept = index.without([1, 3])
+    assert [kept.relpath(i) for i in range(len(kept))] == ["a/1.jpg", "b/é 3.jpg"]
+    assert kept.labels.tolist() == [0, 1] and kept.excluded == 2
+    assert kept.fingerprint != index.fingerprint
+    assert len(index.without([])) == 4
