@@ -13,9 +13,11 @@ work, so an abandoned epoch is ended by draining the few batches DALI prefetched
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import os
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -25,10 +27,12 @@ from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
 from fastloader.device_ops import erasing_enabled, random_erasing
 from fastloader.distributed import RankInfo, cpu_workers_per_rank
+from fastloader.index_screen import BadImageError, bad_image_message
 from fastloader.order import seeded_uniform
 from fastloader.samples import SampleIndex
 
 from .pipeline import build_pipeline
+from .probe import DecodeProbe, dali_reason
 
 log = logging.getLogger("fastloader")
 
@@ -36,16 +40,39 @@ _SEED_SALT = 0xDA11
 
 
 class _Feed:
-    """The pipeline's source: file paths and labels of the planned batches, one batch a call."""
+    """The pipeline's source: file paths and labels of the planned batches, one batch a call.
 
-    def __init__(self, index: SampleIndex):
+    Samples found broken earlier (`known_bad`) are left out of what is fed, and `fed` keeps, in
+    order, the (sample, seed) rows of each batch fed and not yet delivered: DALI calls the source
+    `prefetch_queue_depth` batches ahead of the batch it delivers.
+    """
+
+    def __init__(self, index: SampleIndex, substitutes: dict[int, str], on_skip: Callable[[int], None]):
         self.index = index
+        self.substitutes = substitutes  # sample -> a file DALI can decode in its place (index_screen)
+        self.on_skip = on_skip
+        self.known_bad: set[int] = set()
         self.batches: Iterator[np.ndarray] = iter(())
+        self.fed: collections.deque[np.ndarray] = collections.deque()
+
+    def start(self, batches: Iterable[np.ndarray]) -> None:
+        self.batches = iter(batches)
+        self.fed.clear()
 
     def __call__(self) -> tuple[list[np.ndarray], np.ndarray]:
-        batch = next(self.batches)  # StopIteration ends DALI's epoch
+        while True:
+            batch = next(self.batches)  # StopIteration ends DALI's epoch
+            if self.known_bad:
+                bad = np.isin(batch[:, 0], list(self.known_bad))
+                for sample in batch[bad, 0]:
+                    self.on_skip(int(sample))
+                batch = batch[~bad]
+            if len(batch):
+                break
+        self.fed.append(batch)
         indices = batch[:, 0]
-        paths = [np.frombuffer(os.fsencode(self.index.path(i)), dtype=np.uint8) for i in indices]
+        paths = [np.frombuffer(os.fsencode(self.substitutes.get(i) or self.index.path(i)), dtype=np.uint8)
+                 for i in indices.tolist()]
         return paths, self.index.labels[indices]
 
 
@@ -67,23 +94,29 @@ class DaliLoader(Loader):
     backend = "dali"
 
     def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
-                 device: torch.device):
+                 device: torch.device, substitutes: dict[int, str] | None = None):
         super().__init__(config, split, index, ranks, device)
         self.flavour = "gpu" if device.type == "cuda" else "cpu"
         self.num_threads = dali_threads(config, ranks)
         self._bfloat16 = config.output.dtype == "bfloat16"
         self._erasing = erasing_enabled(split.transform, split.mode)
-        self._feed = _Feed(index)
-        self._pipe = build_pipeline(
-            config, split, self._feed, device_id=device.index if self.flavour == "gpu" else None,
-            batch_size=split.batch_size, num_threads=self.num_threads,
-            prefetch_queue_depth=config.workers.prefetch_factor, seed=pipeline_seed(config.seed, ranks.rank))
+        self._bad_reasons: dict[int, str] = {}  # sample -> why DALI could not decode it
+        self._feed = _Feed(index, substitutes or {}, lambda sample: self._skip_sample(
+            index.path(sample), self._bad_reasons[sample]))
+        self._pipe = self._build()
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._run = 0  # which loop owns the pipeline
         self._broken = ""  # why the pipeline cannot run any more
         log.info("dali loader (%s flavour) for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), "
                  "%d threads, device %s", self.flavour, split.name, len(index), len(self), ranks.rank,
                  ranks.world_size, ranks.source, self.num_threads, device)
+
+    def _build(self):
+        return build_pipeline(
+            self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
+            batch_size=self.split.batch_size, num_threads=self.num_threads,
+            prefetch_queue_depth=self.config.workers.prefetch_factor,
+            seed=pipeline_seed(self.config.seed, self.ranks.rank))
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
@@ -96,35 +129,63 @@ class DaliLoader(Loader):
             return
         self._run += 1
         run = self._run
-        self._feed.batches = iter(batches)
+        self._feed.start(batches)
         self._epoch_open = True
-        for number, batch in enumerate(batches):
-            if self._run != run:  # a newer loop took the pipeline over
-                return
+        delivered = 0
+        while self._run == run:  # else a newer loop took the pipeline over
             try:
                 images, labels = self._pipe.run()
+            except StopIteration:
+                break
             except RuntimeError as error:
-                raise self._failed(error, number, batch) from error
-            yield self._to_torch(images, labels, batch[:, 1])
-        self._end_epoch()
+                self._recover(error, delivered)
+                continue
+            plan = self._feed.fed.popleft()
+            delivered += 1
+            yield self._to_torch(images, labels, plan[:, 1])
+        if self._run == run:
+            self._end_epoch()
+
+    def _recover(self, error: RuntimeError, number: int) -> None:
+        """After DALI failed: find the files that broke it, then go on without them in a new pipeline
+        (dataset.on_bad_image: skip) or stop naming them (raise). Never retries blindly, never hangs."""
+        suspects = list(self._feed.fed)  # the failed batch and those DALI had started after it
+        probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None)
+        culprits = {}
+        for sample in np.concatenate(suspects)[:, 0].tolist() if suspects else []:
+            problem = probe.problem(self.index.path(sample))
+            if problem:
+                culprits[sample] = problem
+        self._epoch_open = False
+        if not culprits:
+            raise self._failed(error, number, suspects[0] if suspects else np.zeros((0, 2), dtype=np.int64))
+        if self.config.dataset.on_bad_image == "raise":
+            first = min(culprits)
+            self._broken = bad_image_message(self.index.path(first), culprits[first], self.config.source)
+            raise BadImageError(self._broken) from error
+        log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files; rebuilding it "
+                 "without them", self.split.name, number, self.epoch, len(culprits))
+        self._bad_reasons.update(culprits)
+        self._feed.known_bad.update(culprits)
+        rest = self._feed.batches
+        self._pipe = self._build()
+        self._feed.start(itertools.chain(suspects, rest))
+        self._epoch_open = True
 
     def _failed(self, error: RuntimeError, number: int, batch: np.ndarray) -> RuntimeError:
         """DALI cannot go on after an operator fails: say where, and refuse later loops clearly."""
-        dali_says = " ".join(line.strip() for line in str(error).splitlines()
-                             if line.strip() and "pipeline object is no longer valid" not in line)
         files = ", ".join(self.index.path(i) for i in batch[:3, 0]) + (" ..." if len(batch) > 3 else "")
         self._broken = (f"the DALI pipeline of split '{self.split.name}' failed at batch {number} of epoch "
-                        f"{self.epoch} (files {files}, or a batch DALI had started after it). DALI says: "
-                        f"{dali_says[:1500]}. A DALI pipeline cannot continue after an error: fix or remove "
-                        f"the file, then build a new loader")
-        self._epoch_open = False
+                        f"{self.epoch} (files {files}, or a batch DALI had started after it), and each of these "
+                        f"files decodes alone. DALI says: {dali_reason(error)[:1500]}. A DALI pipeline cannot "
+                        f"continue after an error: build a new loader")
         return RuntimeError(self._broken)
 
     def _end_epoch(self) -> None:
         """Stop feeding, drop the batches DALI prefetched (after a `break`) and rewind its epoch."""
         if not self._epoch_open:
             return
-        self._feed.batches = iter(())
+        self._feed.start(())
         while True:
             try:
                 self._pipe.run()
@@ -153,5 +214,5 @@ class DaliLoader(Loader):
         return images, labels
 
     def _close(self) -> None:
-        self._feed.batches = iter(())
+        self._feed.start(())
         self._pipe = None  # DALI frees its threads and buffers when the pipeline is destroyed

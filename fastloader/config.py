@@ -58,9 +58,12 @@ class DatasetConfig:
     on_bad_image: Literal["skip", "raise"] = "skip"
     """What a file that cannot be decoded does: skip (logged once per file, listed in
     loader.bad_samples, its batch slot refilled) or raise (an error naming the file)."""
+    screen: bool = True
+    """Check every file's header when a loader is built (cached per dataset) and leave out the files
+    that cannot be decoded, before a decoder sees them."""
     max_pixels: int = field(default=178_956_970, metadata=_check(lambda v: v > 0, "a positive integer"))
     """Width x height above which an image counts as a decompression bomb and is refused before
-    its pixels are allocated (default: Pillow's own error threshold)."""
+    its pixels are allocated (default: Pillow's own error threshold, fastloader.screen.BOMB_PIXELS)."""
     cache: str | None = None
     """A cache folder written by `fastloader cache`: both backends read decoded uint8 pixels from it
     through np.memmap instead of decoding the image files."""

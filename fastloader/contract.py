@@ -46,7 +46,10 @@ class Loader(abc.ABC):
         self._loops = 0  # `for` loops started; only the newest one counts consumed batches
         self.stats = LoaderStats()
         self.bad_samples: list[tuple[str, str]] = []
-        """(path, reason) of every file skipped so far under dataset.on_bad_image: skip."""
+        """(path, reason) of every file skipped so far under dataset.on_bad_image: skip: those the
+        header check left out when the loader was built, then those that failed to decode."""
+        self._bad_paths: set[str] = set()
+        self._skipped_in_epoch = 0
         """What the consumer of the latest `for` loop waited for (see fastloader.stats)."""
         self._closed = False
         if self.order.num_batches == 0:
@@ -117,6 +120,26 @@ class Loader(abc.ABC):
                 self._position += global_batch
             yield images, labels
         self._log_stats(stats)
+        if self._skipped_in_epoch:
+            log.warning("%s loader, split '%s', epoch %d, rank %d: %d samples skipped because their files cannot "
+                        "be decoded; %d files in loader.bad_samples so far", self.backend, self.split.name, epoch,
+                        self.ranks.rank, self._skipped_in_epoch, len(self.bad_samples))
+            self._skipped_in_epoch = 0
+
+    def record_screened(self, bad: list[tuple[str, str]]) -> None:
+        """The files the header check left out of the index (already logged by the check)."""
+        for path, reason in bad:
+            if path not in self._bad_paths:
+                self._bad_paths.add(path)
+                self.bad_samples.append((path, reason))
+
+    def _skip_sample(self, path: str, reason: str) -> None:
+        """A sample dropped from its batch at decode time: listed once, logged once per file."""
+        self._skipped_in_epoch += 1
+        if path not in self._bad_paths:
+            self._bad_paths.add(path)
+            self.bad_samples.append((path, reason))
+            log.warning("skipped %s: %s (dataset.on_bad_image: skip; listed in loader.bad_samples)", path, reason)
 
     def _log_stats(self, stats: LoaderStats) -> None:
         level = LOG_LEVELS.get(self.config.stats.log_level)

@@ -8,7 +8,8 @@ import torch
 
 from .config import BACKEND_ENV, Config, ConfigError
 from .contract import Loader
-from .distributed import RankInfo, detect_ranks
+from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
+from .index_screen import screen_index, transcoded_for_dali
 from .samples import build_index
 
 log = logging.getLogger("fastloader")
@@ -70,9 +71,14 @@ def create_loader(config: Config, split_name: str) -> Loader:
     if backend == "dali" and device.type == "cpu":
         reason += "; no CUDA device for the output, so DALI runs its CPU flavour (decoding on the CPU)"
     log.info("backend %s for split '%s': %s", backend, split_name, reason)
-    index = build_index(config, split)
+    workers = cpu_workers_per_rank(ranks, config.workers.max_workers)
+    screened = screen_index(config, build_index(config, split), workers=workers)
     if backend == "dali":  # backends are imported only when chosen
         from dali_loader.loader import DaliLoader
-        return DaliLoader(config, split, index, ranks, device)
-    from torch_loader.loader import TorchLoader
-    return TorchLoader(config, split, index, ranks, device)
+        loader = DaliLoader(config, split, screened.index, ranks, device,
+                            substitutes=transcoded_for_dali(screened))
+    else:
+        from torch_loader.loader import TorchLoader
+        loader = TorchLoader(config, split, screened.index, ranks, device)
+    loader.record_screened(screened.bad)
+    return loader

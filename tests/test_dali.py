@@ -16,6 +16,7 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86
 from conftest import COLOURS, REPO, base_config, crop_extent, normalized, write_gradient_dataset  # noqa: E402
 from fastloader import build_loader  # noqa: E402
 from fastloader.config import ConfigError  # noqa: E402
+from fastloader.index_screen import BadImageError  # noqa: E402
 from test_packaging import HIDE_DALI  # noqa: E402
 
 # Mean absolute difference (normalized units) between the backends on the same eval images, bilinear.
@@ -220,16 +221,27 @@ def test_config_errors_reach_the_dali_backend_unchanged(solid_root):
         build_loader(base_config(solid_root, backend="dali", val={"transform": {"erase_prob": 0.5}}), "val")
 
 
-def test_a_file_gone_after_indexing_fails_clearly_and_for_good(textured_root):
-    loader = build_loader(base_config(textured_root, backend="dali"), "val")
+def test_a_file_gone_after_indexing_stops_the_run_naming_it_under_raise(textured_root):
+    loader = build_loader(base_config(textured_root, backend="dali", dataset={"on_bad_image": "raise"}), "val")
     gone = loader.index.path(9)  # in the third batch of 4
     os.remove(gone)
     delivered = []
-    with pytest.raises(RuntimeError) as failure:
+    with pytest.raises(BadImageError) as failure:
         for _, labels in loader:
             delivered.append(len(labels))
     message = str(failure.value)
-    assert delivered == [4, 4] and "the DALI pipeline of split 'val' failed at batch 2 of epoch 0" in message
-    assert gone in message and "build a new loader" in message
-    with pytest.raises(RuntimeError, match="failed at batch 2 of epoch 0"):
+    assert delivered == [4, 4] and f"cannot use image {gone!r}: missing (no such file)" in message
+    assert "dataset.on_bad_image: skip" in message
+    with pytest.raises(RuntimeError, match="cannot use image"):  # the pipeline is gone for good
         next(iter(loader))
+
+
+def test_a_file_gone_after_indexing_is_skipped_and_the_pipeline_rebuilt(textured_root):
+    loader = build_loader(base_config(textured_root, backend="dali"), "val")
+    gone = loader.index.path(9)
+    os.remove(gone)
+    for epoch in range(2):
+        labels = [label for _, batch in loader for label in batch.tolist()]
+        expected = [loader.index.label(i) for i in range(len(loader.index)) if i != 9]
+        assert labels == expected, epoch
+    assert loader.bad_samples == [(gone, "missing (no such file)")]

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from fastloader import build_loader
+from fastloader.index_screen import BadImageError
 from conftest import COLOURS, base_config, normalized
 
 
@@ -197,13 +198,14 @@ def test_exif_orientation_is_applied_unless_disabled(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_unreadable_file_error_names_the_file(tmp_path, workers):
+def test_a_file_failing_in_a_worker_is_named_under_raise(tmp_path, workers):
     folder = tmp_path / "val" / "only"
     folder.mkdir(parents=True)
     (folder / "broken.jpg").write_bytes(b"this is not a jpeg")
-    with pytest.raises(RuntimeError, match=r"cannot load image '.*broken.jpg' \(sample 0, label 0\): "
-                                           r"UnidentifiedImageError"):
-        list(build_loader(base_config(tmp_path, workers={"num_workers": workers}), split="val"))
+    config = base_config(tmp_path, workers={"num_workers": workers}, dataset={"on_bad_image": "raise", "screen": False})
+    with pytest.raises(BadImageError, match=r"cannot use image '.*broken.jpg': UnidentifiedImageError: .*"
+                                            r"Set dataset.on_bad_image: skip"):
+        list(build_loader(config, split="val"))
 
 
 def test_builtin_demo_dataset_is_generated_on_first_use(caplog):

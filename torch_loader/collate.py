@@ -1,6 +1,7 @@
 """Collate: per-sample uint8 [3, H, W] -> one batch tensor, written in place, no float on the way.
 
-`fast_collate` (GPU output) stacks uint8 in NHWC memory, returned as an NCHW view: the samples'
+Samples the dataset skipped (see dataset.py) are left out and passed on, so the batch shrinks
+by them. `fast_collate` (GPU output) stacks uint8 in NHWC memory, returned as an NCHW view: the samples'
 own layout, so each copy is one memcpy, and the device converts to the configured memory format in
 the same pass that normalizes. `NormalizingCollate` (CPU output) writes each image normalized
 straight into the float batch. In a worker, either batch is allocated in shared memory directly,
@@ -13,6 +14,7 @@ import math
 import torch
 import torch.utils.data
 
+from .dataset import Skipped
 from .prefetch import Normalizer
 
 
@@ -27,13 +29,24 @@ def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_l
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
 
 
+Batch = tuple[torch.Tensor | None, torch.Tensor, tuple[tuple[int, Skipped], ...]]
+"""(images, labels, skipped): images is None when every sample of the batch was skipped;
+skipped holds (position in the planned batch, Skipped) for each dropped sample."""
+
+
+def _partition(samples: list) -> tuple[list[tuple[torch.Tensor, int]], tuple[tuple[int, Skipped], ...]]:
+    """The decoded samples, and the skipped ones with their positions in the batch."""
+    skipped = tuple((i, s) for i, s in enumerate(samples) if isinstance(s, Skipped))
+    if not skipped:
+        return samples, ()
+    return [s for s in samples if not isinstance(s, Skipped)], skipped
+
+
 def _labels(samples) -> torch.Tensor:
     return torch.tensor([label for _, label in samples], dtype=torch.int64)
 
 
 def _check_shapes(samples) -> tuple[int, int, int, int]:
-    if not samples:
-        raise ValueError("collate got an empty batch")
     shape = tuple(samples[0][0].shape)
     for i, (image, _) in enumerate(samples):
         if tuple(image.shape) != shape:
@@ -41,22 +54,28 @@ def _check_shapes(samples) -> tuple[int, int, int, int]:
     return (len(samples), *shape)
 
 
-def fast_collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images uint8 [B, 3, H, W] in channels_last memory, labels int64 [B])."""
-    images = empty_batch(_check_shapes(samples), torch.uint8, channels_last=True)
-    for slot, (image, _) in zip(images, samples):
+def fast_collate(samples: list) -> Batch:
+    """(images uint8 [B, 3, H, W] in channels_last memory, labels int64 [B], skipped)."""
+    decoded, skipped = _partition(samples)
+    if not decoded:
+        return None, _labels(decoded), skipped
+    images = empty_batch(_check_shapes(decoded), torch.uint8, channels_last=True)
+    for slot, (image, _) in zip(images, decoded):
         slot.copy_(image)
-    return images, _labels(samples)
+    return images, _labels(decoded), skipped
 
 
 class NormalizingCollate:
-    """(images normalized [B, 3, H, W] in the output dtype and memory format, labels int64 [B])."""
+    """(images normalized [B, 3, H, W] in the output dtype and memory format, labels int64 [B], skipped)."""
 
     def __init__(self, normalizer: Normalizer):
         self.normalizer = normalizer
 
-    def __call__(self, samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        images = empty_batch(_check_shapes(samples), self.normalizer.dtype, self.normalizer.channels_last)
-        for slot, (image, _) in zip(images, samples):
+    def __call__(self, samples: list) -> Batch:
+        decoded, skipped = _partition(samples)
+        if not decoded:
+            return None, _labels(decoded), skipped
+        images = empty_batch(_check_shapes(decoded), self.normalizer.dtype, self.normalizer.channels_last)
+        for slot, (image, _) in zip(images, decoded):
             self.normalizer.into(slot, image)
-        return images, _labels(samples)
+        return images, _labels(decoded), skipped

@@ -2,35 +2,53 @@
 
 Items are (sample index, sample seed) pairs from `fastloader.order`, so the crop a sample gets
 depends on the seed, the epoch and the sample only, never on which worker decodes it.
+
+A file that fails to decode follows dataset.on_bad_image: `raise` stops the run with an error that
+names the file and the decoder's reason; `skip` hands a `Skipped` record to the collate in place of
+the sample, so the main process learns which file was dropped and why.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch.utils.data
 
+from fastloader.index_screen import BadImageError, bad_image_message
 from fastloader.samples import SampleIndex
 
 from .transforms import SampleTransform
 
 
+class Skipped(NamedTuple):
+    """A sample dropped from its batch: its file and why."""
+    path: str
+    reason: str
+
+
 class ImageDataset(torch.utils.data.Dataset):
-    def __init__(self, index: SampleIndex, transform: SampleTransform):
+    def __init__(self, index: SampleIndex, transform: SampleTransform, skip_bad: bool = True,
+                 source: str = "the config"):
         self.index = index
         self.transform = transform
+        self.skip_bad = skip_bad
+        self.source = source
 
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, item) -> tuple[np.ndarray, int]:
+    def __getitem__(self, item) -> tuple[torch.Tensor, int] | Skipped:
         sample, seed = int(item[0]), int(item[1])
         path = self.index.path(sample)
         try:
             image = self.transform(path, seed)
-        except Exception as error:  # name the file: the decoder's own message rarely does
-            raise RuntimeError(f"cannot load image {path!r} (sample {sample}, label "
-                               f"{self.index.label(sample)}): {type(error).__name__}: {error}") from error
+        except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
+            reason = f"{type(error).__name__}: {error}"
+            if self.skip_bad:
+                return Skipped(path, reason)
+            raise BadImageError(bad_image_message(path, reason, self.source)) from error
         return image, self.index.label(sample)
 
-    def __getitems__(self, batch: np.ndarray) -> list[tuple[np.ndarray, int]]:
+    def __getitems__(self, batch: np.ndarray) -> list[tuple[torch.Tensor, int] | Skipped]:
         """A whole batch per call: the DataLoader hands us the [k, 2] array from the sampler."""
         return [self[pair] for pair in batch]

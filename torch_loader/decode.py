@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from fastloader.screen import BOMB_PIXELS
+
 from .geometry import Crop
 
 log = logging.getLogger("fastloader")
@@ -46,16 +48,28 @@ def jpeg_decoder() -> tuple[str, Callable[[torch.Tensor], torch.Tensor] | None]:
     log.warning("JPEGs are decoded with Pillow, about 25%% slower: %s", reason)
     return "pillow", None
 
+def allow_pixels(max_pixels: int) -> None:
+    """Let Pillow open images up to `max_pixels` when the config allows more than Pillow's default
+    (its check would refuse them first); our own check in load_region stays the limit."""
+    if Image.MAX_IMAGE_PIXELS is not None and max_pixels > 2 * Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = max_pixels // 2 + 1
+
 ChooseCrop = Callable[[int, int], Crop]
 """(width, height) of the upright image -> the region to keep."""
 
 
 def load_region(path: str, choose_crop: ChooseCrop, size: int, *, exif_orientation: bool = True,
-                use_draft: bool = True) -> tuple[torch.Tensor, Crop]:
-    """The decoded image as uint8 [H, W, 3] and the chosen crop in its pixel coordinates."""
+                use_draft: bool = True, max_pixels: int = BOMB_PIXELS) -> tuple[torch.Tensor, Crop]:
+    """The decoded image as uint8 [H, W, 3] and the chosen crop in its pixel coordinates.
+
+    An image of more than `max_pixels` is refused from its header, before its pixels are allocated.
+    """
     with open(path, "rb") as handle:
         data = bytearray(handle.read())
     with Image.open(io.BytesIO(data)) as image:
+        if image.width * image.height > max_pixels:
+            raise ValueError(f"decompression bomb: {image.width}x{image.height} = {image.width * image.height:,} "
+                             f"pixels, above dataset.max_pixels ({max_pixels:,})")
         orientation = image.getexif().get(_EXIF_ORIENTATION, 1) if exif_orientation else 1
         if orientation in (2, 3, 4, 5, 6, 7, 8):  # rare: decode fully, turn upright, crop upright
             upright = ImageOps.exif_transpose(image)

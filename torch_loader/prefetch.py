@@ -48,12 +48,12 @@ class Normalizer:
             slot.copy_(planar.float().mul_(self.scale).add_(self.bias))
 
 
-def prefetch_to_cuda(batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-                     normalizer: Normalizer) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Copy and convert one batch ahead on a side stream; hand it over once the stream is done."""
+def prefetch_to_cuda(batches: Iterable[tuple], normalizer: Normalizer) -> Iterator[tuple]:
+    """Copy and convert one batch ahead on a side stream; hand it over once the stream is done.
+    Items are (images, labels, *anything): what follows the labels is passed along unchanged."""
     stream = torch.cuda.Stream(device=normalizer.device)
     ready = None
-    for images, labels in batches:
+    for images, labels, *rest in batches:
         with torch.cuda.stream(stream):
             next_images = normalizer.batch(images)
             next_labels = labels.to(normalizer.device, non_blocking=True)
@@ -63,6 +63,6 @@ def prefetch_to_cuda(batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
         current.wait_stream(stream)
         next_images.record_stream(current)
         next_labels.record_stream(current)
-        ready = (next_images, next_labels)
+        ready = (next_images, next_labels, *rest)
     if ready is not None:
         yield ready

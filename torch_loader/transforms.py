@@ -14,7 +14,9 @@ from torchvision.transforms.v2 import functional as F
 
 from fastloader.config import SplitConfig
 
-from .decode import load_region
+from fastloader.screen import BOMB_PIXELS
+
+from .decode import allow_pixels, load_region
 from .geometry import Crop, center_crop, random_resized_crop
 
 INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC,
@@ -24,13 +26,16 @@ INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": Interpolatio
 class SampleTransform:
     """(path, per-sample seed) -> uint8 [3, size, size]; picklable, so it travels to the workers."""
 
-    def __init__(self, split: SplitConfig, exif_orientation: bool = True, use_draft: bool = True):
+    def __init__(self, split: SplitConfig, exif_orientation: bool = True, use_draft: bool = True,
+                 max_pixels: int = BOMB_PIXELS):
         t = split.transform
         self.train = split.mode == "train"
         self.size, self.scale, self.ratio, self.hflip, self.crop_pct = t.size, t.scale, t.ratio, t.hflip, t.crop_pct
         self.interpolation = INTERPOLATION[t.interpolation]
         self.exif_orientation = exif_orientation
         self.use_draft = use_draft
+        self.max_pixels = max_pixels
+        allow_pixels(max_pixels)
 
     def crop_for(self, width: int, height: int, seed: int) -> Crop:
         if self.train:
@@ -39,7 +44,8 @@ class SampleTransform:
 
     def __call__(self, path: str, seed: int) -> torch.Tensor:
         pixels, crop = load_region(path, lambda w, h: self.crop_for(w, h, seed), self.size,
-                                   exif_orientation=self.exif_orientation, use_draft=self.use_draft)
+                                   exif_orientation=self.exif_orientation, use_draft=self.use_draft,
+                                   max_pixels=self.max_pixels)
         return self.resize(pixels, crop)
 
     def resize(self, pixels: torch.Tensor, crop: Crop) -> torch.Tensor:

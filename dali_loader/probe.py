@@ -1,0 +1,63 @@
+"""Find the files that made a DALI pipeline fail, one file at a time.
+
+Why: DALI reports that an operator failed for a batch, and the pipeline is then unusable, but the
+batch (and those DALI had started after it) may hold a hundred files. Each suspect is first given
+the header check (missing, unreadable, truncated ...: a clear reason), then read and decoded alone
+by a one-sample pipeline with the same decoder on the same device. Those that fail are the culprits.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+from nvidia.dali import fn, types
+from nvidia.dali.pipeline import Pipeline
+
+from fastloader.config import Config
+from fastloader.screen import screen_file
+
+from .pipeline import decoder_options
+
+log = logging.getLogger("fastloader")
+
+
+def dali_reason(error: Exception) -> str:
+    """DALI's message without its stack-trace lines and its 'pipeline no longer valid' coda."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    kept = [line for line in lines if line and not line.startswith(("Stacktrace", "[/opt/dali", "frame #"))
+            and "pipeline object is no longer valid" not in line and not line[:1].isdigit()]
+    return " ".join(kept)[:600] or type(error).__name__
+
+
+class DecodeProbe:
+    """Decodes single files with the pipeline's decoder; `problem(path)` is None for a good file."""
+
+    def __init__(self, config: Config, device_id: int | None):
+        self.config, self.device_id = config, device_id
+        self._pipe: Pipeline | None = None
+
+    def problem(self, path: str) -> str | None:
+        screened = screen_file(path, self.config.dataset.max_pixels)
+        if screened.problem:
+            return screened.problem
+        if self._pipe is None:
+            self._pipe = self._build()
+        self._pipe.feed_input("path", [np.frombuffer(os.fsencode(path), dtype=np.uint8)])
+        try:
+            self._pipe.run()
+        except RuntimeError as error:
+            self._pipe = None  # a failed pipeline cannot run again
+            return f"DALI cannot decode it: {dali_reason(error)}"
+        return None
+
+    def _build(self) -> Pipeline:
+        gpu = self.device_id is not None
+        pipe = Pipeline(batch_size=1, num_threads=1, device_id=self.device_id, prefetch_queue_depth=1)
+        with pipe:
+            encoded = fn.io.file.read(fn.external_source(name="path", dtype=types.UINT8))
+            pipe.set_outputs(fn.decoders.image(encoded, output_type=types.RGB,
+                                               adjust_orientation=self.config.dataset.exif_orientation,
+                                               **decoder_options(gpu, self.config.dali.hw_decoder_load)))
+        pipe.build()
+        return pipe

@@ -1,0 +1,178 @@
+"""Screen a split's files when its loader is built, so that broken files never reach a decoder.
+
+Why here and not only at decode time: inside a DALI pipeline one failing file aborts the pipeline
+for good (NVIDIA/DALI #3913), and a file that fails in a torch worker costs its batch a sample. The
+header check of `fastloader.screen` finds empty, missing, unreadable, non-image, truncated and
+bomb-sized files at about 35,000 files/s per core, without decoding; both backends then read the
+same index, so they keep the same length and full batches.
+
+The result is cached per dataset fingerprint under the fastloader cache folder, so the check runs
+once per dataset and machine; ranks that start together wait for the first one's result (a file
+lock) instead of repeating it. A file that changes after it was screened is still caught where it
+is decoded (see `dataset.on_bad_image`).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .config import Config
+from .demo import cache_home
+from .progress import Progress
+from .samples import SampleIndex
+from .screen import screen_files
+
+log = logging.getLogger("fastloader")
+
+SCREEN_VERSION = 1
+DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "PPM", "WEBP", "JPEG2000"})
+"""Formats DALI's image decoder reads (by content, whatever the suffix). Others (GIF) are decoded
+once with Pillow and handed to DALI as lossless PNG (see `transcoded_for_dali`)."""
+PROGRESS_FROM = 20_000
+"""Screening this many files or more shows a progress bar (about a second of work per core)."""
+IN_PROCESS_UP_TO = 4_000
+"""Up to this many files are screened in this process (about 0.1 s), with no worker processes to start."""
+
+
+class BadImageError(RuntimeError):
+    """A file that cannot be decoded, under dataset.on_bad_image: raise."""
+
+
+def bad_image_message(path: str, reason: str, source: str) -> str:
+    """The one wording of a refused file: which, why, and the two ways on."""
+    return (f"cannot use image {path!r}: {reason}. Set dataset.on_bad_image: skip in {source} to leave "
+            f"such files out (each is logged once and listed in loader.bad_samples), or list it in "
+            f"dataset.exclude (`fastloader check CONFIG --exclude-list FILE` writes the list)")
+
+
+@dataclass
+class ScreenedIndex:
+    """A split's index less the files that cannot be used, and why each was left out."""
+    index: SampleIndex
+    bad: list[tuple[str, str]] = field(default_factory=list)
+    """(path, reason) of the files left out, in index order."""
+    formats: dict[int, str] = field(default_factory=dict)
+    """Sample (in `index`) -> format, for the files whose format DALI cannot decode."""
+
+
+def screen_index(config: Config, index: SampleIndex, workers: int | None = None) -> ScreenedIndex:
+    """Leave the files that fail the header check out of `index`, per dataset.on_bad_image.
+
+    raise: the first such file (in index order) stops the build with a BadImageError;
+    skip: each is logged once and returned in `bad`.
+    """
+    if not config.dataset.screen:
+        return ScreenedIndex(index)
+    problems, formats = _cached_screen(index, config.dataset.max_pixels, workers)
+    if not problems and not formats:
+        return ScreenedIndex(index)
+    positions = {relpath: i for i, relpath in enumerate(_relpaths(index)) if relpath in problems or relpath in formats}
+    bad = sorted((positions[relpath], reason) for relpath, reason in problems.items())
+    if bad and config.dataset.on_bad_image == "raise":
+        first, reason = bad[0]
+        more = f" ({len(bad) - 1} more files fail the same check)" if len(bad) > 1 else ""
+        raise BadImageError(bad_image_message(index.path(first), reason, config.source) + more)
+    for position, reason in bad:
+        log.warning("left out %s: %s (dataset.on_bad_image: skip)", index.path(position), reason)
+    if bad:
+        log.warning("%d of %d files in %s cannot be decoded and are left out; they are listed in "
+                    "loader.bad_samples", len(bad), len(index), index.root)
+    dropped = [position for position, _ in bad]
+    keep = np.ones(len(index), dtype=bool)
+    keep[dropped] = False
+    new_position = np.cumsum(keep) - 1
+    kept_formats = {int(new_position[positions[relpath]]): fmt for relpath, fmt in formats.items()
+                    if relpath not in problems}
+    kept = index.without(dropped) if dropped else index
+    bad_paths = [(index.path(position), reason) for position, reason in bad]
+    return ScreenedIndex(kept, bad_paths, kept_formats)
+
+
+def transcoded_for_dali(screened: ScreenedIndex) -> dict[int, str]:
+    """Sample -> a PNG copy of each file DALI cannot decode (GIF), written once into the cache
+    folder: decoded with Pillow to RGB, stored losslessly, so DALI sees the same pixels."""
+    if not screened.formats:
+        return {}
+    from PIL import Image
+
+    from torch_loader.decode import to_rgb  # the torch backend's colour conversion, for the same pixels
+
+    folder = cache_home() / "transcoded" / screened.index.fingerprint
+    folder.mkdir(parents=True, exist_ok=True)
+    copies = {}
+    for sample, fmt in screened.formats.items():
+        target = folder / f"{sample}.png"
+        if not target.exists():
+            with Image.open(screened.index.path(sample)) as image:
+                partial = target.with_suffix(f".{os.getpid()}.tmp")
+                to_rgb(image).save(partial, format="PNG")
+                os.replace(partial, target)
+        copies[sample] = str(target)
+    log.info("%d files of %s are in formats DALI cannot decode (%s): DALI reads PNG copies in %s",
+             len(copies), screened.index.root, ", ".join(sorted(set(screened.formats.values()))), folder)
+    return copies
+
+
+def _relpaths(index: SampleIndex) -> Iterator[str]:
+    return (index.relpath(i) for i in range(len(index)))
+
+
+def _cached_screen(index: SampleIndex, max_pixels: int, workers: int | None) -> tuple[dict[str, str], dict[str, str]]:
+    """({relpath: problem}, {relpath: format DALI cannot decode}) from the cache, else screened now."""
+    cache = cache_home() / "screen" / f"{index.fingerprint}-{max_pixels}.json"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(cache.with_suffix(".lock")):
+        cached = _read(cache)
+        if cached is not None:
+            return cached
+        started = time.perf_counter()
+        progress = Progress(len(index), "files") if len(index) >= PROGRESS_FROM else None
+        problems, formats = {}, {}
+        paths = index.paths()
+        results = screen_files(paths, workers=workers if len(index) > IN_PROCESS_UP_TO else 0, max_pixels=max_pixels,
+                               fork=False, on_progress=progress.update if progress else None)
+        for relpath, result in zip(_relpaths(index), results):
+            if result.problem:
+                problems[relpath] = result.problem
+            elif result.format not in DALI_FORMATS:
+                formats[relpath] = result.format or "unknown"
+        if progress:
+            progress.finish()
+        log.info("screened %d files of %s in %.2fs: %d cannot be decoded (cached in %s)", len(index), index.root,
+                 time.perf_counter() - started, len(problems), cache)
+        partial = cache.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"version": SCREEN_VERSION, "root": index.root, "files": len(index),
+                                       "problems": problems, "formats": formats}))
+        os.replace(partial, cache)
+        return problems, formats
+
+
+def _read(cache: Path) -> tuple[dict[str, str], dict[str, str]] | None:
+    try:
+        data = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("version") != SCREEN_VERSION:
+        return None
+    log.debug("screening of %s read from %s", data.get("root"), cache)
+    return data["problems"], data["formats"]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (created if needed), held while the body runs."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
