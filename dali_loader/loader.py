@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
+from fastloader.cache import CachedPixels
 from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
 from fastloader.device_ops import erasing_enabled, random_erasing
@@ -36,15 +37,19 @@ _SEED_SALT = 0xDA11
 
 
 class _Feed:
-    """The pipeline's source: file paths and labels of the planned batches, one batch a call."""
+    """The pipeline's source: file paths (or, from the cache, decoded pixels) and labels of the
+    planned batches, one batch a call."""
 
-    def __init__(self, index: SampleIndex):
+    def __init__(self, index: SampleIndex, pixels: CachedPixels | None = None):
         self.index = index
+        self.pixels = pixels
         self.batches: Iterator[np.ndarray] = iter(())
 
     def __call__(self) -> tuple[list[np.ndarray], np.ndarray]:
         batch = next(self.batches)  # StopIteration ends DALI's epoch
         indices = batch[:, 0]
+        if self.pixels is not None:
+            return [self.pixels.image(i) for i in indices], self.index.labels[indices]
         paths = [np.frombuffer(os.fsencode(self.index.path(i)), dtype=np.uint8) for i in indices]
         return paths, self.index.labels[indices]
 
@@ -67,23 +72,25 @@ class DaliLoader(Loader):
     backend = "dali"
 
     def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
-                 device: torch.device):
+                 device: torch.device, pixels: CachedPixels | None = None):
         super().__init__(config, split, index, ranks, device)
         self.flavour = "gpu" if device.type == "cuda" else "cpu"
         self.num_threads = dali_threads(config, ranks)
         self._bfloat16 = config.output.dtype == "bfloat16"
         self._erasing = erasing_enabled(split.transform, split.mode)
-        self._feed = _Feed(index)
+        self._feed = _Feed(index, pixels)
         self._pipe = build_pipeline(
             config, split, self._feed, device_id=device.index if self.flavour == "gpu" else None,
             batch_size=split.batch_size, num_threads=self.num_threads,
-            prefetch_queue_depth=config.workers.prefetch_factor, seed=pipeline_seed(config.seed, ranks.rank))
+            prefetch_queue_depth=config.workers.prefetch_factor, seed=pipeline_seed(config.seed, ranks.rank),
+            cached=pixels is not None)
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._run = 0  # which loop owns the pipeline
         self._broken = ""  # why the pipeline cannot run any more
         log.info("dali loader (%s flavour) for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), "
-                 "%d threads, device %s", self.flavour, split.name, len(index), len(self), ranks.rank,
-                 ranks.world_size, ranks.source, self.num_threads, device)
+                 "%d threads, device %s, pixels from %s", self.flavour, split.name, len(index), len(self), ranks.rank,
+                 ranks.world_size, ranks.source, self.num_threads, device,
+                 "the cache" if pixels is not None else "the image files")
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}

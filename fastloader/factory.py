@@ -9,6 +9,7 @@ import torch
 from .config import BACKEND_ENV, Config, ConfigError
 from .contract import Loader
 from .distributed import RankInfo, detect_ranks
+from .cache import open_split_cache
 from .samples import build_index
 
 log = logging.getLogger("fastloader")
@@ -71,8 +72,16 @@ def create_loader(config: Config, split_name: str) -> Loader:
         reason += "; no CUDA device for the output, so DALI runs its CPU flavour (decoding on the CPU)"
     log.info("backend %s for split '%s': %s", backend, split_name, reason)
     index = build_index(config, split)
+    cache = open_split_cache(config, split, index)  # None: read the image files
+    if cache is not None:
+        index = cache.index  # less the files the cache lists as bad
+    pixels = cache.pixels if cache is not None else None
     if backend == "dali":  # backends are imported only when chosen
         from dali_loader.loader import DaliLoader
-        return DaliLoader(config, split, index, ranks, device)
-    from torch_loader.loader import TorchLoader
-    return TorchLoader(config, split, index, ranks, device)
+        loader: Loader = DaliLoader(config, split, index, ranks, device, pixels=pixels)
+    else:
+        from torch_loader.loader import TorchLoader
+        loader = TorchLoader(config, split, index, ranks, device, pixels=pixels)
+    if cache is not None:
+        loader.bad_samples.extend(cache.bad)
+    return loader

@@ -1,4 +1,5 @@
-"""Map-style dataset over the SampleIndex: decode and crop to uint8 in the worker.
+"""Map-style dataset over the SampleIndex: decode and crop to uint8 in the worker, or crop the
+already decoded pixels of the uint8 cache (dataset.cache), read through its memmap.
 
 Items are (sample index, sample seed) pairs from `fastloader.order`, so the crop a sample gets
 depends on the seed, the epoch and the sample only, never on which worker decodes it.
@@ -8,15 +9,17 @@ from __future__ import annotations
 import numpy as np
 import torch.utils.data
 
+from fastloader.cache import CachedPixels
 from fastloader.samples import SampleIndex
 
 from .transforms import SampleTransform
 
 
 class ImageDataset(torch.utils.data.Dataset):
-    def __init__(self, index: SampleIndex, transform: SampleTransform):
+    def __init__(self, index: SampleIndex, transform: SampleTransform, pixels: CachedPixels | None = None):
         self.index = index
         self.transform = transform
+        self.pixels = pixels
 
     def __len__(self) -> int:
         return len(self.index)
@@ -25,7 +28,10 @@ class ImageDataset(torch.utils.data.Dataset):
         sample, seed = int(item[0]), int(item[1])
         path = self.index.path(sample)
         try:
-            image = self.transform(path, seed)
+            if self.pixels is None:
+                image = self.transform(path, seed)
+            else:
+                image = self.transform.from_pixels(self.pixels.image(sample), seed)
         except Exception as error:  # name the file: the decoder's own message rarely does
             raise RuntimeError(f"cannot load image {path!r} (sample {sample}, label "
                                f"{self.index.label(sample)}): {type(error).__name__}: {error}") from error
