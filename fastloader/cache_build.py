@@ -54,7 +54,7 @@ def run(args) -> int:
     from .samples import build_index
 
     config = load_config(args.config, args.overrides)
-    out = args.out or config.dataset.cache
+    out = os.path.abspath(args.out) if args.out else config.dataset.cache
     if not out:
         raise ConfigError(f"{config.source}: where should the cache go? Pass --out DIR (then set dataset.cache: DIR "
                           f"for the loaders) or set dataset.cache in the config; put it on fast local or "
@@ -72,9 +72,9 @@ def run(args) -> int:
         bad = f"; {len(report['bad'])} bad files listed in its manifest" if report["bad"] else ""
         print(f"split {name}: {report['images']} images, {report['bytes'] / 1e9:.2f} GB in {report['seconds']:.1f} s "
               f"({report['images'] / max(report['seconds'], 1e-9):.0f} images/s) -> {report['folder']}{bad}")
-    if args.out and os.path.abspath(args.out) != os.path.abspath(config.dataset.cache or ""):
-        print(f"to read it, set dataset.cache in the config\n  dataset: {{cache: {os.path.abspath(out)}}}\n"
-              f"or pass --set dataset.cache={os.path.abspath(out)}")
+    if out != config.dataset.cache:
+        print(f"to read it, set dataset.cache in the config\n  dataset: {{cache: {out}}}\n"
+              f"or pass --set dataset.cache={out}")
     return 0
 
 
