@@ -120,6 +120,7 @@ class OpenedCache:
     index: SampleIndex
     bad: list[tuple[str, str]]
     pixels: CachedPixels
+    short_side: int
 
 
 def open_split_cache(config: Config, split: SplitConfig, index: SampleIndex) -> OpenedCache | None:
@@ -147,7 +148,7 @@ def open_split_cache(config: Config, split: SplitConfig, index: SampleIndex) -> 
     opened = _check_and_open(config, split, index, folder, cache_dir)
     log.info("split '%s' reads decoded pixels from the cache %s: %d images, %.1f GB, short side %d "
              "(checked against %d files in %.2f s)", split.name, folder, len(opened.index),
-             opened.pixels.nbytes / 1e9, Manifest.read(folder).short_side, len(index), time.perf_counter() - started)
+             opened.pixels.nbytes / 1e9, opened.short_side, len(index), time.perf_counter() - started)
     return opened
 
 
@@ -155,8 +156,7 @@ def _check_and_open(config: Config, split: SplitConfig, index: SampleIndex, fold
                     cache_dir: str) -> OpenedCache:
     manifest = Manifest.read(folder)
     data = manifest.data
-    command = rebuild_command(config, split.name, manifest.short_side if data.get("short_side") else
-                              required_short_side(split), cache_dir)
+    command = rebuild_command(config, split.name, int(data.get("short_side") or required_short_side(split)), cache_dir)
 
     def stale(reason: str) -> CacheError:
         return CacheError(f"dataset.cache: the cache {folder} does not match split '{split.name}' of the dataset "
@@ -184,7 +184,7 @@ def _check_and_open(config: Config, split: SplitConfig, index: SampleIndex, fold
     kept = index.without(bad_samples) if len(bad_samples) else index
     pixels = CachedPixels(folder, rows[rows >= 0].copy(), np.load(os.path.join(folder, OFFSETS)),
                           np.load(os.path.join(folder, SHAPES)))
-    return OpenedCache(kept, bad, pixels)
+    return OpenedCache(kept, bad, pixels, manifest.short_side)
 
 
 def _match_files(index: SampleIndex, cached: SampleIndex, stale) -> np.ndarray:
