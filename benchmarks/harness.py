@@ -139,7 +139,8 @@ def measure(build: Factory, warmup: int, batches: int) -> dict:
     return {"images": images, "seconds": elapsed, "images_per_s": images / elapsed, "startup_s": startup}
 
 
-def run_split(split: str, args: argparse.Namespace, workdir: Path, build_peers: PeerBuilder) -> dict:
+def run_split(split: str, args: argparse.Namespace, workdir: Path, build_peers: PeerBuilder,
+              ratios: list[tuple[str, str]] | None = None) -> dict:
     """All rounds of one split: each round measures every peer, in alternating order."""
     split_dir = args.data / split
     index = scan_folder(str(split_dir), IMAGE_EXTENSIONS)
@@ -163,15 +164,17 @@ def run_split(split: str, args: argparse.Namespace, workdir: Path, build_peers: 
             print(f"  {split} round {round_number + 1}/{args.rounds} {name:<{width}} "
                   f"{result['images_per_s']:8.1f} images/s", flush=True)
     return {"files": files, "repeat": repeat, "epoch_images": files * repeat, "order": order_log,
-            "measurements": raw, "summary": summarize(raw)}
+            "measurements": raw, "summary": summarize(raw, ratios)}
 
 
-def summarize(raw: dict[str, list[dict]]) -> dict:
-    """Median, min and max per peer, and the ratio of the first peer (ours) to each other one."""
+def summarize(raw: dict[str, list[dict]], ratios: list[tuple[str, str]] | None = None) -> dict:
+    """Median, min and max per peer, and the ratio of medians of each (peer, peer) pair in `ratios`,
+    by default of the first peer (ours) to each other one."""
     rates = {name: [m["images_per_s"] for m in results] for name, results in raw.items()}
     summary = {name: {"median": statistics.median(r), "min": min(r), "max": max(r)} for name, r in rates.items()}
     ours, *others = rates
-    summary["ratios"] = {f"{ours} / {other}": summary[ours]["median"] / summary[other]["median"] for other in others}
+    pairs = ratios or [(ours, other) for other in others]
+    summary["ratios"] = {f"{a} / {b}": summary[a]["median"] / summary[b]["median"] for a, b in pairs}
     return summary
 
 
@@ -188,7 +191,8 @@ def print_table(split: str, result: dict) -> None:
         print(f"  ratio {pair}: {ratio:.2f}x")
 
 
-def main(args: argparse.Namespace, build_peers: PeerBuilder, name: str, extra_info: str = "") -> int:
+def main(args: argparse.Namespace, build_peers: PeerBuilder, name: str, extra_info: str = "",
+         ratios: list[tuple[str, str]] | None = None) -> int:
     """Run every split, print the settings, the per-round rates and the tables; write the JSON report."""
     args.data = args.data.resolve()
     splits = ["train", "val"] if args.split == "both" else [args.split]
@@ -208,7 +212,7 @@ def main(args: argparse.Namespace, build_peers: PeerBuilder, name: str, extra_in
     results = {}
     with tempfile.TemporaryDirectory(prefix=f"{name}_") as workdir:
         for split in splits:
-            results[split] = run_split(split, args, Path(workdir), build_peers)
+            results[split] = run_split(split, args, Path(workdir), build_peers, ratios)
     for split in splits:
         print_table(split, results[split])
     if args.json:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
+from fastloader.cache import CachedPixels
 from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
 from fastloader.device_ops import erasing_enabled, random_erasing
@@ -40,15 +41,18 @@ _SEED_SALT = 0xDA11
 
 
 class _Feed:
-    """The pipeline's source: file paths and labels of the planned batches, one batch a call.
+    """The pipeline's source: file paths (or, from the cache, decoded pixels) and labels of the
+    planned batches, one batch a call.
 
     Samples found broken earlier (`known_bad`) are left out of what is fed, and `fed` keeps, in
     order, the (sample, seed) rows of each batch fed and not yet delivered: DALI calls the source
     `prefetch_queue_depth` batches ahead of the batch it delivers.
     """
 
-    def __init__(self, index: SampleIndex, substitutes: dict[int, str], on_skip: Callable[[int], None]):
+    def __init__(self, index: SampleIndex, substitutes: dict[int, str], on_skip: Callable[[int], None],
+                 pixels: CachedPixels | None = None):
         self.index = index
+        self.pixels = pixels
         self.substitutes = substitutes  # sample -> a file DALI can decode in its place (index_screen)
         self.on_skip = on_skip
         self.known_bad: set[int] = set()
@@ -71,6 +75,8 @@ class _Feed:
                 break
         self.fed.append(batch)
         indices = batch[:, 0]
+        if self.pixels is not None:
+            return [self.pixels.image(i) for i in indices], self.index.labels[indices]
         paths = [np.frombuffer(os.fsencode(self.substitutes.get(i) or self.index.path(i)), dtype=np.uint8)
                  for i in indices.tolist()]
         return paths, self.index.labels[indices]
@@ -94,7 +100,8 @@ class DaliLoader(Loader):
     backend = "dali"
 
     def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
-                 device: torch.device, substitutes: dict[int, str] | None = None):
+                 device: torch.device, substitutes: dict[int, str] | None = None,
+                 pixels: CachedPixels | None = None):
         super().__init__(config, split, index, ranks, device)
         self.flavour = "gpu" if device.type == "cuda" else "cpu"
         self.num_threads = dali_threads(config, ranks)
@@ -102,21 +109,22 @@ class DaliLoader(Loader):
         self._erasing = erasing_enabled(split.transform, split.mode)
         self._bad_reasons: dict[int, str] = {}  # sample -> why DALI could not decode it
         self._feed = _Feed(index, substitutes or {}, lambda sample: self._skip_sample(
-            index.path(sample), self._bad_reasons[sample]))
+            index.path(sample), self._bad_reasons[sample]), pixels)
         self._pipe = self._build()
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._run = 0  # which loop owns the pipeline
         self._broken = ""  # why the pipeline cannot run any more
         log.info("dali loader (%s flavour) for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), "
-                 "%d threads, device %s", self.flavour, split.name, len(index), len(self), ranks.rank,
-                 ranks.world_size, ranks.source, self.num_threads, device)
+                 "%d threads, device %s, pixels from %s", self.flavour, split.name, len(index), len(self), ranks.rank,
+                 ranks.world_size, ranks.source, self.num_threads, device,
+                 "the cache" if pixels is not None else "the image files")
 
     def _build(self):
         return build_pipeline(
             self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
-            seed=pipeline_seed(self.config.seed, self.ranks.rank))
+            seed=pipeline_seed(self.config.seed, self.ranks.rank), cached=self._feed.pixels is not None)
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}

@@ -1,5 +1,5 @@
-"""`fastloader bench | show | check`: the command line. This module parses and dispatches; each
-command lives in its own module (benchmark, grid, checkup), which adds its options and runs it.
+"""`fastloader bench | show | check | cache`: the command line. This module parses and dispatches; each
+command lives in its own module (benchmark, grid, checkup, cache_build), which adds its options and runs it.
 
 Errors are one line without a traceback (exit 2) unless --debug; every subcommand's help ends with
 examples.
@@ -13,7 +13,7 @@ import sys
 
 from . import __version__
 
-COMMANDS = {"bench": "benchmark", "show": "grid", "check": "checkup"}
+COMMANDS = {"bench": "benchmark", "show": "grid", "check": "checkup", "cache": "cache_build"}
 """Subcommand -> module of fastloader that provides HELP, EXAMPLES, add_arguments(parser), run(args)."""
 
 

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from .cache import open_split_cache
 from .config import BACKEND_ENV, Config, ConfigError
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
@@ -71,14 +72,19 @@ def create_loader(config: Config, split_name: str) -> Loader:
     if backend == "dali" and device.type == "cpu":
         reason += "; no CUDA device for the output, so DALI runs its CPU flavour (decoding on the CPU)"
     log.info("backend %s for split '%s': %s", backend, split_name, reason)
-    workers = cpu_workers_per_rank(ranks, config.workers.max_workers)
-    screened = screen_index(config, build_index(config, split), workers=workers)
+    index = build_index(config, split)
+    cache = open_split_cache(config, split, index)  # None: read the image files
+    if cache is not None:  # the cache lists the files it could not decode: no screening needed
+        index, bad, pixels, substitutes = cache.index, cache.bad, cache.pixels, {}
+    else:
+        screened = screen_index(config, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
+        index, bad, pixels = screened.index, screened.bad, None
+        substitutes = transcoded_for_dali(screened) if backend == "dali" else {}
     if backend == "dali":  # backends are imported only when chosen
         from dali_loader.loader import DaliLoader
-        loader = DaliLoader(config, split, screened.index, ranks, device,
-                            substitutes=transcoded_for_dali(screened))
+        loader: Loader = DaliLoader(config, split, index, ranks, device, substitutes=substitutes, pixels=pixels)
     else:
         from torch_loader.loader import TorchLoader
-        loader = TorchLoader(config, split, screened.index, ranks, device)
-    loader.record_screened(screened.bad)
+        loader = TorchLoader(config, split, index, ranks, device, pixels=pixels)
+    loader.record_screened(bad)
     return loader

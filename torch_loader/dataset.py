@@ -1,4 +1,5 @@
-"""Map-style dataset over the SampleIndex: decode and crop to uint8 in the worker.
+"""Map-style dataset over the SampleIndex: decode and crop to uint8 in the worker, or crop the
+already decoded pixels of the uint8 cache (dataset.cache), read through its memmap.
 
 Items are (sample index, sample seed) pairs from `fastloader.order`, so the crop a sample gets
 depends on the seed, the epoch and the sample only, never on which worker decodes it.
@@ -14,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 import torch.utils.data
 
+from fastloader.cache import CachedPixels
 from fastloader.index_screen import BadImageError, bad_image_message
 from fastloader.samples import SampleIndex
 
@@ -27,10 +29,11 @@ class Skipped(NamedTuple):
 
 
 class ImageDataset(torch.utils.data.Dataset):
-    def __init__(self, index: SampleIndex, transform: SampleTransform, skip_bad: bool = True,
-                 source: str = "the config"):
+    def __init__(self, index: SampleIndex, transform: SampleTransform, pixels: CachedPixels | None = None,
+                 skip_bad: bool = True, source: str = "the config"):
         self.index = index
         self.transform = transform
+        self.pixels = pixels
         self.skip_bad = skip_bad
         self.source = source
 
@@ -41,7 +44,10 @@ class ImageDataset(torch.utils.data.Dataset):
         sample, seed = int(item[0]), int(item[1])
         path = self.index.path(sample)
         try:
-            image = self.transform(path, seed)
+            if self.pixels is None:
+                image = self.transform(path, seed)
+            else:
+                image = self.transform.from_pixels(self.pixels.image(sample), seed)
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
             reason = f"{type(error).__name__}: {error}"
             if self.skip_bad:

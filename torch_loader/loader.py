@@ -14,6 +14,7 @@ from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
 from fastloader.device_ops import erasing_enabled, random_erasing
 from fastloader.distributed import RankInfo, cpu_workers_per_rank
+from fastloader.cache import CachedPixels
 from fastloader.index_screen import BadImageError
 from fastloader.samples import SampleIndex
 
@@ -42,7 +43,7 @@ class TorchLoader(Loader):
     backend = "torch"
 
     def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
-                 device: torch.device):
+                 device: torch.device, pixels: CachedPixels | None = None):
         super().__init__(config, split, index, ranks, device)
         workers = config.workers
         num_workers = workers.num_workers
@@ -57,7 +58,8 @@ class TorchLoader(Loader):
         self._erasing = erasing_enabled(split.transform, split.mode)
         on_cuda = device.type == "cuda"
         self._dataloader = torch.utils.data.DataLoader(
-            ImageDataset(index, transform, skip_bad=config.dataset.on_bad_image == "skip", source=config.source),
+            ImageDataset(index, transform, pixels, skip_bad=config.dataset.on_bad_image == "skip",
+                         source=config.source),
             batch_sampler=self._sampler,
             collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer),
             num_workers=num_workers,
@@ -66,8 +68,8 @@ class TorchLoader(Loader):
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
         )
         log.info("torch loader for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), %d workers, "
-                 "device %s", split.name, len(index), len(self), ranks.rank, ranks.world_size, ranks.source,
-                 num_workers, device)
+                 "device %s, pixels from %s", split.name, len(index), len(self), ranks.rank, ranks.world_size,
+                 ranks.source, num_workers, device, "the cache" if pixels is not None else "the image files")
 
     def describe(self) -> dict:
         return {**super().describe(), "workers": self.num_workers}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import torch
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F
@@ -47,6 +48,11 @@ class SampleTransform:
                                    exif_orientation=self.exif_orientation, use_draft=self.use_draft,
                                    max_pixels=self.max_pixels)
         return self.resize(pixels, crop)
+
+    def from_pixels(self, pixels: np.ndarray, seed: int) -> torch.Tensor:
+        """Already decoded upright HWC uint8 pixels (the cache's): the crop is chosen from their size."""
+        height, width = pixels.shape[:2]
+        return self.resize(torch.from_numpy(pixels), self.crop_for(width, height, seed))
 
     def resize(self, pixels: torch.Tensor, crop: Crop) -> torch.Tensor:
         """Crop [H, W, 3] to the box (whole pixels, at least one) and resize it to size x size."""

@@ -1,0 +1,240 @@
+"""The decoded uint8 cache: read pixels through np.memmap instead of decoding image files.
+
+Why: on a CPU-bound host the JPEG decode is about half the cost of every sample, paid again every
+epoch. `fastloader cache` (cache_build.py) decodes each image once, shrinks it so that its shorter
+side is at most `short_side`, and stores all images back to back; a loader then reads the bytes a
+crop needs straight from the page cache, shared by every worker and every rank, with no copy.
+
+Layout of `dataset.cache: DIR` (one folder per split, so that one key serves every split):
+
+    DIR/<split>/manifest.json   format version, source root, classes, short side, bad files
+    DIR/<split>/files.npz       per source file: relative path (bytes + offsets), size, mtime_ns,
+                                row in the pixel file (-1 for a bad file); arrays, not JSON, because
+                                a million files would be 150 MB of Python objects to compare
+    DIR/<split>/offsets.npy     int64 [rows + 1]: image r is pixels.u8[offsets[r]:offsets[r + 1]]
+    DIR/<split>/shapes.npy      int32 [rows, 2]: its (height, width); 3 channels, HWC
+    DIR/<split>/labels.npy      int64 [rows]: its label when built (the loaders use the index's)
+    DIR/<split>/pixels.u8       every image's HWC uint8 pixels, back to back
+
+A build writes `DIR/.<split>.partial-<pid>` and renames it to `DIR/<split>` only when complete, so
+a folder named after the split is always a finished cache. Nothing here writes: the cache may sit
+on a read-only file system, shared by all ranks.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import Config, ConfigError, SplitConfig
+from .samples import SampleIndex
+
+log = logging.getLogger("fastloader")
+
+FORMAT = "fastloader-cache"
+VERSION = 1
+MANIFEST, FILES, OFFSETS, SHAPES, LABELS, PIXELS = (
+    "manifest.json", "files.npz", "offsets.npy", "shapes.npy", "labels.npy", "pixels.u8")
+PARTIAL = ".{split}.partial-"
+"""Prefix of a build in progress (or killed): never read as a cache."""
+EXAMPLES_SHOWN = 3
+
+
+class CacheError(ConfigError):
+    """A cache that cannot serve this split: stale, unfinished, or of another format."""
+
+
+def split_folder(cache_dir: str, split: str) -> str:
+    return os.path.join(cache_dir, split)
+
+
+def rebuild_command(config: Config, split: str, short_side: int, cache_dir: str) -> str:
+    source = config.source if config.source != "<dict>" else "CONFIG"
+    return f"fastloader cache {source} --split {split} --short-side {short_side} --out {cache_dir}"
+
+
+def required_short_side(split: SplitConfig) -> int:
+    """The smallest cached shorter side that this split's transform never has to enlarge: eval
+    resizes the shorter side to floor(size / crop_pct); train crops at most the whole image."""
+    t = split.transform
+    return int(t.size // t.crop_pct) if split.mode == "eval" else t.size
+
+
+@dataclass(frozen=True)
+class Manifest:
+    folder: str
+    data: dict
+
+    @property
+    def short_side(self) -> int:
+        return int(self.data["short_side"])
+
+    @classmethod
+    def read(cls, folder: str) -> "Manifest":
+        path = os.path.join(folder, MANIFEST)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except FileNotFoundError:
+            raise CacheError(f"{folder} is not a complete cache: it has no {MANIFEST}") from None
+        except (OSError, ValueError) as error:
+            raise CacheError(f"{path}: unreadable manifest ({error})") from None
+        return cls(folder, data)
+
+
+class CachedPixels:
+    """Sample i of the (final) index -> its cached HWC uint8 pixels, as a view of the memmap.
+
+    Picklable and cheap to pickle: the memmap is opened on first use in each process (copy-on-write
+    mode: writable views for torch, yet pages stay shared with the page cache, and the file is opened
+    read-only). Forked workers inherit the small offset arrays without copying them.
+    """
+
+    def __init__(self, folder: str, rows: np.ndarray, offsets: np.ndarray, shapes: np.ndarray):
+        self.folder, self.rows, self.offsets, self.shapes = folder, rows, offsets, shapes
+        self._data: np.ndarray | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_data": None}
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.offsets[-1])
+
+    def image(self, sample: int) -> np.ndarray:
+        if self._data is None:
+            self._data = np.memmap(os.path.join(self.folder, PIXELS), dtype=np.uint8, mode="c")
+        row = self.rows[sample]
+        height, width = self.shapes[row]
+        return self._data[self.offsets[row]:self.offsets[row + 1]].reshape(height, width, 3)
+
+
+@dataclass
+class OpenedCache:
+    """What the factory needs: the index less the bad files, their (path, reason), the pixels."""
+    index: SampleIndex
+    bad: list[tuple[str, str]]
+    pixels: CachedPixels
+    short_side: int
+
+
+def open_split_cache(config: Config, split: SplitConfig, index: SampleIndex) -> OpenedCache | None:
+    """The split's cache checked against the dataset, or None (logged) when dataset.cache is not set
+    or holds no cache for this split. A stale or unfinished cache is an error that says how to rebuild."""
+    cache_dir = config.dataset.cache
+    if not cache_dir:
+        return None
+    if not os.path.isdir(cache_dir):
+        raise CacheError(f"{config.source}: dataset.cache: folder {cache_dir!r} does not exist; build it with "
+                         f"`{rebuild_command(config, split.name, required_short_side(split), cache_dir)}` "
+                         f"or remove the key")
+    folder = split_folder(cache_dir, split.name)
+    if not os.path.isdir(folder):
+        unfinished = glob.glob(os.path.join(cache_dir, PARTIAL.format(split=split.name) + "*"))
+        command = rebuild_command(config, split.name, required_short_side(split), cache_dir)
+        if unfinished:
+            raise CacheError(f"dataset.cache: the cache of split '{split.name}' in {cache_dir} was never finished "
+                             f"({unfinished[0]} is a build that was killed or is still running); "
+                             f"run `{command}` to completion")
+        log.warning("dataset.cache: no cache for split '%s' in %s, so it reads the image files; to cache it "
+                    "run `%s`", split.name, cache_dir, command)
+        return None
+    started = time.perf_counter()
+    opened = _check_and_open(config, split, index, folder, cache_dir)
+    log.info("split '%s' reads decoded pixels from the cache %s: %d images, %.1f GB, short side %d "
+             "(checked against %d files in %.2f s)", split.name, folder, len(opened.index),
+             opened.pixels.nbytes / 1e9, opened.short_side, len(index), time.perf_counter() - started)
+    return opened
+
+
+def _check_and_open(config: Config, split: SplitConfig, index: SampleIndex, folder: str,
+                    cache_dir: str) -> OpenedCache:
+    manifest = Manifest.read(folder)
+    data = manifest.data
+    command = rebuild_command(config, split.name, int(data.get("short_side") or required_short_side(split)), cache_dir)
+
+    def stale(reason: str) -> CacheError:
+        return CacheError(f"dataset.cache: the cache {folder} does not match split '{split.name}' of the dataset "
+                          f"({index.root}): {reason}. Rebuild it with `{command}`")
+
+    if data.get("format") != FORMAT or data.get("version") != VERSION:
+        raise stale(f"it is {data.get('format')} version {data.get('version')}, this fastloader reads "
+                    f"{FORMAT} version {VERSION}")
+    if tuple(data["classes"]) != tuple(index.classes):
+        raise stale(f"classes {data['classes'][:5]} then, {list(index.classes[:5])} now")
+    needed = required_short_side(split)
+    if manifest.short_side < needed:
+        command = rebuild_command(config, split.name, needed, cache_dir)
+        raise stale(f"it was built with --short-side {manifest.short_side}, and split '{split.name}' "
+                    f"({split.mode}, size {split.transform.size}) needs at least {needed} not to enlarge images")
+    with np.load(os.path.join(folder, FILES)) as files:
+        cached = SampleIndex(root=data["source_root"], classes=index.classes, path_bytes=files["path_bytes"],
+                             offsets=files["path_offsets"], labels=files["labels"])
+        file_rows, sizes, mtimes = files["rows"], files["size"], files["mtime_ns"]
+    file_of_sample = _match_files(index, cached, stale)
+    _check_unchanged(index, file_of_sample, sizes, mtimes, stale)
+    rows = file_rows[file_of_sample]  # row in the pixel file of every sample; -1: bad file
+    bad_samples = np.flatnonzero(rows < 0)
+    bad = _bad_files(config, index, bad_samples, dict(data.get("bad", [])), folder)
+    kept = index.without(bad_samples) if len(bad_samples) else index
+    pixels = CachedPixels(folder, rows[rows >= 0].copy(), np.load(os.path.join(folder, OFFSETS)),
+                          np.load(os.path.join(folder, SHAPES)))
+    return OpenedCache(kept, bad, pixels, manifest.short_side)
+
+
+def _match_files(index: SampleIndex, cached: SampleIndex, stale) -> np.ndarray:
+    """Position in the cache's file list of every sample; the same set of files, or a stale error."""
+    if np.array_equal(index.offsets, cached.offsets) and np.array_equal(index.path_bytes, cached.path_bytes):
+        return np.arange(len(index))  # the usual case: the same scan, the same order
+    position = {cached.relpath(i): i for i in range(len(cached))}
+    found = np.fromiter((position.get(index.relpath(i), -1) for i in range(len(index))), np.int64, len(index))
+    added = [index.relpath(i) for i in np.flatnonzero(found < 0)]
+    removed = np.setdiff1d(np.arange(len(cached)), found)
+    if added:
+        raise stale(f"{len(added)} files are not in the cache, e.g. {', '.join(added[:EXAMPLES_SHOWN])}")
+    if len(removed):
+        names = [cached.relpath(int(i)) for i in removed[:EXAMPLES_SHOWN]]
+        raise stale(f"{len(removed)} cached files are no longer in the split, e.g. {', '.join(names)}")
+    return found
+
+
+def _check_unchanged(index: SampleIndex, file_of_sample: np.ndarray, sizes: np.ndarray, mtimes: np.ndarray,
+                     stale) -> None:
+    """Every source file still has the size and modification time it had when it was cached."""
+    changed = []
+    files, first_sample = np.unique(file_of_sample, return_index=True)
+    for file, sample in zip(files.tolist(), first_sample.tolist()):
+        path = index.path(sample)
+        try:
+            info = os.stat(path)
+        except OSError as error:
+            raise stale(f"{path} cannot be read ({error.strerror or error})") from None
+        if info.st_size != sizes[file] or info.st_mtime_ns != mtimes[file]:
+            changed.append(index.relpath(sample))
+    if changed:
+        raise stale(f"{len(changed)} files changed (size or modification time) since the build, "
+                    f"e.g. {', '.join(changed[:EXAMPLES_SHOWN])}")
+
+
+def _bad_files(config: Config, index: SampleIndex, bad_samples: np.ndarray, reasons: dict[str, str],
+               folder: str) -> list[tuple[str, str]]:
+    """(path, reason) of each bad file once: warned about under on_bad_image: skip, else an error."""
+    bad, seen = [], set()
+    for sample in bad_samples:
+        relpath = index.relpath(int(sample))
+        if relpath in seen:
+            continue
+        seen.add(relpath)
+        path, reason = index.path(int(sample)), reasons.get(relpath, "unusable when the cache was built")
+        if config.dataset.on_bad_image == "raise":
+            raise CacheError(f"{path}: {reason} (listed as bad in the cache {folder}); with dataset.on_bad_image: "
+                             f"raise this stops the run: fix or remove the file and rebuild the cache, list it in "
+                             f"dataset.exclude, or set dataset.on_bad_image: skip")
+        log.warning("skipping %s: %s (listed as bad in the cache %s)", path, reason, folder)
+        bad.append((path, reason))
+    return bad

@@ -1,0 +1,267 @@
+"""`fastloader cache`: decode every image of a split once into the uint8 cache that `dataset.cache`
+reads (the format is described in cache.py).
+
+Why a separate step: building takes a full decode of the split (about a core-second per 1,000
+ImageNet JPEGs), which belongs in a job that runs once before training, not in every rank's first
+epoch. Images are decoded in forked processes, in order, and appended to one file by this process;
+the folder gets its final name only when everything is written, so a killed build leaves a
+`.<split>.partial-<pid>` folder that no loader reads.
+
+The module imports only the standard library at its top: the command line imports every command
+module to build its parser.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .config import Config, SplitConfig
+    from .samples import SampleIndex
+
+HELP = "decode a split once into a uint8 cache that dataset.cache reads through memmap"
+EXAMPLES = """  fastloader cache configs/sample.yaml --split train --out /scratch/sample-cache
+  fastloader cache configs/imagenette.yaml --split train --short-side 256 --set dataset.cache=/scratch/in-cache
+"""
+
+DEFAULT_SHORT_SIDE = 256
+CHUNK = 16
+"""Images per task sent to a worker: large enough to amortize the pipe, small enough to stream."""
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--split", action="append", metavar="NAME",
+                        help="split to cache (repeatable; default: every split of the config)")
+    parser.add_argument("--short-side", type=int, default=DEFAULT_SHORT_SIDE, metavar="PX",
+                        help=f"shrink images so that their shorter side is at most PX, keeping the aspect ratio; "
+                             f"smaller images are kept as they are (default: {DEFAULT_SHORT_SIDE})")
+    parser.add_argument("--out", metavar="DIR",
+                        help="cache folder, the value for dataset.cache; each split goes to DIR/<split> "
+                             "(default: dataset.cache of the config)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="decoding processes (default: the CPU cores available)")
+
+
+def run(args) -> int:
+    from . import load_config
+    from .config import ConfigError
+    from .samples import build_index
+
+    config = load_config(args.config, args.overrides)
+    out = os.path.abspath(args.out) if args.out else config.dataset.cache
+    if not out:
+        raise ConfigError(f"{config.source}: where should the cache go? Pass --out DIR (then set dataset.cache: DIR "
+                          f"for the loaders) or set dataset.cache in the config; put it on fast local or "
+                          f"parallel storage, it holds about N x S x 1.33 S x 3 bytes for --short-side S")
+    if args.short_side < 1:
+        raise ConfigError(f"--short-side: must be a positive number of pixels, got {args.short_side}")
+    if args.workers is not None and args.workers < 0:
+        raise ConfigError(f"--workers: must be 0 or more, got {args.workers}")
+    names = args.split or list(config.splits)
+    if not names:
+        raise ConfigError(f"{config.source}: no split sections to cache; add one, e.g. 'train: {{}}'")
+    for name in names:
+        split = config.split(name)
+        report = build_split_cache(config, split, build_index(config, split), out, args.short_side, args.workers)
+        bad = f"; {len(report['bad'])} bad files listed in its manifest" if report["bad"] else ""
+        print(f"split {name}: {report['images']} images, {report['bytes'] / 1e9:.2f} GB in {report['seconds']:.1f} s "
+              f"({report['images'] / max(report['seconds'], 1e-9):.0f} images/s) -> {report['folder']}{bad}")
+    if out != config.dataset.cache:
+        print(f"to read it, set dataset.cache in the config\n  dataset: {{cache: {out}}}\n"
+              f"or pass --set dataset.cache={out}")
+    return 0
+
+
+def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, cache_dir: str, short_side: int,
+                      workers: int | None = None) -> dict:
+    """Decode the split's distinct files into cache_dir/<split>; returns what was written."""
+    import numpy as np
+
+    from .cache import FILES, LABELS, MANIFEST, OFFSETS, PARTIAL, PIXELS, SHAPES, FORMAT, VERSION, split_folder
+    from .config import ConfigError
+    from .progress import Progress
+
+    started = time.perf_counter()
+    files = _distinct_files(index)
+    os.makedirs(cache_dir, exist_ok=True)
+    partial = os.path.join(cache_dir, PARTIAL.format(split=split.name) + str(os.getpid()))
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    count = len(files)
+    sizes, mtimes = np.zeros(count, np.int64), np.zeros(count, np.int64)
+    rows = np.full(count, -1, np.int64)
+    offsets, shapes, labels, bad = [0], [], [], []
+    progress = Progress(count, unit="images")
+    try:
+        with open(os.path.join(partial, PIXELS), "wb") as pixels:
+            paths = (index.path(int(sample)) for sample in files)
+            for file, decoded in enumerate(decode_files(paths, short_side, config.dataset.exif_orientation,
+                                                        config.dataset.max_pixels, workers)):
+                sizes[file], mtimes[file] = decoded.size, decoded.mtime_ns
+                if decoded.problem:
+                    relpath = index.relpath(int(files[file]))
+                    if config.dataset.on_bad_image == "raise":
+                        raise ConfigError(f"{decoded.path}: {decoded.problem}; the cache was not built. With "
+                                          f"dataset.on_bad_image: raise a bad file stops the build: fix or remove "
+                                          f"it, list it in dataset.exclude, or set dataset.on_bad_image: skip to "
+                                          f"list it in the cache's manifest and leave it out of training")
+                    bad.append((relpath, decoded.problem))
+                else:
+                    pixels.write(decoded.pixels)
+                    rows[file] = len(shapes)
+                    offsets.append(offsets[-1] + len(decoded.pixels))
+                    shapes.append(decoded.shape)
+                    labels.append(index.label(int(files[file])))
+                progress.update(file + 1)
+        progress.finish()
+        np.save(os.path.join(partial, OFFSETS), np.array(offsets, np.int64))
+        np.save(os.path.join(partial, SHAPES), np.array(shapes, np.int32).reshape(-1, 2))
+        np.save(os.path.join(partial, LABELS), np.array(labels, np.int64))
+        relpaths = index.path_bytes, index.offsets
+        path_bytes, path_offsets = _subset_paths(*relpaths, files)
+        np.savez(os.path.join(partial, FILES), path_bytes=path_bytes, path_offsets=path_offsets,
+                 labels=index.labels[files], rows=rows, size=sizes, mtime_ns=mtimes)
+        manifest = {"format": FORMAT, "version": VERSION, "split": split.name, "source_root": index.root,
+                    "classes": list(index.classes), "short_side": short_side,
+                    "resize": "shorter side at most short_side, aspect kept, never enlarged; bilinear, antialiased",
+                    "images": len(shapes), "files": count, "bytes": offsets[-1], "bad": bad,
+                    "built_by": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]), "built_at": time.time()}
+        with open(os.path.join(partial, MANIFEST), "w", encoding="utf-8") as handle:
+            json.dump(manifest, handle, indent=1)
+        _replace(partial, split_folder(cache_dir, split.name))
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return {"folder": split_folder(cache_dir, split.name), "images": len(shapes), "bytes": offsets[-1],
+            "bad": bad, "seconds": time.perf_counter() - started}
+
+
+def _distinct_files(index: SampleIndex) -> np.ndarray:
+    """The first sample of every distinct relative path, in index order (a file list may repeat one)."""
+    import numpy as np
+
+    seen: dict[bytes, int] = {}
+    for sample in range(len(index)):
+        seen.setdefault(index.path_bytes[index.offsets[sample]:index.offsets[sample + 1]].tobytes(), sample)
+    return np.fromiter(seen.values(), np.int64, len(seen))
+
+
+def _subset_paths(path_bytes: np.ndarray, offsets: np.ndarray, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
+
+    starts, ends = offsets[samples], offsets[samples + 1]
+    new_offsets = np.zeros(len(samples) + 1, np.int64)
+    np.cumsum(ends - starts, out=new_offsets[1:])
+    pieces = [path_bytes[a:b] for a, b in zip(starts, ends)]
+    return (np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)), new_offsets
+
+
+def _replace(partial: str, final: str) -> None:
+    """Put the finished build in place; an older cache of the split is moved aside first, then deleted."""
+    old = None
+    if os.path.exists(final):
+        old = f"{partial}.old"
+        os.rename(final, old)
+    os.rename(partial, final)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding, in forked processes
+# ---------------------------------------------------------------------------------------------
+
+
+class Decoded:
+    """One file: its size and mtime as read, then its pixels (HWC uint8 bytes) or why it is bad."""
+    __slots__ = ("path", "size", "mtime_ns", "shape", "pixels", "problem")
+
+    def __init__(self, path: str, size: int = 0, mtime_ns: int = 0, shape: tuple[int, int] = (0, 0),
+                 pixels: bytes = b"", problem: str | None = None):
+        self.path, self.size, self.mtime_ns, self.shape, self.pixels, self.problem = (
+            path, size, mtime_ns, shape, pixels, problem)
+
+
+def decode_files(paths, short_side: int, exif_orientation: bool, max_pixels: int,
+                 workers: int | None = None) -> Iterator[Decoded]:
+    """decode_file over many paths in parallel processes (one per core by default; 0: here), in order."""
+    import collections
+    from concurrent.futures import ProcessPoolExecutor
+
+    from .distributed import available_cores
+    from .screen import _chunks, _fork_context, _init_worker
+
+    count = available_cores() if workers is None else workers
+    args = (short_side, exif_orientation, max_pixels)
+    import torch_loader.decode  # noqa: F401  imported before the fork, not once per worker
+    from torchvision.transforms.v2 import functional  # noqa: F401
+    if count == 0:
+        for part in _chunks(paths, CHUNK):
+            yield from _decode_chunk(part, *args)
+        return
+    pool = ProcessPoolExecutor(count, mp_context=_fork_context(), initializer=_init_worker)
+    pending: collections.deque = collections.deque()
+    try:
+        for part in _chunks(paths, CHUNK):
+            pending.append(pool.submit(_decode_chunk, part, *args))
+            if len(pending) >= 2 * count:
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _decode_chunk(paths: list[str], short_side: int, exif_orientation: bool, max_pixels: int) -> list[Decoded]:
+    return [decode_file(path, short_side, exif_orientation, max_pixels) for path in paths]
+
+
+def decode_file(path: str, short_side: int, exif_orientation: bool = True, max_pixels: int = 178_956_970) -> Decoded:
+    """The upright RGB image with its shorter side shrunk to at most short_side, or the problem.
+
+    The torch backend's own decoder and resize (libjpeg-turbo, torch's antialiased bilinear kernel)
+    make the pixels, so the cache holds what that backend would have computed from the file.
+    """
+    from .screen import screen_file
+
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        return Decoded(path, problem=f"unreadable: {error.strerror or error}")
+    screened = screen_file(path, max_pixels)
+    if screened.problem:
+        return Decoded(path, info.st_size, info.st_mtime_ns, problem=screened.problem)
+    try:
+        pixels = shrink(_decode(path, exif_orientation), short_side)
+    except Exception as error:
+        return Decoded(path, info.st_size, info.st_mtime_ns, problem=f"decode failed: {str(error) or type(error).__name__}")
+    height, width = pixels.shape[:2]
+    return Decoded(path, info.st_size, info.st_mtime_ns, (height, width), pixels.numpy().tobytes())
+
+
+def _decode(path: str, exif_orientation: bool):
+    from torch_loader.decode import load_region  # the torch backend's decoder: the same pixels
+    from torch_loader.geometry import Crop
+
+    pixels, _ = load_region(path, lambda w, h: Crop(0, 0, w, h), 1, exif_orientation=exif_orientation,
+                            use_draft=False)
+    return pixels
+
+
+def shrink(pixels, short_side: int):
+    """HWC uint8 tensor -> HWC uint8 tensor whose shorter side is at most short_side (aspect kept,
+    torchvision's Resize(int) rounding, antialiased bilinear); smaller images come back unchanged."""
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as F
+
+    if min(pixels.shape[:2]) <= short_side:
+        return pixels.contiguous()
+    resized = F.resize(pixels.permute(2, 0, 1), [short_side], interpolation=InterpolationMode.BILINEAR,
+                       antialias=True)
+    return resized.permute(1, 2, 0).contiguous()

@@ -1,0 +1,205 @@
+"""The uint8 cache: built once by `fastloader cache`, read by both backends with the contract's
+semantics, refused when stale or unfinished."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms.v2 import functional as F
+
+from fastloader import build_loader, load_config
+from fastloader.cache import CacheError, open_split_cache
+from fastloader.cache_build import build_split_cache
+from fastloader.samples import build_index
+from conftest import REPO, base_config, identities, write_numbered_dataset, write_textured_dataset
+
+SHORT = 40  # >= floor(32 / 0.875) = 36, what eval at size 32 needs
+
+
+def build(root: Path, cache: Path, split: str = "train", short_side: int = SHORT, **dataset) -> dict:
+    config = load_config(base_config(root, dataset=dataset))
+    return build_split_cache(config, config.split(split), build_index(config, config.split(split)), str(cache),
+                             short_side, workers=2)
+
+
+def cached_config(root: Path, cache: Path, **sections) -> dict:
+    config = base_config(root, **sections)
+    config["dataset"] = {**config["dataset"], "cache": str(cache)}
+    return config
+
+
+def batches(loader) -> list[tuple[list, list]]:
+    return [(identities(x), y.tolist()) for x, y in loader]
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory) -> tuple[Path, Path]:
+    """A numbered dataset (every image its own colour) and its cache, both splits."""
+    base = tmp_path_factory.mktemp("numbered")
+    root = write_numbered_dataset(base / "data", per_class=6)
+    for split in ("train", "val"):
+        build(root, base / "cache", split)
+    return root, base / "cache"
+
+
+def test_round_trip_pixels_equal_the_decoded_and_resized_images(tmp_path):
+    root = write_textured_dataset(tmp_path / "data", per_class=5, splits=("train",))
+    report = build(root, tmp_path / "cache", short_side=50)
+    config = load_config(cached_config(root, tmp_path / "cache"))
+    index = build_index(config, config.split("train"))
+    opened = open_split_cache(config, config.split("train"), index)
+    assert report["images"] == len(index) == 15 and not report["bad"]
+    for sample in range(len(index)):
+        decoded = torch.from_numpy(np.array(Image.open(index.path(sample)).convert("RGB"))).permute(2, 0, 1)
+        expected = F.resize(decoded, [50], antialias=True) if min(decoded.shape[1:]) > 50 else decoded
+        cached = opened.pixels.image(sample)
+        assert cached.dtype == np.uint8 and min(cached.shape[:2]) == min(50, *decoded.shape[1:])
+        assert np.array_equal(cached, expected.permute(1, 2, 0).numpy()), index.relpath(sample)
+    assert os.path.getsize(tmp_path / "cache" / "train" / "pixels.u8") == report["bytes"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_both_backends_deliver_the_same_samples_labels_and_order_as_without_the_cache(numbered, backend, split):
+    root, cache = numbered
+    workers = {"num_workers": 2 if backend == "torch" else 1}
+    with build_loader(base_config(root, backend=backend, workers=workers), split) as files, \
+            build_loader(cached_config(root, cache, backend=backend, workers=workers), split) as cached:
+        assert (len(cached), cached.num_samples, cached.classes) == (len(files), files.num_samples, files.classes)
+        assert cached.state_dict() == files.state_dict()  # same fingerprint: resume works across both
+        for epoch in range(2):
+            expected, got = batches(files), batches(cached)
+            assert got == expected, f"epoch {epoch}"
+        assert cached.bad_samples == []
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_eval_on_two_ranks_reads_every_cached_sample_exactly_once(numbered, backend):
+    root, cache = numbered
+    seen = []
+    for rank in range(2):
+        config = cached_config(root, cache, backend=backend, distributed={"rank": rank, "world_size": 2})
+        with build_loader(config, "val") as loader:
+            seen += [colour for colours, _ in batches(loader) for colour in colours]
+    with build_loader(base_config(root, backend=backend), "val") as files:
+        everything = [colour for colours, _ in batches(files) for colour in colours]
+    assert sorted(seen) == sorted(everything) and len(set(everything)) == len(everything)
+
+
+def test_a_file_list_that_repeats_files_caches_each_file_once(tmp_path):
+    root = write_numbered_dataset(tmp_path / "data", per_class=2, splits=("train",))
+    index = build_index(load_config(base_config(root)), load_config(base_config(root)).split("train"))
+    lines = [f"train/{index.relpath(i)} {index.label(i)}\n" for i in range(len(index))]
+    (tmp_path / "list.txt").write_text("".join(lines * 3))
+    listed = {"train": {"file_list": str(tmp_path / "list.txt")}}
+    config = load_config(base_config(root, **listed))
+    report = build_split_cache(config, config.split("train"), build_index(config, config.split("train")),
+                               str(tmp_path / "cache"), SHORT, workers=0)
+    assert report["images"] == 6
+    with build_loader(cached_config(root, tmp_path / "cache", **listed), "train") as loader, \
+            build_loader(base_config(root, **listed), "train") as files:
+        assert loader.num_samples == 18 and batches(loader) == batches(files)
+
+
+def _stale_message(root: Path, cache: Path, split: str = "train") -> str:
+    with pytest.raises(CacheError) as error:
+        build_loader(cached_config(root, cache), split)
+    return str(error.value)
+
+
+def test_a_stale_cache_is_refused_with_the_command_that_rebuilds_it(tmp_path):
+    root = write_numbered_dataset(tmp_path / "data", per_class=3, splits=("train",))
+    cache = tmp_path / "cache"
+    build(root, cache)
+    image = root / "train" / "a_red" / "n_00.png"
+    added = root / "train" / "a_red" / "new.png"
+    Image.new("RGB", (40, 40), (1, 2, 3)).save(added)
+    message = _stale_message(root, cache)
+    assert "1 files are not in the cache" in message and "a_red/new.png" in message
+    assert f"fastloader cache CONFIG --split train --short-side {SHORT} --out {cache}" in message
+    added.unlink()
+    build_loader(cached_config(root, cache), "train").close()  # matches again
+    (root / "train" / "b_green" / "n_01.png").unlink()
+    assert "1 cached files are no longer in the split" in _stale_message(root, cache)
+    build(root, cache)
+    os.utime(image, ns=(image.stat().st_atime_ns, image.stat().st_mtime_ns + 10**9))
+    assert "1 files changed" in _stale_message(root, cache) and "a_red/n_00.png" in _stale_message(root, cache)
+
+
+def test_a_cache_too_small_for_the_transform_is_refused(tmp_path):
+    root = write_numbered_dataset(tmp_path / "data", per_class=2, splits=("val",))
+    build(root, tmp_path / "cache", split="val", short_side=24)
+    message = _stale_message(root, tmp_path / "cache", "val")
+    assert "--short-side 24" in message and "needs at least 36" in message and "--short-side 36" in message
+
+
+def test_an_unfinished_build_is_never_read(tmp_path, caplog):
+    root = write_numbered_dataset(tmp_path / "data", per_class=2, splits=("train", "val"))
+    cache = tmp_path / "cache"
+    (cache / ".train.partial-4242").mkdir(parents=True)
+    (cache / ".train.partial-4242" / "pixels.u8").write_bytes(b"\0" * 100)
+    assert "was never finished" in _stale_message(root, cache)
+    (cache / "train").mkdir()
+    assert "not a complete cache" in _stale_message(root, cache)
+    with caplog.at_level(logging.WARNING, logger="fastloader"):  # no cache for val: the files, said so
+        with build_loader(cached_config(root, cache), "val") as loader:
+            assert loader.num_samples == 6
+    assert "no cache for split 'val'" in caplog.text and "fastloader cache" in caplog.text
+
+
+def write_bad_file(root: Path) -> Path:
+    bad = root / "train" / "b_green" / "broken.png"
+    bad.write_bytes(b"<!DOCTYPE html> not an image")
+    return bad
+
+
+def test_bad_files_skip_is_listed_and_dropped_raise_names_the_file(tmp_path, caplog):
+    root = write_numbered_dataset(tmp_path / "data", per_class=3, splits=("train",))
+    bad = write_bad_file(root)
+    with pytest.raises(Exception, match="broken.png: not an image.*on_bad_image"):
+        build(root, tmp_path / "cache", on_bad_image="raise")
+    assert not os.listdir(tmp_path / "cache")  # nothing half-written left behind
+    report = build(root, tmp_path / "cache")
+    assert report["images"] == 9 and report["bad"] == [("b_green/broken.png", report["bad"][0][1])]
+    manifest = json.loads((tmp_path / "cache" / "train" / "manifest.json").read_text())
+    assert manifest["bad"][0][0] == "b_green/broken.png" and "not an image" in manifest["bad"][0][1]
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        with build_loader(cached_config(root, tmp_path / "cache", train={"drop_last": False}), "train") as loader:
+            assert loader.num_samples == 9 and [path for path, _ in loader.bad_samples] == [str(bad)]
+            assert sum(len(y) for _, y in loader) == 9
+    assert caplog.text.count("broken.png") == 1
+    config = cached_config(root, tmp_path / "cache")
+    config["dataset"]["on_bad_image"] = "raise"
+    with pytest.raises(CacheError, match="broken.png: not an image"):
+        build_loader(config, "train")
+
+
+def test_reading_writes_nothing_in_the_cache(numbered):
+    root, cache = numbered
+    before = {path: path.stat().st_mtime_ns for path in cache.rglob("*")}
+    with build_loader(cached_config(root, cache, workers={"num_workers": 2}), "train") as loader:
+        list(loader)
+    assert {path: path.stat().st_mtime_ns for path in cache.rglob("*")} == before
+
+
+def test_cli_builds_the_cache_and_says_how_to_use_it(tmp_path):
+    root = write_numbered_dataset(tmp_path / "data", per_class=2)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"dataset: {{root: {root}}}\ntrain: {{transform: {{size: 32}}}}\nval: {{transform: {{size: 32}}}}\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "fastloader.cli", "cache", str(config), "--split", "train", "--short-side", "40",
+               "--out", str(tmp_path / "cache"), "--workers", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "split train: 6 images" in done.stdout and f"dataset.cache={tmp_path / 'cache'}" in done.stdout
+    assert sorted(os.listdir(tmp_path / "cache")) == ["train"]
+    done = subprocess.run(command[:7], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "Pass --out DIR" in done.stderr
