@@ -303,3 +303,28 @@ def test_one_worker_stream_across_epochs_yields_what_fresh_loaders_yield(texture
                           (rest1, fresh(1, state))):
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert len(rest1[1]) == 24 - 2 * 4 and torch.equal(rest1[1], epoch1[1][8:])
+
+
+def test_workers_reuse_dropped_batches_and_never_overwrite_kept_ones(textured_root):
+    """CPU output: a worker writes into the shared memory of a batch the main process dropped, never
+    into one the trainer still holds (every kept batch equals the single-process loader's)."""
+    config = base_config(textured_root, workers={"num_workers": 2, "prefetch_factor": 2})
+    with build_loader(base_config(textured_root)) as single:  # no workers: no shared buffers
+        expected = [collect(single) for _ in range(3)]
+    with build_loader(config) as loader:
+        numbers = []
+        track = loader._pool.track
+        loader._pool.track = lambda images, number: (numbers.append(number), track(images, number))
+        for _ in range(2):
+            for images, labels in loader:  # each batch dropped at the next one
+                pass
+        reused = [n for n in numbers if n >= 0]
+        assert len(numbers) == 12 and len(reused) >= 10 and len(set(reused)) <= 2 * 4  # 2 workers x 4 buffers
+        loader.set_epoch(0)
+        kept = [list(loader) for _ in range(3)]  # 18 batches held at once, then more loops run
+        for _ in range(2):
+            for images, labels in loader:
+                pass
+    for epoch, batches in enumerate(kept):
+        assert torch.equal(torch.cat([x for x, _ in batches]), expected[epoch][0])
+        assert torch.equal(torch.cat([y for _, y in batches]), expected[epoch][1])

@@ -18,7 +18,7 @@ from fastloader.device_ops import erasing_enabled, random_erasing
 from fastloader.distributed import RankInfo, cpu_workers_per_rank
 from fastloader.samples import SampleIndex
 
-from .collate import NormalizingCollate, fast_collate
+from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
 from .prefetch import Normalizer, prefetch_to_cuda
 from .transforms import SampleTransform
@@ -75,10 +75,13 @@ class TorchLoader(Loader):
         self._normalizer = Normalizer(config.normalize, config.output, device)
         self._erasing = erasing_enabled(split.transform, split.mode)
         on_cuda = device.type == "cuda"
+        # CPU output: float batches, written into buffers the main process dropped (see collate.py).
+        # A worker's buffers: those in flight (prefetch_factor), the trainer's, one not yet swept.
+        self._pool = None if on_cuda else BatchPool(num_workers, workers.prefetch_factor + 2)
         self._dataloader = torch.utils.data.DataLoader(
             ImageDataset(index, transform),
             batch_sampler=self._feed,
-            collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer),
+            collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool),
             num_workers=num_workers,
             pin_memory=pin and torch.cuda.is_available(),
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
@@ -141,6 +144,10 @@ class TorchLoader(Loader):
             for _ in range(count):
                 received = next(self._live)
                 self._feed.sent.popleft()
+                if self._pool is not None:
+                    images, labels, number = received
+                    self._pool.track(images, number)
+                    received = images, labels
         except BaseException:
             self._shutdown()
             raise
@@ -151,6 +158,8 @@ class TorchLoader(Loader):
             self._live._shutdown_workers()
         self._live = None
         self._feed.sent.clear()
+        if self._pool is not None:
+            self._pool.forget()
 
     def _close(self) -> None:
         self._shutdown()
