@@ -39,6 +39,8 @@ Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 Factory = Callable[[], tuple[Batches, Callable[[], None]]]
 PeerBuilder = Callable[[str, Path, SampleIndex, Path, int, argparse.Namespace], dict[str, Factory]]
 """(split, split folder, index, file list path, repeat, args) -> {peer name: factory}, ours first."""
+Ratios = list[tuple[str, str]]
+"""(numerator, denominator) peer names; by default the first peer (ours) against each other one."""
 
 
 def base_parser(doc: str) -> argparse.ArgumentParser:
@@ -140,7 +142,7 @@ def measure(build: Factory, warmup: int, batches: int) -> dict:
 
 
 def run_split(split: str, args: argparse.Namespace, workdir: Path, build_peers: PeerBuilder,
-              ratios: list[tuple[str, str]] | None = None) -> dict:
+              ratios: Ratios | None = None) -> dict:
     """All rounds of one split: each round measures every peer, in alternating order."""
     split_dir = args.data / split
     index = scan_folder(str(split_dir), IMAGE_EXTENSIONS)
@@ -167,14 +169,16 @@ def run_split(split: str, args: argparse.Namespace, workdir: Path, build_peers: 
             "measurements": raw, "summary": summarize(raw, ratios)}
 
 
-def summarize(raw: dict[str, list[dict]], ratios: list[tuple[str, str]] | None = None) -> dict:
-    """Median, min and max per peer, and the ratio of medians of each (peer, peer) pair in `ratios`,
-    by default of the first peer (ours) to each other one."""
+def summarize(raw: dict[str, list[dict]], ratios: Ratios | None = None) -> dict:
+    """Median, min and max per peer, and the ratios of medians: the given pairs whose peers were
+    measured, else the first peer (ours) to each other one."""
     rates = {name: [m["images_per_s"] for m in results] for name, results in raw.items()}
     summary = {name: {"median": statistics.median(r), "min": min(r), "max": max(r)} for name, r in rates.items()}
-    ours, *others = rates
-    pairs = ratios or [(ours, other) for other in others]
-    summary["ratios"] = {f"{a} / {b}": summary[a]["median"] / summary[b]["median"] for a, b in pairs}
+    if ratios is None:
+        ours, *others = rates
+        ratios = [(ours, other) for other in others]
+    summary["ratios"] = {f"{a} / {b}": summary[a]["median"] / summary[b]["median"]
+                         for a, b in ratios if a in rates and b in rates}
     return summary
 
 
@@ -192,8 +196,11 @@ def print_table(split: str, result: dict) -> None:
 
 
 def main(args: argparse.Namespace, build_peers: PeerBuilder, name: str, extra_info: str = "",
-         ratios: list[tuple[str, str]] | None = None) -> int:
-    """Run every split, print the settings, the per-round rates and the tables; write the JSON report."""
+         ratios: Ratios | None = None, report: Callable[[dict, dict], dict] | None = None) -> int:
+    """Run every split, print the settings, the per-round rates and the tables; write the JSON report.
+
+    `report(results, hardware)`, when given, runs after the tables (extra measurements, plots) and
+    returns what it adds to the JSON report."""
     args.data = args.data.resolve()
     splits = ["train", "val"] if args.split == "both" else [args.split]
     missing = [s for s in splits if not (args.data / s).is_dir()]
@@ -215,9 +222,10 @@ def main(args: argparse.Namespace, build_peers: PeerBuilder, name: str, extra_in
             results[split] = run_split(split, args, Path(workdir), build_peers, ratios)
     for split in splits:
         print_table(split, results[split])
+    extra = report(results, info) if report else {}
     if args.json:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        report = {"command": command, "hardware": info, "settings": settings, "splits": results}
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        summary = {"command": command, "hardware": info, "settings": settings, "splits": results, **extra}
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"\nwrote {args.json}")
     return 0

@@ -274,3 +274,59 @@ def test_demo_dataset_generated_by_concurrent_processes_is_complete(tmp_path):
     assert [p.exitcode for p in processes] == [0, 0, 0]
     assert len(list(target.glob("*/*/*.jpg"))) == 300 and (target / "COMPLETE").exists()
     assert not list(tmp_path.glob(".sample-*"))  # no temporary copy left behind
+
+
+def test_one_worker_stream_across_epochs_yields_what_fresh_loaders_yield(textured_root):
+    """The workers go on with the next epoch's first batches while a loop ends; whatever the next
+    loop asks for (the next epoch, a set_epoch back, a resume, after a break), it gets exactly the
+    batches a fresh loader gives, and the in-flight ones that it did not want are dropped."""
+    config = base_config(textured_root, workers={"num_workers": 2, "prefetch_factor": 2})
+
+    def fresh(epoch, state=None):
+        with build_loader(config) as loader:
+            loader.load_state_dict(state) if state else loader.set_epoch(epoch)
+            return collect(loader)
+
+    with build_loader(config) as loader:
+        epoch0 = collect(loader)
+        in_flight = list(loader._feed.sent)  # 4 batches: the next epoch's first ones
+        assert len(in_flight) == 4 and all(np.array_equal(a, b) for a, b in zip(in_flight, loader.order.batches(1)))
+        epoch1 = collect(loader)
+        loader.set_epoch(0)
+        again0 = collect(loader)
+        for step, _ in enumerate(loader):  # epoch 1, left after two batches
+            if step == 1:
+                state = loader.state_dict()
+                break
+        epoch2 = collect(loader)  # a new loop after a break: the next epoch in full
+        loader.load_state_dict(state)
+        rest1 = collect(loader)
+    for got, expected in ((epoch0, fresh(0)), (epoch1, fresh(1)), (again0, epoch0), (epoch2, fresh(2)),
+                          (rest1, fresh(1, state))):
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert len(rest1[1]) == 24 - 2 * 4 and torch.equal(rest1[1], epoch1[1][8:])
+
+
+def test_workers_reuse_dropped_batches_and_never_overwrite_kept_ones(textured_root):
+    """CPU output: a worker writes into the shared memory of a batch the main process dropped, never
+    into one the trainer still holds (every kept batch equals the single-process loader's)."""
+    config = base_config(textured_root, workers={"num_workers": 2, "prefetch_factor": 2})
+    with build_loader(base_config(textured_root)) as single:  # no workers: no shared buffers
+        expected = [collect(single) for _ in range(3)]
+    with build_loader(config) as loader:
+        numbers = []
+        track = loader._pool.track
+        loader._pool.track = lambda images, number: (numbers.append(number), track(images, number))
+        for _ in range(2):
+            for images, labels in loader:  # each batch dropped at the next one
+                pass
+        reused = [n for n in numbers if n >= 0]
+        assert len(numbers) == 12 and len(reused) >= 10 and len(set(reused)) <= 2 * 4  # 2 workers x 4 buffers
+        loader.set_epoch(0)
+        kept = [list(loader) for _ in range(3)]  # 18 batches held at once, then more loops run
+        for _ in range(2):
+            for images, labels in loader:
+                pass
+    for epoch, batches in enumerate(kept):
+        assert torch.equal(torch.cat([x for x, _ in batches]), expected[epoch][0])
+        assert torch.equal(torch.cat([y for _, y in batches]), expected[epoch][1])

@@ -3,7 +3,9 @@ copies and normalizes on the device. Wired into the shared Loader contract.
 """
 from __future__ import annotations
 
+import itertools
 import logging
+from collections import deque
 from typing import Iterator
 
 import numpy as np
@@ -18,7 +20,7 @@ from fastloader.cache import CachedPixels
 from fastloader.index_screen import BadImageError
 from fastloader.samples import SampleIndex
 
-from .collate import NormalizingCollate, fast_collate
+from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
 from .prefetch import Normalizer, prefetch_to_cuda
 from .transforms import SampleTransform
@@ -26,17 +28,33 @@ from .transforms import SampleTransform
 log = logging.getLogger("fastloader")
 
 
-class _EpochBatches(torch.utils.data.Sampler):
-    """The DataLoader's batch sampler: replays whatever batches the Loader planned for this epoch."""
+class _BatchFeed(torch.utils.data.Sampler):
+    """The DataLoader's batch sampler: the batches the Loader planned, then its guess at the next
+    epochs, without end. One DataLoader iterator then lives across epochs, so the workers decode the
+    next epoch's first batches while the trainer finishes this one (no gap at the epoch boundary).
+    `sent` holds the batches handed to the workers and not yet received, in order."""
 
     def __init__(self):
-        self.batches: list = []
+        self.upcoming: Iterator = iter(())
+        self.sent: deque = deque()
 
     def __iter__(self):
-        return iter(self.batches)
+        while (batch := next(self.upcoming, None)) is not None:
+            self.sent.append(batch)
+            yield batch
 
-    def __len__(self) -> int:
-        return len(self.batches)
+    def __len__(self) -> int:  # the DataLoader only reports it; the stream has no end
+        return 0
+
+
+def _in_flight_prefix(sent: deque, batches: list) -> int:
+    """How many of the batches in flight are this loop's first ones, sample for sample."""
+    matched = 0
+    for in_flight, wanted in zip(sent, batches):
+        if not np.array_equal(in_flight, wanted):
+            break
+        matched += 1
+    return matched
 
 
 class TorchLoader(Loader):
@@ -51,20 +69,25 @@ class TorchLoader(Loader):
             num_workers = cpu_workers_per_rank(ranks, workers.max_workers)
         pin = device.type == "cuda" if workers.pin_memory == "auto" else workers.pin_memory
         self.num_workers = num_workers
-        self._sampler = _EpochBatches()
+        self._feed = _BatchFeed()
+        self._persistent = workers.persistent and num_workers > 0
+        self._live = None  # the DataLoader iterator that outlives each loop (persistent workers)
+        self._newest = None  # the loop that owns the live iterator
         transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation,
                                     max_pixels=config.dataset.max_pixels)
         self._normalizer = Normalizer(config.normalize, config.output, device)
         self._erasing = erasing_enabled(split.transform, split.mode)
         on_cuda = device.type == "cuda"
+        # CPU output: float batches, written into buffers the main process dropped (see collate.py).
+        # A worker's buffers: those in flight (prefetch_factor), the trainer's, one not yet swept.
+        self._pool = None if on_cuda else BatchPool(num_workers, workers.prefetch_factor + 2)
         self._dataloader = torch.utils.data.DataLoader(
             ImageDataset(index, transform, pixels, skip_bad=config.dataset.on_bad_image == "skip",
                          source=config.source),
-            batch_sampler=self._sampler,
-            collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer),
+            batch_sampler=self._feed,
+            collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool),
             num_workers=num_workers,
             pin_memory=pin and torch.cuda.is_available(),
-            persistent_workers=workers.persistent and num_workers > 0,
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
         )
         log.info("torch loader for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), %d workers, "
@@ -77,33 +100,13 @@ class TorchLoader(Loader):
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
             return iter(())
-        self._sampler.batches = batches
-        delivered = self._drop_skipped(self._from_workers(), batches)
+        delivered = self._drop_skipped(self._stream(batches), batches)
         if self.device.type == "cuda":  # workers give uint8; the GPU normalizes on a side stream
             delivered = prefetch_to_cuda(delivered, self._normalizer)
         # on the CPU the workers normalized already (NormalizingCollate)
         if not self._erasing:
             return ((images, labels) for images, labels, _ in delivered)
         return ((random_erasing(images, seeds, self.split.transform), labels) for images, labels, seeds in delivered)
-
-    def _from_workers(self) -> Iterator:
-        """The DataLoader's batches; a worker that died becomes an error that says so, not a hang."""
-        batches = iter(self._dataloader)
-        while True:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            except RuntimeError as error:
-                if isinstance(error, BadImageError) or "DataLoader worker (pid" not in str(error):
-                    raise
-                self._drop_workers()  # the next loop starts new ones
-                raise RuntimeError(
-                    f"a decoding worker of the torch loader for split '{self.split.name}' died: {error}. Killed by "
-                    f"signal 9 (SIGKILL) most often means the kernel's out-of-memory killer (see `dmesg`): lower "
-                    f"workers.num_workers or workers.prefetch_factor. A segmentation fault (signal 11) is a crash in "
-                    f"a native decoder: `fastloader check CONFIG --deep` finds the file that causes it") from error
-            yield batch
 
     def _drop_skipped(self, batches: Iterator, planned: list) -> Iterator:
         """(images, labels, seeds of the delivered samples), recording every skipped sample; a batch
@@ -122,13 +125,74 @@ class TorchLoader(Loader):
                 continue
             yield images, labels, seeds
 
-    def _drop_workers(self) -> None:
-        iterator = getattr(self._dataloader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
-        if self._dataloader is not None:
-            self._dataloader._iterator = None
+    def _next_epochs(self) -> Iterator:
+        """What the next loops will most likely ask for: the epochs after this one, from their start."""
+        epoch = self.epoch + 1
+        while self._persistent and len(self):
+            yield from self.order.batches(epoch)
+            epoch += 1
+
+    def _stream(self, batches: list) -> Iterator[tuple]:
+        """This loop's (images, labels, skipped) from the live DataLoader iterator. Batches already in
+        flight are kept when they are the ones this loop wants (the usual next epoch), else received
+        and dropped (after a `break`, set_epoch or load_state_dict), as a new iterator would wait for
+        them too."""
+        feed, loop = self._feed, object()
+        self._newest = loop
+        if self._live is None or not self._persistent:
+            feed.sent.clear()
+            feed.upcoming = itertools.chain(batches, self._next_epochs())
+            self._live = iter(self._dataloader)
+        else:
+            matched = _in_flight_prefix(feed.sent, batches)
+            if matched == len(feed.sent):  # what is in flight starts this loop: feed the rest of it
+                feed.upcoming = itertools.chain(batches[matched:], self._next_epochs())
+            elif matched < len(batches):  # in flight for another loop: drop it, feed this one
+                feed.upcoming = itertools.chain(batches, self._next_epochs())
+                self._receive(len(feed.sent))
+            # else this whole loop is in flight, and the feed already goes on after it
+        for _ in batches:
+            if self._newest is not loop:
+                raise RuntimeError(f"a newer loop over the torch loader for split '{self.split.name}' started "
+                                   f"while this one was paused; finish or drop a loop before starting the next")
+            yield self._receive(1)
+
+    def _receive(self, count: int) -> tuple | None:
+        """The next `count` batches of the live iterator; the last one. An error (a worker's, an
+        interrupt) ends the live iterator, since what is in flight is then unknown."""
+        received = None
+        try:
+            for _ in range(count):
+                images, labels, skipped, number = next(self._live)
+                self._feed.sent.popleft()
+                if self._pool is not None and images is not None:
+                    self._pool.track(images, number)
+                received = images, labels, skipped
+        except BaseException as error:
+            self._shutdown()
+            if isinstance(error, RuntimeError) and not isinstance(error, BadImageError) and \
+                    "DataLoader worker (pid" in str(error):
+                raise self._worker_died(error) from error
+            raise
+        return received
+
+    def _worker_died(self, error: RuntimeError) -> RuntimeError:
+        """A worker that died (the DataLoader notices within seconds) as an error that says what to do;
+        the next loop starts new workers."""
+        return RuntimeError(
+            f"a decoding worker of the torch loader for split '{self.split.name}' died: {error}. Killed by "
+            f"signal 9 (SIGKILL) most often means the kernel's out-of-memory killer (see `dmesg`): lower "
+            f"workers.num_workers or workers.prefetch_factor. A segmentation fault (signal 11) is a crash in "
+            f"a native decoder: `fastloader check CONFIG --deep` finds the file that causes it")
+
+    def _shutdown(self) -> None:
+        if self._live is not None and hasattr(self._live, "_shutdown_workers"):
+            self._live._shutdown_workers()
+        self._live = None
+        self._feed.sent.clear()
+        if self._pool is not None:
+            self._pool.forget()
 
     def _close(self) -> None:
-        self._drop_workers()
+        self._shutdown()
         self._dataloader = None

@@ -1,0 +1,189 @@
+"""Both fastloader backends against every peer the targets name, in one interleaved run (harness.py).
+
+Peers, all reading the same JPEGs (the split's files repeated, so an epoch is long like ImageNet's),
+with the same workers (DALI: CPU threads), batch size and output size, normalized float batches:
+- fastloader torch, and fastloader dali (the CPU flavour where there is no GPU);
+- torchvision ImageFolder + DataLoader defaults (compare_loaders.py);
+- timm create_loader with its prefetcher, on the output device (skipped, with the reason, without timm:
+  pip install -e '.[bench]');
+- NVIDIA's ResNet-50 example pipeline on DALI (compare_dali.py);
+- two limits, no transform at all: Pillow full decode only, torchvision decode_jpeg only.
+Then the ratios the targets name, the torch backend's time per stage (stages.py) and, with --plot,
+images/s per loader with the decode limits as lines.
+
+    python benchmarks/peers.py --data ../shared/data/realphotos --plot docs/performance.png
+    python benchmarks/peers.py --workers 1 --split train --rounds 3 --json peers.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.utils.data
+from PIL import Image
+
+import harness
+import stages
+from compare_loaders import torchvision_factory
+from harness import Factory
+
+from fastloader.config import IMAGENET_MEAN, IMAGENET_STD
+from fastloader.samples import SampleIndex
+
+TORCH, DALI = "fastloader torch", "fastloader dali"
+TORCHVISION, TIMM, NVIDIA = "torchvision defaults", "timm prefetcher", "NVIDIA RN50 example"
+PILLOW_LIMIT, DECODE_JPEG_LIMIT = "limit: Pillow decode only", "limit: decode_jpeg only"
+LIMITS = (PILLOW_LIMIT, DECODE_JPEG_LIMIT)
+TARGETS = {(TORCH, NVIDIA): 1.0, (DALI, NVIDIA): 0.95}
+"""The issue's targets: ratio of medians measured in the same run."""
+RATIOS = [(TORCH, NVIDIA), (DALI, NVIDIA), (TORCH, TORCHVISION), (TORCH, TIMM), (DALI, TORCHVISION),
+          (TORCH, DALI)]
+
+
+def _skipped() -> dict[str, str]:
+    """Peers that cannot run here, with the reason (printed once)."""
+    reasons = {}
+    try:
+        import timm  # noqa: F401
+    except ImportError as error:
+        reasons[TIMM] = f"timm is not installed ({error}); pip install -e '.[bench]' adds it"
+    try:
+        import compare_dali  # noqa: F401  (imports nvidia.dali)
+    except ImportError as error:
+        reasons[NVIDIA] = reasons[DALI] = f"NVIDIA DALI is not installed ({error})"
+    return reasons
+
+
+SKIPPED = _skipped()
+
+
+class DecodeOnly(torch.utils.data.Dataset):
+    """The split's files, decoded whole and thrown away: what decoding alone allows, a ceiling."""
+
+    def __init__(self, paths: list[str], labels: list[int], decoder: str):
+        self.paths, self.labels, self.decoder = paths, labels, decoder
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.decoder == "pillow":
+            with Image.open(self.paths[i]) as image:
+                image.convert("RGB").load()
+        else:
+            from torchvision.io import ImageReadMode, decode_jpeg, read_file
+            decode_jpeg(read_file(self.paths[i]), mode=ImageReadMode.RGB)
+        return torch.empty(0, dtype=torch.uint8), self.labels[i]
+
+
+def decode_limit_factory(paths: list[str], labels: list[int], decoder: str, train: bool,
+                         args: argparse.Namespace) -> Factory:
+    dataset = DecodeOnly(paths, labels, decoder)
+
+    def build():
+        return torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=train,
+                                           num_workers=args.workers), lambda: None
+    return build
+
+
+def timm_factory(split_dir: Path, repeat: int, train: bool, args: argparse.Namespace) -> Factory:
+    """timm's ImageDataset and create_loader with its prefetcher (normalizes on the output device),
+    RandomResizedCrop + flip without colour jitter for train, crop_pct 0.875 for eval."""
+    from timm.data import ImageDataset, create_loader
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def build():
+        dataset = ImageDataset(str(split_dir))
+        dataset.reader.samples = dataset.reader.samples * repeat
+        loader = create_loader(dataset, input_size=(3, args.size, args.size), batch_size=args.batch_size,
+                               is_training=train, num_workers=args.workers, device=device, use_prefetcher=True,
+                               color_jitter=None, crop_pct=0.875, interpolation="bilinear",
+                               mean=IMAGENET_MEAN, std=IMAGENET_STD, pin_memory=device.type == "cuda")
+        return loader, lambda: None
+    return build
+
+
+def build_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path, repeat: int,
+                args: argparse.Namespace) -> dict[str, Factory]:
+    train = split == "train"
+    overrides = harness.fastloader_overrides(split, split_dir, index, list_path, args, backend="torch",
+                                             **{"output.device": "cpu", "workers.num_workers": args.workers})
+    peers = {TORCH: harness.fastloader_factory(split, overrides)}
+    if DALI not in SKIPPED:
+        import compare_dali
+        dali = compare_dali.build_peers(split, split_dir, index, list_path, repeat, args)
+        peers[DALI], peers[NVIDIA] = dali[compare_dali.OURS], dali[compare_dali.NVIDIA]
+    peers[TORCHVISION] = torchvision_factory(split, split_dir, repeat, args)
+    if TIMM not in SKIPPED:
+        peers[TIMM] = timm_factory(split_dir, repeat, train, args)
+    paths = [index.path(i) for i in range(len(index))] * repeat
+    labels = [index.label(i) for i in range(len(index))] * repeat
+    peers[PILLOW_LIMIT] = decode_limit_factory(paths, labels, "pillow", train, args)
+    peers[DECODE_JPEG_LIMIT] = decode_limit_factory(paths, labels, "decode_jpeg", train, args)
+    return peers
+
+
+def print_targets(results: dict) -> None:
+    print("\ntargets (ratio of medians in this run):")
+    for split, result in results.items():
+        ratios = result["summary"]["ratios"]
+        for (a, b), target in TARGETS.items():
+            ratio = ratios.get(f"{a} / {b}")
+            if ratio is not None:
+                verdict = "met" if ratio >= target else "MISSED"
+                print(f"  {split}: {a} / {b} = {ratio:.2f}x, target >= {target:.2f}x: {verdict}")
+
+
+def plot(results: dict, hardware: dict, args: argparse.Namespace, path: Path) -> None:
+    """Bars: images/s per loader and split; dashed lines: the decode-only limits."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    splits = list(results)
+    loaders = [name for name in results[splits[0]]["summary"] if name not in ("ratios", *LIMITS)]
+    figure, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 4.5), squeeze=False)
+    for axis, split in zip(axes[0], splits):
+        summary = results[split]["summary"]
+        medians = [summary[name]["median"] for name in loaders]
+        bars = axis.barh(loaders[::-1], medians[::-1], color=["C0" if name.startswith("fastloader") else "C7"
+                                                               for name in loaders[::-1]])
+        axis.bar_label(bars, fmt="%.0f", padding=3)
+        for limit, style in zip(LIMITS, ("--", ":")):
+            if limit in summary:
+                axis.axvline(summary[limit]["median"], color="C3", linestyle=style, label=limit)
+        axis.set_title(f"{split}: {'random-resized-crop + flip' if split == 'train' else 'resize + centre crop'}")
+        axis.set_xlabel("images/s (median of rounds)")
+        axis.legend(loc="lower right", fontsize=8)
+    figure.suptitle(f"{hardware['cpu']}, {hardware['usable_cpus']} cores: {args.workers} workers/threads, "
+                    f"batch {args.batch_size}, {args.size} px", fontsize=10)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
+def report(args: argparse.Namespace):
+    def after_tables(results: dict, hardware: dict) -> dict:
+        print_targets(results)
+        per_stage = stages.measure(args.data, list(results), args.batch_size, args.size)
+        stages.print_stages(per_stage)
+        if args.plot:
+            plot(results, hardware, args, args.plot)
+        return {"skipped": SKIPPED, "stages": per_stage}
+    return after_tables
+
+
+if __name__ == "__main__":
+    parser = harness.base_parser(__doc__)
+    parser.add_argument("--plot", type=Path, help="write a PNG of images/s per loader, e.g. docs/performance.png")
+    arguments = harness.check_args(parser, parser.parse_args())
+    if arguments.workers < 1:
+        parser.error("--workers must be >= 1: DALI needs at least one CPU thread")
+    arguments.device = "gpu" if torch.cuda.is_available() else "cpu"  # compare_dali's DALI flavour
+    for peer, reason in SKIPPED.items():
+        print(f"skipped {peer}: {reason}")
+    info = f", DALI {__import__('nvidia.dali').dali.__version__} ({arguments.device} flavour)" \
+        if DALI not in SKIPPED else ""
+    sys.exit(harness.main(arguments, build_peers, "peers", info, ratios=RATIOS, report=report(arguments)))

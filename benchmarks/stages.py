@@ -1,0 +1,150 @@
+"""Where the torch backend's time goes, per stage, in ms per image on one core.
+
+Each stage runs the backend's own code in this process with one torch thread, over every file of
+the split once, so the numbers add up to what one worker spends per image:
+- read: the file's bytes;
+- header + crop: Pillow reads the header, the crop is chosen from the size (and EXIF);
+- decode: `load_region` minus the two above (decode_jpeg, or Pillow's draft when the crop allows);
+- crop + resize (+ flip): `SampleTransform.resize` on the decoded pixels;
+- collate + normalize: the CPU path's `NormalizingCollate` into a batch whose memory is already
+  mapped, as a worker does with a reused buffer (collate.BatchPool), per image;
+- fresh shared-memory batch: what a worker pays when it has no dropped batch to reuse: a new float
+  batch in shared memory (allocation and page faults);
+- transfer: on CUDA, the pinned uint8 batch's copy to the GPU; on CPU there is none.
+
+    python benchmarks/stages.py --data ../shared/data/realphotos
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import time
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+import harness
+
+import fastloader
+from fastloader.config import IMAGE_EXTENSIONS
+from fastloader.samples import scan_folder
+from torch_loader.collate import BatchPool, NormalizingCollate
+from torch_loader.decode import load_region
+from torch_loader.prefetch import Normalizer
+from torch_loader.transforms import SampleTransform
+
+STAGES = ("read", "header + crop", "decode", "crop + resize", "collate + normalize", "fresh shared batch",
+          "transfer")
+REUSED = "fresh shared batch"
+"""Left out of the total: workers reuse dropped batches (collate.BatchPool) unless the trainer keeps them."""
+
+
+class _MappedBatch(BatchPool):
+    """One batch whose pages are mapped already, as those of a buffer a worker reuses."""
+
+    def __init__(self):
+        super().__init__(0, 0)
+        self.batch = None
+
+    def take(self, shape, dtype, channels_last):
+        if self.batch is None or self.batch.shape != shape:
+            self.batch = torch.zeros(shape, dtype=dtype)
+        return self.batch, -1
+
+
+def _timed(function, *args):
+    started = time.perf_counter()
+    value = function(*args)
+    return value, time.perf_counter() - started
+
+
+def measure_split(split: str, data: Path, batch_size: int, size: int) -> dict:
+    """ms per image for each stage over the split's files, and how often the decoder could shrink."""
+    index = scan_folder(str(data / split), IMAGE_EXTENSIONS)
+    config = fastloader.load_config(str(harness.CONFIG), {"dataset.root": str(data), f"{split}.transform.size": size,
+                                                          "output.device": "cpu"})
+    split_config = config.split(split)
+    transform = SampleTransform(split_config, exif_orientation=config.dataset.exif_orientation)
+    normalizer = Normalizer(config.normalize, config.output, torch.device("cpu"))
+    totals = dict.fromkeys(STAGES, 0.0)
+    samples, shrunk = [], 0
+    for i in range(len(index)):
+        path = index.path(i)
+
+        def choose(w, h, seed=i):
+            return transform.crop_for(w, h, seed)
+        data_bytes, seconds = _timed(lambda: open(path, "rb").read())
+        totals["read"] += seconds
+        started = time.perf_counter()
+        with Image.open(io.BytesIO(data_bytes)) as image:
+            image.getexif()
+            choose(*image.size)
+            full = image.size
+        totals["header + crop"] += time.perf_counter() - started
+        (pixels, crop), seconds = _timed(load_region, path, choose, size)
+        totals["decode"] += seconds
+        shrunk += pixels.shape[1] < full[0]
+        out, seconds = _timed(transform.resize, pixels, crop)
+        totals["crop + resize"] += seconds
+        samples.append((out, index.label(i)))
+    totals["decode"] -= totals["read"] + totals["header + crop"]
+    collate = NormalizingCollate(normalizer, _MappedBatch())
+    batches = [samples[s:s + batch_size] for s in range(0, len(samples) - batch_size + 1, batch_size)]
+    for batch in batches[:1]:
+        collate(batch)  # maps the batch's pages, untimed
+    for batch in batches:
+        (images, _, _), seconds = _timed(collate, batch)
+        totals["collate + normalize"] += seconds
+        nbytes = images.numel() * images.element_size()
+        started = time.perf_counter()
+        storage = torch.UntypedStorage._new_shared(nbytes)
+        torch.empty(0, dtype=torch.uint8).set_(storage).fill_(0)  # first touch: the page faults a worker pays
+        totals[REUSED] += time.perf_counter() - started
+        if torch.cuda.is_available():
+            pinned = torch.stack([image for image, _ in batch]).pin_memory()
+            torch.cuda.synchronize()
+            _, seconds = _timed(lambda: (pinned.to("cuda", non_blocking=True), torch.cuda.synchronize()))
+            totals["transfer"] += seconds
+    batched = max(1, len(batches) * batch_size)
+    per_image = {stage: 1000 * total / (batched if stage in STAGES[4:] else len(index))
+                 for stage, total in totals.items()}
+    return {"images": len(index), "ms_per_image": per_image, "decoder_shrank": shrunk,
+            "transfer": "pinned uint8 to cuda" if torch.cuda.is_available() else "none (CPU output)"}
+
+
+def measure(data: Path, splits: list[str], batch_size: int, size: int) -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for split in splits:  # a first pass warms the page cache and the allocator
+            measure_split(split, data, batch_size, size)
+        return {split: measure_split(split, data, batch_size, size) for split in splits}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def print_stages(stages: dict) -> None:
+    print("\ntorch backend, ms per image on one core (one torch thread, in this process):")
+    splits = list(stages)
+    print(f"  {'stage':<22}" + "".join(f"{split:>10}" for split in splits))
+    for stage in STAGES:
+        print(f"  {stage:<22}" + "".join(f"{stages[s]['ms_per_image'][stage]:10.3f}" for s in splits))
+    total = {s: sum(ms for stage, ms in stages[s]["ms_per_image"].items() if stage != REUSED) for s in splits}
+    print(f"  {'total (reused batches)':<22}" + "".join(f"{total[s]:10.3f}" for s in splits))
+    print(f"  {'-> images/s per core':<22}" + "".join(f"{1000 / total[s]:10.0f}" for s in splits))
+    for s in splits:
+        info = stages[s]
+        print(f"  {s}: the decoder shrank (Pillow draft) {info['decoder_shrank']} of {info['images']} images; "
+              f"transfer: {info['transfer']}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=harness.DEFAULT_DATA)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--size", type=int, default=224)
+    arguments = parser.parse_args()
+    print_stages(measure(arguments.data.resolve(), ["train", "val"], arguments.batch_size, arguments.size))
+    sys.exit(0)
