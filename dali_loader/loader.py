@@ -161,7 +161,7 @@ class DaliLoader(Loader):
         probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None)
         culprits = {}
         for sample in np.concatenate(suspects)[:, 0].tolist() if suspects else []:
-            problem = probe.problem(self.index.path(sample))
+            problem = probe.problem(self._feed.substitutes.get(sample) or self.index.path(sample))
             if problem:
                 culprits[sample] = problem
         self._epoch_open = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import numpy as np
 from nvidia.dali import fn, types
@@ -23,11 +24,16 @@ log = logging.getLogger("fastloader")
 
 
 def dali_reason(error: Exception) -> str:
-    """DALI's message without its stack-trace lines and its 'pipeline no longer valid' coda."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    kept = [line for line in lines if line and not line.startswith(("Stacktrace", "[/opt/dali", "frame #"))
-            and "pipeline object is no longer valid" not in line and not line[:1].isdigit()]
-    return " ".join(kept)[:600] or type(error).__name__
+    """DALI's message boiled down to the operator and what it encountered, without the Python
+    traceback it quotes and its 'pipeline object is no longer valid' coda."""
+    text = str(error)
+    operator = re.search(r"Error in (\w+) operator `([^`]+)`", text)
+    detail = text.split("encountered:", 1)[1] if "encountered:" in text else text
+    lines = [line.strip(" :") for line in detail.splitlines()]
+    detail = " ".join(line for line in lines if line and "pipeline object is no longer valid" not in line
+                      and not line.startswith("Critical error in pipeline"))
+    where = f"{operator.group(2)} ({operator.group(1)}): " if operator else ""
+    return (where + detail)[:600] or type(error).__name__
 
 
 class DecodeProbe:

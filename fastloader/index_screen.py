@@ -6,7 +6,7 @@ header check of `fastloader.screen` finds empty, missing, unreadable, non-image,
 bomb-sized files at about 35,000 files/s per core, without decoding; both backends then read the
 same index, so they keep the same length and full batches.
 
-The result is cached per dataset fingerprint under the fastloader cache folder, so the check runs
+The result is cached per dataset (its folder and fingerprint) under the fastloader cache folder, so the check runs
 once per dataset and machine; ranks that start together wait for the first one's result (a file
 lock) instead of repeating it. A file that changes after it was screened is still caught where it
 is decoded (see `dataset.on_bad_image`).
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -81,6 +82,10 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
         first, reason = bad[0]
         more = f" ({len(bad) - 1} more files fail the same check)" if len(bad) > 1 else ""
         raise BadImageError(bad_image_message(index.path(first), reason, config.source) + more)
+    if len(bad) == len(index):
+        first, reason = bad[0]
+        raise BadImageError(f"none of the {len(index)} files in {index.root} can be decoded (the first, "
+                            f"{index.path(first)!r}: {reason}); check dataset.root and the split's folder")
     for position, reason in bad:
         log.warning("left out %s: %s (dataset.on_bad_image: skip)", index.path(position), reason)
     if bad:
@@ -106,7 +111,7 @@ def transcoded_for_dali(screened: ScreenedIndex) -> dict[int, str]:
 
     from torch_loader.decode import to_rgb  # the torch backend's colour conversion, for the same pixels
 
-    folder = cache_home() / "transcoded" / screened.index.fingerprint
+    folder = cache_home() / "transcoded" / _dataset_key(screened.index)
     folder.mkdir(parents=True, exist_ok=True)
     copies = {}
     for sample, fmt in screened.formats.items():
@@ -122,13 +127,19 @@ def transcoded_for_dali(screened: ScreenedIndex) -> dict[int, str]:
     return copies
 
 
+def _dataset_key(index: SampleIndex) -> str:
+    """The dataset's files where they are now: its fingerprint (names and labels) and its folder."""
+    return hashlib.blake2b(f"{index.root}\0{index.fingerprint}".encode("utf-8", "surrogateescape"),
+                           digest_size=8).hexdigest()
+
+
 def _relpaths(index: SampleIndex) -> Iterator[str]:
     return (index.relpath(i) for i in range(len(index)))
 
 
 def _cached_screen(index: SampleIndex, max_pixels: int, workers: int | None) -> tuple[dict[str, str], dict[str, str]]:
     """({relpath: problem}, {relpath: format DALI cannot decode}) from the cache, else screened now."""
-    cache = cache_home() / "screen" / f"{index.fingerprint}-{max_pixels}.json"
+    cache = cache_home() / "screen" / f"{_dataset_key(index)}-{max_pixels}.json"
     cache.parent.mkdir(parents=True, exist_ok=True)
     with _locked(cache.with_suffix(".lock")):
         cached = _read(cache)

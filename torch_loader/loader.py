@@ -139,6 +139,8 @@ class TorchLoader(Loader):
         them too."""
         feed, loop = self._feed, object()
         self._newest = loop
+        if self._live is not None and not self._workers_alive():  # one died between loops: start afresh
+            self._shutdown()
         if self._live is None or not self._persistent:
             feed.sent.clear()
             feed.upcoming = itertools.chain(batches, self._next_epochs())
@@ -184,6 +186,9 @@ class TorchLoader(Loader):
             f"signal 9 (SIGKILL) most often means the kernel's out-of-memory killer (see `dmesg`): lower "
             f"workers.num_workers or workers.prefetch_factor. A segmentation fault (signal 11) is a crash in "
             f"a native decoder: `fastloader check CONFIG --deep` finds the file that causes it")
+
+    def _workers_alive(self) -> bool:
+        return all(worker.is_alive() for worker in getattr(self._live, "_workers", ()))
 
     def _shutdown(self) -> None:
         if self._live is not None and hasattr(self._live, "_shutdown_workers"):

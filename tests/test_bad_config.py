@@ -1,0 +1,128 @@
+"""Every way a config or a dataset folder can be wrong gets one clear message, on both backends
+(errors are raised before a backend is built, so both must give the same)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from PIL import Image
+
+from conftest import base_config, write_solid_dataset
+from fastloader import build_loader
+from fastloader.config import ConfigError
+from fastloader.index_screen import BadImageError
+
+BACKENDS = ["torch", "dali"]
+
+
+def folder_without_classes(root):
+    (root / "val").mkdir(parents=True)
+    (root / "val" / "stray.jpg").write_bytes(b"")
+
+
+def folder_without_images(root):
+    (root / "val" / "a").mkdir(parents=True)
+    (root / "val" / "a" / "notes.txt").write_text("no images here")
+
+
+def folder_without_split(root):
+    (root / "train" / "a").mkdir(parents=True)
+
+
+def file_list_with_a_missing_file(root):
+    write_solid_dataset(root, per_class=2, splits=("val",))
+    (root / "list.txt").write_text("val/a_red/img_00.png 0\nval/a_red/gone.png 0\nval/b_green/img_01.png 1\n")
+
+
+def file_list_with_a_label_out_of_range(root):
+    write_solid_dataset(root, per_class=2, splits=("val",))
+    (root / "list.txt").write_text("val/a_red/img_00.png 0\nval/b_green/img_01.png 7\n")
+
+
+def every_file_broken(root):
+    (root / "val" / "a").mkdir(parents=True)
+    for name in ("x.jpg", "y.jpg"):
+        (root / "val" / "a" / name).write_bytes(b"<html>404</html>")
+
+
+CASES = {
+    # name: (prepare the folder, config sections, error type, message fragment)
+    "missing root": (None, {"dataset": {"root": "/nonexistent/imagenet"}}, ConfigError,
+                     "dataset.root: folder '/nonexistent/imagenet' does not exist; set dataset.root"),
+    "root without class folders": (folder_without_classes, {}, ConfigError, "has no class folders; expected"),
+    "missing split folder": (folder_without_split, {}, ConfigError,
+                             "split folder .*val' does not exist \\(folders in dataset.root: train\\); set val.folder"),
+    "no images at all": (folder_without_images, {}, ConfigError, "no image files under .*check dataset.root and "
+                                                                   "dataset.extensions"),
+    "every file broken": (every_file_broken, {}, BadImageError, "none of the 2 files in .* can be decoded \\(the first, "
+                                                                 ".*x.jpg': not an image: text starting '<html>404</html>'"),
+    "batch_size 0": (None, {"val": {"batch_size": 0}}, ConfigError, "val.batch_size: must be a positive integer, got 0"),
+    "batch_size -3": (None, {"val": {"batch_size": -3}}, ConfigError, "val.batch_size: must be a positive integer"),
+    "unknown backend": (None, {"backend": "tensorrt"}, ConfigError, "backend: expected one of 'auto', 'dali', 'torch', "
+                                                                     "got 'tensorrt'"),
+    "wrong type": (None, {"val": {"batch_size": "large"}}, ConfigError, "val.batch_size: expected an integer, got 'large'"),
+    "unknown key": (None, {"val": {"bacth_size": 8}}, ConfigError, "unknown key 'val.bacth_size'; did you mean "
+                                                                    "'val.batch_size'\\?"),
+    "mean of the wrong length": (None, {"normalize": {"mean": [0.5, 0.5]}}, ConfigError,
+                                 "normalize.mean: expected a list of 3 numbers, got 2 values"),
+    "std of the wrong length": (None, {"normalize": {"std": [0.2, 0.2, 0.2, 0.2]}}, ConfigError,
+                                "normalize.std: expected a list of 3 numbers, got 4 values"),
+    "label out of range": (file_list_with_a_label_out_of_range, {"val": {"file_list": "LIST"}, "dataset": {
+        "classes": ["a_red", "b_green", "c_blue"]}}, ConfigError, "list.txt:2: label 7 out of range \\(dataset.classes "
+                                                                  "has 3 names\\)"),
+    "unknown on_bad_image": (None, {"dataset": {"on_bad_image": "ignore"}}, ConfigError,
+                             "dataset.on_bad_image: expected one of 'skip', 'raise', got 'ignore'"),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES)
+def test_each_bad_config_gets_one_clear_message(tmp_path, case, backend):
+    prepare, sections, error, fragment = CASES[case]
+    root = tmp_path / "data"
+    if prepare is None:
+        write_solid_dataset(root, per_class=1, splits=("val",))
+    else:
+        prepare(root)
+    if "file_list" in sections.get("val", {}):
+        sections = {**sections, "val": {"file_list": str(root / "list.txt")}}
+    config = base_config(root, **{"backend": backend, **sections})
+    with pytest.raises(error, match=fragment):
+        build_loader(config, "val")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_empty_class_folder_keeps_its_label_and_warns(tmp_path, backend, caplog):
+    root = write_solid_dataset(tmp_path / "data", per_class=2, splits=("val",))
+    (root / "val" / "b_empty").mkdir()
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        loader = build_loader(base_config(root, backend=backend), "val")
+    assert loader.classes == ("a_red", "b_empty", "b_green", "c_blue")
+    assert sorted(label for _, labels in loader for label in labels.tolist()) == [0, 0, 2, 2, 3, 3]
+    assert any("b_empty holds no image files" in r.message and "label 1 is kept" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dataset_smaller_than_one_batch_with_drop_last_is_an_empty_epoch_and_a_warning(tmp_path, backend, caplog):
+    root = write_solid_dataset(tmp_path / "data", per_class=1, splits=("train",))  # 3 images
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        loader = build_loader(base_config(root, backend=backend, train={"batch_size": 8}), "train")
+    assert len(loader) == 0 and list(loader) == [] and list(loader) == []
+    assert any("yields no batch per epoch" in r.message and "lower train.batch_size or set train.drop_last: false"
+               in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("policy", ["skip", "raise"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_file_list_naming_a_missing_file(tmp_path, backend, policy):
+    root = tmp_path / "data"
+    file_list_with_a_missing_file(root)
+    config = base_config(root, backend=backend, dataset={"on_bad_image": policy}, val={"file_list": str(root / "list.txt")})
+    gone = str(root / "val" / "a_red" / "gone.png")
+    if policy == "raise":
+        with pytest.raises(BadImageError, match=f"cannot use image '{gone}': missing \\(no such file\\)"):
+            build_loader(config, "val")
+        return
+    loader = build_loader(config, "val")
+    assert [label for _, labels in loader for label in labels.tolist()] == [0, 1]
+    assert loader.bad_samples == [(gone, "missing (no such file)")]
