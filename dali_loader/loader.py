@@ -17,7 +17,7 @@ import collections
 import itertools
 import logging
 import os
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -49,13 +49,12 @@ class _Feed:
     `prefetch_queue_depth` batches ahead of the batch it delivers.
     """
 
-    def __init__(self, index: SampleIndex, substitutes: dict[int, str], on_skip: Callable[[int], None],
-                 pixels: CachedPixels | None = None):
+    def __init__(self, index: SampleIndex, substitutes: dict[int, str], pixels: CachedPixels | None = None):
         self.index = index
         self.pixels = pixels
         self.substitutes = substitutes  # sample -> a file DALI can decode in its place (index_screen)
-        self.on_skip = on_skip
         self.known_bad: set[int] = set()
+        self.skipped: list[int] = []  # known-bad samples left out since the loader last looked
         self.batches: Iterator[np.ndarray] = iter(())
         self.fed: collections.deque[np.ndarray] = collections.deque()
 
@@ -68,8 +67,7 @@ class _Feed:
             batch = next(self.batches)  # StopIteration ends DALI's epoch
             if self.known_bad:
                 bad = np.isin(batch[:, 0], list(self.known_bad))
-                for sample in batch[bad, 0]:
-                    self.on_skip(int(sample))
+                self.skipped += batch[bad, 0].tolist()
                 batch = batch[~bad]
             if len(batch):
                 break
@@ -108,8 +106,7 @@ class DaliLoader(Loader):
         self._bfloat16 = config.output.dtype == "bfloat16"
         self._erasing = erasing_enabled(split.transform, split.mode)
         self._bad_reasons: dict[int, str] = {}  # sample -> why DALI could not decode it
-        self._feed = _Feed(index, substitutes or {}, lambda sample: self._skip_sample(
-            index.path(sample), self._bad_reasons[sample]), pixels)
+        self._feed = _Feed(index, substitutes or {}, pixels)
         self._pipe = self._build()
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._run = 0  # which loop owns the pipeline
@@ -150,9 +147,18 @@ class DaliLoader(Loader):
                 continue
             plan = self._feed.fed.popleft()
             delivered += 1
+            self._record_feed_skips()
             yield self._to_torch(images, labels, plan[:, 1])
         if self._run == run:
+            self._record_feed_skips()
             self._end_epoch()
+
+    def _record_feed_skips(self) -> None:
+        """Known-bad samples the feed left out (it holds no reference back to the loader, so that a
+        dropped loader frees its pipeline at once rather than at the next garbage collection)."""
+        for sample in self._feed.skipped:
+            self._skip_sample(self.index.path(sample), self._bad_reasons[sample])
+        self._feed.skipped.clear()
 
     def _recover(self, error: RuntimeError, number: int) -> None:
         """After DALI failed: find the files that broke it, then go on without them in a new pipeline

@@ -60,9 +60,9 @@ RANK_SCRIPT = textwrap.dedent("""
         dist.init_process_group("gloo")
     result = {}
     for split in ("val", "train"):
-        loader = fastloader.build_loader(config, split)
-        batches = [[identities(x), y.tolist()] for x, y in loader]
-        result[split] = {"len": len(loader), "source": loader.ranks.source, "batches": batches}
+        with fastloader.build_loader(config, split) as loader:  # workers stop before the process group does
+            batches = [[identities(x), y.tolist()] for x, y in loader]
+            result[split] = {"len": len(loader), "source": loader.ranks.source, "batches": batches}
     if dist.is_initialized():
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, result)
