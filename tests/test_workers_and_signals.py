@@ -97,3 +97,21 @@ def test_ctrl_c_during_iteration_exits_promptly_and_leaves_no_process(tmp_path, 
     while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in workers if alive(pid)]
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_a_dropped_loader_stops_its_workers_at_once(tmp_path, backend):
+    """No reference cycle keeps a loader alive until the garbage collector runs (where stopping
+    workers takes seconds, inside whatever the program does then)."""
+    import weakref
+    root = write_solid_dataset(tmp_path / "data", per_class=4, splits=("train",))
+    before = children(os.getpid())
+    loader = build_loader(base_config(root, backend=backend, workers={"num_workers": 2}, train={"batch_size": 2}))
+    for _ in loader:  # the torch workers go on with the next epoch's first batches
+        pass
+    workers = children(os.getpid()) - before
+    assert len(workers) == (2 if backend == "torch" else 0)
+    gone = weakref.ref(loader)
+    del loader
+    assert gone() is None
+    assert not [pid for pid in workers if alive(pid)]

@@ -18,6 +18,7 @@ from fastloader.device_ops import erasing_enabled, random_erasing
 from fastloader.distributed import RankInfo, cpu_workers_per_rank
 from fastloader.cache import CachedPixels
 from fastloader.index_screen import BadImageError
+from fastloader.order import EpochOrder
 from fastloader.samples import SampleIndex
 
 from .collate import BatchPool, NormalizingCollate, fast_collate
@@ -26,6 +27,15 @@ from .prefetch import Normalizer, prefetch_to_cuda
 from .transforms import SampleTransform
 
 log = logging.getLogger("fastloader")
+
+
+def _epochs_after(order: EpochOrder, epoch: int) -> Iterator:
+    """The batches of every epoch after `epoch`, from their start. A function of the order alone:
+    the feed must not hold the loader, or a dropped loader would live on until the garbage
+    collector finds the cycle, and stopping its workers from there takes seconds."""
+    while True:
+        epoch += 1
+        yield from order.batches(epoch)
 
 
 class _BatchFeed(torch.utils.data.Sampler):
@@ -127,10 +137,9 @@ class TorchLoader(Loader):
 
     def _next_epochs(self) -> Iterator:
         """What the next loops will most likely ask for: the epochs after this one, from their start."""
-        epoch = self.epoch + 1
-        while self._persistent and len(self):
-            yield from self.order.batches(epoch)
-            epoch += 1
+        if not self._persistent or not len(self):
+            return iter(())
+        return _epochs_after(self.order, self.epoch)
 
     def _stream(self, batches: list) -> Iterator[tuple]:
         """This loop's (images, labels, skipped) from the live DataLoader iterator. Batches already in
