@@ -1,4 +1,4 @@
-"""YAML -> frozen dataclasses, with strict validation and dotted overrides.
+"""YAML -> the frozen dataclasses of schema.py, with strict validation and dotted overrides.
 
 Why strict: a misspelled key that is silently ignored trains a model with the wrong augmentation
 for days. Every unknown key, wrong type or out-of-range value fails at once, naming the file (or the
@@ -11,217 +11,15 @@ import difflib
 import os
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Union
 
 import yaml
 
-BACKEND_ENV = "FASTLOADER_BACKEND"
-"""Environment variable that forces the backend (auto | dali | torch) whatever the config says."""
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
-
-Interpolation = Literal["bilinear", "bicubic", "nearest"]
-Auto = Literal["auto"]
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names where (file or override), which key and why."""
-
-
-def _check(predicate, message: str):
-    """Field metadata: a range check whose message completes 'KEY: must be ...'."""
-    return {"check": (predicate, message)}
-
-
-# ---------------------------------------------------------------------------------------------
-# The schema. Field order is the order of the config reference in the README.
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DatasetConfig:
-    root: str = field(metadata=_check(lambda v: v != "", "a non-empty path"))
-    """Folder holding one sub-folder per split (root/<split>/<class>/<image>), or `builtin:sample`."""
-    classes: tuple[str, ...] | None = None
-    """Class names in label order. Default: the sorted class folders of the split being read."""
-    extensions: tuple[str, ...] = IMAGE_EXTENSIONS
-    """File suffixes taken as images (compared case-insensitively)."""
-    exif_orientation: bool = True
-    """Rotate photos as their EXIF orientation tag says, as a person viewing them would see them."""
-    exclude: str | None = None
-    """A text file of image paths relative to dataset.root, one per line, left out of every split
-    (`fastloader check --exclude-list` writes one)."""
-    on_bad_image: Literal["skip", "raise"] = "skip"
-    """What a file that cannot be decoded does: skip (logged once per file, listed in
-    loader.bad_samples, its batch slot refilled) or raise (an error naming the file)."""
-    screen: bool = True
-    """Check every file's header when a loader is built (cached per dataset) and leave out the files
-    that cannot be decoded, before a decoder sees them."""
-    max_pixels: int = field(default=178_956_970, metadata=_check(lambda v: v > 0, "a positive integer"))
-    """Width x height above which an image counts as a decompression bomb and is refused before
-    its pixels are allocated (default: Pillow's own error threshold, fastloader.screen.BOMB_PIXELS)."""
-    cache: str | None = None
-    """A cache folder written by `fastloader cache`: both backends read decoded uint8 pixels from it
-    through np.memmap instead of decoding the image files."""
-
-
-@dataclass(frozen=True)
-class TransformConfig:
-    size: int = field(default=224, metadata=_check(lambda v: v > 0, "a positive integer"))
-    """Output height and width in pixels."""
-    scale: tuple[float, float] = field(
-        default=(0.08, 1.0), metadata=_check(lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"))
-    """train: range of the crop's area as a fraction of the image (RandomResizedCrop)."""
-    ratio: tuple[float, float] = field(
-        default=(3 / 4, 4 / 3), metadata=_check(lambda v: 0 < v[0] <= v[1], "0 < min <= max"))
-    """train: range of the crop's aspect ratio, width / height."""
-    hflip: float = field(default=0.5, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
-    """train: probability of a horizontal flip."""
-    crop_pct: float = field(default=0.875, metadata=_check(lambda v: 0 < v <= 1, "in (0, 1]"))
-    """eval: resize the shorter side to floor(size / crop_pct), then centre-crop size x size."""
-    interpolation: Interpolation = "bilinear"
-    """Resampling filter of the resize (antialiased when shrinking)."""
-    erase_prob: float = field(default=0.0, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
-    """train: probability that an image gets random erasing (timm's RandomErasing, on the device). 0: off."""
-    erase_mode: Literal["const", "rand", "pixel"] = "const"
-    """train: fill of an erased box: const (zeros after normalization), rand (one normal colour per box),
-    pixel (normal noise per pixel)."""
-    erase_area: tuple[float, float] = field(
-        default=(0.02, 1 / 3), metadata=_check(lambda v: 0 < v[0] <= v[1] < 1, "0 < min <= max < 1"))
-    """train: range of the erased area as a fraction of the image, shared among the boxes of an image."""
-    erase_ratio: tuple[float, float] = field(
-        default=(0.3, 1 / 0.3), metadata=_check(lambda v: 0 < v[0] <= v[1], "0 < min <= max"))
-    """train: range of an erased box's aspect ratio (height / width, as timm)."""
-    erase_count: tuple[int, int] = field(
-        default=(1, 1), metadata=_check(lambda v: 1 <= v[0] <= v[1] <= 16, "1 <= min <= max <= 16"))
-    """train: range of the number of boxes erased in an image."""
-
-
-TRAIN_TRANSFORM_KEYS = ("size", "scale", "ratio", "hflip", "interpolation",
-                        "erase_prob", "erase_mode", "erase_area", "erase_ratio", "erase_count")
-EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation")
-
-
-@dataclass(frozen=True)
-class SplitConfig:
-    name: str
-    mode: Literal["train", "eval"]
-    """train: random-resized-crop + flip, every rank the same number of batches.
-    eval: resize + centre crop, every sample exactly once across ranks.
-    Default: train for a split named `train`, eval for any other."""
-    batch_size: int = field(default=64, metadata=_check(lambda v: v > 0, "a positive integer"))
-    """Samples per batch on each rank."""
-    shuffle: bool = True
-    """A new seeded permutation every epoch. Default: true in train mode, false in eval mode."""
-    drop_last: bool = True
-    """train mode: drop the incomplete last batch (true) or pad ranks to equal length (false).
-    Must be false in eval mode. Default: true in train mode."""
-    folder: str | None = None
-    """Sub-folder of dataset.root holding this split. Default: the split's name."""
-    file_list: str | None = None
-    """A text file of `relative/path label` lines to read instead of scanning folders."""
-    transform: TransformConfig = TransformConfig()
-
-
-@dataclass(frozen=True)
-class NormalizeConfig:
-    mean: tuple[float, float, float] = field(
-        default=IMAGENET_MEAN, metadata=_check(lambda v: all(0 <= x <= 1 for x in v), "in 0..1 units (pixel / 255)"))
-    """Per-channel (R, G, B) mean subtracted, in 0..1 units."""
-    std: tuple[float, float, float] = field(
-        default=IMAGENET_STD, metadata=_check(lambda v: all(0 < x <= 1 for x in v), "in (0, 1] (pixel / 255)"))
-    """Per-channel (R, G, B) standard deviation divided by, in 0..1 units."""
-
-
-@dataclass(frozen=True)
-class OutputConfig:
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    """dtype of the image batches."""
-    channels_last: bool = False
-    """Memory format of the image batches: channels_last (NHWC in memory) or contiguous NCHW."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto: cuda:LOCAL_RANK when CUDA is available, else cpu."""
-
-
-@dataclass(frozen=True)
-class WorkersConfig:
-    num_workers: int | Auto = field(
-        default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or an integer >= 0"))
-    """Decoding processes per rank. auto: the CPU cores available to this local rank, capped by max_workers."""
-    max_workers: int = field(default=16, metadata=_check(lambda v: v > 0, "a positive integer"))
-    """Cap on num_workers: auto."""
-    prefetch_factor: int = field(default=2, metadata=_check(lambda v: v > 0, "a positive integer"))
-    """Batches each worker prepares ahead."""
-    persistent: bool = True
-    """Keep workers alive between epochs (no restart cost at each epoch boundary)."""
-    pin_memory: bool | Auto = "auto"
-    """Pin host batches for asynchronous copies. auto: when the output device is CUDA."""
-
-
-@dataclass(frozen=True)
-class DaliConfig:
-    hw_decoder_load: float = field(default=0.65, metadata=_check(lambda v: 0 <= v <= 1, "a fraction in [0, 1]"))
-    """GPU flavour: share of each batch sent to the GPU's hardware JPEG decoder where it has one (A100,
-    H100, H200); the rest goes to nvJPEG's CUDA decoder. 0.65 is NVIDIA's ResNet-50 example value."""
-    threads: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v > 0, "'auto' or > 0"))
-    """DALI's CPU threads per rank. auto: workers.num_workers when set, else the CPU cores available to this
-    local rank, capped by workers.max_workers."""
-
-
-@dataclass(frozen=True)
-class DistributedConfig:
-    rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or >= 0"))
-    """This process's rank. auto: torch.distributed, else torchrun's RANK, else SLURM_PROCID, else 0."""
-    world_size: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v > 0, "'auto' or > 0"))
-    """Number of ranks. auto: torch.distributed, else WORLD_SIZE, else SLURM_NTASKS, else 1."""
-    local_rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or >= 0"))
-    """Rank on this node; picks the GPU cuda:LOCAL_RANK. auto: LOCAL_RANK, else SLURM_LOCALID, else 0."""
-
-
-@dataclass(frozen=True)
-class StatsConfig:
-    log_level: Literal["debug", "info", "warning", "none"] = "info"
-    """Level of the end-of-epoch line that says how long the trainer waited for data (none: no line)."""
-
-
-@dataclass(frozen=True)
-class Config:
-    dataset: DatasetConfig
-    backend: Literal["auto", "dali", "torch"] = "auto"
-    """auto: DALI when it imports and a GPU is present, else torch. Forced by $FASTLOADER_BACKEND."""
-    seed: int = field(default=0, metadata=_check(lambda v: v >= 0, "an integer >= 0"))
-    """Seeds the epoch permutations and every random augmentation."""
-    normalize: NormalizeConfig = NormalizeConfig()
-    output: OutputConfig = OutputConfig()
-    workers: WorkersConfig = WorkersConfig()
-    dali: DaliConfig = DaliConfig()
-    distributed: DistributedConfig = DistributedConfig()
-    stats: StatsConfig = StatsConfig()
-    splits: Mapping[str, SplitConfig] = field(default_factory=dict)
-    """One top-level section per split, named after it (train, val, ...)."""
-    source: str = "<dict>"
-    """Where the config came from, for messages."""
-
-    def split(self, name: str) -> SplitConfig:
-        """The named split's section, or an error listing the splits that exist."""
-        if name in self.splits:
-            return self.splits[name]
-        known = ", ".join(sorted(self.splits)) or "none"
-        hint = difflib.get_close_matches(name, list(self.splits), n=1)
-        suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
-        raise ConfigError(
-            f"{self.source}: no split '{name}' (splits defined: {known}){suggestion} "
-            f"Add a top-level '{name}:' section, e.g. '{name}: {{batch_size: 64}}'.")
-
-
-_SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
-             "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig, "stats": StatsConfig}
-_SCALARS = ("backend", "seed")
-
+from .schema import (  # noqa: F401  (re-exported: the schema is read as fastloader.config)
+    BACKEND_ENV, EVAL_TRANSFORM_KEYS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, TRAIN_TRANSFORM_KEYS,
+    Config, ConfigError, DaliConfig, DatasetConfig, DistributedConfig, NormalizeConfig, OutputConfig,
+    SplitConfig, StatsConfig, TransformConfig, WorkersConfig, _SCALARS, _SECTIONS)
 
 # ---------------------------------------------------------------------------------------------
 # Loading
@@ -301,8 +99,12 @@ def _set_dotted(raw: dict, key: str, value: Any, origin: str, source: str) -> No
     node[parts[-1]] = value
 
 
+DATASET_PATHS = ("root", "exclude", "cache")
+"""dataset keys that hold paths: relative ones are resolved against the config file's folder."""
+
+
 def _is_path_key(dotted: str) -> bool:
-    return dotted in ("dataset.root", "dataset.exclude", "dataset.cache") or dotted.endswith(".file_list")
+    return dotted in {f"dataset.{key}" for key in DATASET_PATHS} or dotted.endswith(".file_list")
 
 
 def _resolve_one(value: Any, base_dir: Path) -> Any:
@@ -316,7 +118,7 @@ def _resolve_paths(raw: dict, base_dir: Path) -> dict:
     """Make the file's relative paths absolute against its folder, so the config works from any cwd."""
     dataset = raw.get("dataset")
     if isinstance(dataset, dict):
-        for key in ("root", "exclude", "cache"):
+        for key in DATASET_PATHS:
             if key in dataset:
                 dataset[key] = _resolve_one(dataset[key], base_dir)
     for key, section in raw.items():
