@@ -123,10 +123,9 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
         np.save(os.path.join(partial, OFFSETS), np.array(offsets, np.int64))
         np.save(os.path.join(partial, SHAPES), np.array(shapes, np.int32).reshape(-1, 2))
         np.save(os.path.join(partial, LABELS), np.array(labels, np.int64))
-        relpaths = index.path_bytes, index.offsets
-        path_bytes, path_offsets = _subset_paths(*relpaths, files)
-        np.savez(os.path.join(partial, FILES), path_bytes=path_bytes, path_offsets=path_offsets,
-                 labels=index.labels[files], rows=rows, size=sizes, mtime_ns=mtimes)
+        cached = index.take(files)
+        np.savez(os.path.join(partial, FILES), path_bytes=cached.path_bytes, path_offsets=cached.offsets,
+                 labels=cached.labels, rows=rows, size=sizes, mtime_ns=mtimes)
         manifest = {"format": FORMAT, "version": VERSION, "split": split.name, "source_root": index.root,
                     "classes": list(index.classes), "short_side": short_side,
                     "resize": "shorter side at most short_side, aspect kept, never enlarged; bilinear, antialiased",
@@ -150,16 +149,6 @@ def _distinct_files(index: SampleIndex) -> np.ndarray:
     for sample in range(len(index)):
         seen.setdefault(index.path_bytes[index.offsets[sample]:index.offsets[sample + 1]].tobytes(), sample)
     return np.fromiter(seen.values(), np.int64, len(seen))
-
-
-def _subset_paths(path_bytes: np.ndarray, offsets: np.ndarray, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    import numpy as np
-
-    starts, ends = offsets[samples], offsets[samples + 1]
-    new_offsets = np.zeros(len(samples) + 1, np.int64)
-    np.cumsum(ends - starts, out=new_offsets[1:])
-    pieces = [path_bytes[a:b] for a, b in zip(starts, ends)]
-    return (np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)), new_offsets
 
 
 def _replace(partial: str, final: str) -> None:

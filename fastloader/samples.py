@@ -6,6 +6,7 @@ buffer of UTF-8 paths, their offsets, the labels) are three objects: nothing is 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -48,19 +49,24 @@ class SampleIndex:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def take(self, samples: Sequence[int]) -> "SampleIndex":
+        """The samples at these positions, in this order, as an index of their own."""
+        samples = np.asarray(samples, dtype=np.int64)
+        starts, ends = self.offsets[:-1][samples], self.offsets[1:][samples]
+        offsets = np.zeros(len(samples) + 1, dtype=np.int64)
+        np.cumsum(ends - starts, out=offsets[1:])
+        pieces = [self.path_bytes[a:b] for a, b in zip(starts, ends)]
+        path_bytes = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8)
+        return SampleIndex(root=self.root, classes=self.classes, path_bytes=path_bytes, offsets=offsets,
+                           labels=self.labels[samples].copy(), excluded=self.excluded)
+
     def without(self, drop: Sequence[int]) -> "SampleIndex":
         """The same index less the samples at positions `drop` (files known to be unusable); the
         dropped files count in `excluded`, and the fingerprint changes with them."""
         keep = np.ones(len(self), dtype=bool)
         keep[np.asarray(drop, dtype=np.int64)] = False
-        starts, ends = self.offsets[:-1][keep], self.offsets[1:][keep]
-        lengths = ends - starts
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        pieces = [self.path_bytes[a:b] for a, b in zip(starts, ends)]
-        path_bytes = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8)
-        return SampleIndex(root=self.root, classes=self.classes, path_bytes=path_bytes, offsets=offsets,
-                           labels=self.labels[keep].copy(), excluded=self.excluded + int((~keep).sum()))
+        kept = self.take(np.flatnonzero(keep))
+        return dataclasses.replace(kept, excluded=self.excluded + int((~keep).sum()))
 
     def relpath(self, i: int) -> str:
         start, end = self.offsets[i], self.offsets[i + 1]
