@@ -53,7 +53,7 @@ class _Feed:
         self.index = index
         self.pixels = pixels
         self.substitutes = substitutes  # sample -> a file DALI can decode in its place (index_screen)
-        self.known_bad: set[int] = set()
+        self.known_bad: dict[int, str] = {}  # sample -> why DALI could not decode it
         self.skipped: list[int] = []  # known-bad samples left out since the loader last looked
         self.batches: Iterator[np.ndarray] = iter(())
         self.fed: collections.deque[np.ndarray] = collections.deque()
@@ -105,7 +105,6 @@ class DaliLoader(Loader):
         self.num_threads = dali_threads(config, ranks)
         self._bfloat16 = config.output.dtype == "bfloat16"
         self._erasing = erasing_enabled(split.transform, split.mode)
-        self._bad_reasons: dict[int, str] = {}  # sample -> why DALI could not decode it
         self._feed = _Feed(index, substitutes or {}, pixels)
         self._pipe = self._build()
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
@@ -157,7 +156,7 @@ class DaliLoader(Loader):
         """Known-bad samples the feed left out (it holds no reference back to the loader, so that a
         dropped loader frees its pipeline at once rather than at the next garbage collection)."""
         for sample in self._feed.skipped:
-            self._skip_sample(self.index.path(sample), self._bad_reasons[sample])
+            self._skip_sample(self.index.path(sample), self._feed.known_bad[sample])
         self._feed.skipped.clear()
 
     def _recover(self, error: RuntimeError, number: int) -> None:
@@ -179,7 +178,6 @@ class DaliLoader(Loader):
             raise BadImageError(self._broken) from error
         log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files; rebuilding it "
                  "without them", self.split.name, number, self.epoch, len(culprits))
-        self._bad_reasons.update(culprits)
         self._feed.known_bad.update(culprits)
         rest = self._feed.batches
         self._pipe = self._build()

@@ -45,12 +45,12 @@ class Loader(abc.ABC):
         self._position = 0  # samples of the current epoch's global order consumed by all ranks together
         self._loops = 0  # `for` loops started; only the newest one counts consumed batches
         self.stats = LoaderStats()
+        """What the consumer of the latest `for` loop waited for (see fastloader.stats)."""
         self.bad_samples: list[tuple[str, str]] = []
         """(path, reason) of every file skipped so far under dataset.on_bad_image: skip: those the
         header check left out when the loader was built, then those that failed to decode."""
         self._bad_paths: set[str] = set()
         self._skipped_in_epoch = 0
-        """What the consumer of the latest `for` loop waited for (see fastloader.stats)."""
         self._closed = False
         if self.order.num_batches == 0:
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
@@ -105,6 +105,7 @@ class Loader(abc.ABC):
     def _run_epoch(self, epoch: int, start: int, loop: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         global_batch = self.batch_size * self.ranks.world_size  # ranks step together (DDP)
         stats = self.stats = LoaderStats(epoch=epoch)
+        self._skipped_in_epoch = 0  # a loop left with `break` does not carry its count into this one
         clock = time.perf_counter
         began = clock()  # the consumer asked for the first batch: generators start on the first next()
         batches = iter(self._iter_batches(self.order.batches(epoch, start)))
@@ -124,22 +125,25 @@ class Loader(abc.ABC):
             log.warning("%s loader, split '%s', epoch %d, rank %d: %d samples skipped because their files cannot "
                         "be decoded; %d files in loader.bad_samples so far", self.backend, self.split.name, epoch,
                         self.ranks.rank, self._skipped_in_epoch, len(self.bad_samples))
-            self._skipped_in_epoch = 0
 
     def record_screened(self, bad: list[tuple[str, str]]) -> None:
         """The files the header check left out of the index (already logged by the check)."""
         for path, reason in bad:
-            if path not in self._bad_paths:
-                self._bad_paths.add(path)
-                self.bad_samples.append((path, reason))
+            self._list_bad(path, reason)
 
     def _skip_sample(self, path: str, reason: str) -> None:
         """A sample dropped from its batch at decode time: listed once, logged once per file."""
         self._skipped_in_epoch += 1
-        if path not in self._bad_paths:
-            self._bad_paths.add(path)
-            self.bad_samples.append((path, reason))
+        if self._list_bad(path, reason):
             log.warning("skipped %s: %s (dataset.on_bad_image: skip; listed in loader.bad_samples)", path, reason)
+
+    def _list_bad(self, path: str, reason: str) -> bool:
+        """Add the file to bad_samples unless it is there already; whether it was new."""
+        if path in self._bad_paths:
+            return False
+        self._bad_paths.add(path)
+        self.bad_samples.append((path, reason))
+        return True
 
     def _log_stats(self, stats: LoaderStats) -> None:
         level = LOG_LEVELS.get(self.config.stats.log_level)
