@@ -180,31 +180,15 @@ class Decoded:
 def decode_files(paths, short_side: int, exif_orientation: bool, max_pixels: int,
                  workers: int | None = None) -> Iterator[Decoded]:
     """decode_file over many paths in parallel processes (one per core by default; 0: here), in order."""
-    import collections
-    from concurrent.futures import ProcessPoolExecutor
-
     from .distributed import available_cores
-    from .screen import _chunks, _fork_context, _init_worker
+    from .parallel import map_chunks
+    from .screen import _init_worker
 
-    count = available_cores() if workers is None else workers
-    args = (short_side, exif_orientation, max_pixels)
     import torch_loader.decode  # noqa: F401  imported before the fork, not once per worker
     from torchvision.transforms.v2 import functional  # noqa: F401
-    if count == 0:
-        for part in _chunks(paths, CHUNK):
-            yield from _decode_chunk(part, *args)
-        return
-    pool = ProcessPoolExecutor(count, mp_context=_fork_context(), initializer=_init_worker)
-    pending: collections.deque = collections.deque()
-    try:
-        for part in _chunks(paths, CHUNK):
-            pending.append(pool.submit(_decode_chunk, part, *args))
-            if len(pending) >= 2 * count:
-                yield from pending.popleft().result()
-        while pending:
-            yield from pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    count = available_cores() if workers is None else workers
+    return map_chunks(_decode_chunk, paths, (short_side, exif_orientation, max_pixels), workers=count, chunk=CHUNK,
+                      in_flight=2, initializer=_init_worker)
 
 
 def _decode_chunk(paths: list[str], short_side: int, exif_orientation: bool, max_pixels: int) -> list[Decoded]:

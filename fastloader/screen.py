@@ -8,24 +8,21 @@ pixels. `deep=True` also decodes every file with Pillow, which catches corrupt c
 decode speed (about 950 ImageNet-sized JPEGs/s per core).
 
 Used by `fastloader check`; the loaders can call `screen_file` / `screen_files` on their inputs.
-Worker processes are forked (see `_fork_context`), so they start without importing anything again.
+Worker processes are forked (see parallel.py), so they start without importing anything again.
 """
 from __future__ import annotations
 
-import collections
-import multiprocessing
 import os
 import re
 import signal
-import sys
 import warnings
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from .distributed import available_cores
+from .parallel import map_chunks
 
 BOMB_PIXELS = 178_956_970
 """Width x height above which a file counts as a decompression bomb. It is Pillow's own error
@@ -158,33 +155,11 @@ def screen_files(paths: Iterable[str], *, deep: bool = False, workers: int | Non
     Python code inside Pillow (about 35 us per file), so threads would share one core; processes
     scale with the cores and overlap I/O waits on network storage just as well. Paths go out in
     chunks with a bounded number in flight, so a list of a million paths is never copied whole.
-    `on_progress(done)` is called after each chunk.
-    `fork=False` starts the workers from a fresh server process instead (about a second more): a
-    process that runs other native threads (a DALI pipeline) must not fork, since a lock one of
-    them holds at the fork stays locked forever in the child.
+    `on_progress(done)` is called after each chunk; `fork=False`: see parallel.map_chunks.
     """
     count = available_cores() if workers is None else workers
-    if count == 0:
-        done = 0
-        for part in _chunks(paths, chunk):
-            yield from _screen_chunk(part, deep, max_pixels)
-            done += len(part)
-            if on_progress:
-                on_progress(done)
-        return
-    context = _fork_context() if fork else multiprocessing.get_context("forkserver")
-    pool = ProcessPoolExecutor(count, mp_context=context, initializer=_init_worker)
-    pending: collections.deque[Future] = collections.deque()
-    done = 0
-    try:
-        for part in _chunks(paths, chunk):
-            pending.append(pool.submit(_screen_chunk, part, deep, max_pixels))
-            if len(pending) >= 4 * count:
-                done = yield from _drain(pending.popleft(), done, on_progress)
-        while pending:
-            done = yield from _drain(pending.popleft(), done, on_progress)
-    finally:  # also when the caller stops early: drop the queued chunks rather than finish them
-        pool.shutdown(wait=True, cancel_futures=True)
+    return map_chunks(_screen_chunk, paths, (deep, max_pixels), workers=count, chunk=chunk, in_flight=4,
+                      initializer=_init_worker, fork=fork, on_progress=on_progress)
 
 
 def quiet_pillow() -> None:
@@ -202,37 +177,9 @@ def _init_worker() -> None:
     quiet_pillow()
 
 
-def _fork_context() -> multiprocessing.context.BaseContext | None:
-    """Fork on Linux: the workers need nothing but this module, and a fork starts them in
-    milliseconds, where spawn or forkserver (Python 3.14's default) would re-import `fastloader`,
-    and with it torch, in each one. They never touch CUDA, so forking after CUDA is initialized is
-    safe, as it is for DataLoader workers."""
-    return multiprocessing.get_context("fork") if sys.platform == "linux" else None
-
-
 def _screen_chunk(paths: list[str], deep: bool, max_pixels: int) -> list[Screened]:
     check = decode_file if deep else screen_file
     return [check(path, max_pixels) for path in paths]
-
-
-def _drain(future: Future, done: int, on_progress: Callable[[int], None] | None) -> Iterator[Screened]:
-    results = future.result()
-    yield from results
-    done += len(results)
-    if on_progress:
-        on_progress(done)
-    return done
-
-
-def _chunks(paths: Iterable[str], size: int) -> Iterator[list[str]]:
-    part: list[str] = []
-    for path in paths:
-        part.append(path)
-        if len(part) == size:
-            yield part
-            part = []
-    if part:
-        yield part
 
 
 def _tail_problem(fmt: str, tail: bytes) -> str | None:
