@@ -4,12 +4,19 @@ Why one place: checking files (screen.py) and decoding them into the cache (cach
 the same needs. The items are a stream (a million paths are never listed whole), a bounded number
 of chunks is in flight, and the results come back in order. Ctrl-C stops the parent, not a
 traceback per worker, and a caller that stops early drops the queued chunks.
+
+No pool here ever runs the user's script again: a training script without an
+`if __name__ == "__main__":` guard, `python -c` and a notebook must all work (see
+`script_safe_forkserver`). A worker that dies breaks the pool with an error, never a wait.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing
+import multiprocessing.context
 import sys
+import types
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable, Iterable, Iterator
 
@@ -33,7 +40,7 @@ def map_chunks(function: Callable[..., list], items: Iterable, args: tuple = (),
             if on_progress:
                 on_progress(done)
         return
-    context = fork_context() if fork else multiprocessing.get_context("forkserver")
+    context = fork_context() if fork else script_safe_forkserver()
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=initializer)
     pending: collections.deque[Future] = collections.deque()
     try:
@@ -53,6 +60,37 @@ def fork_context() -> multiprocessing.context.BaseContext | None:
     `fastloader`, and with it torch, in each one. They never touch CUDA, so forking after CUDA is
     initialized is safe, as it is for DataLoader workers."""
     return multiprocessing.get_context("fork") if sys.platform == "linux" else None
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """While a process starts, `__main__` is a blank module, so multiprocessing's preparation data
+    names no script to import. Without this, forkserver and spawn import the user's script in the
+    server and in every worker: an unguarded script then builds its loader again in there, which
+    breaks the pool (BrokenProcessPool) or waits forever on the server it is itself starting."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+class _ScriptSafeProcess(multiprocessing.context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj):
+        with _main_module_hidden():  # also covers the server's own first start (ensure_running)
+            return multiprocessing.context.ForkServerProcess._Popen(process_obj)
+
+
+class _ScriptSafeForkServer(multiprocessing.context.ForkServerContext):
+    Process = _ScriptSafeProcess
+
+
+def script_safe_forkserver() -> multiprocessing.context.BaseContext:
+    """A forkserver context whose workers start from a clean server, without the user's script.
+    What they run must be importable (a function of this package), as it always is here."""
+    return _ScriptSafeForkServer()
 
 
 def chunks(items: Iterable, size: int) -> Iterator[list]:

@@ -19,6 +19,7 @@ from fastloader.distributed import RankInfo, cpu_workers_per_rank
 from fastloader.cache import CachedPixels
 from fastloader.index_screen import BadImageError
 from fastloader.order import EpochOrder
+from fastloader.parallel import fork_context
 from fastloader.samples import SampleIndex
 
 from .collate import BatchPool, NormalizingCollate, fast_collate
@@ -99,6 +100,7 @@ class TorchLoader(Loader):
             num_workers=num_workers,
             pin_memory=pin and torch.cuda.is_available(),
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
+            multiprocessing_context=fork_context() if num_workers > 0 else None,  # never re-runs the script
         )
         log.info("torch loader for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), %d workers, "
                  "device %s, pixels from %s", split.name, len(index), len(self), ranks.rank, ranks.world_size,

@@ -1,0 +1,85 @@
+"""A plain script never hangs or dies: no `if __name__ == "__main__":` guard, `python -c`, any split size.
+
+Each case is a real Python process with a time limit, over more files than the screening does in
+process (index_screen.IN_PROCESS_UP_TO), so the screening pool starts; the torch backend also
+starts DataLoader workers. No worker may run the user's script again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import env_without
+from fastloader.index_screen import IN_PROCESS_UP_TO
+from test_resume import BACKENDS
+
+FILES = IN_PROCESS_UP_TO + 100
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory):
+    """FILES tiny JPEGs in two classes: past the in-process screening limit, cheap to decode."""
+    root = tmp_path_factory.mktemp("many")
+    rng = np.random.default_rng(0)
+    tiles = [Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)) for _ in range(8)]
+    payloads = []
+    for tile in tiles:
+        path = root / "tile.jpg"
+        tile.save(path, quality=90)
+        payloads.append(path.read_bytes())
+    for i in range(FILES):
+        folder = root / "train" / ("a" if i % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:05d}.jpg").write_bytes(payloads[i % len(payloads)])
+    return root
+
+
+def script_for(root, backend: str) -> str:
+    """What a user writes first: build a loader at module level and loop over it. No guard."""
+    config = {"backend": backend, "dataset": {"root": str(root)}, "workers": {"num_workers": 2},
+              "train": {"batch_size": 100, "transform": {"size": 8}}}
+    return textwrap.dedent(f"""
+        import json
+        import fastloader
+        loader = fastloader.build_loader({config!r}, "train")
+        seen = sum(len(labels) for _, labels in loader)
+        print(json.dumps({{"backend": loader.backend, "samples": loader.num_samples, "seen": seen}}))
+    """)
+
+
+def run_script(args: list[str], cache_dir, cwd) -> dict:
+    environment = env_without("FASTLOADER_BACKEND")
+    environment["FASTLOADER_CACHE_DIR"] = str(cache_dir)
+    process = subprocess.Popen([sys.executable, *args], cwd=cwd, env=environment, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the script and every process it started
+        out, err = process.communicate()
+        pytest.fail(f"the script hung (killed after 90 s); stderr: {err[-2000:]}")
+    assert process.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "BrokenProcessPool" not in err, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_unguarded_script_file_screens_and_loads_every_file(many_files, tmp_path, backend):
+    script = tmp_path / "train_unguarded.py"
+    script.write_text(script_for(many_files, backend))
+    result = run_script([str(script)], cache_dir=tmp_path / "cache", cwd=tmp_path)
+    assert result == {"backend": backend, "samples": FILES, "seen": FILES // 100 * 100}
+
+
+def test_python_dash_c_screens_and_loads_every_file(many_files, tmp_path):
+    result = run_script(["-c", script_for(many_files, "torch")], cache_dir=tmp_path / "cache",
+                        cwd=tmp_path)
+    assert result == {"backend": "torch", "samples": FILES, "seen": FILES // 100 * 100}
