@@ -89,7 +89,7 @@ def write_numbered_dataset(root: Path, per_class: int = 12, splits=("train", "va
 
 def identities(images: torch.Tensor, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> list[tuple]:
     """The solid colour of each image of a normalized batch (see write_numbered_dataset)."""
-    rgb = images.float().mean(dim=(2, 3)) * torch.tensor(std) + torch.tensor(mean)
+    rgb = images.float().cpu().mean(dim=(2, 3)) * torch.tensor(std) + torch.tensor(mean)
     return [tuple(int(v) for v in row) for row in torch.round(rgb * 255).to(torch.int64).tolist()]
 
 
@@ -104,11 +104,15 @@ def crop_extent(image: torch.Tensor, size=(200, 150), mean=(0.485, 0.456, 0.406)
 
 
 def base_config(root: Path, **sections) -> dict:
-    """A config dict over `root` with small sizes and no workers unless a test asks for them."""
+    """A config dict over `root` with small sizes and no workers unless a test asks for them.
+
+    Output on the CPU unless a test asks for `output.device`: tests about pixels, labels and order
+    then compare CPU tensors on any machine, with or without a GPU (the GPU path: test_cuda.py)."""
     config = {
         "backend": "torch",
         "seed": 7,
         "dataset": {"root": str(root)},
+        "output": {"device": "cpu"},
         "workers": {"num_workers": 0},
         "train": {"batch_size": 4, "transform": {"size": 32}},
         "val": {"batch_size": 4, "transform": {"size": 32}},
@@ -141,3 +145,16 @@ def env_without(*names: str) -> dict:
     for name in names:
         env.pop(name, None)
     return env
+
+
+def cpu_only_env(cache_dir, **extra: str) -> dict:
+    """The environment of a subprocess that must see the machine a CPU-only user has: no forced
+    backend, a temp cache, and no CUDA device even where the machine has one."""
+    env = env_without("FASTLOADER_BACKEND")
+    env.update(FASTLOADER_CACHE_DIR=str(cache_dir), CUDA_VISIBLE_DEVICES="", **extra)
+    return env
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])]
+"""output.device values a test runs on: the CPU everywhere, the GPU where there is one."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REALPHOTOS, base_config, normalized
+from conftest import DEVICES, REALPHOTOS, base_config, normalized
 from fastloader import build_loader
 from fastloader.index_screen import BadImageError
 from oddfiles import BROKEN, DECODABLE, ODD_FILES, Odd, running_as_root, write_odd_files
@@ -40,7 +40,7 @@ def delivered(loader) -> tuple[list[int], dict[int, torch.Tensor]]:
     for batch, batch_labels in loader:
         for image, label in zip(batch, batch_labels.tolist()):
             labels.append(label)
-            images[label] = image.float()
+            images[label] = image.float().cpu()
     return labels, images
 
 
@@ -130,10 +130,14 @@ def mixed_root(tmp_path) -> Path:
     return root
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_folder_mixing_good_photos_and_every_odd_file(mixed_root, backend):
-    config = base_config(mixed_root, backend=backend, workers={"num_workers": 2}, val={"batch_size": 8})
+def test_a_folder_mixing_good_photos_and_every_odd_file(mixed_root, backend, device):
+    """On the GPU, DALI decodes with nvJPEG ("mixed") and probes a failed batch with it too."""
+    config = base_config(mixed_root, backend=backend, workers={"num_workers": 2}, val={"batch_size": 8},
+                         output={"device": device})
     loader = build_loader(config, "val")
+    assert loader.device.type == device
     classes = list(loader.classes)
     os.remove(mixed_root / "val" / "odd_deleted_later.JPEG" / "deleted_later.JPEG")
     expected_good = {classes.index(c) for c in classes if c.startswith("good_")}

@@ -19,7 +19,7 @@ from fastloader import build_loader, load_config
 from fastloader.cache import CacheError, open_split_cache
 from fastloader.cache_build import build_split_cache
 from fastloader.samples import build_index
-from conftest import REPO, base_config, identities, write_numbered_dataset, write_textured_dataset
+from conftest import DEVICES, REPO, base_config, identities, write_numbered_dataset, write_textured_dataset
 
 SHORT = 40  # >= floor(32 / 0.875) = 36, what eval at size 32 needs
 
@@ -66,13 +66,17 @@ def test_round_trip_pixels_equal_the_decoded_and_resized_images(tmp_path):
     assert os.path.getsize(tmp_path / "cache" / "train" / "pixels.u8") == report["bytes"]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["torch", "dali"])
 @pytest.mark.parametrize("split", ["train", "val"])
-def test_both_backends_deliver_the_same_samples_labels_and_order_as_without_the_cache(numbered, backend, split):
+def test_both_backends_deliver_the_same_samples_labels_and_order_as_without_the_cache(numbered, backend, split,
+                                                                                      device):
     root, cache = numbered
     workers = {"num_workers": 2 if backend == "torch" else 1}
-    with build_loader(base_config(root, backend=backend, workers=workers), split) as files, \
-            build_loader(cached_config(root, cache, backend=backend, workers=workers), split) as cached:
+    output = {"device": device}
+    with build_loader(base_config(root, backend=backend, workers=workers, output=output), split) as files, \
+            build_loader(cached_config(root, cache, backend=backend, workers=workers, output=output), split) as cached:
+        assert cached.device.type == files.device.type == device
         assert (len(cached), cached.num_samples, cached.classes) == (len(files), files.num_samples, files.classes)
         assert cached.state_dict() == files.state_dict()  # same fingerprint: resume works across both
         for epoch in range(2):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO, env_without
+from conftest import REPO, cpu_only_env
 from fastloader.screen import Screened, decode_file, screen_file, screen_files, sniff
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
@@ -155,8 +155,8 @@ def test_screen_files_keeps_the_order_in_processes_and_inline(tmp_path):
 
 
 def check(*args, cache_dir):
-    environment = env_without("FASTLOADER_BACKEND")
-    environment["FASTLOADER_CACHE_DIR"] = str(cache_dir)
+    """The command as a user on a CPU-only machine runs it."""
+    environment = cpu_only_env(cache_dir)
     return subprocess.run([*FASTLOADER, "check", *args], cwd=REPO, env=environment, capture_output=True,
                           text=True, timeout=120)
 

@@ -5,14 +5,14 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO, env_without
+from conftest import REPO, cpu_only_env
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
 
 
 def run(*args, cache_dir, **env):
-    environment = env_without("FASTLOADER_BACKEND")
-    environment.update(FASTLOADER_CACHE_DIR=str(cache_dir), **env)
+    """The command as a user on a CPU-only machine runs it (the GPU path: test_cuda.py)."""
+    environment = cpu_only_env(cache_dir, **env)
     return subprocess.run([*FASTLOADER, *args], cwd=REPO, env=environment, capture_output=True, text=True,
                           timeout=240)
 

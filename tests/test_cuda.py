@@ -1,14 +1,27 @@
-"""GPU-only: the side-stream prefetcher gives exactly what the CPU path gives. Skipped without CUDA."""
+"""The GPU path, on a CUDA GPU (skipped without one): both backends' output against their CPU path,
+whole epochs, the commands and the example as a user runs them there.
+
+Other files run their device-sensitive tests here too, through `DEVICES` (conftest.py): the folder
+of bad input under skip (test_bad_input.py), the uint8 cache (test_cache.py) and resume from a
+saved state (test_resume.py).
+"""
 from __future__ import annotations
+
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from conftest import REPO, base_config, env_without, write_numbered_dataset
 from fastloader import build_loader
-from conftest import base_config
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("nvidia.dali"), reason="the DALI GPU flavour needs NVIDIA DALI"))]
+CUDA = {"device": "cuda"}
 
 
 @pytest.mark.parametrize("dtype, channels_last", [("float32", False), ("bfloat16", True)])
@@ -19,7 +32,7 @@ def test_cuda_prefetcher_matches_cpu_conversion(textured_root, dtype, channels_l
                                    workers={"num_workers": 2, "pin_memory": True}), split="val")
     assert gpu.device == torch.device("cuda", 0)
     pairs = list(zip(cpu, gpu))
-    assert len(pairs) == len(cpu) == len(gpu)
+    assert len(pairs) == len(cpu) == len(gpu) == 6  # 24 images, batch 4
     for (x_cpu, y_cpu), (x_gpu, y_gpu) in pairs:
         assert x_gpu.is_cuda and y_gpu.is_cuda and x_gpu.dtype == getattr(torch, dtype)
         assert x_gpu.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
@@ -39,7 +52,7 @@ def test_dali_gpu_flavour_matches_its_cpu_flavour(textured_root, dtype, channels
     gpu = build_loader(base_config(textured_root, backend="dali", output={**output, "device": "cuda"}), "val")
     assert (cpu.flavour, gpu.flavour) == ("cpu", "gpu") and gpu.device == torch.device("cuda", 0)
     pairs = list(zip(cpu, gpu))
-    assert len(pairs) == len(cpu) == len(gpu) == 8
+    assert len(pairs) == len(cpu) == len(gpu) == 6  # 24 images, batch 4
     for (x_cpu, y_cpu), (x_gpu, y_gpu) in pairs:
         assert x_gpu.is_cuda and y_gpu.is_cuda and y_gpu.dtype == torch.int64 and x_gpu.dtype == getattr(torch, dtype)
         assert x_gpu.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
@@ -51,18 +64,78 @@ def test_dali_gpu_flavour_matches_its_cpu_flavour(textured_root, dtype, channels
 def test_dali_gpu_flavour_train_contract_and_auto_choice(textured_root, caplog):
     _dali_or_skip()
     import logging
+    train = {"batch_size": 5, "transform": {"size": 32, "erase_prob": 0.5}}
     with caplog.at_level(logging.INFO, logger="fastloader"):
-        loader = build_loader(base_config(textured_root, backend="auto",
-                                          train={"batch_size": 5, "transform": {"erase_prob": 0.5}}), "train")
-    assert loader.backend == "dali" and loader.flavour == "gpu"
+        loader = build_loader(base_config(textured_root, backend="auto", output={"device": "auto"}, train=train),
+                              "train")
+    assert loader.backend == "dali" and loader.flavour == "gpu" and loader.device == torch.device("cuda", 0)
     assert "backend: auto, a CUDA GPU is present and NVIDIA DALI imports" in caplog.text
-    torch_loader = build_loader(base_config(textured_root, backend="torch", output={"device": "cpu"},
-                                            train={"batch_size": 5}), "train")
+    torch_loader = build_loader(base_config(textured_root, backend="torch", train={"batch_size": 5}), "train")
     for _ in range(2):
         batches = list(loader)
-        assert [tuple(x.shape) for x, _ in batches] == [(5, 3, 32, 32)] * 4
+        assert [tuple(x.shape) for x, _ in batches] == [(5, 3, 32, 32)] * 4  # 24 images, drop_last
         assert torch.equal(torch.cat([y for _, y in batches]).cpu(), torch.cat([y for _, y in torch_loader]))
     for step, _ in enumerate(loader):  # break, then a whole new epoch
         if step == 0:
             break
     assert len(list(loader)) == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_train_and_eval_epochs_on_the_gpu_deliver_every_sample(tmp_path, backend):
+    """Train: full batches of distinct files in a new order each epoch; eval: every file once, in
+    index order, with the CPU path's labels. Each image is one colour that names its file."""
+    from conftest import identities
+    root = write_numbered_dataset(tmp_path / "d", per_class=10)  # 30 images per split
+    config = base_config(root, backend=backend, output=CUDA, workers={"num_workers": 2},
+                         train={"batch_size": 8}, val={"batch_size": 8})
+    with build_loader(config, "train") as train, build_loader(config, "val") as val, \
+            build_loader(base_config(root, backend="torch"), "val") as reference:
+        assert train.device.type == val.device.type == "cuda"
+        orders = []
+        for _ in range(2):
+            batches = list(train)
+            assert [len(y) for _, y in batches] == [8, 8, 8]
+            assert all(x.is_cuda and y.is_cuda for x, y in batches)
+            colours = [c for x, _ in batches for c in identities(x)]
+            assert len(set(colours)) == 24
+            orders.append(colours)
+        assert orders[0] != orders[1]
+        got = [(c, label) for x, y in val for c, label in zip(identities(x), y.tolist())]
+        expected = [(c, label) for x, y in reference for c, label in zip(identities(x), y.tolist())]
+        assert [label for _, label in got] == [label for _, label in expected] and len(got) == 30
+        assert all(max(abs(a - b) for a, b in zip(g, e)) <= 2 for (g, _), (e, _) in zip(got, expected))
+
+
+def run_command(*args, tmp_path) -> subprocess.CompletedProcess:
+    """A command with the machine's GPU visible, as a user on it runs it."""
+    environment = env_without("FASTLOADER_BACKEND", "CUDA_VISIBLE_DEVICES")
+    environment["FASTLOADER_CACHE_DIR"] = str(tmp_path / "cache")
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=480)
+
+
+def test_bench_and_show_run_on_the_gpu(tmp_path):
+    bench = run_command("-m", "fastloader.cli", "bench", "configs/sample.yaml", "--batches", "3",
+                        tmp_path=tmp_path)
+    assert bench.returncode == 0, bench.stderr
+    assert re.search(r"cuda:0 +\S", bench.stdout), bench.stdout
+    show = run_command("-m", "fastloader.cli", "show", "configs/sample.yaml", "--out", str(tmp_path / "grid.png"),
+                       "--n", "8", tmp_path=tmp_path)
+    assert show.returncode == 0, show.stderr
+    assert (tmp_path / "grid.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_example_trains_and_evaluates_on_the_gpu(tmp_path, backend):
+    small = ["--set", "train.transform.size=64", "--set", "val.transform.size=64", "--set", f"backend={backend}"]
+    single = run_command("examples/train.py", "configs/sample.yaml", "--epochs", "1", *small, tmp_path=tmp_path)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert f"on 1 rank(s), {backend} backend, device cuda:0" in single.stdout
+    assert re.search(r"epoch 0 done: loss \d+\.\d+, val accuracy \d\.\d+ on 60 images", single.stdout)
+    gpus = torch.cuda.device_count()  # one rank per GPU, as torchrun users launch it
+    ddp = run_command("-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
+                      "examples/train.py", "configs/sample.yaml", "--epochs", "1", *small, tmp_path=tmp_path)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert f"on {gpus} rank(s), {backend} backend, device cuda:0" in ddp.stdout
+    assert re.search(r"epoch 0 done: loss \d+\.\d+, val accuracy \d\.\d+ on 60 images", ddp.stdout)

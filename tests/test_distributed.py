@@ -107,7 +107,9 @@ def test_ranks_in_separate_processes_shard_101_samples(tmp_path, launcher, backe
     # colour of its own, so every output image names its file, whatever crop the backend drew.
     root = write_numbered_dataset(tmp_path / "d", per_class=34, splits=("val",))
     os.remove(root / "val" / "c_blue" / "n_33.png")
+    # Three ranks on the CPU (gloo), whatever GPUs the machine has: one GPU cannot serve three local ranks.
     config = {"backend": backend, "seed": 3, "dataset": {"root": str(root)}, "workers": {"num_workers": 0},
+              "output": {"device": "cpu"},
               "val": {"batch_size": 8, "transform": {"size": 8}},
               "train": {"folder": "val", "batch_size": 8, "transform": {"size": 8}}}
     ranks = run_ranks(config, 3, launcher, tmp_path)

@@ -11,11 +11,12 @@ import torch
 from conftest import REPO
 
 SMALL = ["--set", "train.transform.size=32", "--set", "val.transform.size=32", "--set", "train.batch_size=16"]
+ON_CPU = ["--set", "output.device=cpu"]  # two ranks need the CPU (gloo) unless the machine has two GPUs
 
 
 def torchrun(*args: str, cwd) -> str:
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(REPO / "examples" / "train.py"), str(REPO / "configs" / "sample.yaml"), *SMALL, *args],
+                           str(REPO / "examples" / "train.py"), str(REPO / "configs" / "sample.yaml"), *SMALL, *ON_CPU, *args],
                           cwd=cwd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -39,3 +40,17 @@ def test_two_rank_ddp_run_stops_mid_epoch_and_the_same_command_resumes_it(tmp_pa
     accuracy = re.findall(r"epoch (\d) done: loss \d+\.\d+, val accuracy (\d\.\d+) on (\d+) images", second)
     assert [(e, n) for e, _, n in accuracy] == [("0", "60"), ("1", "60")]  # every val image once over the ranks
     assert torch.load(checkpoint, weights_only=True)["train_loader"]["epoch"] == 1
+
+
+def test_every_tensor_the_example_creates_names_its_device():
+    """On a GPU, a tensor made without `device=` lands on the CPU and breaks the first sum or stack
+    with the batches (as `torch.tensor(len(labels))` broke evaluate() on an H100). CPU runs cannot
+    show that mistake, so the example's source is read for it; test_cuda.py runs the example there."""
+    import ast
+    factories = {"tensor", "zeros", "ones", "empty", "full", "arange", "as_tensor", "rand", "randn"}
+    tree = ast.parse((REPO / "examples" / "train.py").read_text())
+    undevised = [f"line {node.lineno}: torch.{node.func.attr}(...)" for node in ast.walk(tree)
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                 and node.func.attr in factories and not any(k.arg == "device" for k in node.keywords)]
+    assert undevised == [], "tensors created on the CPU whatever the run's device: " + ", ".join(undevised)

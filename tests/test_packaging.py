@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import torch
+
 from conftest import REPO
 
 HIDE_DALI = textwrap.dedent("""
@@ -31,7 +33,10 @@ def test_import_and_build_without_dali(tmp_path):
                             env={"FASTLOADER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["torch", "(32,", "3,", "128,", "128)", "False"]
-    assert "NVIDIA DALI is not installed" in result.stderr or "no CUDA GPU" in result.stderr
+    # auto falls back to torch: for want of DALI where a GPU is present, for want of a GPU elsewhere
+    reason = "NVIDIA DALI does not import (No module named 'nvidia'" if torch.cuda.is_available() \
+        else "backend: auto and no CUDA GPU is available"
+    assert reason in result.stderr
 
 
 def test_importing_fastloader_loads_no_backend():

@@ -16,7 +16,8 @@ CONFIG = REPO / "configs" / "imagenette.yaml"
 
 
 def test_val_yields_all_100_photos_exactly_once_with_folder_labels():
-    overrides = {"backend": "torch", "dataset.root": str(REALPHOTOS), "workers.num_workers": 2}
+    overrides = {"backend": "torch", "dataset.root": str(REALPHOTOS), "workers.num_workers": 2,
+                 "output.device": "cpu"}
     loader = build_loader(CONFIG, split="val", overrides=overrides)
     images, labels = zip(*[(x, y) for x, y in loader])
     images, labels = torch.cat(images), torch.cat(labels)
@@ -37,7 +38,8 @@ def test_val_yields_all_100_photos_exactly_once_with_folder_labels():
 
 
 def test_train_batches_are_normalized_over_a_pass():
-    overrides = {"backend": "torch", "dataset.root": str(REALPHOTOS), "workers.num_workers": 2}
+    overrides = {"backend": "torch", "dataset.root": str(REALPHOTOS), "workers.num_workers": 2,
+                 "output.device": "cpu"}
     with build_loader(CONFIG, split="train", overrides=overrides) as loader:
         batches = list(loader)
     assert len(batches) == len(loader) == 400 // 64
@@ -51,7 +53,7 @@ def test_train_batches_are_normalized_over_a_pass():
 def test_dali_val_yields_the_same_100_photos_in_the_same_order_within_the_parity_bound():
     pytest.importorskip("nvidia.dali")
     from test_dali import PARITY_IMAGE_BOUND, PARITY_MEAN_BOUND
-    overrides = {"dataset.root": str(REALPHOTOS), "workers.num_workers": 2}
+    overrides = {"dataset.root": str(REALPHOTOS), "workers.num_workers": 2, "output.device": "cpu"}
     outputs = {}
     for backend in ("torch", "dali"):
         with build_loader(CONFIG, split="val", overrides={**overrides, "backend": backend}) as loader:

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import REPO, base_config, identities, write_numbered_dataset, write_textured_dataset
+from conftest import DEVICES, REPO, base_config, identities, write_numbered_dataset, write_textured_dataset
 from fastloader import build_loader
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
@@ -39,13 +39,15 @@ def run_train(mode: str, config: dict, state_path, stop: int = 0) -> tuple[int, 
     return proc.returncode, (json.loads(proc.stdout) if proc.returncode == 0 else proc.stderr)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_killed_process_resumes_from_its_saved_state_with_the_uninterrupted_runs_batches(tmp_path, backend):
+def test_a_killed_process_resumes_from_its_saved_state_with_the_uninterrupted_runs_batches(tmp_path, backend, device):
     # torch replays even the random crops: textured images show them. DALI replays samples and order
     # (its random operators restart from their seed): images of one solid colour each name their file.
     write = write_textured_dataset if backend == "torch" else write_numbered_dataset
     root = write(tmp_path / "d", per_class=10, splits=("train",))
-    config = base_config(root, backend=backend, workers={"num_workers": 2}, train={"batch_size": 4})
+    config = base_config(root, backend=backend, workers={"num_workers": 2}, train={"batch_size": 4},
+                         output={"device": device})
     state = tmp_path / "loader.pt"
     code, reference = run_train("run", config, state)
     assert code == 0, reference

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import COLOURS, REPO, env_without, write_solid_dataset
+from conftest import COLOURS, REPO, cpu_only_env, write_solid_dataset
 from fastloader.grid import CAPTION_HEIGHT, HEADER_HEIGHT, PAD
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
 
 
 def run(*args, cache_dir) -> subprocess.CompletedProcess:
-    environment = env_without("FASTLOADER_BACKEND")
-    environment.update(FASTLOADER_CACHE_DIR=str(cache_dir))
+    """The command as a user on a CPU-only machine runs it (the GPU path: test_cuda.py)."""
+    environment = cpu_only_env(cache_dir)
     return subprocess.run([*FASTLOADER, *args], cwd=REPO, env=environment, capture_output=True, text=True,
                           timeout=240)
 
