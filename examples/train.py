@@ -62,10 +62,13 @@ def evaluate(model, val) -> tuple[float, int]:
     """
     model = getattr(model, "module", model)
     model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=val.device)
+    correct = torch.zeros((), dtype=torch.int64, device=val.device)  # on the batches' device: no sync per batch
+    scored = 0
     with torch.no_grad():
         for images, labels in val:
-            totals += torch.stack([(model(images).argmax(1) == labels).sum(), torch.tensor(len(labels))]).to(totals)
+            correct += (model(images).argmax(1) == labels).sum()
+            scored += len(labels)
+    totals = torch.tensor([float(correct), float(scored)], dtype=torch.float64, device=val.device)
     if dist.is_initialized():
         dist.all_reduce(totals)
     model.train()
@@ -75,7 +78,9 @@ def evaluate(model, val) -> tuple[float, int]:
 def main() -> None:
     args = parse_args()
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:  # torchrun (or srun with its variables)
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        # no backend named: gloo for CPU tensors, NCCL for CUDA ones, so a run whose output.device
+        # is cpu works on a GPU machine too
+        dist.init_process_group()
     train = build_loader(args.config, "train", args.overrides)
     val = build_loader(args.config, "val", args.overrides)
     device, world = train.device, train.ranks.world_size
@@ -102,7 +107,7 @@ def main() -> None:
 
     steps_this_run = 0
     for epoch in range(train.epoch, args.epochs):
-        started, images_seen, loss = time.perf_counter(), 0, torch.tensor(float("nan"))
+        started, images_seen, loss = time.perf_counter(), 0, torch.tensor(float("nan"), device=device)
         for images, labels in train:  # after a resume, the first loop is the rest of the saved epoch
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 loss = torch.nn.functional.cross_entropy(model(images), labels)
