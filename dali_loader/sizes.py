@@ -97,8 +97,10 @@ def pillow_size(path: str, exif: bool) -> tuple[int, int]:
     """(height, width) as displayed, through Pillow: any format it reads."""
     with Image.open(path) as image:
         width, height = image.size
-        orientation = image.getexif().get(_ORIENTATION, 1) if exif else 1
-    return (width, height) if orientation in _SWAPPED else (height, width)
+        orientation = image.getexif().get(_ORIENTATION, 1)
+        if image.format == "TIFF" and orientation in _SWAPPED:  # Pillow gives a TIFF's size upright already
+            width, height = height, width
+    return (width, height) if exif and orientation in _SWAPPED else (height, width)
 
 
 def upright_size(path: str, exif: bool) -> tuple[int, int] | None:
