@@ -20,6 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from nvidia.dali import __version__ as dali_version
 from nvidia.dali import fn, types
@@ -30,7 +31,8 @@ import harness
 from harness import CONFIG, Factory
 
 import fastloader
-from dali_loader.pipeline import decoder_options, image_graph
+from dali_loader.pipeline import centre_boxes, decoder_options, image_graph
+from dali_loader.sizes import upright_size
 from fastloader.config import IMAGENET_MEAN, IMAGENET_STD
 from fastloader.samples import SampleIndex
 
@@ -74,16 +76,36 @@ def nvidia_example_pipeline(files: list[str], labels: list[int], train: bool, gp
 
 def our_graph_on_dali_reader(files: list[str], labels: list[int], split: str, gpu: bool, overrides: dict,
                              args: argparse.Namespace) -> Pipeline:
-    """fastloader's graph (dali_loader.pipeline.image_graph) with DALI's file reader as its input."""
+    """fastloader's graph (dali_loader.pipeline.image_graph) with DALI's file reader as its input.
+    Eval's centre boxes come from a second source in the reader's order (eval reads its list in
+    order, and the benchmark stays within the first epoch)."""
     config = fastloader.load_config(str(CONFIG), overrides)
     pipe = Pipeline(batch_size=args.batch_size, num_threads=args.workers, device_id=0 if gpu else None,
                     seed=EXAMPLE_SEED)
     with pipe:
         encoded, label = fn.readers.file(files=files, labels=labels, random_shuffle=split == "train",
                                          pad_last_batch=True, name="Reader")
-        pipe.set_outputs(*image_graph(encoded, label, config, config.split(split), gpu))
+        box = None
+        if split != "train":
+            box = fn.external_source(source=boxes_in_order(files, config, split, args.batch_size), num_outputs=2,
+                                     batch=True, dtype=[types.FLOAT, types.FLOAT])
+        pipe.set_outputs(*image_graph(encoded, label, config, config.split(split), gpu, box))
     pipe.build()
     return pipe
+
+
+def boxes_in_order(files: list[str], config, split: str, batch_size: int):
+    """A batch source of the centre boxes of `files`, in list order, cycling."""
+    known = {f: upright_size(f, config.dataset.exif_orientation) for f in dict.fromkeys(files)}
+    sizes = np.array([known[f] for f in files])
+    position = 0
+
+    def source():
+        nonlocal position
+        rows = np.arange(position, position + batch_size) % len(files)
+        position += batch_size
+        return centre_boxes(sizes[rows], config.split(split))
+    return source
 
 
 def iterator_factory(make_pipeline) -> Factory:

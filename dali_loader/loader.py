@@ -32,8 +32,9 @@ from fastloader.index_screen import BadImageError, bad_image_message
 from fastloader.order import seeded_uniform
 from fastloader.samples import SampleIndex
 
-from .pipeline import build_pipeline
+from .pipeline import build_pipeline, centre_boxes
 from .probe import DecodeProbe, dali_reason
+from .sizes import SizeTable
 
 log = logging.getLogger("fastloader")
 
@@ -42,16 +43,20 @@ _SEED_SALT = 0xDA11
 
 class _Feed:
     """The pipeline's source: file paths (or, from the cache, decoded pixels) and labels of the
-    planned batches, one batch a call.
+    planned batches, one batch a call; in eval mode also each image's centre box, from its size
+    (read from the file's header once per sample, or the cached pixels' shape).
 
     Samples found broken earlier (`known_bad`) are left out of what is fed, and `fed` keeps, in
     order, the (sample, seed) rows of each batch fed and not yet delivered: DALI calls the source
     `prefetch_queue_depth` batches ahead of the batch it delivers.
     """
 
-    def __init__(self, index: SampleIndex, substitutes: dict[int, str], pixels: CachedPixels | None = None):
+    def __init__(self, index: SampleIndex, substitutes: dict[int, str], pixels: CachedPixels | None = None,
+                 eval_split: SplitConfig | None = None, exif_orientation: bool = True):
         self.index = index
         self.pixels = pixels
+        self.eval_split = eval_split  # eval: each batch also carries its centre boxes (centre_boxes)
+        self.sizes = SizeTable(len(index), exif_orientation) if eval_split and pixels is None else None
         self.substitutes = substitutes  # sample -> a file DALI can decode in its place (index_screen)
         self.known_bad: dict[int, str] = {}  # sample -> why DALI could not decode it
         self.skipped: list[int] = []  # known-bad samples left out since the loader last looked
@@ -62,7 +67,7 @@ class _Feed:
         self.batches = iter(batches)
         self.fed.clear()
 
-    def __call__(self) -> tuple[list[np.ndarray], np.ndarray]:
+    def __call__(self) -> tuple:
         while True:
             batch = next(self.batches)  # StopIteration ends DALI's epoch
             if self.known_bad:
@@ -74,10 +79,20 @@ class _Feed:
         self.fed.append(batch)
         indices = batch[:, 0]
         if self.pixels is not None:
-            return [self.pixels.image(i) for i in indices], self.index.labels[indices]
-        paths = [np.frombuffer(os.fsencode(self.substitutes.get(i) or self.index.path(i)), dtype=np.uint8)
-                 for i in indices.tolist()]
-        return paths, self.index.labels[indices]
+            data = [self.pixels.image(i) for i in indices]
+        else:
+            data = [np.frombuffer(os.fsencode(self.file(i)), dtype=np.uint8) for i in indices.tolist()]
+        if self.eval_split is None:
+            return data, self.index.labels[indices]
+        if self.pixels is not None:
+            sizes = self.pixels.shapes[self.pixels.rows[indices]]
+        else:
+            sizes = self.sizes.of(indices, self.file)
+        return (data, self.index.labels[indices], *centre_boxes(sizes, self.eval_split))
+
+    def file(self, sample: int) -> str:
+        """The file DALI reads for a sample."""
+        return self.substitutes.get(sample) or self.index.path(sample)
 
 
 def dali_threads(config: Config, ranks: RankInfo) -> int:
@@ -105,7 +120,8 @@ class DaliLoader(Loader):
         self.num_threads = dali_threads(config, ranks)
         self._bfloat16 = config.output.dtype == "bfloat16"
         self._erasing = erasing_enabled(split.transform, split.mode)
-        self._feed = _Feed(index, substitutes or {}, pixels)
+        self._feed = _Feed(index, substitutes or {}, pixels, split if split.mode != "train" else None,
+                           config.dataset.exif_orientation)
         self._pipe = self._build()
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._run = 0  # which loop owns the pipeline
@@ -166,7 +182,7 @@ class DaliLoader(Loader):
         probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None)
         culprits = {}
         for sample in np.concatenate(suspects)[:, 0].tolist() if suspects else []:
-            problem = probe.problem(self._feed.substitutes.get(sample) or self.index.path(sample))
+            problem = probe.problem(self._feed.file(sample))
             if problem:
                 culprits[sample] = problem
         self._epoch_open = False

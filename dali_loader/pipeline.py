@@ -9,23 +9,25 @@ or the centre box (eval) -> the same flip and normalize. One function builds bot
 
 Every transform key means what it means for the torch backend: `scale` and `ratio` are
 RandomResizedCrop's area and aspect ranges (10 tries), `hflip` the coin's probability, `crop_pct`
-the shorter side floor(size / crop_pct) before the centre crop (the same box, see centre_box),
+the shorter side floor(size / crop_pct) before the centre crop (the same box, fastloader.boxes),
 `interpolation` the filter, and shrinking is antialiased in both.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
-import nvidia.dali.math as dmath
+import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
+from fastloader.boxes import centre_box
 from fastloader.config import Config, SplitConfig
 
 INTERPOLATION = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
 OUTPUT_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT}  # bf16: cast in torch
+Box = tuple[DataNode, DataNode]
+"""(roi_start, roi_end) of an eval batch: per-sample (y, x) in source pixels, fed from the host."""
 RANDOM_CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop; NVIDIA's example uses 100
 
 # nvJPEG buffer hints from NVIDIA's ResNet-50 example: sized for the largest ImageNet image, so
@@ -45,39 +47,12 @@ def decoder_options(gpu: bool, hw_decoder_load: float) -> dict:
             "preallocate_height_hint": PREALLOCATE_HEIGHT_HINT, "hw_decoder_load": hw_decoder_load}
 
 
-def _round_half_even(twice: DataNode) -> DataNode:
-    """round(twice / 2) as Python rounds (half to even), for whole numbers held as floats."""
-    half = dmath.floor(twice / 2)
-    return half + (twice - 2 * half) * (half - 2 * dmath.floor(half / 2))
-
-
-def centre_box(shape: DataNode, size: int, crop_pct: float) -> tuple[DataNode, DataNode]:
-    """(roi_start, roi_end) in source pixels, (y, x): the box that torchvision's Resize(floor(size /
-    crop_pct)) + CenterCrop(size) keeps, with its rounding, from the image's (height, width, ...)
-    shape (read from the file's header, or the cached pixels' shape).
-
-    Resizing this fractional box straight to size x size samples the very positions that resizing
-    the whole image and cropping would, without computing the pixels the crop throws away. (DALI's
-    own resize_shorter keeps the exact aspect ratio, not torchvision's truncated long side, and its
-    centre crop rounds halves up: both shift pixels by a fraction, visible on fine textures.)
-    """
-    shape = fn.cast(shape, dtype=types.FLOAT)
-    height, width = shape[0], shape[1]
-    short = math.floor(size / crop_pct)
-    portrait = width <= height
-    resized_w = portrait * short + (1 - portrait) * dmath.floor(short * width / height + 1e-3)
-    resized_h = (1 - portrait) * short + portrait * dmath.floor(short * height / width + 1e-3)
-    scale_y, scale_x = height / resized_h, width / resized_w
-    top = _round_half_even(resized_h - size) * scale_y
-    left = _round_half_even(resized_w - size) * scale_x
-    return fn.stack(top, left), fn.stack(top + size * scale_y, left + size * scale_x)
-
-
-def image_graph(encoded, labels, config: Config, split: SplitConfig, gpu: bool):
+def image_graph(encoded, labels, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None):
     """(images, labels) DataNodes of one split's graph, from encoded-file and label DataNodes.
 
-    Train decodes only the random crop (ROI decode); eval decodes the whole image and takes the
-    centre box from the file's header. Then the steps shared with the cache's graph (finish).
+    Train decodes only the random crop (ROI decode); eval decodes the whole image and resizes the
+    centre `box` (roi_start, roi_end DataNodes computed on the host, see build_pipeline). Then the
+    steps shared with the cache's graph (finish).
     """
     t = split.transform
     decoder = decoder_options(gpu, config.dali.hw_decoder_load)
@@ -89,22 +64,21 @@ def image_graph(encoded, labels, config: Config, split: SplitConfig, gpu: bool):
         images = fn.resize(images, resize_x=t.size, resize_y=t.size, **_resampling(t))
     else:
         images = fn.decoders.image(encoded, output_type=types.RGB, adjust_orientation=exif, **decoder)
-        images = resize_centre(images, fn.peek_image_shape(encoded, adjust_orientation=exif), split)
+        images = resize_box(images, box, split)
     return finish(images, labels, config, split, gpu)
 
 
-def pixel_graph(pixels, labels, config: Config, split: SplitConfig, gpu: bool):
+def pixel_graph(pixels, labels, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None):
     """The same graph after the decoder, for decoded HWC uint8 pixels (the uint8 cache): train takes
     a random-resized crop with the decoder's area, aspect and tries; eval the same centre box."""
     t = split.transform
-    shape = pixels.shape()  # on the host, where DALI wants argument inputs
     images = pixels.gpu() if gpu else pixels
     if split.mode == "train":
         images = fn.random_resized_crop(images, size=[t.size, t.size], random_area=list(t.scale),
                                         random_aspect_ratio=list(t.ratio), num_attempts=RANDOM_CROP_ATTEMPTS,
                                         **_resampling(t))
     else:
-        images = resize_centre(images, shape, split)
+        images = resize_box(images, box, split)
     return finish(images, labels, config, split, gpu)
 
 
@@ -112,12 +86,21 @@ def _resampling(t) -> dict:
     return {"interp_type": INTERPOLATION[t.interpolation], "antialias": t.interpolation != "nearest"}
 
 
-def resize_centre(images: DataNode, shape: DataNode, split: SplitConfig) -> DataNode:
-    """Eval: resize the centre box of each image (see centre_box) to size x size."""
+def resize_box(images: DataNode, box: Box, split: SplitConfig) -> DataNode:
+    """Eval: resize each image's centre box (fractional source pixels, see fastloader.boxes) to size x size."""
     t = split.transform
-    roi_start, roi_end = centre_box(shape, t.size, t.crop_pct)
+    roi_start, roi_end = box
     return fn.resize(images, resize_x=t.size, resize_y=t.size, roi_start=roi_start, roi_end=roi_end,
                      **_resampling(t))
+
+
+def centre_boxes(sizes: np.ndarray, split: SplitConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(roi_start, roi_end), float32 [n, 2] each in DALI's (y, x) order, of the centre boxes of
+    images of upright (height, width) `sizes`: what the feed passes in with an eval batch."""
+    t = split.transform
+    boxes = np.array([centre_box(width, height, t.size, t.crop_pct) for height, width in sizes.tolist()],
+                     dtype=np.float32).reshape(-1, 4)  # left, top, right, bottom
+    return boxes[:, 1::-1].copy(), boxes[:, :1:-1].copy()
 
 
 def finish(images: DataNode, labels: DataNode, config: Config, split: SplitConfig, gpu: bool):
@@ -141,7 +124,9 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
                    cached: bool = False) -> Pipeline:
     """A built pipeline that pulls (list of UTF-8 file paths as uint8 arrays, int64 labels) batches
     from `source`; DALI's threads read the files (Python reading them costs 6% of throughput).
-    With `cached`, `source` gives (list of HWC uint8 pixel arrays, int64 labels) instead.
+    With `cached`, `source` gives (list of HWC uint8 pixel arrays, int64 labels) instead. In eval
+    mode `source` also gives each batch's centre boxes, (roi_start, roi_end) from centre_boxes:
+    the box is host arithmetic on the image size, which as DALI operators halved the GPU eval rate.
 
     `source` is called on the host, once per batch, ahead of use by `prefetch_queue_depth`
     batches; raising StopIteration ends the epoch. device_id None builds the cpu flavour.
@@ -149,13 +134,15 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
                     prefetch_queue_depth=prefetch_queue_depth, seed=seed)
     gpu = device_id is not None
+    inputs = 2 if split.mode == "train" else 4
     with pipe:
-        data, labels = fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64],
-                                          layout=["HWC" if cached else "", ""])
+        data, labels, *box = fn.external_source(
+            source=source, num_outputs=inputs, batch=True, dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT][:inputs],
+            layout=["HWC" if cached else "", "", "", ""][:inputs])
         if cached:
-            outputs = pixel_graph(data, labels, config, split, gpu)
+            outputs = pixel_graph(data, labels, config, split, gpu, box)
         else:
-            outputs = image_graph(fn.io.file.read(data), labels, config, split, gpu)
+            outputs = image_graph(fn.io.file.read(data), labels, config, split, gpu, box)
         pipe.set_outputs(*outputs)
     pipe.build()
     return pipe

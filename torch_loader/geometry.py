@@ -9,6 +9,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from fastloader.boxes import centre_box
+
 
 @dataclass(frozen=True)
 class Crop:
@@ -50,12 +52,4 @@ def random_resized_crop(width: int, height: int, rng: random.Random, scale: tupl
 
 def center_crop(width: int, height: int, size: int, crop_pct: float) -> Crop:
     """The source box that Resize(floor(size / crop_pct)) then CenterCrop(size) would keep."""
-    short = math.floor(size / crop_pct)
-    if width <= height:
-        resized_w, resized_h = short, int(short * height / width)
-    else:
-        resized_w, resized_h = int(short * width / height), short
-    sx, sy = width / resized_w, height / resized_h
-    top = int(round((resized_h - size) / 2.0))
-    left = int(round((resized_w - size) / 2.0))
-    return Crop(left * sx, top * sy, (left + size) * sx, (top + size) * sy)
+    return Crop(*centre_box(width, height, size, crop_pct))
