@@ -32,6 +32,10 @@ def test_import_and_build_without_dali(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["torch", "(32,", "3,", "128,", "128)", "False"]
     assert "NVIDIA DALI is not installed" in result.stderr or "no CUDA GPU" in result.stderr
+    # without nvImageCodec (it ships with DALI), the torch backend decodes JPEG crops whole, and says why
+    assert "JPEG crops are decoded whole with decode_jpeg: nvImageCodec is not installed" in result.stderr
+    assert "torch loader decoders: JPEG crops: torchvision.io.decode_jpeg (whole file); no region decode" \
+        in result.stderr
 
 
 def test_importing_fastloader_loads_no_backend():

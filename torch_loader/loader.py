@@ -21,6 +21,7 @@ from fastloader.index_screen import BadImageError
 from fastloader.order import EpochOrder
 from fastloader.samples import SampleIndex
 
+from .decode import describe as describe_decoders
 from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
 from .prefetch import Normalizer, prefetch_to_cuda
@@ -103,6 +104,8 @@ class TorchLoader(Loader):
         log.info("torch loader for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), %d workers, "
                  "device %s, pixels from %s", split.name, len(index), len(self), ranks.rank, ranks.world_size,
                  ranks.source, num_workers, device, "the cache" if pixels is not None else "the image files")
+        if pixels is None:
+            log.info("torch loader decoders: %s", describe_decoders())
 
     def describe(self) -> dict:
         return {**super().describe(), "workers": self.num_workers}
