@@ -4,7 +4,10 @@ Each stage runs the backend's own code in this process with one torch thread, ov
 the split once, so the numbers add up to what one worker spends per image:
 - read: the file's bytes;
 - header + crop: Pillow reads the header, the crop is chosen from the size (and EXIF);
-- decode: `load_region` minus the two above (decode_jpeg, or Pillow's draft when the crop allows);
+- decode: `load_region` minus the two above, also split by the decoder each image went to (from its
+  header and crop: nvImageCodec's region decode, Pillow's draft where the crop is 2x the output or
+  more, decode_jpeg's whole file, Pillow); FASTLOADER_JPEG_DECODER=decode_jpeg measures the whole-file
+  decode of before;
 - crop + resize (+ flip): `SampleTransform.resize` on the decoded pixels;
 - collate + normalize: the CPU path's `NormalizingCollate` into a batch whose memory is already
   mapped, as a worker does with a reused buffer (collate.BatchPool), per image;
@@ -31,7 +34,7 @@ import fastloader
 from fastloader.config import IMAGE_EXTENSIONS
 from fastloader.samples import scan_folder
 from torch_loader.collate import BatchPool, NormalizingCollate
-from torch_loader.decode import load_region
+from torch_loader.decode import describe, load_region
 from torch_loader.prefetch import Normalizer
 from torch_loader.transforms import SampleTransform
 
@@ -69,23 +72,24 @@ def measure_split(split: str, data: Path, batch_size: int, size: int) -> dict:
     transform = SampleTransform(split_config, exif_orientation=config.dataset.exif_orientation)
     normalizer = Normalizer(config.normalize, config.output, torch.device("cpu"))
     totals = dict.fromkeys(STAGES, 0.0)
-    samples, shrunk = [], 0
+    samples, by_decoder = [], {}
     for i in range(len(index)):
         path = index.path(i)
 
         def choose(w, h, seed=i):
             return transform.crop_for(w, h, seed)
-        data_bytes, seconds = _timed(lambda: open(path, "rb").read())
-        totals["read"] += seconds
+        data_bytes, read = _timed(lambda: open(path, "rb").read())
+        totals["read"] += read
         started = time.perf_counter()
         with Image.open(io.BytesIO(data_bytes)) as image:
             image.getexif()
             choose(*image.size)
-            full = image.size
-        totals["header + crop"] += time.perf_counter() - started
-        (pixels, crop), seconds = _timed(load_region, path, choose, size)
+        header = time.perf_counter() - started
+        totals["header + crop"] += header
+        (pixels, crop, decoder), seconds = _timed(load_region, path, choose, size)
         totals["decode"] += seconds
-        shrunk += pixels.shape[1] < full[0]
+        count, decode_seconds = by_decoder.get(decoder, (0, 0.0))
+        by_decoder[decoder] = count + 1, decode_seconds + seconds - read - header
         out, seconds = _timed(transform.resize, pixels, crop)
         totals["crop + resize"] += seconds
         samples.append((out, index.label(i)))
@@ -110,7 +114,9 @@ def measure_split(split: str, data: Path, batch_size: int, size: int) -> dict:
     batched = max(1, len(batches) * batch_size)
     per_image = {stage: 1000 * total / (batched if stage in STAGES[4:] else len(index))
                  for stage, total in totals.items()}
-    return {"images": len(index), "ms_per_image": per_image, "decoder_shrank": shrunk,
+    decoders = {name: {"images": count, "ms_per_image": 1000 * total / count}
+                for name, (count, total) in sorted(by_decoder.items(), key=lambda item: -item[1][0])}
+    return {"images": len(index), "ms_per_image": per_image, "decoders": decoders,
             "transfer": "pinned uint8 to cuda" if torch.cuda.is_available() else "none (CPU output)"}
 
 
@@ -134,10 +140,12 @@ def print_stages(stages: dict) -> None:
     total = {s: sum(ms for stage, ms in stages[s]["ms_per_image"].items() if stage != REUSED) for s in splits}
     print(f"  {'total (reused batches)':<22}" + "".join(f"{total[s]:10.3f}" for s in splits))
     print(f"  {'-> images/s per core':<22}" + "".join(f"{1000 / total[s]:10.0f}" for s in splits))
+    print(f"  decoders: {describe()}")
     for s in splits:
         info = stages[s]
-        print(f"  {s}: the decoder shrank (Pillow draft) {info['decoder_shrank']} of {info['images']} images; "
-              f"transfer: {info['transfer']}")
+        used = ", ".join(f"{name} {d['images']} images ({d['ms_per_image']:.3f} ms each)"
+                         for name, d in info["decoders"].items())
+        print(f"  {s}: of {info['images']} images: {used}; transfer: {info['transfer']}")
 
 
 if __name__ == "__main__":

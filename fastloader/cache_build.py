@@ -222,8 +222,8 @@ def _decode(path: str, exif_orientation: bool):
     from torch_loader.decode import load_region  # the torch backend's decoder: the same pixels
     from torch_loader.geometry import Crop
 
-    pixels, _ = load_region(path, lambda w, h: Crop(0, 0, w, h), 1, exif_orientation=exif_orientation,
-                            use_draft=False)
+    pixels, _, _ = load_region(path, lambda w, h: Crop(0, 0, w, h), 1, exif_orientation=exif_orientation,
+                               use_draft=False)
     return pixels
 
 

@@ -89,6 +89,8 @@ def run(args) -> int:
 def print_environment() -> None:
     print("versions: " + ", ".join(versions()))
     devices = cuda_devices()
+    for backend, line in decoders(bool(devices)).items():
+        print(f"decoders, {backend} backend: {line}")
     if not devices:
         print("CUDA devices: none (the dali backend would run its CPU flavour, the torch backend decodes on the CPU)")
         return
@@ -107,6 +109,25 @@ def versions() -> list[str]:
     found.append(f"Pillow {pillow} ({'with' if turbo else 'without'} libjpeg-turbo"
                  f"{'' if turbo else ': JPEG decoding on the torch backend is slower'})")
     return found
+
+
+def decoders(cuda: bool) -> dict[str, str]:
+    """Which decoder each backend would use here: the torch backend's from its own choice (region
+    decode with nvImageCodec where it is installed), DALI's from whether there is a GPU."""
+    try:
+        from torch_loader.decode import describe
+        torch_line = describe()
+    except Exception as error:  # FASTLOADER_JPEG_DECODER set wrong, or a decoder that fails to load
+        torch_line = f"cannot tell ({type(error).__name__}: {error})"
+    dali = _module_version("nvidia.dali")
+    if dali == "not installed" or dali.startswith("does not import"):
+        dali_line = f"none (DALI {dali})"
+    elif cuda:
+        dali_line = "nvJPEG on the GPU, with the hardware JPEG decoder where the GPU has one (below); train " \
+                    "crops decode only their region"
+    else:
+        dali_line = "its CPU flavour (libjpeg-turbo); train crops decode only their region"
+    return {"torch": torch_line, "dali": dali_line}
 
 
 def _module_version(name: str) -> str:

@@ -37,6 +37,10 @@ def test_import_and_build_without_dali(tmp_path):
     reason = "NVIDIA DALI does not import (No module named 'nvidia'" if torch.cuda.is_available() \
         else "backend: auto and no CUDA GPU is available"
     assert reason in result.stderr
+    # without nvImageCodec (it ships with DALI), the torch backend decodes JPEG crops whole, and says why
+    assert "JPEG crops are decoded whole with decode_jpeg: nvImageCodec is not installed" in result.stderr
+    assert "torch loader decoders: JPEG crops: torchvision.io.decode_jpeg (whole file); no region decode" \
+        in result.stderr
 
 
 def test_importing_fastloader_loads_no_backend():

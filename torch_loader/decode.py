@@ -1,11 +1,18 @@
 """File -> upright RGB uint8 pixels (HWC tensor), decoding as few pixels as the crop allows.
 
 The header is read first (Pillow, a few KB) so that the caller can choose its crop from the image
-size. Then the cheapest decoder that gives correct RGB is used, measured on 2 cores (ms/image,
-500x375 ImageNet JPEGs): libjpeg-turbo through torchvision's `decode_jpeg` 0.95; Pillow 1.0 plus
-0.2-0.3 to copy its pixels out. Pillow stays in charge of every other case: JPEGs that the crop
-lets the decoder shrink by 2/4/8 (`draft`, DCT-domain scaling), CMYK/YCCK JPEGs, EXIF-rotated photos,
-PNG, WEBP, GIF, BMP, TIFF, 16-bit and palette images.
+size. Then, per image, the cheapest decoder that gives today's pixels:
+- a JPEG whose crop is at least twice the output: Pillow's `draft` (libjpeg-turbo shrinks by 2/4/8 in
+  the DCT domain);
+- any other RGB or greyscale JPEG: nvImageCodec's CPU backend (libjpeg-turbo) decodes only the crop's
+  region, pixel for pixel what decoding the whole file and cropping gives (tests/test_decode.py checks
+  it), in 0.78x the time of a whole-file decode on random-resized crops (README, Performance);
+  without nvImageCodec, or for a file it refuses, `torchvision.io.decode_jpeg` decodes the whole file;
+- everything else stays with Pillow: CMYK/YCCK JPEGs, EXIF-rotated photos, PNG, WEBP, GIF, BMP, TIFF,
+  16-bit and palette images, and JPEGs the faster decoders refuse (Pillow says why).
+
+FASTLOADER_JPEG_DECODER (auto | decode_jpeg | pillow) narrows the choice, to compare decoders or to
+rule one out; `describe()` says what this process uses (the loader's log, `fastloader check`).
 """
 from __future__ import annotations
 
@@ -13,8 +20,9 @@ import functools
 import io
 import logging
 import math
+import os
 import warnings
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -30,6 +38,33 @@ _EXIF_ORIENTATION = 0x0112
 # the available one below and say so once, rather than once per image.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
                         category=DeprecationWarning)
+
+DECODER_ENV = "FASTLOADER_JPEG_DECODER"
+DECODER_CHOICES = {
+    "auto": "nvImageCodec region decode, else decode_jpeg of the whole file, else Pillow",
+    "decode_jpeg": "decode_jpeg of the whole file (no region decode), else Pillow",
+    "pillow": "Pillow only",
+}
+REGION, DRAFT, WHOLE, PILLOW = "nvImageCodec region", "Pillow draft", "decode_jpeg whole", "Pillow"
+"""How one image was decoded (`Decoded.decoder`)."""
+
+
+class Decoded(NamedTuple):
+    pixels: torch.Tensor
+    """uint8 [H, W, 3]: the whole upright image, a shrunk one (draft) or only the crop's box (region)."""
+    crop: Crop
+    """The chosen crop, in the coordinates of `pixels`."""
+    decoder: str
+    """REGION, DRAFT, WHOLE or PILLOW."""
+
+
+def decoder_choice() -> str:
+    """FASTLOADER_JPEG_DECODER, checked: auto unless set."""
+    choice = os.environ.get(DECODER_ENV, "auto").strip().lower() or "auto"
+    if choice not in DECODER_CHOICES:
+        raise ValueError(f"{DECODER_ENV}={os.environ[DECODER_ENV]!r} is not a decoder choice: set it to "
+                         f"{', '.join(DECODER_CHOICES)}, or unset it (auto)")
+    return choice
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,6 +83,106 @@ def jpeg_decoder() -> tuple[str, Callable[[torch.Tensor], torch.Tensor] | None]:
     log.warning("JPEGs are decoded with Pillow, about 25%% slower: %s", reason)
     return "pillow", None
 
+
+class RegionDecoder:
+    """nvImageCodec's CPU backend (libjpeg-turbo, no GPU needed): decodes only a box of a JPEG.
+
+    One per process, made after the fork: the decoder holds native state that a forked worker must
+    not share. One thread: the DataLoader's workers are the parallelism.
+    """
+
+    def __init__(self, nvimgcodec):
+        self.version = getattr(nvimgcodec, "__version__", "(version unknown)")
+        self._codec = nvimgcodec
+        self._decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
+                                           backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
+        self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.SRGB,
+                                               sample_format=nvimgcodec.I_RGB)
+
+    def __call__(self, data: bytes | bytearray, box: tuple[int, int, int, int]) -> torch.Tensor | None:
+        """uint8 [bottom - top, right - left, 3] of the box (left, top, right, bottom), or None where
+        nvImageCodec cannot decode the file (it gives no reason; the next decoder will)."""
+        left, top, right, bottom = box
+        try:
+            stream = self._codec.CodeStream(np.frombuffer(data, dtype=np.uint8))
+            image = self._decoder.decode(stream.get_sub_code_stream(region=self._codec.Region(top, left, bottom, right)),
+                                         params=self._params)
+        except RuntimeError:
+            return None
+        if image is None:
+            return None
+        pixels = np.asarray(image)  # the image's host buffer, kept alive by the array
+        if pixels.shape != (bottom - top, right - left, 3):
+            return None
+        return torch.from_numpy(pixels)
+
+
+@functools.lru_cache(maxsize=None)
+def _nvimgcodec():
+    """The nvImageCodec module, or the reason it cannot serve (logged once per process)."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")  # its per-file warnings: we log our own
+    try:
+        import nvidia.nvimgcodec as nvimgcodec
+    except ImportError as error:
+        reason = f"nvImageCodec is not installed ({error}); on Linux x86_64/aarch64 " \
+                 f"`pip install nvidia-nvimgcodec-cu12` adds it"
+        log.info("JPEG crops are decoded whole with decode_jpeg: %s", reason)
+        return reason
+    except Exception as error:  # installed but broken (missing library, ABI)
+        reason = f"nvImageCodec does not import ({type(error).__name__}: {error})"
+        log.warning("JPEG crops are decoded whole with decode_jpeg: %s", reason)
+        return reason
+    return nvimgcodec
+
+
+@functools.lru_cache(maxsize=None)
+def _region_decoder_in(pid: int) -> RegionDecoder | str:
+    """This process's RegionDecoder, checked on a small JPEG, or why there is none."""
+    module = _nvimgcodec()
+    if isinstance(module, str):
+        return module
+    try:
+        decoder = RegionDecoder(module)
+        probe = io.BytesIO()
+        Image.new("RGB", (16, 16), (200, 120, 40)).save(probe, format="JPEG")
+        pixels = decoder(probe.getvalue(), (2, 4, 10, 12))
+        if pixels is None or pixels.shape != (8, 8, 3):
+            raise RuntimeError("it could not decode a 16x16 test JPEG on the CPU")
+    except Exception as error:
+        reason = f"nvImageCodec {getattr(module, '__version__', '')} cannot decode here " \
+                 f"({type(error).__name__}: {error})"
+        log.warning("JPEG crops are decoded whole with decode_jpeg (process %d): %s", pid, reason)
+        return reason
+    return decoder
+
+
+def region_decoder() -> RegionDecoder | None:
+    """This process's region decoder, or None: FASTLOADER_JPEG_DECODER rules it out, or nvImageCodec is
+    absent or fails here (logged once per process, with the reason)."""
+    if decoder_choice() != "auto":
+        return None
+    decoder = _region_decoder_in(os.getpid())
+    return decoder if isinstance(decoder, RegionDecoder) else None
+
+
+def describe() -> str:
+    """Which decoders the torch backend uses in this process, for the loader's log and `fastloader check`."""
+    choice = decoder_choice()
+    whole_name = jpeg_decoder()[0] if choice != "pillow" else "pillow"
+    whole = f"{whole_name} (whole file)" if whole_name != "pillow" else "Pillow"
+    if choice == "auto":
+        decoder = _region_decoder_in(os.getpid())
+        if isinstance(decoder, RegionDecoder):
+            jpegs = f"nvImageCodec {decoder.version} CPU region decode (the crop's pixels only), " \
+                    f"else {whole}"
+        else:
+            jpegs = f"{whole}; no region decode: {decoder}"
+    else:
+        jpegs = f"{whole} ({DECODER_ENV}={choice})"
+    return f"JPEG crops: {jpegs}; crops of 2x the output or more: Pillow draft; other formats, " \
+           f"CMYK and EXIF-rotated JPEGs: Pillow"
+
+
 def allow_pixels(max_pixels: int) -> None:
     """Let Pillow open images up to `max_pixels` when the config allows more than Pillow's default
     (its check would refuse them first); our own check in load_region stays the limit."""
@@ -59,8 +194,8 @@ ChooseCrop = Callable[[int, int], Crop]
 
 
 def load_region(path: str, choose_crop: ChooseCrop, size: int, *, exif_orientation: bool = True,
-                use_draft: bool = True, max_pixels: int = BOMB_PIXELS) -> tuple[torch.Tensor, Crop]:
-    """The decoded image as uint8 [H, W, 3] and the chosen crop in its pixel coordinates.
+                use_draft: bool = True, max_pixels: int = BOMB_PIXELS) -> Decoded:
+    """The decoded pixels (uint8 [H, W, 3]), the chosen crop in their coordinates, and the decoder used.
 
     An image of more than `max_pixels` is refused from its header, before its pixels are allocated.
     """
@@ -73,27 +208,43 @@ def load_region(path: str, choose_crop: ChooseCrop, size: int, *, exif_orientati
         orientation = image.getexif().get(_EXIF_ORIENTATION, 1) if exif_orientation else 1
         if orientation in (2, 3, 4, 5, 6, 7, 8):  # rare: decode fully, turn upright, crop upright
             upright = ImageOps.exif_transpose(image)
-            return _pillow_pixels(upright), choose_crop(upright.width, upright.height)
+            return Decoded(_pillow_pixels(upright), choose_crop(upright.width, upright.height), PILLOW)
         crop = choose_crop(image.width, image.height)
         if image.format == "JPEG" and image.mode in ("RGB", "L"):
             factor = min(crop.right - crop.left, crop.bottom - crop.top) / size
             if use_draft and factor >= 2:
                 return _drafted(image, crop, factor)
-            decode = jpeg_decoder()[1]
-            if decode is not None:
-                try:
-                    return decode(torch.frombuffer(data, dtype=torch.uint8)).permute(1, 2, 0), crop
-                except RuntimeError:  # a JPEG that libjpeg-turbo refuses here: Pillow tries, and explains
-                    pass
-        return _pillow_pixels(image), crop
+            decoded = _fast_jpeg(data, crop, image.size, path) if decoder_choice() != "pillow" else None
+            if decoded is not None:
+                return decoded
+        return Decoded(_pillow_pixels(image), crop, PILLOW)
 
 
-def _drafted(image: Image.Image, crop: Crop, factor: float) -> tuple[torch.Tensor, Crop]:
+def _fast_jpeg(data: bytearray, crop: Crop, size: tuple[int, int], path: str) -> Decoded | None:
+    """The crop's region (nvImageCodec), else the whole file (decode_jpeg), else None: Pillow tries, and
+    explains what is wrong with the file."""
+    region = region_decoder()
+    if region is not None:
+        box = crop.pixel_box(*size)
+        pixels = region(data, box)
+        if pixels is not None:
+            return Decoded(pixels, Crop(0, 0, box[2] - box[0], box[3] - box[1], crop.flip), REGION)
+        log.warning("%s: nvImageCodec could not decode this JPEG; the whole file goes to the next decoder", path)
+    decode = jpeg_decoder()[1]
+    if decode is not None:
+        try:
+            return Decoded(decode(torch.frombuffer(data, dtype=torch.uint8)).permute(1, 2, 0), crop, WHOLE)
+        except RuntimeError:  # a JPEG that libjpeg-turbo refuses here: Pillow tries, and explains
+            pass
+    return None
+
+
+def _drafted(image: Image.Image, crop: Crop, factor: float) -> Decoded:
     """Let the JPEG decoder shrink by 2/4/8 while the crop stays at least `size` pixels on each side."""
     full_w, full_h = image.size
     image.draft("RGB", (math.ceil(full_w / factor), math.ceil(full_h / factor)))
     crop = crop.scaled(image.width / full_w, image.height / full_h)
-    return _pillow_pixels(image), crop
+    return Decoded(_pillow_pixels(image), crop, DRAFT)
 
 
 def _pillow_pixels(image: Image.Image) -> torch.Tensor:

@@ -24,6 +24,16 @@ class Crop:
     def scaled(self, sx: float, sy: float) -> "Crop":
         return Crop(self.left * sx, self.top * sy, self.right * sx, self.bottom * sy, self.flip)
 
+    def pixel_box(self, width: int, height: int) -> tuple[int, int, int, int]:
+        """(left, top, right, bottom) in whole pixels of a width x height image: the box rounded, kept
+        inside the image and at least one pixel wide and high. The decoder decodes exactly this box and
+        the resize crops exactly this box, so both see the same pixels."""
+        left = min(max(0, round(self.left)), width - 1)
+        top = min(max(0, round(self.top)), height - 1)
+        right = max(left + 1, min(width, round(self.right)))
+        bottom = max(top + 1, min(height, round(self.bottom)))
+        return left, top, right, bottom
+
 
 def random_resized_crop(width: int, height: int, rng: random.Random, scale: tuple[float, float],
                         ratio: tuple[float, float], hflip: float) -> Crop:

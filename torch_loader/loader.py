@@ -22,6 +22,7 @@ from fastloader.order import EpochOrder
 from fastloader.parallel import fork_context
 from fastloader.samples import SampleIndex
 
+from .decode import describe as describe_decoders
 from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
 from .prefetch import Normalizer, prefetch_to_cuda
@@ -105,6 +106,8 @@ class TorchLoader(Loader):
         log.info("torch loader for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), %d workers, "
                  "device %s, pixels from %s", split.name, len(index), len(self), ranks.rank, ranks.world_size,
                  ranks.source, num_workers, device, "the cache" if pixels is not None else "the image files")
+        if pixels is None:
+            log.info("torch loader decoders: %s", describe_decoders())
 
     def describe(self) -> dict:
         return {**super().describe(), "workers": self.num_workers}

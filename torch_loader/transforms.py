@@ -44,7 +44,7 @@ class SampleTransform:
         return center_crop(width, height, self.size, self.crop_pct)
 
     def __call__(self, path: str, seed: int) -> torch.Tensor:
-        pixels, crop = load_region(path, lambda w, h: self.crop_for(w, h, seed), self.size,
+        pixels, crop, _ = load_region(path, lambda w, h: self.crop_for(w, h, seed), self.size,
                                    exif_orientation=self.exif_orientation, use_draft=self.use_draft,
                                    max_pixels=self.max_pixels)
         return self.resize(pixels, crop)
@@ -56,11 +56,7 @@ class SampleTransform:
 
     def resize(self, pixels: torch.Tensor, crop: Crop) -> torch.Tensor:
         """Crop [H, W, 3] to the box (whole pixels, at least one) and resize it to size x size."""
-        height, width = pixels.shape[:2]
-        left = min(max(0, round(crop.left)), width - 1)
-        top = min(max(0, round(crop.top)), height - 1)
-        right = max(left + 1, min(width, round(crop.right)))
-        bottom = max(top + 1, min(height, round(crop.bottom)))
+        left, top, right, bottom = crop.pixel_box(pixels.shape[1], pixels.shape[0])
         region = pixels[top:bottom, left:right].permute(2, 0, 1)
         out = F.resize(region, [self.size, self.size], interpolation=self.interpolation,
                        antialias=self.interpolation != InterpolationMode.NEAREST)
