@@ -46,8 +46,8 @@ def test_environment_forces_the_dali_backend_which_runs_its_cpu_flavour_without_
     result = run("bench", "configs/sample.yaml", "--batches", "2", "--warmup", "1", cache_dir=tmp_path,
                  FASTLOADER_BACKEND="dali")
     assert result.returncode == 0, result.stderr
-    assert "backend: dali (forced by FASTLOADER_BACKEND); no CUDA device for the output, so DALI runs its CPU " \
-           "flavour" in result.stderr
+    assert ("WARNING fastloader: backend dali for split 'train': backend: dali (from environment variable "
+            "FASTLOADER_BACKEND); no CUDA GPU is available, so DALI runs its CPU flavour") in result.stderr
     assert re.search(r"dali +cpu +dali cpu, 2 threads +\d+", result.stdout)
 
 

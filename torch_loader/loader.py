@@ -100,12 +100,16 @@ class TorchLoader(Loader):
             pin_memory=pin and torch.cuda.is_available(),
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
         )
-        log.info("torch loader for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), %d workers, "
-                 "device %s, pixels from %s", split.name, len(index), len(self), ranks.rank, ranks.world_size,
-                 ranks.source, num_workers, device, "the cache" if pixels is not None else "the image files")
+        if pixels is not None:
+            self.pixels_from = f"the cache {pixels.folder}"
+        log.info("%r; ranks: %s", self, ranks.source)
 
     def describe(self) -> dict:
         return {**super().describe(), "workers": self.num_workers}
+
+    def _parallelism(self) -> str:
+        normalize = "on the device" if self.device.type == "cuda" else "in the workers"
+        return f"workers={self.num_workers} (normalizing {normalize})"
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
