@@ -124,6 +124,12 @@ class DaliLoader(Loader):
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
 
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches this loader may hold prepared ahead of its consumer: DALI's prefetch queue
+        (workers.prefetch_factor), plus the batch being assembled."""
+        return self.config.workers.prefetch_factor + 1
+
     def _parallelism(self) -> str:
         decoder = "nvJPEG on the GPU" if self.flavour == "gpu" else "decoding on the CPU"
         return f"flavour={self.flavour!r} ({decoder}), threads={self.num_threads}"

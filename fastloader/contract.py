@@ -234,6 +234,11 @@ class Loader(abc.ABC):
                 "rank": self.ranks.rank, "world_size": self.ranks.world_size, "pixels": self.pixels_from,
                 "config": config_to_dict(self.config)}
 
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches the loader may hold prepared ahead of its consumer (a benchmark drains them)."""
+        return 0
+
     def _parallelism(self) -> str:
         """How it decodes in parallel, as `repr` shows it (workers, or DALI's flavour and threads)."""
         return ""

@@ -107,6 +107,13 @@ class TorchLoader(Loader):
     def describe(self) -> dict:
         return {**super().describe(), "workers": self.num_workers}
 
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches this loader may hold prepared ahead of its consumer: each worker's prefetch_factor,
+        plus the one the CUDA prefetcher converts ahead (what a benchmark must drain before timing)."""
+        ahead = self.num_workers * self.config.workers.prefetch_factor
+        return ahead + (1 if self.device.type == "cuda" else 0)
+
     def _parallelism(self) -> str:
         normalize = "on the device" if self.device.type == "cuda" else "in the workers"
         return f"workers={self.num_workers} (normalizing {normalize})"
