@@ -126,10 +126,9 @@ class DaliLoader(Loader):
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._run = 0  # which loop owns the pipeline
         self._broken = ""  # why the pipeline cannot run any more
-        log.info("dali loader (%s flavour) for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), "
-                 "%d threads, device %s, pixels from %s", self.flavour, split.name, len(index), len(self), ranks.rank,
-                 ranks.world_size, ranks.source, self.num_threads, device,
-                 "the cache" if pixels is not None else "the image files")
+        if pixels is not None:
+            self.pixels_from = f"the cache {pixels.folder}"
+        log.info("%r; ranks: %s", self, ranks.source)
 
     def _build(self):
         return build_pipeline(
@@ -140,6 +139,16 @@ class DaliLoader(Loader):
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches this loader may hold prepared ahead of its consumer: DALI's prefetch queue
+        (workers.prefetch_factor), plus the batch being assembled."""
+        return self.config.workers.prefetch_factor + 1
+
+    def _parallelism(self) -> str:
+        decoder = "nvJPEG on the GPU" if self.flavour == "gpu" else "decoding on the CPU"
+        return f"flavour={self.flavour!r} ({decoder}), threads={self.num_threads}"
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._broken:

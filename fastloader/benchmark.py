@@ -4,6 +4,12 @@ A simulated model step (--step-ms, busy on the output device) stands in for the 
 that keeps up shows a stall near 0% and one that does not shows how far it falls behind. With
 `--backend both`, the two backends run in alternating rounds in one process, so that both see the
 same machine state (page cache, clocks, neighbours), and their ratio is printed.
+
+Why each round drains first: a loader prepares batches ahead (torch: workers x prefetch_factor;
+DALI: its prefetch queue), also while the other backend has its turn. A round that timed those
+would report a rate the loader cannot sustain (16 workers x 2 = 32 ready batches timed in a few
+milliseconds). So each round first takes at least `prefetch_depth` batches untimed, then times
+batches prepared after it started, for at least --seconds and --batches, across epochs as needed.
 """
 from __future__ import annotations
 
@@ -18,20 +24,28 @@ from .progress import Progress
 HELP = "iterate a split and report images/s, stall, time to first batch and memory"
 EXAMPLES = """  fastloader bench configs/sample.yaml
   fastloader bench configs/sample.yaml --backend both --step-ms 20 --json bench.json --plot bench.png
-  fastloader bench configs/imagenette.yaml --split val --set dataset.root=/data/imagenette2-320 --batches 50
+  fastloader bench configs/imagenette.yaml --split val --set dataset.root=/data/imagenette2-320 --seconds 10
 """
+
+SHARE_NOTE = 0.10
+"""A prefetch depth above this share of a round's timed batches is pointed out: the loader's queue
+is full or empty at the round's ends, so its rate is uncertain by up to that share."""
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--split", default="train", help="split section to read (default: train)")
     parser.add_argument("--backend", choices=("auto", "torch", "dali", "both"),
                         help="override the config's backend; both: torch and dali in alternating rounds")
+    parser.add_argument("--seconds", type=float, default=2.0,
+                        help="each round times at least this long (default: 2; 0: --batches alone decides)")
     parser.add_argument("--batches", type=int, default=0,
-                        help="batches to time per backend (default: one epoch); epochs repeat as needed")
+                        help="each round times at least this many batches, epochs repeating as needed "
+                             "(default: 10 x the loader's prefetch depth, at least 10)")
     parser.add_argument("--warmup", type=int, default=2,
-                        help="batches run untimed before each round (default: 2)")
-    parser.add_argument("--rounds", type=int, default=0,
-                        help="timed rounds per backend (default: 3 with --backend both, else 1)")
+                        help="untimed batches at the start of each round; raised to the loader's prefetch depth "
+                             "(workers x prefetch_factor), so that no round times batches prepared before it began "
+                             "(default: 2)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per backend (default: 3)")
     parser.add_argument("--step-ms", type=float, default=0.0,
                         help="a simulated model step of this many ms, busy on the output device, after each batch")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -39,45 +53,81 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from . import build_loader
     backends = ["torch", "dali"] if args.backend == "both" else [args.backend]
-    rounds = args.rounds or (3 if args.backend == "both" else 1)
-    for name, value in (("--batches", args.batches), ("--warmup", args.warmup), ("--rounds", rounds)):
+    for name, value in (("--batches", args.batches), ("--warmup", args.warmup), ("--seconds", args.seconds)):
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     for path in (args.json, args.plot):  # fail before a long run, not after it
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     runs = []
     try:
         for backend in backends:
-            overrides = list(args.overrides) + ([f"backend={backend}"] if backend else [])
             started = time.perf_counter()
-            loader = build_loader(args.config, split=args.split, overrides=overrides)
-            runs.append(Run(loader, time.perf_counter() - started, args.step_ms))
-        per_epoch = len(runs[0].loader)
-        if per_epoch == 0:
+            runs.append(Run(build(args, backend), time.perf_counter() - started, args.step_ms))
+        if len(runs[0].loader) == 0:
             print(f"fastloader: error: split '{args.split}' yields no batch per epoch (see the warning above)",
                   file=sys.stderr)
             return 1
-        total = args.batches or per_epoch
-        per_round = [total // rounds + (1 if r < total % rounds else 0) for r in range(rounds)]
-        progress = Progress(len(runs) * (rounds * args.warmup + total))
-        for count in per_round:
-            for bench_run in runs:  # alternate, so that neither backend gets a quieter machine
-                bench_run.round(args.warmup, count, progress)
+        progress = Progress(len(runs) * args.rounds, unit="rounds")
+        for number in range(args.rounds):
+            order = runs if number % 2 == 0 else runs[::-1]  # alternate, so neither gets a quieter machine
+            for bench_run in order:
+                timed = bench_run.round(args.warmup, args.batches, args.seconds)
+                print(f"round {number + 1}/{args.rounds} {bench_run.loader.backend}: {timed.summary()}", flush=True)
+                progress.advance()
         progress.finish()
-        report(runs, args, total)
+        report(runs, args)
     finally:
         for bench_run in runs:
             bench_run.loader.close()
     return 0
 
 
+def build(args, backend: str | None):
+    """The loader under test. The loaders' own per-epoch lines are off: an epoch that a round boundary
+    cuts (the other backend's turn, or the next round's drain) would count time it did not run; the
+    bench prints one line per round instead, and its table adds those rounds up."""
+    from . import build_loader
+    from .config import load_config
+    config = load_config(args.config, args.overrides)
+    if backend:
+        config = load_config(config, {"backend": backend}, origin=f"the command's --backend {args.backend}")
+    config = load_config(config, {"stats.log_level": "none"}, origin="fastloader bench (it reports per round)")
+    return build_loader(config, split=args.split)
+
+
+class Round:
+    """One timed round: what it drained untimed, then what it timed."""
+
+    def __init__(self, drained: int, epoch_batches: int):
+        self.drained, self.epoch_batches = drained, epoch_batches
+        self.images = self.batches = 0
+        self.seconds = self.wait_s = 0.0
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images / self.seconds if self.seconds else float("nan")
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.wait_s / self.seconds if self.seconds else float("nan")
+
+    def summary(self) -> str:
+        return (f"{self.images} images in {self.batches} batches ({self.batches / self.epoch_batches:.1f} epochs), "
+                f"{self.seconds:.2f} s: {self.images_per_second:.0f} images/s, waited for data "
+                f"{self.stall_fraction:.1%} of the time; {self.drained} batches drained untimed first")
+
+    def as_dict(self) -> dict:
+        return {"drained": self.drained, "images": self.images, "batches": self.batches, "seconds": self.seconds,
+                "images_per_second": self.images_per_second, "stall_fraction": self.stall_fraction}
+
+
 class Run:
     """One loader under measurement. Its rounds continue one stream of batches (epochs repeat as
-    needed); each round first takes `warmup` batches untimed, which also drains what the loader
-    prefetched while the other backend had its turn."""
+    needed); each round first drains what the loader prepared before it began, untimed."""
 
     def __init__(self, loader, build_s: float, step_ms: float):
         self.loader, self.build_s = loader, build_s
@@ -85,9 +135,7 @@ class Run:
         self.stream = self._batches()
         self.first_batch_s = float("nan")
         self.shape = self.dtype = None
-        self.images = 0
-        self.seconds = 0.0  # timed wall time, rounds summed
-        self.wait_s = 0.0
+        self.rounds: list[Round] = []
         self.batch_wait_s, self.batch_done_s = array("d"), array("d")  # timed batches, for the plot
         self.peak_memory = 0  # bytes, the largest of the samples taken after each round
 
@@ -96,26 +144,32 @@ class Run:
             for batch in self.loader:
                 yield batch
 
-    def round(self, warmup: int, count: int, progress: Progress) -> None:
+    def round(self, warmup: int, min_batches: int, min_seconds: float) -> Round:
+        """Drain max(warmup, prefetch depth) batches, then time until both floors are met."""
+        depth = self.loader.prefetch_depth
+        min_batches = min_batches or max(10, 10 * depth)
         clock = time.perf_counter
-        for _ in range(warmup):
+        timed = Round(max(warmup, depth), len(self.loader))
+        for _ in range(timed.drained):
             self._next(clock)
-            progress.advance()
+        offset = sum(r.seconds for r in self.rounds)
         started = clock()
-        for _ in range(count):
+        while timed.batches < min_batches or clock() - started < min_seconds:
             asked = clock()
             images = self._next(clock)
             arrived = clock()
             self.step(images)
-            self.images += len(images)
-            self.wait_s += arrived - asked
+            timed.images += len(images)
+            timed.batches += 1
+            timed.wait_s += arrived - asked
             self.batch_wait_s.append(arrived - asked)
-            self.batch_done_s.append(self.seconds + clock() - started)
-            progress.advance()
+            self.batch_done_s.append(offset + clock() - started)
         synchronize(self.loader.device)
-        self.seconds += clock() - started
+        timed.seconds = clock() - started
+        self.rounds.append(timed)
         # Reading PSS takes ~10 ms per process, so it is sampled after each round, off the clock.
         self.peak_memory = max(self.peak_memory, process_tree_memory())
+        return timed
 
     def _next(self, clock):
         asked = clock()
@@ -128,43 +182,57 @@ class Run:
     def result(self) -> dict:
         from .config import config_to_dict
         info = self.loader.describe()
-        batches = len(self.batch_wait_s)
+        images, batches = sum(r.images for r in self.rounds), sum(r.batches for r in self.rounds)
+        seconds = sum(r.seconds for r in self.rounds)
+        rates = [r.images_per_second for r in self.rounds]
+        # The median round, not the sum: one round slowed by a cold start or a neighbour does not move it.
+        median = sorted(self.rounds, key=lambda r: r.images_per_second)[(len(self.rounds) - 1) // 2]
         return {"backend": self.loader.backend, "device": str(self.loader.device), "parallelism": parallelism(info),
-                "images_per_second": self.images / self.seconds if self.seconds else float("nan"),
-                "batches_per_second": batches / self.seconds if self.seconds else float("nan"),
-                "stall_fraction": self.wait_s / self.seconds if self.seconds else float("nan"),
+                "images_per_second": median.images_per_second,
+                "batches_per_second": median.batches / median.seconds if median.seconds else float("nan"),
+                "stall_fraction": median.stall_fraction,
+                "round_images_per_second": rates, "prefetch_depth": self.loader.prefetch_depth,
                 "time_to_first_batch_s": self.first_batch_s, "build_s": self.build_s,
                 "peak_memory_bytes": self.peak_memory, "peak_gpu_bytes": peak_gpu_bytes(self.loader.device),
-                "images": self.images, "batches": batches, "seconds": self.seconds,
-                "batch_shape": self.shape, "dtype": self.dtype,
+                "images": images, "batches": batches, "seconds": seconds,
+                "batch_shape": self.shape, "dtype": self.dtype, "rounds": [r.as_dict() for r in self.rounds],
                 "per_batch": {"wait_s": list(self.batch_wait_s), "done_s": list(self.batch_done_s)},
                 "config": config_to_dict(self.loader.config)}
 
 
-def report(runs: list[Run], args, total: int) -> None:
+def report(runs: list[Run], args) -> None:
     results = [r.result() for r in runs]
     first = runs[0].loader
     print(f"split {args.split}: {first.num_samples} samples, {len(first)} batches/epoch of {first.batch_size}, "
           f"batches {results[0]['batch_shape']} {results[0]['dtype']}, classes: {', '.join(first.classes[:8])}"
           f"{' ...' if len(first.classes) > 8 else ''}")
-    print(f"{total} batches timed per backend after {args.warmup} warm-up batches per round; "
-          f"model step {args.step_ms:g} ms")
-    header = ("backend", "device", "parallelism", "images/s", "batches/s", "stall", "first batch", "peak memory")
-    rows = [(r["backend"], r["device"], r["parallelism"], f"{r['images_per_second']:.0f}",
+    print(f"{args.rounds} rounds per backend, each timing at least {args.seconds:g} s and "
+          f"{args.batches or '10 x prefetch depth'} batches after draining the prefetched ones; "
+          f"model step {args.step_ms:g} ms; the table gives the median round")
+    header = ("backend", "device", "parallelism", "images/s", "rounds", "batches/s", "stall", "first batch",
+              "peak memory")
+    rows = [(r["backend"], r["device"], r["parallelism"], f"{r['images_per_second']:.0f}", _spread(r),
              f"{r['batches_per_second']:.1f}", f"{r['stall_fraction']:.1%}", f"{r['time_to_first_batch_s']:.2f} s",
              human_bytes(r["peak_memory_bytes"])) for r in results]
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
         print("  ".join(str(cell).ljust(width) if i < 3 else str(cell).rjust(width)
                         for i, (cell, width) in enumerate(zip(row, widths))))
-    summary = {"split": args.split, "config_file": str(args.config), "batches": total, "warmup": args.warmup,
-               "step_ms": args.step_ms, "hardware": hardware(), "runs": results}
+    for result in results:
+        fewest = min(r["batches"] for r in result["rounds"])
+        if result["prefetch_depth"] > SHARE_NOTE * fewest:
+            print(f"note: the {result['backend']} loader holds up to {result['prefetch_depth']} batches prepared "
+                  f"ahead, {result['prefetch_depth'] / fewest:.0%} of the {fewest} batches its shortest round timed, "
+                  f"so its rate is uncertain by up to that share; raise --seconds or --batches")
+    summary = {"split": args.split, "config_file": str(args.config), "rounds": args.rounds, "seconds": args.seconds,
+               "batches": args.batches, "warmup": args.warmup, "step_ms": args.step_ms, "hardware": hardware(),
+               "runs": results}
     if len(results) == 2:
         ratio = results[1]["images_per_second"] / results[0]["images_per_second"]
         summary["ratio"] = {f"{results[1]['backend']}/{results[0]['backend']}": ratio}
         print(f"{results[1]['backend']} / {results[0]['backend']}: {ratio:.2f}x images/s")
     else:
-        summary.update({k: v for k, v in results[0].items() if k != "per_batch"})
+        summary.update({k: v for k, v in results[0].items() if k not in ("per_batch", "rounds")})
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(_finite(summary), handle, indent=1)
@@ -172,6 +240,12 @@ def report(runs: list[Run], args, total: int) -> None:
     if args.plot:
         plot(results, args, args.plot)
         print(f"wrote {args.plot}")
+
+
+def _spread(result: dict) -> str:
+    """The rounds' lowest and highest images/s: how stable the figure is."""
+    rates = result["round_images_per_second"]
+    return f"{min(rates):.0f}-{max(rates):.0f}" if len(rates) > 1 else "1 round"
 
 
 def _finite(value):

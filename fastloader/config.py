@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping, Union
 import yaml
 
 from .schema import (  # noqa: F401  (re-exported: the schema is read as fastloader.config)
-    BACKEND_ENV, EVAL_TRANSFORM_KEYS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, TRAIN_TRANSFORM_KEYS,
+    BACKEND_ENV, EVAL_TRANSFORM_KEYS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, NAMED_SPLITS, TRAIN_TRANSFORM_KEYS,
     Config, ConfigError, DaliConfig, DatasetConfig, DistributedConfig, NormalizeConfig, OutputConfig,
     SplitConfig, StatsConfig, TransformConfig, WorkersConfig, _SCALARS, _SECTIONS)
 
@@ -27,16 +27,20 @@ from .schema import (  # noqa: F401  (re-exported: the schema is read as fastloa
 
 
 def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
-                overrides: Mapping[str, Any] | list[str] | tuple[str, ...] | None = None) -> Config:
+                overrides: Mapping[str, Any] | list[str] | tuple[str, ...] | None = None,
+                *, origin: str | None = None) -> Config:
     """Read a config from a YAML path, a dict or a Config, apply overrides and validate it all.
 
     Relative paths in a file are relative to the file's folder; in a dict, and in overrides, to the
-    current directory. `$FASTLOADER_BACKEND` replaces `backend` when set.
+    current directory. `$FASTLOADER_BACKEND` replaces `backend` when set. `origin` names where the
+    overrides come from in messages and logs (a command's option, say), instead of "override 'KEY'".
     """
+    origins: dict[str, str] = {}
     if isinstance(config, Config):
         if not overrides and not os.environ.get(BACKEND_ENV):
             return config
         raw, source, base_dir = _config_to_raw(config), config.source, Path.cwd()
+        origins.update(config.origins)
     elif isinstance(config, Mapping):
         raw, source, base_dir = _deep_copy(config), "<dict>", Path.cwd()
     else:
@@ -53,10 +57,9 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         source, base_dir = str(path), path.resolve().parent
         raw = _resolve_paths(raw, base_dir)
 
-    origins: dict[str, str] = {}
     for key, value in _parse_overrides(overrides):
-        _set_dotted(raw, key, _resolve_override_path(key, value), f"override '{key}'", source)
-        origins[key] = f"override '{key}'"
+        origins[key] = origin or f"override '{key}'"
+        _set_dotted(raw, key, _resolve_override_path(key, value), origins[key], source)
     forced = os.environ.get(BACKEND_ENV)
     if forced:
         raw["backend"] = forced
@@ -142,7 +145,7 @@ def _deep_copy(value: Any) -> Any:
 def _config_to_raw(config: Config) -> dict:
     raw = {}
     for f in dataclasses.fields(Config):
-        if f.name in ("source",):
+        if f.name in ("source", "origins"):
             continue
         value = getattr(config, f.name)
         if f.name == "splits":
@@ -212,6 +215,16 @@ class _Builder:
                     f"valid keys here: {', '.join(valid)}.")
         raise ConfigError(f"{self.where(path)}: unknown key '{path}'; {hint}")
 
+    def unnamed_split(self, name: str, others: list[str]) -> typing.NoReturn:
+        """A split section other than train/val/test that does not state its mode: most often a typo
+        (`trian.batch_size=8` would create a split 'trian' and leave 'train' as it was)."""
+        origin = next((o for k, o in self.origins.items() if k == name or k.startswith(name + ".")), self.source)
+        close = difflib.get_close_matches(name, [*others, *NAMED_SPLITS], n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"{origin}: split section '{name}' does not state its mode{hint} A split other than "
+                          f"{', '.join(NAMED_SPLITS[:-1])} or {NAMED_SPLITS[-1]} must state it ('{name}.mode: train' "
+                          f"or 'eval'), so that a typo cannot create a new split")
+
     # -- top level ---------------------------------------------------------------------------
 
     def config(self, raw: dict) -> Config:
@@ -227,13 +240,18 @@ class _Builder:
                 close = difflib.get_close_matches(key, [*_SECTIONS, *_SCALARS], n=1, cutoff=0.75)
                 if close:  # 'normalise:' is a typo, not a split named 'normalise'
                     self.unknown(key, [*_SECTIONS, *_SCALARS])
+                if "mode" not in value and key not in NAMED_SPLITS:
+                    self.unnamed_split(key, [k for k in raw if k != key and k not in _SECTIONS])
                 splits[key] = self.split(key, value)
             else:
                 self.unknown(key, [*_SECTIONS, *_SCALARS, "<split name>"])
+        for key in _SCALARS:
+            if key not in raw:
+                self.origins.setdefault(key, f"the default, as {self.source} does not set it")
         if "dataset" not in values:
             self.fail("dataset", "missing; every config needs 'dataset: {root: PATH}'")
         self.validate_fields(Config, values, "")
-        return Config(**values, splits=splits, source=self.source)
+        return Config(**values, splits=splits, source=self.source, origins=dict(self.origins))
 
     def split(self, name: str, raw: dict) -> SplitConfig:
         valid = [f.name for f in dataclasses.fields(SplitConfig) if f.name != "name"]

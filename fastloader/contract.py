@@ -31,6 +31,8 @@ class Loader(abc.ABC):
     """
 
     backend: str = "?"
+    pixels_from: str = "the image files"
+    """Where the pixels come from: the image files, or a uint8 cache folder (set by the backend)."""
 
     def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
                  device: torch.device):
@@ -229,7 +231,25 @@ class Loader(abc.ABC):
         """What this loader is, for logs and reports."""
         return {"backend": self.backend, "split": self.split.name, "device": str(self.device),
                 "batches": len(self), "batch_size": self.batch_size, "num_samples": self.num_samples,
-                "rank": self.ranks.rank, "world_size": self.ranks.world_size, "config": config_to_dict(self.config)}
+                "rank": self.ranks.rank, "world_size": self.ranks.world_size, "pixels": self.pixels_from,
+                "config": config_to_dict(self.config)}
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches the loader may hold prepared ahead of its consumer (a benchmark drains them)."""
+        return 0
+
+    def _parallelism(self) -> str:
+        """How it decodes in parallel, as `repr` shows it (workers, or DALI's flavour and threads)."""
+        return ""
+
+    def __repr__(self) -> str:
+        """What the loader is doing, so that `print(loader)` answers "which backend, where, how wide"."""
+        closed = ", closed" if self._closed else ""
+        return (f"{type(self).__name__}(split={self.split.name!r}, backend={self.backend!r}, {self._parallelism()}, "
+                f"device={str(self.device)!r}, samples={self.num_samples}, batches={len(self)} of "
+                f"{self.batch_size}, rank={self.ranks.rank}/{self.ranks.world_size}, pixels from "
+                f"{self.pixels_from}{closed})")
 
     # -- what a backend provides -----------------------------------------------------------------
 

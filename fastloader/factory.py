@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from .cache import open_split_cache
-from .config import BACKEND_ENV, Config, ConfigError
+from .config import Config, ConfigError
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
 from .index_screen import screen_index, transcoded_for_dali
@@ -37,7 +36,8 @@ def choose_backend(config: Config, device: torch.device) -> tuple[str, str]:
                          "(on the CPU the torch backend is the faster)")
     problem = _dali_import_problem()
     if problem:
-        return "torch", f"backend: auto and NVIDIA DALI does not import ({problem}; {DALI_INSTALL_HINT})"
+        return "torch", (f"backend: auto and NVIDIA DALI does not import, though a CUDA GPU is present, so the "
+                         f"torch backend decodes on the CPU ({problem}; {DALI_INSTALL_HINT})")
     return "dali", "backend: auto, a CUDA GPU is present and NVIDIA DALI imports"
 
 
@@ -51,7 +51,8 @@ def _dali_import_problem() -> str | None:
 
 
 def _origin(config: Config) -> str:
-    return f"forced by {BACKEND_ENV}" if os.environ.get(BACKEND_ENV) else f"from {config.source}"
+    """Where `backend` really came from: the file, an override, the command, FASTLOADER_BACKEND."""
+    return f"from {config.origin('backend')}"
 
 
 def choose_device(config: Config, ranks: RankInfo) -> torch.device:
@@ -73,9 +74,16 @@ def create_loader(config: Config, split_name: str) -> Loader:
     ranks = detect_ranks(config.distributed)
     device = choose_device(config, ranks)
     backend, reason = choose_backend(config, device)
+    surprising = "does not import, though" in reason  # a GPU box whose DALI is broken
     if backend == "dali" and device.type == "cpu":
-        reason += "; no CUDA device for the output, so DALI runs its CPU flavour (decoding on the CPU)"
-    log.info("backend %s for split '%s': %s", backend, split_name, reason)
+        if config.output.device == "cpu":
+            reason += f"; output.device: cpu ({config.origin('output.device')}), so DALI runs its CPU flavour"
+        else:  # asked for DALI, got no GPU: the user would not expect CPU decoding
+            surprising = True
+            reason += ("; no CUDA GPU is available, so DALI runs its CPU flavour (decoding on the CPU, not with "
+                       "nvJPEG); set backend: torch or run on a GPU to silence this")
+    log.log(logging.WARNING if surprising else logging.INFO, "backend %s for split '%s': %s", backend, split_name,
+            reason)
     index = build_index(config, split)
     cache = open_split_cache(config, split, index)  # None: read the image files
     if cache is not None:  # the cache lists the files it could not decode: no screening needed

@@ -97,8 +97,12 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from . import build_loader
-    overrides = _overrides(args)
-    with build_loader(args.config, split=args.split, overrides=overrides) as loader:
+    from .config import load_config
+    config = load_config(args.config, args.overrides)
+    for option, key, value in (("--backend", "backend", args.backend), ("--seed", "seed", args.seed)):
+        if value is not None:  # shorthands for --set that win over it, and that the log names as the command
+            config = load_config(config, {key: value}, origin=f"the command's {option} {value}")
+    with build_loader(config, split=args.split) as loader:
         loader.set_epoch(args.epoch)
         images, labels = first_samples(loader, args.n)
         if len(labels) == 0:
@@ -121,16 +125,6 @@ def run(args) -> int:
     print(f"wrote {args.out}: {len(names)} samples of split '{args.split}' (backend {backend}), "
           f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px")
     return 0
-
-
-def _overrides(args) -> list[str]:
-    """--backend and --seed are shorthands for --set; they come last, so they win."""
-    overrides = list(args.overrides)
-    if args.backend:
-        overrides.append(f"backend={args.backend}")
-    if args.seed is not None:
-        overrides.append(f"seed={args.seed}")
-    return overrides
 
 
 def first_samples(loader, n: int):

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 BACKEND_ENV = "FASTLOADER_BACKEND"
+NAMED_SPLITS = ("train", "val", "test")
+"""Split sections that may leave out `mode` (train: train mode, the others eval). Any other split must
+state it, so that a typo such as `trian:` or `--set trian.batch_size=8` fails instead of creating a split."""
 """Environment variable that forces the backend (auto | dali | torch) whatever the config says."""
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -195,6 +198,14 @@ class Config:
     """One top-level section per split, named after it (train, val, ...)."""
     source: str = "<dict>"
     """Where the config came from, for messages."""
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Dotted key -> what set it when not the file: "override 'KEY'", a command's option, the
+    environment variable, or the default (top-level scalars only)."""
+
+    def origin(self, key: str) -> str:
+        """Where this key's value really came from, for logs: an override, the command, the
+        environment, the default, or the config file."""
+        return self.origins.get(key) or self.source
 
     def split(self, name: str) -> SplitConfig:
         """The named split's section, or an error listing the splits that exist."""

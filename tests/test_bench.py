@@ -1,37 +1,56 @@
-"""`fastloader bench` as a user runs it: both backends interleaved, a simulated model step, JSON and PNG."""
+"""`fastloader bench` as a user runs it: both backends interleaved, a simulated model step, JSON and PNG,
+and rounds that cannot time batches the loader prepared before they began."""
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from fastloader import build_loader
 from test_cli import run
 
 SMALL = ["--set", "train.transform.size=32", "--set", "train.batch_size=16"]
+EXACT = ["--seconds", "0", "--rounds", "3"]  # exactly --batches per round, no time floor
 
 
 def test_both_backends_interleaved_with_json_and_plot(tmp_path):
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
     out = tmp_path / "out"
-    result = run("bench", "configs/sample.yaml", "--backend", "both", "--batches", "6", "--warmup", "1",
+    result = run("bench", "configs/sample.yaml", "--backend", "both", "--batches", "6", "--warmup", "1", *EXACT,
                  "--json", str(out / "bench.json"), "--plot", str(out / "bench.png"), *SMALL, cache_dir=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "6 batches timed per backend after 1 warm-up batches per round; model step 0 ms" in result.stdout
+    assert ("3 rounds per backend, each timing at least 0 s and 6 batches after draining the prefetched ones; "
+            "model step 0 ms") in result.stdout
+    # where the backend came from: the command, not the config file
+    assert "backend torch for split 'train': backend: torch (from the command's --backend both)" in result.stderr
+    assert "backend: dali (from the command's --backend both)" in result.stderr
     summary = json.loads((out / "bench.json").read_text())
     torch_run, dali_run = summary["runs"]
     assert (torch_run["backend"], dali_run["backend"]) == ("torch", "dali")
+    assert torch_run["prefetch_depth"] == 2 * 2 and dali_run["prefetch_depth"] == 2 + 1  # sample.yaml: 2 workers
     for run_ in summary["runs"]:
-        assert run_["images"] == 6 * 16 and run_["batches"] == 6 and len(run_["per_batch"]["wait_s"]) == 6
-        assert run_["images_per_second"] == pytest.approx(run_["images"] / run_["seconds"])
+        assert [r["batches"] for r in run_["rounds"]] == [6, 6, 6] and run_["images"] == 3 * 6 * 16
+        assert [r["drained"] for r in run_["rounds"]] == [run_["prefetch_depth"]] * 3  # > --warmup 1
+        rates = sorted(r["images_per_second"] for r in run_["rounds"])
+        assert run_["images_per_second"] == pytest.approx(rates[1])  # the median round
+        assert run_["round_images_per_second"] == [r["images_per_second"] for r in run_["rounds"]]
         assert 0 < run_["stall_fraction"] <= 1 and run_["time_to_first_batch_s"] > 0
         assert run_["peak_memory_bytes"] > 100 * 2**20 and run_["batch_shape"] == [16, 3, 32, 32]
         assert run_["config"]["train"]["batch_size"] == 16 and run_["config"]["backend"] == run_["backend"]
+        # each round's line and the table say the same: the table's figure is one of the rounds' lines
+        lines = re.findall(rf"round \d/3 {run_['backend']}: 96 images in 6 batches \(0\.4 epochs\), [\d.]+ s: "
+                           rf"(\d+) images/s", result.stdout)
+        assert len(lines) == 3 and f"{run_['images_per_second']:.0f}" in lines
+    assert "epoch 0, rank 0" not in result.stderr  # the loaders' per-epoch lines, cut by rounds, are off
     ratio = dali_run["images_per_second"] / torch_run["images_per_second"]
     assert summary["ratio"] == {"dali/torch": pytest.approx(ratio)}
     assert f"dali / torch: {ratio:.2f}x images/s" in result.stdout
-    assert "3 rounds" not in result.stdout and "18/18 batches" in result.stderr  # 2 x 3 rounds x (1 + 2)
+    assert "6/6 rounds" in result.stderr
+    assert "note: the torch loader holds up to 4 batches prepared ahead, 67% of the 6 batches" in result.stdout
     image = np.asarray(Image.open(out / "bench.png").convert("RGB"))
     assert image.shape == (500, 700, 3)
     assert len(np.unique(image.reshape(-1, 3), axis=0)) > 20  # axes, two coloured series, text: not blank
@@ -41,11 +60,62 @@ def test_a_model_step_that_hides_the_loading_shows_as_a_smaller_stall(tmp_path):
     results = {}
     for step in ("0", "40"):
         path = tmp_path / f"step{step}.json"
-        result = run("bench", "configs/sample.yaml", "--backend", "torch", "--batches", "8", "--step-ms", step,
-                     "--json", str(path), *SMALL, cache_dir=tmp_path)
+        result = run("bench", "configs/sample.yaml", "--backend", "torch", "--batches", "8", "--rounds", "1",
+                     "--seconds", "0", "--step-ms", step, "--json", str(path), *SMALL, cache_dir=tmp_path)
         assert result.returncode == 0, result.stderr
         results[step] = json.loads(path.read_text())
     assert results["0"]["backend"] == "torch" and results["0"]["step_ms"] == 0
     assert results["0"]["stall_fraction"] > 0.5  # nothing to do but wait for data
     assert results["40"]["stall_fraction"] < results["0"]["stall_fraction"] / 2
     assert results["40"]["seconds"] >= 8 * 0.040  # the step really ran
+
+
+def test_the_time_floor_spans_epochs(tmp_path):
+    path = tmp_path / "floor.json"
+    result = run("bench", "configs/sample.yaml", "--backend", "torch", "--rounds", "1", "--seconds", "1.5",
+                 "--json", str(path), *SMALL, cache_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    timed = json.loads(path.read_text())["runs"][0]["rounds"][0]
+    assert timed["seconds"] >= 1.5 and timed["batches"] >= 40  # default floor: 10 x (2 workers x prefetch 2)
+    assert timed["batches"] > 15 * 2  # 15 batches per epoch of 240 at 16: more than two epochs
+
+
+def _write_slow_dataset(root):
+    """Noise PNGs: slow to decode and not shrinkable while decoding, so that one worker is the limit and
+    a batch costs far more to make than to hand over."""
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        folder = root / "val" / name
+        folder.mkdir(parents=True)
+        for i in range(12):
+            Image.fromarray(rng.integers(0, 256, (640, 640, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+def test_a_round_cannot_time_batches_prepared_before_it(tmp_path):
+    """One slow worker with a deep prefetch queue that fills while the other backend has its turn. Timing
+    those ready batches (what the old bench did after its 2 warm-up batches) gives a rate the worker cannot
+    sustain; the bench drains them first, so its rounds time batches made while they ran."""
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    root = _write_slow_dataset(tmp_path / "slow")
+    config = {"dataset": {"root": str(root)}, "backend": "torch", "output": {"device": "cpu"},
+              "workers": {"num_workers": 1, "prefetch_factor": 8}, "dali": {"threads": 1},
+              "val": {"batch_size": 6, "transform": {"size": 32}}}
+    with build_loader(config, "val") as deep:  # the trap, shown by hand
+        stream = (batch for _ in range(3) for batch in deep)  # epochs of 4 batches, one after another
+        next(stream)
+        time.sleep(3.0)  # the worker fills its 8 slots, as it does while the other backend runs
+        started = time.perf_counter()
+        images = sum(len(next(stream)[1]) for _ in range(4))
+        trap = images / (time.perf_counter() - started)
+    config_path = tmp_path / "slow.yaml"
+    config_path.write_text(json.dumps(config))
+    path = tmp_path / "slow.json"
+    result = run("bench", str(config_path), "--split", "val", "--backend", "both", "--batches", "4",
+                 "--seconds", "0", "--rounds", "2", "--json", str(path), cache_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    torch_run = json.loads(path.read_text())["runs"][0]
+    assert torch_run["prefetch_depth"] == 8 and [r["drained"] for r in torch_run["rounds"]] == [8, 8]
+    fastest = max(r["images_per_second"] for r in torch_run["rounds"])
+    assert fastest * 4 < trap, (torch_run["rounds"], trap)  # the old bench printed about `trap`
+    assert "note: the torch loader holds up to 8 batches prepared ahead, 200% of the 4 batches" in result.stdout

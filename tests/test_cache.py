@@ -207,3 +207,13 @@ def test_cli_builds_the_cache_and_says_how_to_use_it(tmp_path):
     assert sorted(os.listdir(tmp_path / "cache")) == ["train"]
     done = subprocess.run(command[:7], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and "Pass --out DIR" in done.stderr
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_a_cached_loaders_repr_names_the_cache_as_its_pixel_source(numbered, backend):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    root, cache = numbered
+    with build_loader(cached_config(root, cache, backend=backend, output={"device": "cpu"}), "train") as loader:
+        assert repr(loader).endswith(f"pixels from the cache {cache / 'train'})")
+        assert f"backend='{backend}'" in repr(loader)

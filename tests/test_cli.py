@@ -18,16 +18,18 @@ def run(*args, cache_dir, **env):
 
 
 def test_bench_runs_the_embedded_demo_on_a_fresh_cache(tmp_path):
-    result = run("bench", "configs/sample.yaml", "--batches", "3", cache_dir=tmp_path)
+    result = run("bench", "configs/sample.yaml", "--batches", "3", "--seconds", "0.2", cache_dir=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "generated the embedded demo dataset (first use): 300 JPEGs" in result.stderr
     assert ("split train: 240 samples, 7 batches/epoch of 32, batches [32, 3, 128, 128] float32, classes: circle, "
             "cross, square, stripes, triangle") in result.stdout
-    assert "3 batches timed per backend after 2 warm-up batches per round; model step 0 ms" in result.stdout
-    assert re.search(r"torch +cpu +2 workers +\d+ +\d+\.\d +\d+\.\d% +\d\.\d\d s +\d+\.\d [MG]iB", result.stdout)
-    assert "3/5 batches" in result.stderr  # progress: 2 warm-up + 3 timed
-    again = run("bench", "configs/sample.yaml", "--split", "val", "--batches", "1", "--warmup", "0",
-                cache_dir=tmp_path)
+    assert ("3 rounds per backend, each timing at least 0.2 s and 3 batches after draining the prefetched ones; "
+            "model step 0 ms; the table gives the median round") in result.stdout
+    assert re.search(r"torch +cpu +2 workers +\d+ +\d+-\d+ +\d+\.\d +\d+\.\d% +\d\.\d\d s +\d+\.\d [MG]iB",
+                     result.stdout)
+    assert "3/3 rounds" in result.stderr
+    again = run("bench", "configs/sample.yaml", "--split", "val", "--batches", "1", "--seconds", "0",
+                "--rounds", "1", cache_dir=tmp_path)
     assert again.returncode == 0 and "generated" not in again.stderr
     assert "split val: 60 samples, 2 batches/epoch of 32" in again.stdout
 
@@ -43,11 +45,11 @@ def test_config_errors_exit_2_with_a_message_and_no_traceback(tmp_path):
 
 
 def test_environment_forces_the_dali_backend_which_runs_its_cpu_flavour_without_a_gpu(tmp_path):
-    result = run("bench", "configs/sample.yaml", "--batches", "2", "--warmup", "1", cache_dir=tmp_path,
+    result = run("bench", "configs/sample.yaml", "--batches", "2", "--seconds", "0", "--rounds", "1", cache_dir=tmp_path,
                  FASTLOADER_BACKEND="dali")
     assert result.returncode == 0, result.stderr
-    assert "backend: dali (forced by FASTLOADER_BACKEND); no CUDA device for the output, so DALI runs its CPU " \
-           "flavour" in result.stderr
+    assert ("WARNING fastloader: backend dali for split 'train': backend: dali (from environment variable "
+            "FASTLOADER_BACKEND); no CUDA GPU is available, so DALI runs its CPU flavour") in result.stderr
     assert re.search(r"dali +cpu +dali cpu, 2 threads +\d+", result.stdout)
 
 

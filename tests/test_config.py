@@ -101,10 +101,40 @@ def test_eval_split_refuses_drop_last_and_train_only_keys(tmp_path):
 
 
 def test_split_mode_defaults_follow_the_split_name_and_can_be_set(tmp_path):
-    config = load_config(write(tmp_path, {"dataset": {"root": "x"}, "train": {}, "holdout": {},
+    config = load_config(write(tmp_path, {"dataset": {"root": "x"}, "train": {}, "test": {}, "holdout": {"mode": "eval"},
                                           "train_eval": {"mode": "eval"}}))
-    assert config.split("train").mode == "train" and config.split("holdout").mode == "eval"
+    assert config.split("train").mode == "train" and config.split("test").mode == "eval"
+    assert config.split("holdout").mode == "eval"
     assert config.split("train_eval").mode == "eval" and config.split("train_eval").shuffle is False
+
+
+def test_a_split_typo_fails_in_a_file_and_in_overrides_naming_the_closest_split(tmp_path):
+    path = write(tmp_path, {"dataset": {"root": "x"}, "train": {"batch_size": 64}, "trian": {"batch_size": 8}})
+    message = error_of(path)
+    assert message.startswith(f"{path}: split section 'trian' does not state its mode; did you mean 'train'?")
+    assert "'trian.mode: train' or 'eval'" in message
+    imagenette = REPO / "configs" / "imagenette.yaml"
+    for overrides in (["trian.batch_size=8"], {"trian.batch_size": 8}):
+        message = error_of(imagenette, overrides)
+        assert message.startswith("override 'trian.batch_size': split section 'trian' does not state its mode; "
+                                  "did you mean 'train'?"), message
+    assert "did you mean 'val'?" in error_of(imagenette, ["vla.batch_size=8"])
+    assert "did you mean" not in error_of(imagenette, ["holdout.batch_size=8"])
+    # a new split that says what it is, and a conventional name, are accepted
+    assert load_config(imagenette, ["holdout.mode=eval", "holdout.batch_size=8"]).split("holdout").batch_size == 8
+    assert load_config(imagenette, ["test.batch_size=8"]).split("test").mode == "eval"
+
+
+def test_origins_say_where_the_backend_came_from(monkeypatch):
+    monkeypatch.delenv("FASTLOADER_BACKEND", raising=False)
+    path = REPO / "configs" / "imagenette.yaml"
+    assert load_config(path).origin("backend") == str(path)
+    assert load_config(path, ["backend=dali"]).origin("backend") == "override 'backend'"
+    assert load_config(load_config(path), {"backend": "torch"}, origin="the command's --backend").origin(
+        "backend") == "the command's --backend"
+    assert load_config({"dataset": {"root": "x"}}).origin("backend") == "the default, as <dict> does not set it"
+    monkeypatch.setenv("FASTLOADER_BACKEND", "torch")
+    assert load_config(path, ["backend=dali"]).origin("backend") == "environment variable FASTLOADER_BACKEND"
 
 
 def test_missing_dataset_and_missing_split_are_explained(tmp_path):

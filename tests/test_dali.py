@@ -188,11 +188,22 @@ def test_random_erasing_draws_the_same_boxes_on_both_backends(solid_root):
         assert ((fractions > 0.01) & (fractions < 0.36)).all(), fractions
 
 
-def test_backend_dali_without_a_gpu_runs_the_cpu_flavour_and_says_so(solid_root, caplog):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_backend_dali_without_a_gpu_runs_the_cpu_flavour_and_warns(solid_root, caplog):
     with caplog.at_level(logging.INFO, logger="fastloader"):
-        loader = build_loader(base_config(solid_root, backend="dali"), "val")
+        loader = build_loader(base_config(solid_root, backend="dali", output={"device": "auto"}), "val")
     assert loader.backend == "dali" and loader.flavour == "cpu"
-    assert "no CUDA device for the output, so DALI runs its CPU flavour" in caplog.text
+    [record] = [r for r in caplog.records if "so DALI runs its CPU flavour" in r.message]
+    assert record.levelno == logging.WARNING and "no CUDA GPU is available" in record.message
+    assert "flavour='cpu'" in repr(loader) and "threads=1" in repr(loader)
+
+
+def test_backend_dali_with_output_on_the_cpu_runs_the_cpu_flavour_as_asked(solid_root, caplog):
+    with caplog.at_level(logging.INFO, logger="fastloader"):
+        loader = build_loader(base_config(solid_root, backend="dali", output={"device": "cpu"}), "val")
+    assert loader.backend == "dali" and loader.flavour == "cpu"
+    [record] = [r for r in caplog.records if "so DALI runs its CPU flavour" in r.message]
+    assert record.levelno == logging.INFO and "output.device: cpu (<dict>)" in record.message
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto picks DALI where a GPU is present")

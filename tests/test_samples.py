@@ -111,7 +111,7 @@ def test_exclude_list_leaves_files_out_of_folder_and_file_list_splits(tmp_path, 
     exclude.write_text(f"# written by fastloader check\ntrain/cat/b.png\n{tmp_path / 'data' / 'val' / 'dog' / 'e.png'}\n")
     (tmp_path / "data" / "list.txt").write_text("train/cat/a.png 0\ntrain/cat/b.png 0\ntrain/dog/c.png 1\n")
     config = load_config({"dataset": {"root": str(tmp_path / "data"), "exclude": str(exclude)},
-                          "train": {}, "val": {}, "listed": {"file_list": str(tmp_path / "data" / "list.txt")}})
+                          "train": {}, "val": {}, "listed": {"mode": "eval", "file_list": str(tmp_path / "data" / "list.txt")}})
     with caplog.at_level(logging.INFO, logger="fastloader"):
         train = build_index(config, config.split("train"))
     assert [train.relpath(i) for i in range(len(train))] == ["cat/a.png", "dog/c.png"]

@@ -73,6 +73,7 @@ def test_show_writes_a_captioned_grid_of_the_demo_dataset(tmp_path):
     again = run("show", "configs/sample.yaml", "--out", str(other), "--n", "8", "--seed", "3", "--epoch", "1",
                 "--backend", "torch", cache_dir=tmp_path / "cache")
     assert again.returncode == 0, again.stderr
+    assert "backend: torch (from the command's --backend torch)" in again.stderr  # not "from configs/sample.yaml"
     other_pixels = np.asarray(Image.open(other).convert("RGB"))
     assert other_pixels.shape == pixels.shape
     assert not np.array_equal(other_pixels[HEADER_HEIGHT:], tiles)

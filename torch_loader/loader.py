@@ -103,14 +103,25 @@ class TorchLoader(Loader):
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
             multiprocessing_context=fork_context() if num_workers > 0 else None,  # never re-runs the script
         )
-        log.info("torch loader for split '%s': %d samples, %d batches/epoch on rank %d/%d (%s), %d workers, "
-                 "device %s, pixels from %s", split.name, len(index), len(self), ranks.rank, ranks.world_size,
-                 ranks.source, num_workers, device, "the cache" if pixels is not None else "the image files")
+        if pixels is not None:
+            self.pixels_from = f"the cache {pixels.folder}"
+        log.info("%r; ranks: %s", self, ranks.source)
         if pixels is None:
             log.info("torch loader decoders: %s", describe_decoders())
 
     def describe(self) -> dict:
         return {**super().describe(), "workers": self.num_workers}
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches this loader may hold prepared ahead of its consumer: each worker's prefetch_factor,
+        plus the one the CUDA prefetcher converts ahead (what a benchmark must drain before timing)."""
+        ahead = self.num_workers * self.config.workers.prefetch_factor
+        return ahead + (1 if self.device.type == "cuda" else 0)
+
+    def _parallelism(self) -> str:
+        normalize = "on the device" if self.device.type == "cuda" else "in the workers"
+        return f"workers={self.num_workers} (normalizing {normalize})"
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
