@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing.connection
+import signal
 from collections import deque
 from typing import Iterator
 
@@ -196,7 +198,12 @@ class TorchLoader(Loader):
                     self._pool.track(images, number)
                 received = images, labels, skipped
         except BaseException as error:
+            # A worker killed while it hands over a batch's shared memory breaks that hand-over
+            # (EOFError, connection reset) before torch's own check names the dead worker.
+            died = self._dead_worker() if isinstance(error, (EOFError, ConnectionError)) else None
             self._shutdown()
+            if died is not None:
+                raise self._worker_died(died) from error
             if isinstance(error, RuntimeError) and not isinstance(error, BadImageError) and \
                     "DataLoader worker (pid" in str(error):
                 raise self._worker_died(error) from error
@@ -211,6 +218,18 @@ class TorchLoader(Loader):
             f"signal 9 (SIGKILL) most often means the kernel's out-of-memory killer (see `dmesg`): lower "
             f"workers.num_workers or workers.prefetch_factor. A segmentation fault (signal 11) is a crash in "
             f"a native decoder: `fastloader check CONFIG --deep` finds the file that causes it")
+
+    def _dead_worker(self, grace: float = 2.0) -> RuntimeError | None:
+        """torch's words for a worker that has died, or None if all live for `grace` seconds.
+        A dying worker's pipes close a moment before it can be reaped: wait for both."""
+        workers = {worker.sentinel: worker for worker in getattr(self._live, "_workers", ())}
+        for sentinel in multiprocessing.connection.wait(list(workers), timeout=grace):
+            worker = workers[sentinel]
+            worker.join(timeout=grace)
+            code = worker.exitcode or 0
+            how = f"is killed by signal: {signal.strsignal(-code)}" if code < 0 else "exited unexpectedly"
+            return RuntimeError(f"DataLoader worker (pid {worker.pid}) {how}")
+        return None
 
     def _workers_alive(self) -> bool:
         return all(worker.is_alive() for worker in getattr(self._live, "_workers", ()))
