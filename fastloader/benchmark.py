@@ -20,6 +20,7 @@ import time
 from array import array
 
 from .progress import Progress
+from .schema import BACKEND_ENV
 
 HELP = "iterate a split and report images/s, stall, time to first batch and memory"
 EXAMPLES = """  fastloader bench configs/sample.yaml
@@ -54,6 +55,10 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     backends = ["torch", "dali"] if args.backend == "both" else [args.backend]
+    forced = os.environ.get(BACKEND_ENV)
+    if len(backends) == 2 and forced:  # it would run the same backend twice under two names
+        raise ValueError(f"--backend both compares the two backends, but {BACKEND_ENV}={forced} forces every "
+                         f"loader onto one; unset {BACKEND_ENV} (or use --backend {forced})")
     for name, value in (("--batches", args.batches), ("--warmup", args.warmup), ("--seconds", args.seconds)):
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")

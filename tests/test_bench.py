@@ -119,3 +119,10 @@ def test_a_round_cannot_time_batches_prepared_before_it(tmp_path):
     fastest = max(r["images_per_second"] for r in torch_run["rounds"])
     assert fastest * 4 < trap, (torch_run["rounds"], trap)  # the old bench printed about `trap`
     assert "note: the torch loader holds up to 8 batches prepared ahead, 200% of the 4 batches" in result.stdout
+
+
+def test_both_backends_refuse_a_backend_forced_by_the_environment(tmp_path):
+    result = run("bench", "configs/sample.yaml", "--backend", "both", cache_dir=tmp_path, FASTLOADER_BACKEND="torch")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("--backend both compares the two backends, but FASTLOADER_BACKEND=torch forces every loader onto one; "
+            "unset FASTLOADER_BACKEND (or use --backend torch)") in result.stderr
