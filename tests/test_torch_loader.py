@@ -339,3 +339,22 @@ def test_repr_names_backend_workers_device_samples_batches_and_pixels(solid_root
     assert loader.prefetch_depth == 0  # no workers: nothing is prepared ahead
     loader.close()
     assert repr(loader).endswith("pixels from the image files, closed)")
+
+
+@pytest.mark.parametrize("dtype, channels_last", [("float32", False), ("bfloat16", False), ("float32", True)])
+def test_normalizing_a_resized_hwc_image_into_its_batch_slot_is_exact(dtype, channels_last):
+    """Resized crops arrive as HWC memory seen as [3, H, W]; the slot gets x * (1 / 255 std) - mean / std,
+    bit for bit what the arithmetic on the planar float image gives, in every output format (CPU)."""
+    from fastloader.config import load_config
+    from torch_loader.prefetch import Normalizer
+    config = load_config({"dataset": {"root": "unused"}, "output": {"dtype": dtype, "channels_last": channels_last}})
+    normalizer = Normalizer(config.normalize, config.output, torch.device("cpu"))
+    image = torch.randint(0, 256, (37, 53, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    image = image.permute(2, 0, 1)  # HWC memory, as the resize leaves it
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    batch = torch.empty((2, 3, 37, 53), dtype=getattr(torch, dtype)).contiguous(memory_format=memory_format)
+    normalizer.into(batch[1], image)
+    expected = image.contiguous().float().mul_(normalizer.scale).add_(normalizer.bias).to(batch.dtype)
+    assert torch.equal(batch[1], expected)
+    mean, std = torch.tensor(config.normalize.mean).view(3, 1, 1), torch.tensor(config.normalize.std).view(3, 1, 1)
+    assert torch.allclose(batch[1].float(), (image.float() / 255 - mean) / std, atol=1e-2 if dtype != "float32" else 1e-5)

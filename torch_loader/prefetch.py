@@ -40,12 +40,11 @@ class Normalizer:
 
     def into(self, slot: torch.Tensor, image: torch.Tensor) -> None:
         """Write one normalized uint8 [3, H, W] image into `slot`, a [3, H, W] view of the output batch."""
-        planar = image.contiguous()  # one uint8 pass to CHW: float arithmetic then runs vectorized
         if slot.dtype == torch.float32 and slot.is_contiguous():
-            slot.copy_(planar)
+            slot.copy_(image)  # HWC uint8 to CHW float in one pass; the arithmetic then runs vectorized
             slot.mul_(self.scale).add_(self.bias)
         else:
-            slot.copy_(planar.float().mul_(self.scale).add_(self.bias))
+            slot.copy_(image.contiguous().float().mul_(self.scale).add_(self.bias))
 
 
 def prefetch_to_cuda(batches: Iterable[tuple], normalizer: Normalizer) -> Iterator[tuple]:
