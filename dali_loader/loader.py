@@ -126,9 +126,7 @@ class DaliLoader(Loader):
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._run = 0  # which loop owns the pipeline
         self._broken = ""  # why the pipeline cannot run any more
-        if pixels is not None:
-            self.pixels_from = f"the cache {pixels.folder}"
-        log.info("%r; ranks: %s", self, ranks.source)
+        self._announce(pixels)
 
     def _build(self):
         return build_pipeline(

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import torch
 
+from .cache import CachedPixels
 from .config import Config, SplitConfig, config_to_dict
 from .distributed import RankInfo
 from .order import EpochOrder
@@ -242,6 +243,13 @@ class Loader(abc.ABC):
     def _parallelism(self) -> str:
         """How it decodes in parallel, as `repr` shows it (workers, or DALI's flavour and threads)."""
         return ""
+
+    def _announce(self, pixels: CachedPixels | None) -> None:
+        """Once the backend has built itself: note a cache as the pixel source and log the repr, the
+        one line that says what this loader is (both backends, the same words)."""
+        if pixels is not None:
+            self.pixels_from = f"the cache {pixels.folder}"
+        log.info("%r; ranks: %s", self, self.ranks.source)
 
     def __repr__(self) -> str:
         """What the loader is doing, so that `print(loader)` answers "which backend, where, how wide"."""

@@ -105,9 +105,7 @@ class TorchLoader(Loader):
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
             multiprocessing_context=fork_context() if num_workers > 0 else None,  # never re-runs the script
         )
-        if pixels is not None:
-            self.pixels_from = f"the cache {pixels.folder}"
-        log.info("%r; ranks: %s", self, ranks.source)
+        self._announce(pixels)
         if pixels is None:
             log.info("torch loader decoders: %s", describe_decoders())
 
