@@ -74,7 +74,8 @@ def create_loader(config: Config, split_name: str) -> Loader:
     ranks = detect_ranks(config.distributed)
     device = choose_device(config, ranks)
     backend, reason = choose_backend(config, device)
-    surprising = "does not import, though" in reason  # a GPU box whose DALI is broken
+    # auto on a GPU with the output there, yet torch: DALI does not import, which the user would not expect
+    surprising = config.backend == "auto" and backend == "torch" and device.type == "cuda"
     if backend == "dali" and device.type == "cpu":
         if config.output.device == "cpu":
             reason += f"; output.device: cpu ({config.origin('output.device')}), so DALI runs its CPU flavour"
