@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from harness import CONFIG, DEFAULT_DATA, REPO_ROOT
+
 BENCHMARKS = Path(__file__).resolve().parent
-REPO = BENCHMARKS.parent
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "realphotos"
 
 CHILD = textwrap.dedent("""
     import sys, time
@@ -52,7 +52,7 @@ CHILD = textwrap.dedent("""
 
 
 def time_one(peer: str, args: argparse.Namespace) -> float:
-    script = CHILD.format(repo=str(REPO), benchmarks=str(BENCHMARKS), config=str(REPO / "configs" / "imagenette.yaml"))
+    script = CHILD.format(repo=str(REPO_ROOT), benchmarks=str(BENCHMARKS), config=str(CONFIG))
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", script, peer, str(args.root), args.device, str(args.batch_size),
                            str(args.threads)], capture_output=True, text=True, timeout=600)
