@@ -14,13 +14,12 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, base_config, env_without, write_numbered_dataset
+from conftest import REPO, base_config, env_without, requires_cuda, write_numbered_dataset
 from fastloader import build_loader
+from test_resume import BACKENDS
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.cuda, requires_cuda]
 
-BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
-    not __import__("importlib").util.find_spec("nvidia.dali"), reason="the DALI GPU flavour needs NVIDIA DALI"))]
 CUDA = {"device": "cuda"}
 
 

@@ -188,21 +188,24 @@ def test_random_erasing_draws_the_same_boxes_on_both_backends(solid_root):
         assert ((fractions > 0.01) & (fractions < 0.36)).all(), fractions
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_backend_dali_without_a_gpu_runs_the_cpu_flavour_and_warns(solid_root, caplog):
+def cpu_flavour_record(root, output_device: str, caplog):
+    """backend: dali with this output.device: the loader, and the one log record of its CPU flavour."""
     with caplog.at_level(logging.INFO, logger="fastloader"):
-        loader = build_loader(base_config(solid_root, backend="dali", output={"device": "auto"}), "val")
+        loader = build_loader(base_config(root, backend="dali", output={"device": output_device}), "val")
     assert loader.backend == "dali" and loader.flavour == "cpu"
     [record] = [r for r in caplog.records if "so DALI runs its CPU flavour" in r.message]
+    return loader, record
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_backend_dali_without_a_gpu_runs_the_cpu_flavour_and_warns(solid_root, caplog):
+    loader, record = cpu_flavour_record(solid_root, "auto", caplog)
     assert record.levelno == logging.WARNING and "no CUDA GPU is available" in record.message
     assert "flavour='cpu'" in repr(loader) and "threads=1" in repr(loader)
 
 
 def test_backend_dali_with_output_on_the_cpu_runs_the_cpu_flavour_as_asked(solid_root, caplog):
-    with caplog.at_level(logging.INFO, logger="fastloader"):
-        loader = build_loader(base_config(solid_root, backend="dali", output={"device": "cpu"}), "val")
-    assert loader.backend == "dali" and loader.flavour == "cpu"
-    [record] = [r for r in caplog.records if "so DALI runs its CPU flavour" in r.message]
+    _, record = cpu_flavour_record(solid_root, "cpu", caplog)
     assert record.levelno == logging.INFO and "output.device: cpu (<dict>)" in record.message
 
 
