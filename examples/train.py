@@ -78,9 +78,9 @@ def evaluate(model, val) -> tuple[float, int]:
 def main() -> None:
     args = parse_args()
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:  # torchrun (or srun with its variables)
-        # no backend named: gloo for CPU tensors, NCCL for CUDA ones, so a run whose output.device
-        # is cpu works on a GPU machine too
-        dist.init_process_group()
+        # gloo for CPU tensors and NCCL for CUDA ones, both named: a run whose output.device is cpu
+        # must work on a GPU machine too, and torch 2.11 with no backend named gives CPU tensors none
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     train = build_loader(args.config, "train", args.overrides)
     val = build_loader(args.config, "val", args.overrides)
     device, world = train.device, train.ranks.world_size

@@ -65,7 +65,8 @@ def test_solid_colours_come_out_normalized_exactly(solid_root, split):
 def test_output_dtype_and_memory_format(textured_root, dtype, channels_last):
     config = base_config(textured_root, backend="dali")
     reference, _, _ = epoch(build_loader(config, "val"))
-    loader = build_loader({**config, "output": {"dtype": dtype, "channels_last": channels_last}}, "val")
+    loader = build_loader(base_config(textured_root, backend="dali",
+                                      output={"dtype": dtype, "channels_last": channels_last}), "val")
     images, labels = next(iter(loader))
     assert images.dtype == getattr(torch, dtype) and images.shape == (4, 3, 32, 32)
     assert images.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)

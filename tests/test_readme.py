@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fastloader.config import _all_dotted_keys
-from conftest import REPO
+from conftest import REPO, cpu_only_env
 
 README = (REPO / "README.md").read_text()
 CI = (REPO / ".ci" / "run").read_text()
@@ -46,8 +46,9 @@ def _block_after(marker: str, language: str) -> str:
 
 def _cpu_run(args: list[str], tmp_path) -> subprocess.CompletedProcess:
     """Run as the README's reader would on a CPU box (the GPU hidden, if there is one)."""
-    env = {k: v for k, v in os.environ.items() if k != "FASTLOADER_BACKEND"}
-    env.update(CUDA_VISIBLE_DEVICES="", FASTLOADER_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
+    # the repository first, then whatever else this interpreter was given (DALI may live on PYTHONPATH)
+    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = cpu_only_env(tmp_path / "cache", PYTHONPATH=python_path)
     return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
 

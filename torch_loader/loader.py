@@ -3,10 +3,12 @@ copies and normalizes on the device. Wired into the shared Loader contract.
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import multiprocessing.connection
 import signal
+import weakref
 from collections import deque
 from typing import Iterator
 
@@ -41,6 +43,14 @@ def _epochs_after(order: EpochOrder, epoch: int) -> Iterator:
         epoch += 1
         yield from order.batches(epoch)
 
+
+def _shutdown_at_exit(loader_ref: weakref.ref) -> None:
+    """Stop a loader's persistent workers before the interpreter exits. Left running, they are
+    killed by multiprocessing's own exit hook while the pin-memory thread still reads their queues,
+    and that thread prints a traceback at the end of a clean script (seen on a GPU machine)."""
+    loader = loader_ref()
+    if loader is not None:
+        loader._shutdown()
 
 class _BatchFeed(torch.utils.data.Sampler):
     """The DataLoader's batch sampler: the batches the Loader planned, then its guess at the next
@@ -87,6 +97,8 @@ class TorchLoader(Loader):
         self._persistent = workers.persistent and num_workers > 0
         self._live = None  # the DataLoader iterator that outlives each loop (persistent workers)
         self._newest = None  # the loop that owns the live iterator
+        if self._persistent:
+            atexit.register(_shutdown_at_exit, weakref.ref(self))
         transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation,
                                     max_pixels=config.dataset.max_pixels)
         self._normalizer = Normalizer(config.normalize, config.output, device)
