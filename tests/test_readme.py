@@ -1,10 +1,13 @@
-"""The README stays true: its commands are the ones CI runs, and every config key is documented."""
+"""The README and docs/ stay true: the README's commands are the ones CI runs, its snippets and output
+blocks come out of real runs, every config key is in the reference (docs/config.md), and every
+relative link points to a file (and heading) of the repository."""
 from __future__ import annotations
 
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,9 @@ from conftest import REPO, cpu_only_env
 
 README = (REPO / "README.md").read_text()
 CI = (REPO / ".ci" / "run").read_text()
+CONFIG_REFERENCE = REPO / "docs" / "config.md"
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+"""Every page a user reads: the README and docs/*.md."""
 
 
 def readme_commands() -> list[str]:
@@ -27,11 +33,78 @@ def test_ci_runs_the_readme_setup_and_test_commands():
     assert test in CI
 
 
+def reference_rows() -> list[set[str]]:
+    """The backticked keys in the first column of each row of the config reference's key table."""
+    text = CONFIG_REFERENCE.read_text()
+    table = text[text.index("| key | default | meaning |"):].split("\n\n")[0]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    return [set(re.findall(r"`([<>a-z_.]+)`", row.split("|")[1])) for row in rows]
+
+
 def test_every_config_key_is_in_the_reference():
-    table = README[README.index("| key | default | meaning |"):]
-    documented = set(re.findall(r"`([<>a-z_.]+)`", table))
+    documented = set().union(*reference_rows())
     missing = [key for key in _all_dotted_keys() if key not in documented]
-    assert not missing, f"not in the README's config reference: {missing}"
+    assert not missing, f"not in the config reference {CONFIG_REFERENCE.relative_to(REPO)}: {missing}"
+
+
+def test_the_reference_documents_no_key_the_schema_lacks():
+    keys = set(_all_dotted_keys()) | {"<split>"}
+    stale = [key for row in reference_rows() for key in row if key not in keys]
+    assert not stale, f"in {CONFIG_REFERENCE.relative_to(REPO)} but not a config key: {stale}"
+
+
+def test_the_readme_links_every_docs_page():
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", README))
+    pages = {f"docs/{page.name}" for page in PAGES[1:]}
+    assert pages, "docs/ holds no page"
+    assert not pages - linked, f"docs pages the README does not link: {sorted(pages - linked)}"
+
+
+def _without_code(text: str) -> str:
+    """Markdown text without fenced blocks and code spans (a `#` in a shell block is no heading)."""
+    return re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lowercase, punctuation dropped, spaces to '-',
+    a repeated heading numbered."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def test_anchor_slugs_follow_github():
+    page = REPO / "docs" / "performance.md"
+    found = anchors(page)
+    assert {"gpu-h100-2026-11-22", "stall-accounting-loaderstats"} <= found, sorted(found)
+
+
+def test_every_relative_link_points_to_a_file_and_heading_in_the_repository():
+    broken = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", _without_code(page.read_text())):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(REPO)}: ({target})"
+            if not file.is_relative_to(REPO):
+                broken.append(f"{where} points outside the repository")
+            elif not file.exists():
+                broken.append(f"{where}: no such file")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{where}: no heading '#{anchor}' in {file.relative_to(REPO)}")
+    assert not broken, "\n".join(broken)
+
+
+def test_nothing_a_user_reads_points_outside_the_repository():
+    outside = [f"{page.relative_to(REPO)}:{number}: {line.strip()}" for page in PAGES
+               for number, line in enumerate(page.read_text().splitlines(), 1) if "../shared" in line]
+    assert not outside, "\n".join(outside)
 
 
 BLOCKS = [(m.start(), m.group(1), m.group(2)) for m in re.finditer(r"```(\w*)\n(.*?)```", README, re.S)]
