@@ -184,7 +184,7 @@ def decode_files(paths, short_side: int, exif_orientation: bool, max_pixels: int
     from .parallel import map_chunks
     from .screen import _init_worker
 
-    import torch_loader.decode  # noqa: F401  imported before the fork, not once per worker
+    from .imaging import decode  # noqa: F401  imported before the fork, not once per worker
     from torchvision.transforms.v2 import functional  # noqa: F401
     count = available_cores() if workers is None else workers
     return map_chunks(_decode_chunk, paths, (short_side, exif_orientation, max_pixels), workers=count, chunk=CHUNK,
@@ -219,8 +219,8 @@ def decode_file(path: str, short_side: int, exif_orientation: bool = True, max_p
 
 
 def _decode(path: str, exif_orientation: bool):
-    from torch_loader.decode import load_region  # the torch backend's decoder: the same pixels
-    from torch_loader.geometry import Crop
+    from .imaging.decode import load_region  # the torch backend's decoder: the same pixels
+    from .imaging.geometry import Crop
 
     pixels, _, _ = load_region(path, lambda w, h: Crop(0, 0, w, h), 1, exif_orientation=exif_orientation,
                                use_draft=False)

@@ -115,7 +115,7 @@ def decoders(cuda: bool) -> dict[str, str]:
     """Which decoder each backend would use here: the torch backend's from its own choice (region
     decode with nvImageCodec where it is installed), DALI's from whether there is a GPU."""
     try:
-        from torch_loader.decode import describe
+        from .imaging.decode import describe
         torch_line = describe()
     except Exception as error:  # FASTLOADER_JPEG_DECODER set wrong, or a decoder that fails to load
         torch_line = f"cannot tell ({type(error).__name__}: {error})"

@@ -109,7 +109,7 @@ def transcoded_for_dali(screened: ScreenedIndex) -> dict[int, str]:
         return {}
     from PIL import Image
 
-    from torch_loader.decode import to_rgb  # the torch backend's colour conversion, for the same pixels
+    from .imaging.decode import to_rgb  # the torch backend's colour conversion, for the same pixels
 
     folder = cache_home() / "transcoded" / _dataset_key(screened.index)
     folder.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,8 @@ from fastloader.config import SplitConfig
 
 from fastloader.screen import BOMB_PIXELS
 
-from .decode import allow_pixels, load_region
-from .geometry import Crop, center_crop, random_resized_crop
+from fastloader.imaging.decode import allow_pixels, load_region
+from fastloader.imaging.geometry import Crop, center_crop, random_resized_crop
 
 INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC,
                  "nearest": InterpolationMode.NEAREST}
