@@ -28,7 +28,7 @@ from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
 from fastloader.device_ops import erasing_enabled, random_erasing
 from fastloader.distributed import RankInfo, cpu_workers_per_rank
-from fastloader.index_screen import BadImageError, bad_image_message
+from fastloader.screening import BadImageError, bad_image_message
 from fastloader.order import seeded_uniform
 from fastloader.samples import SampleIndex
 
@@ -57,7 +57,7 @@ class _Feed:
         self.pixels = pixels
         self.eval_split = eval_split  # eval: each batch also carries its centre boxes (centre_boxes)
         self.sizes = SizeTable(len(index), exif_orientation) if eval_split and pixels is None else None
-        self.substitutes = substitutes  # sample -> a file DALI can decode in its place (index_screen)
+        self.substitutes = substitutes  # sample -> a file DALI can decode in its place (screening)
         self.known_bad: dict[int, str] = {}  # sample -> why DALI could not decode it
         self.skipped: list[int] = []  # known-bad samples left out since the loader last looked
         self.batches: Iterator[np.ndarray] = iter(())

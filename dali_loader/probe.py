@@ -16,7 +16,7 @@ from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
 from fastloader.config import Config
-from fastloader.screen import screen_file
+from fastloader.imaging.screen import screen_file
 
 from .pipeline import decoder_options
 

@@ -182,7 +182,7 @@ def decode_files(paths, short_side: int, exif_orientation: bool, max_pixels: int
     """decode_file over many paths in parallel processes (one per core by default; 0: here), in order."""
     from .distributed import available_cores
     from .parallel import map_chunks
-    from .screen import _init_worker
+    from .imaging.screen import _init_worker
 
     from .imaging import decode  # noqa: F401  imported before the fork, not once per worker
     from torchvision.transforms.v2 import functional  # noqa: F401
@@ -201,7 +201,7 @@ def decode_file(path: str, short_side: int, exif_orientation: bool = True, max_p
     The torch backend's own decoder and resize (libjpeg-turbo, torch's antialiased bilinear kernel)
     make the pixels, so the cache holds what that backend would have computed from the file.
     """
-    from .screen import screen_file
+    from .imaging.screen import screen_file
 
     try:
         info = os.stat(path)

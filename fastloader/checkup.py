@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from .config import Config, SplitConfig
-    from .screen import Screened
+    from .imaging.screen import Screened
 
 HELP = "report the environment, summarize the dataset and find unreadable files"
 EXAMPLES = """  fastloader check configs/sample.yaml
@@ -52,7 +52,7 @@ def run(args) -> int:
     from . import load_config
     from .config import ConfigError
     from .samples import dataset_root
-    from .screen import quiet_pillow
+    from .imaging.screen import quiet_pillow
 
     config = load_config(args.config, args.overrides)
     if not config.splits:
@@ -190,7 +190,7 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
     """Index the split, screen its files with a progress line, print its summary."""
     from .progress import Progress
     from .samples import build_index
-    from .screen import screen_files
+    from .imaging.screen import screen_files
 
     index = build_index(config, split)
     progress = Progress(len(index), unit="files")

@@ -9,8 +9,8 @@ from .cache import open_split_cache
 from .config import Config, ConfigError
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
-from .index_screen import screen_index, transcoded_for_dali
 from .samples import build_index
+from .screening import screen_index
 
 log = logging.getLogger("fastloader")
 
@@ -92,8 +92,11 @@ def create_loader(config: Config, split_name: str) -> Loader:
     else:
         screened = screen_index(config, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
         index, bad, pixels = screened.index, screened.bad, None
-        substitutes = transcoded_for_dali(screened) if backend == "dali" else {}
-    if backend == "dali":  # backends are imported only when chosen
+        substitutes = {}
+        if backend == "dali" and screened.formats:  # backends are imported only when chosen
+            from dali_loader.transcode import transcoded_for_dali
+            substitutes = transcoded_for_dali(screened.index, screened.formats)
+    if backend == "dali":
         from dali_loader.loader import DaliLoader
         loader: Loader = DaliLoader(config, split, index, ranks, device, substitutes=substitutes, pixels=pixels)
     else:

@@ -56,7 +56,7 @@ class DatasetConfig:
     that cannot be decoded, before a decoder sees them."""
     max_pixels: int = field(default=178_956_970, metadata=_check(lambda v: v > 0, "a positive integer"))
     """Width x height above which an image counts as a decompression bomb and is refused before
-    its pixels are allocated (default: Pillow's own error threshold, fastloader.screen.BOMB_PIXELS)."""
+    its pixels are allocated (default: Pillow's own error threshold, fastloader.imaging.screen.BOMB_PIXELS)."""
     cache: str | None = None
     """A cache folder written by `fastloader cache`: both backends read decoded uint8 pixels from it
     through np.memmap instead of decoding the image files."""

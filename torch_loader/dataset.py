@@ -16,7 +16,7 @@ import numpy as np
 import torch.utils.data
 
 from fastloader.cache import CachedPixels
-from fastloader.index_screen import BadImageError, bad_image_message
+from fastloader.screening import BadImageError, bad_image_message
 from fastloader.samples import SampleIndex
 
 from .transforms import SampleTransform

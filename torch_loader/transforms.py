@@ -15,7 +15,7 @@ from torchvision.transforms.v2 import functional as F
 
 from fastloader.config import SplitConfig
 
-from fastloader.screen import BOMB_PIXELS
+from fastloader.imaging.screen import BOMB_PIXELS
 
 from fastloader.imaging.decode import allow_pixels, load_region
 from fastloader.imaging.geometry import Crop, center_crop, random_resized_crop

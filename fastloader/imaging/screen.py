@@ -21,8 +21,8 @@ from typing import Callable, Iterable, Iterator
 
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from .distributed import available_cores
-from .parallel import map_chunks
+from ..distributed import available_cores
+from ..parallel import map_chunks
 
 BOMB_PIXELS = 178_956_970
 """Width x height above which a file counts as a decompression bomb. It is Pillow's own error

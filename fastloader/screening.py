@@ -2,7 +2,7 @@
 
 Why here and not only at decode time: inside a DALI pipeline one failing file aborts the pipeline
 for good (NVIDIA/DALI #3913), and a file that fails in a torch worker costs its batch a sample. The
-header check of `fastloader.screen` finds empty, missing, unreadable, non-image, truncated and
+header check of `fastloader.imaging.screen` finds empty, missing, unreadable, non-image, truncated and
 bomb-sized files at about 35,000 files/s per core, without decoding; both backends then read the
 same index, so they keep the same length and full batches.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -27,17 +26,17 @@ from typing import Iterator
 import numpy as np
 
 from .config import Config
-from .demo import cache_home
+from .imaging.screen import screen_files
+from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
-from .screen import screen_files
 
 log = logging.getLogger("fastloader")
 
 SCREEN_VERSION = 1
 DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "PPM", "WEBP", "JPEG2000"})
 """Formats DALI's image decoder reads (by content, whatever the suffix). Others (GIF) are decoded
-once with Pillow and handed to DALI as lossless PNG (see `transcoded_for_dali`)."""
+once with Pillow and handed to DALI as lossless PNG (see dali_loader/transcode.py)."""
 PROGRESS_FROM = 20_000
 """Screening this many files or more shows a progress bar (about a second of work per core)."""
 IN_PROCESS_UP_TO = 4_000
@@ -102,44 +101,13 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
     return ScreenedIndex(kept, bad_paths, kept_formats)
 
 
-def transcoded_for_dali(screened: ScreenedIndex) -> dict[int, str]:
-    """Sample -> a PNG copy of each file DALI cannot decode (GIF), written once into the cache
-    folder: decoded with Pillow to RGB, stored losslessly, so DALI sees the same pixels."""
-    if not screened.formats:
-        return {}
-    from PIL import Image
-
-    from .imaging.decode import to_rgb  # the torch backend's colour conversion, for the same pixels
-
-    folder = cache_home() / "transcoded" / _dataset_key(screened.index)
-    folder.mkdir(parents=True, exist_ok=True)
-    copies = {}
-    for sample, fmt in screened.formats.items():
-        target = folder / f"{sample}.png"
-        if not target.exists():
-            with Image.open(screened.index.path(sample)) as image:
-                partial = target.with_suffix(f".{os.getpid()}.tmp")
-                to_rgb(image).save(partial, format="PNG")
-                os.replace(partial, target)
-        copies[sample] = str(target)
-    log.info("%d files of %s are in formats DALI cannot decode (%s): DALI reads PNG copies in %s",
-             len(copies), screened.index.root, ", ".join(sorted(set(screened.formats.values()))), folder)
-    return copies
-
-
-def _dataset_key(index: SampleIndex) -> str:
-    """The dataset's files where they are now: its fingerprint (names and labels) and its folder."""
-    return hashlib.blake2b(f"{index.root}\0{index.fingerprint}".encode("utf-8", "surrogateescape"),
-                           digest_size=8).hexdigest()
-
-
 def _relpaths(index: SampleIndex) -> Iterator[str]:
     return (index.relpath(i) for i in range(len(index)))
 
 
 def _cached_screen(index: SampleIndex, max_pixels: int, workers: int | None) -> tuple[dict[str, str], dict[str, str]]:
     """({relpath: problem}, {relpath: format DALI cannot decode}) from the cache, else screened now."""
-    cache = cache_home() / "screen" / f"{_dataset_key(index)}-{max_pixels}.json"
+    cache = screening_file(index, max_pixels)
     cache.parent.mkdir(parents=True, exist_ok=True)
     with _locked(cache.with_suffix(".lock")):
         cached = _read(cache)
