@@ -28,7 +28,7 @@ from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
 from fastloader.device_ops import erasing_enabled, random_erasing
 from fastloader.distributed import RankInfo, cpu_workers_per_rank
-from fastloader.screening import BadImageError, bad_image_message
+from fastloader.errors import BadImageError, refused_file
 from fastloader.order import seeded_uniform
 from fastloader.samples import SampleIndex
 
@@ -197,7 +197,7 @@ class DaliLoader(Loader):
             raise self._failed(error, number, suspects[0] if suspects else np.zeros((0, 2), dtype=np.int64))
         if self.config.dataset.on_bad_image == "raise":
             first = min(culprits)
-            self._broken = bad_image_message(self.index.path(first), culprits[first], self.config.source)
+            self._broken = refused_file(self.index.path(first), culprits[first], self.config.source)
             raise BadImageError(self._broken) from error
         log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files; rebuilding it "
                  "without them", self.split.name, number, self.epoch, len(culprits))

@@ -50,7 +50,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from . import load_config
-    from .config import ConfigError
+    from .errors import ConfigError
     from .samples import build_index
 
     config = load_config(args.config, args.overrides)
@@ -84,7 +84,7 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     import numpy as np
 
     from .cache import FILES, LABELS, MANIFEST, OFFSETS, PARTIAL, PIXELS, SHAPES, FORMAT, VERSION, split_folder
-    from .config import ConfigError
+    from .errors import ConfigError, refused_file
     from .progress import Progress
 
     started = time.perf_counter()
@@ -107,10 +107,8 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
                 if decoded.problem:
                     relpath = index.relpath(int(files[file]))
                     if config.dataset.on_bad_image == "raise":
-                        raise ConfigError(f"{decoded.path}: {decoded.problem}; the cache was not built. With "
-                                          f"dataset.on_bad_image: raise a bad file stops the build: fix or remove "
-                                          f"it, list it in dataset.exclude, or set dataset.on_bad_image: skip to "
-                                          f"list it in the cache's manifest and leave it out of training")
+                        raise ConfigError(refused_file(decoded.path, decoded.problem, config.source,
+                                                       "the cache was not built"))
                     bad.append((relpath, decoded.problem))
                 else:
                     pixels.write(decoded.pixels)

@@ -50,7 +50,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from . import load_config
-    from .config import ConfigError
+    from .errors import ConfigError
     from .samples import dataset_root
     from .imaging.screen import quiet_pillow
 

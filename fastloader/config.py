@@ -16,9 +16,10 @@ from typing import Any, Literal, Mapping, Union
 
 import yaml
 
+from .errors import ConfigError  # noqa: F401  (re-exported: users catch fastloader.config.ConfigError)
 from .schema import (  # noqa: F401  (re-exported: the schema is read as fastloader.config)
     BACKEND_ENV, EVAL_TRANSFORM_KEYS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, NAMED_SPLITS, TRAIN_TRANSFORM_KEYS,
-    Config, ConfigError, DaliConfig, DatasetConfig, DistributedConfig, NormalizeConfig, OutputConfig,
+    Config, DaliConfig, DatasetConfig, DistributedConfig, NormalizeConfig, OutputConfig,
     SplitConfig, StatsConfig, TransformConfig, WorkersConfig, _SCALARS, _SECTIONS)
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .config import ConfigError
+from .errors import ConfigError
 from .paths import cache_home
 
 log = logging.getLogger("fastloader")

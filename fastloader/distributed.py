@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .config import ConfigError, DistributedConfig
+from .config import DistributedConfig
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)

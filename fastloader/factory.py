@@ -6,9 +6,10 @@ import logging
 import torch
 
 from .cache import open_split_cache
-from .config import Config, ConfigError
+from .config import Config
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
+from .errors import ConfigError
 from .samples import build_index
 from .screening import screen_index
 

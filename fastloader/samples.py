@@ -18,7 +18,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .config import Config, ConfigError, SplitConfig
+from .config import Config, SplitConfig
+from .errors import ConfigError
 
 log = logging.getLogger("fastloader")
 

@@ -7,6 +7,8 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from .errors import ConfigError
+
 BACKEND_ENV = "FASTLOADER_BACKEND"
 NAMED_SPLITS = ("train", "val", "test")
 """Split sections that may leave out `mode` (train: train mode, the others eval). Any other split must
@@ -19,10 +21,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
 Auto = Literal["auto"]
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names where (file or override), which key and why."""
 
 
 def _check(predicate, message: str):

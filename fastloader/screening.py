@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from .config import Config
+from .errors import BadImageError, refused_file
 from .imaging.screen import screen_files
 from .paths import screening_file
 from .progress import Progress
@@ -41,17 +42,6 @@ PROGRESS_FROM = 20_000
 """Screening this many files or more shows a progress bar (about a second of work per core)."""
 IN_PROCESS_UP_TO = 4_000
 """Up to this many files are screened in this process (about 0.1 s), with no worker processes to start."""
-
-
-class BadImageError(RuntimeError):
-    """A file that cannot be decoded, under dataset.on_bad_image: raise."""
-
-
-def bad_image_message(path: str, reason: str, source: str) -> str:
-    """The one wording of a refused file: which, why, and the two ways on."""
-    return (f"cannot use image {path!r}: {reason}. Set dataset.on_bad_image: skip in {source} to leave "
-            f"such files out (each is logged once and listed in loader.bad_samples), or list it in "
-            f"dataset.exclude (`fastloader check CONFIG --exclude-list FILE` writes the list)")
 
 
 @dataclass
@@ -80,7 +70,7 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
     if bad and config.dataset.on_bad_image == "raise":
         first, reason = bad[0]
         more = f" ({len(bad) - 1} more files fail the same check)" if len(bad) > 1 else ""
-        raise BadImageError(bad_image_message(index.path(first), reason, config.source) + more)
+        raise BadImageError(refused_file(index.path(first), reason, config.source) + more)
     if len(bad) == len(index):
         first, reason = bad[0]
         raise BadImageError(f"none of the {len(index)} files in {index.root} can be decoded (the first, "

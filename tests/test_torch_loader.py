@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from fastloader import build_loader
-from fastloader.screening import BadImageError
+from fastloader.errors import BadImageError
 from conftest import COLOURS, base_config, normalized
 
 

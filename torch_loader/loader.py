@@ -19,8 +19,8 @@ from fastloader.contract import Loader
 from fastloader.device_ops import erasing_enabled, random_erasing
 from fastloader.distributed import RankInfo, cpu_workers_per_rank
 from fastloader.cache import CachedPixels
+from fastloader.errors import BadImageError
 from fastloader.imaging.decode import describe as describe_decoders
-from fastloader.screening import BadImageError
 from fastloader.order import EpochOrder
 from fastloader.parallel import fork_context
 from fastloader.samples import SampleIndex
