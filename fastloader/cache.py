@@ -1,7 +1,7 @@
 """The decoded uint8 cache: read pixels through np.memmap instead of decoding image files.
 
 Why: on a CPU-bound host the JPEG decode is about half the cost of every sample, paid again every
-epoch. `fastloader cache` (cache_build.py) decodes each image once, shrinks it so that its shorter
+epoch. `fastloader cache` (cache_write.py) decodes each image once, shrinks it so that its shorter
 side is at most `short_side`, and stores all images back to back; a loader then reads the bytes a
 crop needs straight from the page cache, shared by every worker and every rank, with no copy.
 

@@ -17,7 +17,7 @@ from torchvision.transforms.v2 import functional as F
 
 from fastloader import build_loader, load_config
 from fastloader.cache import open_split_cache
-from fastloader.cache_build import build_split_cache
+from fastloader.cache_write import build_split_cache
 from fastloader.errors import CacheError, ConfigError
 from fastloader.samples import build_index
 from conftest import DEVICES, REPO, base_config, identities, write_numbered_dataset, write_textured_dataset

@@ -20,8 +20,8 @@ from array import array
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from .config import Config, SplitConfig
-    from .imaging.screen import Screened
+    from ..config import Config, SplitConfig
+    from ..imaging.screen import Screened
 
 HELP = "report the environment, summarize the dataset and find unreadable files"
 EXAMPLES = """  fastloader check configs/sample.yaml
@@ -49,10 +49,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from . import load_config
-    from .errors import ConfigError
-    from .samples import dataset_root
-    from .imaging.screen import quiet_pillow
+    from .. import load_config
+    from ..errors import ConfigError
+    from ..samples import dataset_root
+    from ..imaging.screen import quiet_pillow
 
     config = load_config(args.config, args.overrides)
     if not config.splits:
@@ -115,7 +115,7 @@ def decoders(cuda: bool) -> dict[str, str]:
     """Which decoder each backend would use here: the torch backend's from its own choice (region
     decode with nvImageCodec where it is installed), DALI's from whether there is a GPU."""
     try:
-        from .imaging.decode import describe
+        from ..imaging.decode import describe
         torch_line = describe()
     except Exception as error:  # FASTLOADER_JPEG_DECODER set wrong, or a decoder that fails to load
         torch_line = f"cannot tell ({type(error).__name__}: {error})"
@@ -188,9 +188,9 @@ class Tally:
 
 def check_split(config: Config, split: SplitConfig, root: str, deep: bool, workers: int | None) -> Tally:
     """Index the split, screen its files with a progress line, print its summary."""
-    from .progress import Progress
-    from .samples import build_index
-    from .imaging.screen import screen_files
+    from ..progress import Progress
+    from ..samples import build_index
+    from ..imaging.screen import screen_files
 
     index = build_index(config, split)
     progress = Progress(len(index), unit="files")
@@ -295,7 +295,7 @@ def _count(number: int, noun: str) -> str:
 def _read_excluded(config: Config, root: str) -> frozenset[str]:
     if not config.dataset.exclude:
         return frozenset()
-    from .samples import read_exclude_list
+    from ..samples import read_exclude_list
     excluded = read_exclude_list(config.dataset.exclude, root)
     print(f"dataset.exclude: {_count(len(excluded), 'path')} listed in {config.dataset.exclude} are left out, "
           f"not checked")

@@ -1,5 +1,5 @@
-"""`fastloader cache`: decode every image of a split once into the uint8 cache that `dataset.cache`
-reads (the format is described in cache.py).
+"""Writes the uint8 cache that `dataset.cache` reads (the format is described in cache.py): every
+image of a split decoded once. `fastloader cache` (commands/cache.py) runs it.
 
 Why a separate step: building takes a full decode of the split (about a core-second per 1,000
 ImageNet JPEGs), which belongs in a job that runs once before training, not in every rank's first
@@ -7,8 +7,8 @@ epoch. Images are decoded in forked processes, in order, and appended to one fil
 the folder gets its final name only when everything is written, so a killed build leaves a
 `.<split>.partial-<pid>` folder that no loader reads.
 
-The module imports only the standard library at its top: the command line imports every command
-module to build its parser.
+numpy, torch and the decoders are imported where they are used, so that the command line, which
+imports this module's defaults, starts without them.
 """
 from __future__ import annotations
 
@@ -25,57 +25,9 @@ if TYPE_CHECKING:
     from .config import Config, SplitConfig
     from .samples import SampleIndex
 
-HELP = "decode a split once into a uint8 cache that dataset.cache reads through memmap"
-EXAMPLES = """  fastloader cache configs/sample.yaml --split train --out /scratch/sample-cache
-  fastloader cache configs/imagenette.yaml --split train --short-side 256 --set dataset.cache=/scratch/in-cache
-"""
-
 DEFAULT_SHORT_SIDE = 256
 CHUNK = 16
 """Images per task sent to a worker: large enough to amortize the pipe, small enough to stream."""
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--split", action="append", metavar="NAME",
-                        help="split to cache (repeatable; default: every split of the config)")
-    parser.add_argument("--short-side", type=int, default=DEFAULT_SHORT_SIDE, metavar="PX",
-                        help=f"shrink images so that their shorter side is at most PX, keeping the aspect ratio; "
-                             f"smaller images are kept as they are (default: {DEFAULT_SHORT_SIDE})")
-    parser.add_argument("--out", metavar="DIR",
-                        help="cache folder, the value for dataset.cache; each split goes to DIR/<split> "
-                             "(default: dataset.cache of the config)")
-    parser.add_argument("--workers", type=int, metavar="N",
-                        help="decoding processes (default: the CPU cores available)")
-
-
-def run(args) -> int:
-    from . import load_config
-    from .errors import ConfigError
-    from .samples import build_index
-
-    config = load_config(args.config, args.overrides)
-    out = os.path.abspath(args.out) if args.out else config.dataset.cache
-    if not out:
-        raise ConfigError(f"{config.source}: where should the cache go? Pass --out DIR (then set dataset.cache: DIR "
-                          f"for the loaders) or set dataset.cache in the config; put it on fast local or "
-                          f"parallel storage, it holds about N x S x 1.33 S x 3 bytes for --short-side S")
-    if args.short_side < 1:
-        raise ConfigError(f"--short-side: must be a positive number of pixels, got {args.short_side}")
-    if args.workers is not None and args.workers < 0:
-        raise ConfigError(f"--workers: must be 0 or more, got {args.workers}")
-    names = args.split or list(config.splits)
-    if not names:
-        raise ConfigError(f"{config.source}: no split sections to cache; add one, e.g. 'train: {{}}'")
-    for name in names:
-        split = config.split(name)
-        report = build_split_cache(config, split, build_index(config, split), out, args.short_side, args.workers)
-        bad = f"; {len(report['bad'])} bad files listed in its manifest" if report["bad"] else ""
-        print(f"split {name}: {report['images']} images, {report['bytes'] / 1e9:.2f} GB in {report['seconds']:.1f} s "
-              f"({report['images'] / max(report['seconds'], 1e-9):.0f} images/s) -> {report['folder']}{bad}")
-    if out != config.dataset.cache:
-        print(f"to read it, set dataset.cache in the config\n  dataset: {{cache: {out}}}\n"
-              f"or pass --set dataset.cache={out}")
-    return 0
 
 
 def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, cache_dir: str, short_side: int,
