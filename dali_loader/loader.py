@@ -24,13 +24,13 @@ import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
 from fastloader.cache import CachedPixels
-from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError, refused_file
 from fastloader.order import seeded_uniform
 from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
+from fastloader.schema import Config, SplitConfig
 
 from .pipeline import build_pipeline, centre_boxes
 from .probe import DecodeProbe, dali_reason

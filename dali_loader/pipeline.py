@@ -22,7 +22,7 @@ from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
 from fastloader.imaging.boxes import centre_box
-from fastloader.config import Config, SplitConfig
+from fastloader.schema import Config, SplitConfig
 
 INTERPOLATION = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
 OUTPUT_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT}  # bf16: cast in torch

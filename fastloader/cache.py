@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import Config, SplitConfig
 from .errors import CacheError, refused_file
 from .samples import SampleIndex
+from .schema import Config, SplitConfig
 
 log = logging.getLogger("fastloader")
 

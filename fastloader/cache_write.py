@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:
     import numpy as np
 
-    from .config import Config, SplitConfig
     from .samples import SampleIndex
+    from .schema import Config, SplitConfig
 
 DEFAULT_SHORT_SIDE = 256
 CHUNK = 16
@@ -53,8 +53,9 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     try:
         with open(os.path.join(partial, PIXELS), "wb") as pixels:
             paths = (index.path(int(sample)) for sample in files)
-            for file, decoded in enumerate(decode_files(paths, short_side, config.dataset.exif_orientation,
-                                                        config.dataset.max_pixels, workers)):
+            shrunk = decode_and_shrink_all(paths, short_side, config.dataset.exif_orientation, config.dataset.max_pixels,
+                                           workers)
+            for file, decoded in enumerate(shrunk):
                 sizes[file], mtimes[file] = decoded.size, decoded.mtime_ns
                 if decoded.problem:
                     relpath = index.relpath(int(files[file]))
@@ -117,8 +118,8 @@ def _replace(partial: str, final: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-class Decoded:
-    """One file: its size and mtime as read, then its pixels (HWC uint8 bytes) or why it is bad."""
+class ShrunkFile:
+    """One file: its size and mtime as read, then its shrunk pixels (HWC uint8 bytes) or why it is bad."""
     __slots__ = ("path", "size", "mtime_ns", "shape", "pixels", "problem")
 
     def __init__(self, path: str, size: int = 0, mtime_ns: int = 0, shape: tuple[int, int] = (0, 0),
@@ -127,45 +128,46 @@ class Decoded:
             path, size, mtime_ns, shape, pixels, problem)
 
 
-def decode_files(paths, short_side: int, exif_orientation: bool, max_pixels: int,
-                 workers: int | None = None) -> Iterator[Decoded]:
-    """decode_file over many paths in parallel processes (one per core by default; 0: here), in order."""
-    from .distributed import available_cores
-    from .parallel import map_chunks
-    from .imaging.screen import _init_worker
+def decode_and_shrink_all(paths, short_side: int, exif_orientation: bool, max_pixels: int,
+                          workers: int | None = None) -> Iterator[ShrunkFile]:
+    """decode_and_shrink over many paths in parallel processes (one per core by default; 0: here), in order."""
+    from .imaging.screen import init_pillow_worker
+    from .parallel import available_cores, map_chunks
 
     from .imaging import decode  # noqa: F401  imported before the fork, not once per worker
     from torchvision.transforms.v2 import functional  # noqa: F401
     count = available_cores() if workers is None else workers
-    return map_chunks(_decode_chunk, paths, (short_side, exif_orientation, max_pixels), workers=count, chunk=CHUNK,
-                      in_flight=2, initializer=_init_worker)
+    return map_chunks(_decode_and_shrink_chunk, paths, (short_side, exif_orientation, max_pixels), workers=count,
+                      chunk=CHUNK, in_flight=2, initializer=init_pillow_worker)
 
 
-def _decode_chunk(paths: list[str], short_side: int, exif_orientation: bool, max_pixels: int) -> list[Decoded]:
-    return [decode_file(path, short_side, exif_orientation, max_pixels) for path in paths]
+def _decode_and_shrink_chunk(paths: list[str], short_side: int, exif_orientation: bool,
+                             max_pixels: int) -> list[ShrunkFile]:
+    return [decode_and_shrink(path, short_side, exif_orientation, max_pixels) for path in paths]
 
 
-def decode_file(path: str, short_side: int, exif_orientation: bool = True, max_pixels: int = 178_956_970) -> Decoded:
+def decode_and_shrink(path: str, short_side: int, exif_orientation: bool, max_pixels: int) -> ShrunkFile:
     """The upright RGB image with its shorter side shrunk to at most short_side, or the problem.
 
     The torch backend's own decoder and resize (libjpeg-turbo, torch's antialiased bilinear kernel)
     make the pixels, so the cache holds what that backend would have computed from the file.
     """
+    from .errors import error_text
     from .imaging.screen import screen_file
 
     try:
         info = os.stat(path)
     except OSError as error:
-        return Decoded(path, problem=f"unreadable: {error.strerror or error}")
+        return ShrunkFile(path, problem=f"unreadable: {error.strerror or error}")
     screened = screen_file(path, max_pixels)
     if screened.problem:
-        return Decoded(path, info.st_size, info.st_mtime_ns, problem=screened.problem)
+        return ShrunkFile(path, info.st_size, info.st_mtime_ns, problem=screened.problem)
     try:
         pixels = shrink(_decode(path, exif_orientation), short_side)
     except Exception as error:
-        return Decoded(path, info.st_size, info.st_mtime_ns, problem=f"decode failed: {str(error) or type(error).__name__}")
+        return ShrunkFile(path, info.st_size, info.st_mtime_ns, problem=f"decode failed: {error_text(error)}")
     height, width = pixels.shape[:2]
-    return Decoded(path, info.st_size, info.st_mtime_ns, (height, width), pixels.numpy().tobytes())
+    return ShrunkFile(path, info.st_size, info.st_mtime_ns, (height, width), pixels.numpy().tobytes())
 
 
 def _decode(path: str, exif_orientation: bool):

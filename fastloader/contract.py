@@ -14,11 +14,12 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .config import Config, SplitConfig, config_to_dict
+from .config import config_to_dict
 from .device_ops import erasing_enabled, random_erasing
 from .distributed import RankInfo
 from .order import EpochOrder
 from .prepared import PreparedSplit
+from .schema import Config, SplitConfig
 from .stats import LOG_LEVELS, LoaderStats
 
 log = logging.getLogger("fastloader")

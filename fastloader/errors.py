@@ -19,6 +19,11 @@ class BadImageError(RuntimeError):
     """A file that cannot be decoded, under dataset.on_bad_image: raise."""
 
 
+def error_text(error: BaseException) -> str:
+    """An exception's message, or its type's name where it has none (`str(KeyError())` is '')."""
+    return str(error) or type(error).__name__
+
+
 def refused_file(path: str, reason: str, source: str, context: str = "") -> str:
     """The one wording of a refused file: which, why, and the two ways on. `context` says where it
     was found or what it stopped, e.g. "listed as bad in the cache DIR" or "the cache was not built"."""

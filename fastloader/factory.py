@@ -12,10 +12,10 @@ import logging
 import torch
 
 from .cache import open_split_cache
-from .config import Config, SplitConfig
+from .schema import Config, SplitConfig
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
-from .errors import ConfigError
+from .errors import ConfigError, error_text
 from .prepared import PreparedSplit, worker_count
 from .samples import build_index
 from .screening import screen_index
@@ -56,7 +56,7 @@ def _dali_import_problem() -> str | None:
     try:
         import nvidia.dali  # noqa: F401  (only here: `import fastloader` must not need DALI)
     except ImportError as error:
-        return str(error) or type(error).__name__
+        return error_text(error)
     return None
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 from .errors import ConfigError
+from .imaging.screen import BOMB_PIXELS
 
 BACKEND_ENV = "FASTLOADER_BACKEND"
 NAMED_SPLITS = ("train", "val", "test")
@@ -52,7 +53,7 @@ class DatasetConfig:
     screen: bool = True
     """Check every file's header when a loader is built (cached per dataset) and leave out the files
     that cannot be decoded, before a decoder sees them."""
-    max_pixels: int = field(default=178_956_970, metadata=_check(lambda v: v > 0, "a positive integer"))
+    max_pixels: int = field(default=BOMB_PIXELS, metadata=_check(lambda v: v > 0, "a positive integer"))
     """Width x height above which an image counts as a decompression bomb and is refused before
     its pixels are allocated (default: Pillow's own error threshold, fastloader.imaging.screen.BOMB_PIXELS)."""
     cache: str | None = None
@@ -217,6 +218,8 @@ class Config:
             f"Add a top-level '{name}:' section, e.g. '{name}: {{batch_size: 64}}'.")
 
 
-_SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
-             "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig, "stats": StatsConfig}
-_SCALARS = ("backend", "seed")
+SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
+            "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig, "stats": StatsConfig}
+"""Top-level key -> the dataclass of its section."""
+SCALARS = ("backend", "seed")
+"""Top-level keys that hold a value, not a section."""

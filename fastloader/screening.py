@@ -25,9 +25,9 @@ from typing import Iterator
 
 import numpy as np
 
-from .config import Config
+from .schema import Config
 from .errors import BadImageError, refused_file
-from .imaging.screen import screen_files
+from .imaging.screen import DALI_FORMATS, screen_files
 from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
@@ -35,9 +35,6 @@ from .samples import SampleIndex
 log = logging.getLogger("fastloader")
 
 SCREEN_VERSION = 1
-DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "PPM", "WEBP", "JPEG2000"})
-"""Formats DALI's image decoder reads (by content, whatever the suffix). Others (GIF) are decoded
-once with Pillow and handed to DALI as lossless PNG (see dali_loader/transcode.py)."""
 PROGRESS_FROM = 20_000
 """Screening this many files or more shows a progress bar (about a second of work per core)."""
 IN_PROCESS_UP_TO = 4_000

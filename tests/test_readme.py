@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fastloader.config import _all_dotted_keys
+from fastloader.config import all_dotted_keys
 from conftest import REPO
 
 README = (REPO / "README.md").read_text()
@@ -30,7 +30,7 @@ def test_ci_runs_the_readme_setup_and_test_commands():
 def test_every_config_key_is_in_the_reference():
     table = README[README.index("| key | default | meaning |"):]
     documented = set(re.findall(r"`([<>a-z_.]+)`", table))
-    missing = [key for key in _all_dotted_keys() if key not in documented]
+    missing = [key for key in all_dotted_keys() if key not in documented]
     assert not missing, f"not in the README's config reference: {missing}"
 
 

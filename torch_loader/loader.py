@@ -14,7 +14,6 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError
@@ -22,6 +21,7 @@ from fastloader.imaging.decode import describe as describe_decoders
 from fastloader.order import EpochOrder
 from fastloader.parallel import fork_context
 from fastloader.prepared import PreparedSplit
+from fastloader.schema import Config, SplitConfig
 
 from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset

@@ -20,7 +20,7 @@ from array import array
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from ..config import Config, SplitConfig
+    from ..schema import Config, SplitConfig
     from ..imaging.screen import Screened
 
 HELP = "report the environment, summarize the dataset and find unreadable files"
@@ -33,8 +33,6 @@ LISTED = 20
 """Problem files printed before '... and N more' (the exclude list holds them all)."""
 HW_JPEG_DECODER = {(8, 0): "A100, A30", (9, 0): "H100, H200", (10, 0): "B200"}
 """Compute capabilities whose GPUs have NVIDIA's hardware JPEG decoder (NVJPG), which DALI uses."""
-DALI_FORMATS = {"JPEG", "JPEG2000", "TIFF", "PNG", "BMP", "PPM", "WEBP"}
-"""What DALI's image decoder reads (its documentation); the torch backend reads all that Pillow does."""
 MANY_CLASSES = 10
 """Above this, images per class are summarized (min, median, max, smallest) rather than listed."""
 
@@ -233,6 +231,7 @@ def format_lines(tally: Tally, root: str) -> list[str]:
                      f"(the loaders go by the data, other tools may go by the name):")
         lines += [f"  {os.path.relpath(r.path, root)} is {r.format}" for r in liars[:5]]
         lines += [f"  ... and {len(liars) - 5} more"] if len(liars) > 5 else []
+    from ..imaging.screen import DALI_FORMATS
     undecodable = {name: count for name, count in tally.formats.items() if name not in DALI_FORMATS | {"unknown"}}
     if undecodable:
         names = ", ".join(f"{name} ({count})" for name, count in undecodable.items())
