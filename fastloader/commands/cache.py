@@ -31,7 +31,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .. import load_config
+    from ..config import load_config
     from ..cache_write import build_split_cache
     from ..errors import ConfigError
     from ..samples import build_index

@@ -47,7 +47,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .. import load_config
+    from ..config import load_config
     from ..errors import ConfigError
     from ..samples import dataset_root
     from ..imaging.screen import quiet_pillow
