@@ -44,6 +44,18 @@ def test_advance_counts_steps(capsys):
     assert capsys.readouterr().err.splitlines() == ["1/3 rounds (33%)", "2/3 rounds (67%)", "3/3 rounds (100%)"]
 
 
+def read_all(leader: int) -> bytes:
+    """What was written to the pseudo-terminal (its other end closed), however many reads it takes."""
+    drawn = b""
+    try:
+        while chunk := os.read(leader, 65536):
+            drawn += chunk
+    except OSError:  # EIO: nothing more, the writer's end is closed
+        pass
+    os.close(leader)
+    return drawn
+
+
 def test_on_a_terminal_it_draws_one_bar_rewritten_in_place(monkeypatch):
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
@@ -53,9 +65,7 @@ def test_on_a_terminal_it_draws_one_bar_rewritten_in_place(monkeypatch):
     for done in (64, 128, 192, 240):
         progress.update(done)
     progress.finish()
-    terminal.flush()
-    drawn = os.read(leader, 65536).decode()
     terminal.close()
-    os.close(leader)
+    drawn = read_all(leader).decode()
     assert "\r" in drawn and "100%|" in drawn and "240/240" in drawn and "files/s" in drawn
     assert drawn.rstrip("\r\n").count("\n") == 0  # redrawn in place: one line, ended when finished
