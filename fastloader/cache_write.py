@@ -35,7 +35,7 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     """Decode the split's distinct files into cache_dir/<split>; returns what was written."""
     import numpy as np
 
-    from .cache import FILES, LABELS, MANIFEST, OFFSETS, PARTIAL, PIXELS, SHAPES, FORMAT, VERSION, split_folder
+    from .cache import FILES, FORMAT, LABELS, MANIFEST, OFFSETS, PARTIAL, PIXELS, SHAPES, VERSION, split_folder
     from .errors import ConfigError, refused_file
     from .progress import Progress
 
@@ -131,11 +131,11 @@ class ShrunkFile:
 def decode_and_shrink_all(paths, short_side: int, exif_orientation: bool, max_pixels: int,
                           workers: int | None = None) -> Iterator[ShrunkFile]:
     """decode_and_shrink over many paths in parallel processes (one per core by default; 0: here), in order."""
-    from .imaging.screen import init_pillow_worker
-    from .parallel import available_cores, map_chunks
+    from torchvision.transforms.v2 import functional  # noqa: F401
 
     from .imaging import decode  # noqa: F401  imported before the fork, not once per worker
-    from torchvision.transforms.v2 import functional  # noqa: F401
+    from .imaging.screen import init_pillow_worker
+    from .parallel import available_cores, map_chunks
     count = available_cores() if workers is None else workers
     return map_chunks(_decode_and_shrink_chunk, paths, (short_side, exif_orientation, max_pixels), workers=count,
                       chunk=CHUNK, in_flight=2, initializer=init_pillow_worker)

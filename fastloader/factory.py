@@ -12,12 +12,12 @@ import logging
 import torch
 
 from .cache import open_split_cache
-from .schema import Config, SplitConfig
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
 from .errors import ConfigError, error_text
 from .prepared import PreparedSplit, worker_count
 from .samples import build_index
+from .schema import Config, SplitConfig
 from .screening import screen_index
 
 log = logging.getLogger("fastloader")

@@ -25,12 +25,12 @@ from typing import Iterator
 
 import numpy as np
 
-from .schema import Config
 from .errors import BadImageError, refused_file
 from .imaging.screen import DALI_FORMATS, screen_files
 from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
+from .schema import Config
 
 log = logging.getLogger("fastloader")
 

@@ -31,8 +31,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..config import load_config
     from ..cache_write import build_split_cache
+    from ..config import load_config
     from ..errors import ConfigError
     from ..samples import build_index
 

@@ -20,8 +20,8 @@ from array import array
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from ..schema import Config, SplitConfig
     from ..imaging.screen import Screened
+    from ..schema import Config, SplitConfig
 
 HELP = "report the environment, summarize the dataset and find unreadable files"
 EXAMPLES = """  fastloader check configs/sample.yaml
@@ -49,8 +49,8 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..config import load_config
     from ..errors import ConfigError
-    from ..samples import dataset_root
     from ..imaging.screen import quiet_pillow
+    from ..samples import dataset_root
 
     config = load_config(args.config, args.overrides)
     if not config.splits:
@@ -99,7 +99,8 @@ def print_environment() -> None:
 
 def versions() -> list[str]:
     """Python, torch, torchvision, DALI and Pillow, each with what went wrong if it does not import."""
-    from PIL import __version__ as pillow, features
+    from PIL import __version__ as pillow
+    from PIL import features
     found = [f"Python {platform.python_version()}"]
     for label, module in (("torch", "torch"), ("torchvision", "torchvision"), ("DALI", "nvidia.dali")):
         found.append(f"{label} {_module_version(module)}")
@@ -186,9 +187,9 @@ class Tally:
 
 def check_split(config: Config, split: SplitConfig, root: str, deep: bool, workers: int | None) -> Tally:
     """Index the split, screen its files with a progress line, print its summary."""
+    from ..imaging.screen import screen_files
     from ..progress import Progress
     from ..samples import build_index
-    from ..imaging.screen import screen_files
 
     index = build_index(config, split)
     progress = Progress(len(index), unit="files")
