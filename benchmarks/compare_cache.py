@@ -22,7 +22,7 @@ import harness
 from harness import Factory
 
 import fastloader
-from fastloader.cache_build import DEFAULT_SHORT_SIDE, build_split_cache
+from fastloader.cache_write import DEFAULT_SHORT_SIDE, build_split_cache
 from fastloader.samples import SampleIndex, build_index
 
 BACKENDS = ("torch", "dali")

@@ -34,7 +34,7 @@ from harness import Factory
 
 from fastloader.config import IMAGENET_MEAN, IMAGENET_STD
 from fastloader.samples import SampleIndex
-from torch_loader.decode import DECODER_CHOICES, DECODER_ENV, describe as describe_decoders
+from fastloader.imaging.decode import DECODER_CHOICES, DECODER_ENV, describe as describe_decoders
 
 TORCH, DALI = "fastloader torch", "fastloader dali"
 TORCHVISION, TIMM, NVIDIA = "torchvision defaults", "timm prefetcher", "NVIDIA RN50 example"

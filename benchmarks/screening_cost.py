@@ -1,4 +1,4 @@
-"""What the bad-input screening costs (see fastloader/index_screen.py), against an epoch's time.
+"""What the bad-input screening costs (see fastloader/screening.py), against an epoch's time.
 
 On the real photos, per split: the header check of every file when a loader is built with nothing
 cached (in this process, as for small splits, and in 2 worker processes, as for splits of more than
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import harness  # noqa: F401  (puts the repository on sys.path)
 
-from fastloader import build_loader, index_screen
+from fastloader import build_loader, screening
 from fastloader.config import load_config
 from fastloader.samples import build_index
 
@@ -27,12 +27,12 @@ def screen_seconds(config, index, in_process: bool) -> tuple[float, float]:
     """(first screening, cached screening) in seconds, with a fresh cache folder."""
     with tempfile.TemporaryDirectory() as cache:
         os.environ["FASTLOADER_CACHE_DIR"] = cache
-        index_screen.IN_PROCESS_UP_TO = len(index) if in_process else 0
+        screening.IN_PROCESS_UP_TO = len(index) if in_process else 0
         started = time.perf_counter()
-        index_screen.screen_index(config, index, workers=2)
+        screening.screen_index(config, index, workers=2)
         first = time.perf_counter() - started
         started = time.perf_counter()
-        index_screen.screen_index(config, index, workers=2)
+        screening.screen_index(config, index, workers=2)
         return first, time.perf_counter() - started
 
 

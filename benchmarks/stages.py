@@ -32,9 +32,9 @@ import harness
 
 import fastloader
 from fastloader.config import IMAGE_EXTENSIONS
+from fastloader.imaging.decode import describe, load_region
 from fastloader.samples import scan_folder
 from torch_loader.collate import BatchPool, NormalizingCollate
-from torch_loader.decode import describe, load_region
 from torch_loader.prefetch import Normalizer
 from torch_loader.transforms import SampleTransform
 

@@ -29,7 +29,7 @@ import harness
 from compare_cache import build_cache
 from harness import Factory
 
-from fastloader.cache_build import DEFAULT_SHORT_SIDE
+from fastloader.cache_write import DEFAULT_SHORT_SIDE
 from fastloader.samples import SampleIndex
 
 try:

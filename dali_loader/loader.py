@@ -24,17 +24,18 @@ import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
 from fastloader.cache import CachedPixels
-from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
-from fastloader.device_ops import erasing_enabled, random_erasing
-from fastloader.distributed import RankInfo, cpu_workers_per_rank
-from fastloader.index_screen import BadImageError, bad_image_message
+from fastloader.distributed import RankInfo
+from fastloader.errors import BadImageError, refused_file
 from fastloader.order import seeded_uniform
+from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
+from fastloader.schema import Config, SplitConfig
 
 from .pipeline import build_pipeline, centre_boxes
 from .probe import DecodeProbe, dali_reason
 from .sizes import SizeTable
+from .transcode import transcoded_for_dali
 
 log = logging.getLogger("fastloader")
 
@@ -57,7 +58,7 @@ class _Feed:
         self.pixels = pixels
         self.eval_split = eval_split  # eval: each batch also carries its centre boxes (centre_boxes)
         self.sizes = SizeTable(len(index), exif_orientation) if eval_split and pixels is None else None
-        self.substitutes = substitutes  # sample -> a file DALI can decode in its place (index_screen)
+        self.substitutes = substitutes  # sample -> a file DALI can decode in its place (transcode.py)
         self.known_bad: dict[int, str] = {}  # sample -> why DALI could not decode it
         self.skipped: list[int] = []  # known-bad samples left out since the loader last looked
         self.batches: Iterator[np.ndarray] = iter(())
@@ -95,15 +96,6 @@ class _Feed:
         return self.substitutes.get(sample) or self.index.path(sample)
 
 
-def dali_threads(config: Config, ranks: RankInfo) -> int:
-    """dali.threads, else workers.num_workers (at least 1), else this rank's share of the cores."""
-    if config.dali.threads != "auto":
-        return config.dali.threads
-    if config.workers.num_workers != "auto":
-        return max(1, config.workers.num_workers)
-    return cpu_workers_per_rank(ranks, config.workers.max_workers)
-
-
 def pipeline_seed(seed: int, rank: int) -> int:
     """DALI's seed for its random operators: a function of the config's seed and the rank."""
     return int(seeded_uniform(np.array([seed]), _SEED_SALT + rank, 1)[0, 0] * (2**31 - 1))
@@ -112,21 +104,20 @@ def pipeline_seed(seed: int, rank: int) -> int:
 class DaliLoader(Loader):
     backend = "dali"
 
-    def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
-                 device: torch.device, substitutes: dict[int, str] | None = None,
-                 pixels: CachedPixels | None = None):
-        super().__init__(config, split, index, ranks, device)
+    def __init__(self, config: Config, split: SplitConfig, prepared: PreparedSplit, ranks: RankInfo,
+                 device: torch.device):
+        super().__init__(config, split, prepared, ranks, device)
         self.flavour = "gpu" if device.type == "cuda" else "cpu"
-        self.num_threads = dali_threads(config, ranks)
+        self.num_threads = prepared.workers
         self._bfloat16 = config.output.dtype == "bfloat16"
-        self._erasing = erasing_enabled(split.transform, split.mode)
-        self._feed = _Feed(index, substitutes or {}, pixels, split if split.mode != "train" else None,
+        substitutes = transcoded_for_dali(prepared.index, prepared.needs_substitute)
+        self._feed = _Feed(prepared.index, substitutes, prepared.pixels, split if split.mode != "train" else None,
                            config.dataset.exif_orientation)
         self._pipe = self._build()
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._run = 0  # which loop owns the pipeline
         self._broken = ""  # why the pipeline cannot run any more
-        self._announce(pixels)
+        self._announce()
 
     def _build(self):
         return build_pipeline(
@@ -148,7 +139,7 @@ class DaliLoader(Loader):
         decoder = "nvJPEG on the GPU" if self.flavour == "gpu" else "decoding on the CPU"
         return f"flavour={self.flavour!r} ({decoder}), threads={self.num_threads}"
 
-    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
         if self._broken:
             raise RuntimeError(self._broken)
         self._end_epoch()
@@ -170,7 +161,7 @@ class DaliLoader(Loader):
             plan = self._feed.fed.popleft()
             delivered += 1
             self._record_feed_skips()
-            yield self._to_torch(images, labels, plan[:, 1])
+            yield (*self._to_torch(images, labels), plan[:, 1])
         if self._run == run:
             self._record_feed_skips()
             self._end_epoch()
@@ -197,7 +188,7 @@ class DaliLoader(Loader):
             raise self._failed(error, number, suspects[0] if suspects else np.zeros((0, 2), dtype=np.int64))
         if self.config.dataset.on_bad_image == "raise":
             first = min(culprits)
-            self._broken = bad_image_message(self.index.path(first), culprits[first], self.config.source)
+            self._broken = refused_file(self.index.path(first), culprits[first], self.config.source)
             raise BadImageError(self._broken) from error
         log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files; rebuilding it "
                  "without them", self.split.name, number, self.epoch, len(culprits))
@@ -229,7 +220,7 @@ class DaliLoader(Loader):
         self._pipe.reset()
         self._epoch_open = False
 
-    def _to_torch(self, images, labels, seeds: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _to_torch(self, images, labels) -> tuple[torch.Tensor, torch.Tensor]:
         """DALI's batch -> torch tensors on self.device, in the configured dtype and memory format."""
         images, labels = images.as_tensor(), labels.as_tensor()
         if self.flavour == "gpu":  # copy on the trainer's stream, as DALI's own iterator does
@@ -244,8 +235,6 @@ class DaliLoader(Loader):
             images = images.permute(0, 3, 1, 2)  # NHWC memory seen as a channels_last NCHW tensor
         if self._bfloat16:
             images = images.to(torch.bfloat16)
-        if self._erasing:
-            random_erasing(images, seeds, self.split.transform)
         return images, labels
 
     def _close(self) -> None:

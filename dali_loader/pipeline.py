@@ -9,7 +9,7 @@ or the centre box (eval) -> the same flip and normalize. One function builds bot
 
 Every transform key means what it means for the torch backend: `scale` and `ratio` are
 RandomResizedCrop's area and aspect ranges (10 tries), `hflip` the coin's probability, `crop_pct`
-the shorter side floor(size / crop_pct) before the centre crop (the same box, fastloader.boxes),
+the shorter side floor(size / crop_pct) before the centre crop (the same box, fastloader.imaging.boxes),
 `interpolation` the filter, and shrinking is antialiased in both.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from nvidia.dali import fn, types
 from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
-from fastloader.boxes import centre_box
-from fastloader.config import Config, SplitConfig
+from fastloader.imaging.boxes import centre_box
+from fastloader.schema import Config, SplitConfig
 
 INTERPOLATION = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
 OUTPUT_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT}  # bf16: cast in torch
@@ -87,7 +87,7 @@ def _resampling(t) -> dict:
 
 
 def resize_box(images: DataNode, box: Box, split: SplitConfig) -> DataNode:
-    """Eval: resize each image's centre box (fractional source pixels, see fastloader.boxes) to size x size."""
+    """Eval: resize each image's centre box (fractional source pixels, see fastloader.imaging.boxes) to size x size."""
     t = split.transform
     roi_start, roi_end = box
     return fn.resize(images, resize_x=t.size, resize_y=t.size, roi_start=roi_start, roi_end=roi_end,

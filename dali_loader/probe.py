@@ -15,8 +15,8 @@ import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
-from fastloader.config import Config
-from fastloader.screen import screen_file
+from fastloader.imaging.screen import screen_file
+from fastloader.schema import Config
 
 from .pipeline import decoder_options
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from .config import Config, load_config
+from .config import load_config
 from .contract import Loader
+from .schema import Config
 
 __version__ = "0.1.0"
 __all__ = ["build_loader", "load_config", "Loader", "__version__"]

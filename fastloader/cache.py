@@ -1,7 +1,7 @@
 """The decoded uint8 cache: read pixels through np.memmap instead of decoding image files.
 
 Why: on a CPU-bound host the JPEG decode is about half the cost of every sample, paid again every
-epoch. `fastloader cache` (cache_build.py) decodes each image once, shrinks it so that its shorter
+epoch. `fastloader cache` (cache_write.py) decodes each image once, shrinks it so that its shorter
 side is at most `short_side`, and stores all images back to back; a loader then reads the bytes a
 crop needs straight from the page cache, shared by every worker and every rank, with no copy.
 
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import Config, ConfigError, SplitConfig
+from .errors import CacheError, refused_file
 from .samples import SampleIndex
+from .schema import Config, SplitConfig
 
 log = logging.getLogger("fastloader")
 
@@ -43,10 +44,6 @@ MANIFEST, FILES, OFFSETS, SHAPES, LABELS, PIXELS = (
 PARTIAL = ".{split}.partial-"
 """Prefix of a build in progress (or killed): never read as a cache."""
 EXAMPLES_SHOWN = 3
-
-
-class CacheError(ConfigError):
-    """A cache that cannot serve this split: stale, unfinished, or of another format."""
 
 
 def split_folder(cache_dir: str, split: str) -> str:
@@ -232,9 +229,7 @@ def _bad_files(config: Config, index: SampleIndex, bad_samples: np.ndarray, reas
         seen.add(relpath)
         path, reason = index.path(int(sample)), reasons.get(relpath, "unusable when the cache was built")
         if config.dataset.on_bad_image == "raise":
-            raise CacheError(f"{path}: {reason} (listed as bad in the cache {folder}); with dataset.on_bad_image: "
-                             f"raise this stops the run: fix or remove the file and rebuild the cache, list it in "
-                             f"dataset.exclude, or set dataset.on_bad_image: skip")
+            raise CacheError(refused_file(path, reason, config.source, f"listed as bad in the cache {folder}"))
         log.warning("skipping %s: %s (listed as bad in the cache %s)", path, reason, folder)
         bad.append((path, reason))
     return bad

@@ -1,5 +1,5 @@
 """`fastloader bench | show | check | cache`: the command line. This module parses and dispatches; each
-command lives in its own module (benchmark, grid, checkup, cache_build), which adds its options and runs it.
+command lives in its own module, named after it (fastloader/commands/), which adds its options and runs it.
 
 Errors are one line without a traceback (exit 2) unless --debug; every subcommand's help ends with
 examples.
@@ -13,12 +13,12 @@ import sys
 
 from . import __version__
 
-COMMANDS = {"bench": "benchmark", "show": "grid", "check": "checkup", "cache": "cache_build"}
-"""Subcommand -> module of fastloader that provides HELP, EXAMPLES, add_arguments(parser), run(args)."""
+COMMANDS = ("bench", "show", "check", "cache")
+"""Subcommands; fastloader.commands.<name> provides HELP, EXAMPLES, add_arguments(parser), run(args)."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    modules = {name: importlib.import_module(f".{module}", __package__) for name, module in COMMANDS.items()}
+    modules = {name: importlib.import_module(f".commands.{name}", __package__) for name in COMMANDS}
     examples = "examples:\n" + "".join(m.EXAMPLES for m in modules.values())
     parser = argparse.ArgumentParser(prog="fastloader", description="Image-classification loading for PyTorch.",
                                      epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter)

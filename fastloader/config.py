@@ -16,10 +16,11 @@ from typing import Any, Literal, Mapping, Union
 
 import yaml
 
-from .schema import (  # noqa: F401  (re-exported: the schema is read as fastloader.config)
-    BACKEND_ENV, EVAL_TRANSFORM_KEYS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, NAMED_SPLITS, TRAIN_TRANSFORM_KEYS,
-    Config, ConfigError, DaliConfig, DatasetConfig, DistributedConfig, NormalizeConfig, OutputConfig,
-    SplitConfig, StatsConfig, TransformConfig, WorkersConfig, _SCALARS, _SECTIONS)
+from .errors import ConfigError
+from .schema import (  # noqa: F401  (the schema's names are re-exported for users who read them here)
+    BACKEND_ENV, EVAL_TRANSFORM_KEYS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, NAMED_SPLITS, SCALARS, SECTIONS,
+    TRAIN_TRANSFORM_KEYS, Config, DaliConfig, DatasetConfig, DistributedConfig, NormalizeConfig, OutputConfig,
+    SplitConfig, StatsConfig, TransformConfig, WorkersConfig)
 
 # ---------------------------------------------------------------------------------------------
 # Loading
@@ -125,7 +126,7 @@ def _resolve_paths(raw: dict, base_dir: Path) -> dict:
             if key in dataset:
                 dataset[key] = _resolve_one(dataset[key], base_dir)
     for key, section in raw.items():
-        if key not in _SECTIONS and isinstance(section, dict) and "file_list" in section:
+        if key not in SECTIONS and isinstance(section, dict) and "file_list" in section:
             section["file_list"] = _resolve_one(section["file_list"], base_dir)
     return raw
 
@@ -170,9 +171,9 @@ def config_to_dict(config: Config) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _all_dotted_keys() -> list[str]:
-    keys = [*_SCALARS]
-    for section, cls in _SECTIONS.items():
+def all_dotted_keys() -> list[str]:
+    keys = [*SCALARS]
+    for section, cls in SECTIONS.items():
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     for f in dataclasses.fields(SplitConfig):
         if f.name == "name":
@@ -210,7 +211,7 @@ class _Builder:
             prefix = path.rsplit(".", 1)[0] + "." if "." in path else ""
             hint = f"did you mean '{prefix}{close[0]}'?"
         else:
-            elsewhere = [k for k in _all_dotted_keys() if k.rsplit(".", 1)[-1] == leaf]
+            elsewhere = [k for k in all_dotted_keys() if k.rsplit(".", 1)[-1] == leaf]
             hint = (f"'{leaf}' belongs at '{elsewhere[0]}'." if elsewhere else
                     f"valid keys here: {', '.join(valid)}.")
         raise ConfigError(f"{self.where(path)}: unknown key '{path}'; {hint}")
@@ -231,21 +232,21 @@ class _Builder:
         values: dict[str, Any] = {}
         splits: dict[str, SplitConfig] = {}
         for key, value in raw.items():
-            if key in _SCALARS:
+            if key in SCALARS:
                 hint = typing.get_type_hints(Config)[key]
                 values[key] = self.coerce(value, hint, key)
-            elif key in _SECTIONS:
-                values[key] = self.section(_SECTIONS[key], value, key)
+            elif key in SECTIONS:
+                values[key] = self.section(SECTIONS[key], value, key)
             elif isinstance(value, dict):
-                close = difflib.get_close_matches(key, [*_SECTIONS, *_SCALARS], n=1, cutoff=0.75)
+                close = difflib.get_close_matches(key, [*SECTIONS, *SCALARS], n=1, cutoff=0.75)
                 if close:  # 'normalise:' is a typo, not a split named 'normalise'
-                    self.unknown(key, [*_SECTIONS, *_SCALARS])
+                    self.unknown(key, [*SECTIONS, *SCALARS])
                 if "mode" not in value and key not in NAMED_SPLITS:
-                    self.unnamed_split(key, [k for k in raw if k != key and k not in _SECTIONS])
+                    self.unnamed_split(key, [k for k in raw if k != key and k not in SECTIONS])
                 splits[key] = self.split(key, value)
             else:
-                self.unknown(key, [*_SECTIONS, *_SCALARS, "<split name>"])
-        for key in _SCALARS:
+                self.unknown(key, [*SECTIONS, *SCALARS, "<split name>"])
+        for key in SCALARS:
             if key not in raw:
                 self.origins.setdefault(key, f"the default, as {self.source} does not set it")
         if "dataset" not in values:
@@ -322,20 +323,20 @@ class _Builder:
                     return self.coerce(value, option, path)
                 except ConfigError:
                     continue
-            self.fail(path, f"expected {_describe(hint)}, got {_show(value)}")
+            self.fail(path, f"expected {_describe_type(hint)}, got {_show(value)}")
         if origin is Literal:
             if value in args and type(value) is type(args[args.index(value)]):
                 return value
             close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
             hint_text = f"; did you mean '{close[0]}'?" if close else ""
-            self.fail(path, f"expected {_describe(hint)}, got {_show(value)}{hint_text}")
+            self.fail(path, f"expected {_describe_type(hint)}, got {_show(value)}{hint_text}")
         if origin is tuple:
             if not isinstance(value, (list, tuple)):
-                self.fail(path, f"expected {_describe(hint)}, got {_show(value)}")
+                self.fail(path, f"expected {_describe_type(hint)}, got {_show(value)}")
             if len(args) == 2 and args[1] is Ellipsis:
                 return tuple(self.coerce(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
             if len(value) != len(args):
-                self.fail(path, f"expected {_describe(hint)}, got {len(value)} values: {_show(value)}")
+                self.fail(path, f"expected {_describe_type(hint)}, got {len(value)} values: {_show(value)}")
             return tuple(self.coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
         if hint is type(None):
             if value is None:
@@ -355,19 +356,19 @@ class _Builder:
                 return value
         else:  # pragma: no cover - a schema error, not a user error
             raise TypeError(f"unsupported type hint {hint!r} at {path}")
-        self.fail(path, f"expected {_describe(hint)}, got {_show(value)}")
+        self.fail(path, f"expected {_describe_type(hint)}, got {_show(value)}")
 
 
-def _describe(hint: Any) -> str:
+def _describe_type(hint: Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
+        return " or ".join(_describe_type(a) for a in args)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
-        return f"a list of {len(args)} {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+            return f"a list of {_describe_type(args[0]).removeprefix('a ').removeprefix('an ')}s"
+        return f"a list of {len(args)} {_describe_type(args[0]).removeprefix('a ').removeprefix('an ')}s"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
             type(None): "null"}.get(hint, str(hint))
 

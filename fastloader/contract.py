@@ -1,7 +1,8 @@
 """The Loader contract both backends implement, and the behaviour they share.
 
 Shared here, so that the backends cannot drift apart: which epoch a `for` loop runs, what `len`
-means, the closed state, and the (epoch, position) that a resume restarts from.
+means, the closed state, the (epoch, position) that a resume restarts from, the files skipped, the
+random erasing of each batch and the start-up line that says what the loader is.
 """
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import logging
 import time
 from typing import Iterator
 
+import numpy as np
 import torch
 
-from .cache import CachedPixels
-from .config import Config, SplitConfig, config_to_dict
+from .config import config_to_dict
+from .device_ops import erasing_enabled, random_erasing
 from .distributed import RankInfo
 from .order import EpochOrder
-from .samples import SampleIndex
+from .prepared import PreparedSplit
+from .schema import Config, SplitConfig
 from .stats import LOG_LEVELS, LoaderStats
 
 log = logging.getLogger("fastloader")
@@ -32,13 +35,14 @@ class Loader(abc.ABC):
     """
 
     backend: str = "?"
-    pixels_from: str = "the image files"
-    """Where the pixels come from: the image files, or a uint8 cache folder (set by the backend)."""
 
-    def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
+    def __init__(self, config: Config, split: SplitConfig, prepared: PreparedSplit, ranks: RankInfo,
                  device: torch.device):
+        index = prepared.index
         self.config, self.split, self.index, self.ranks = config, split, index, ranks
         self.device = device
+        self.pixels_from = prepared.pixels_from
+        """Where the pixels come from: the image files, or a uint8 cache folder."""
         self.order = EpochOrder(len(index), split.batch_size, mode=split.mode, shuffle=split.shuffle,
                                 drop_last=split.drop_last, seed=config.seed, rank=ranks.rank,
                                 world_size=ranks.world_size)
@@ -53,7 +57,10 @@ class Loader(abc.ABC):
         """(path, reason) of every file skipped so far under dataset.on_bad_image: skip: those the
         header check left out when the loader was built, then those that failed to decode."""
         self._bad_paths: set[str] = set()
+        for path, reason in prepared.bad:  # left out of the index when it was prepared (logged then)
+            self._list_bad(path, reason)
         self._skipped_in_epoch = 0
+        self._erasing = erasing_enabled(split.transform, split.mode)
         self._closed = False
         if self.order.num_batches == 0:
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
@@ -115,9 +122,11 @@ class Loader(abc.ABC):
         while True:
             asked = clock()
             try:
-                images, labels = next(batches)
+                images, labels, seeds = next(batches)
             except StopIteration:
                 break
+            if self._erasing:  # on the device, in place, from the samples' seeds: the same boxes on both backends
+                random_erasing(images, seeds, self.split.transform)
             arrived = clock()
             stats.add(arrived - asked if stats.batches else arrived - began, arrived - began, len(labels))
             if loop == self._loops:  # an abandoned older loop no longer moves the resume position
@@ -128,11 +137,6 @@ class Loader(abc.ABC):
             log.warning("%s loader, split '%s', epoch %d, rank %d: %d samples skipped because their files cannot "
                         "be decoded; %d files in loader.bad_samples so far", self.backend, self.split.name, epoch,
                         self.ranks.rank, self._skipped_in_epoch, len(self.bad_samples))
-
-    def record_screened(self, bad: list[tuple[str, str]]) -> None:
-        """The files the header check left out of the index (already logged by the check)."""
-        for path, reason in bad:
-            self._list_bad(path, reason)
 
     def _skip_sample(self, path: str, reason: str) -> None:
         """A sample dropped from its batch at decode time: listed once, logged once per file."""
@@ -244,11 +248,9 @@ class Loader(abc.ABC):
         """How it decodes in parallel, as `repr` shows it (workers, or DALI's flavour and threads)."""
         return ""
 
-    def _announce(self, pixels: CachedPixels | None) -> None:
-        """Once the backend has built itself: note a cache as the pixel source and log the repr, the
-        one line that says what this loader is (both backends, the same words)."""
-        if pixels is not None:
-            self.pixels_from = f"the cache {pixels.folder}"
+    def _announce(self) -> None:
+        """Once the backend has built itself: log the repr, the one line that says what this loader
+        is and where its pixels come from (both backends, the same words)."""
         log.info("%r; ranks: %s", self, self.ranks.source)
 
     def __repr__(self) -> str:
@@ -262,8 +264,9 @@ class Loader(abc.ABC):
     # -- what a backend provides -----------------------------------------------------------------
 
     @abc.abstractmethod
-    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yield (images, labels) on self.device for these batches of (sample index, sample seed)."""
+    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
+        """Yield (images, labels, seeds) on self.device for these batches of (sample index, sample seed):
+        seeds are those of the samples delivered, for the augmentations applied here (random erasing)."""
 
     @abc.abstractmethod
     def _close(self) -> None:

@@ -15,21 +15,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .config import ConfigError
+from .errors import ConfigError
+from .paths import cache_home
 
 log = logging.getLogger("fastloader")
 
 SAMPLE_VERSION = 1
 CLASSES = ("circle", "square", "triangle", "stripes", "cross")
 COUNTS = {"train": 48, "val": 12}
-
-
-def cache_home() -> Path:
-    """$FASTLOADER_CACHE_DIR, else $XDG_CACHE_HOME/fastloader, else ~/.cache/fastloader."""
-    explicit = os.environ.get("FASTLOADER_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fastloader"
 
 
 def builtin_dataset_root(name: str, source: str) -> str:

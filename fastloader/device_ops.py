@@ -15,8 +15,8 @@ import math
 import numpy as np
 import torch
 
-from .config import TransformConfig
 from .order import seeded_uniform
+from .schema import TransformConfig
 
 _ATTEMPTS = 10
 _ERASE_SALT = 0xE7A5E

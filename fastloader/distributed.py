@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .config import ConfigError, DistributedConfig
+from .errors import ConfigError
+from .parallel import available_cores
+from .schema import DistributedConfig
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,6 @@ def detect_ranks(config: DistributedConfig | None = None) -> RankInfo:
                           f"fix distributed.rank / distributed.world_size or the launcher's variables")
     return RankInfo(rank=rank, world_size=world, local_rank=local, local_world_size=max(1, local_world),
                     source=source)
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
 
 
 def cpu_workers_per_rank(ranks: RankInfo, cap: int) -> int:

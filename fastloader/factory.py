@@ -1,19 +1,29 @@
-"""Picks the backend (auto | dali | torch), says why in the log, and builds the loader."""
+"""Picks the backend (auto | dali | torch), says why in the log, prepares the split once and builds
+the loader.
+
+The only module of fastloader that names the backends: BACKENDS loads the chosen one by module name,
+so that `import fastloader` never imports DALI, and the backends stay out of fastloader's imports.
+"""
 from __future__ import annotations
 
+import importlib
 import logging
 
 import torch
 
 from .cache import open_split_cache
-from .config import Config, ConfigError
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
-from .index_screen import screen_index, transcoded_for_dali
+from .errors import ConfigError, error_text
+from .prepared import PreparedSplit, worker_count
 from .samples import build_index
+from .schema import Config, SplitConfig
+from .screening import screen_index
 
 log = logging.getLogger("fastloader")
 
+BACKENDS = {"torch": ("torch_loader.loader", "TorchLoader"), "dali": ("dali_loader.loader", "DaliLoader")}
+"""Backend -> (module, Loader class), imported only when the backend is chosen."""
 
 DALI_INSTALL_HINT = "pip install nvidia-dali-cuda120 (Linux x86_64 / aarch64)"
 
@@ -46,7 +56,7 @@ def _dali_import_problem() -> str | None:
     try:
         import nvidia.dali  # noqa: F401  (only here: `import fastloader` must not need DALI)
     except ImportError as error:
-        return str(error) or type(error).__name__
+        return error_text(error)
     return None
 
 
@@ -85,19 +95,20 @@ def create_loader(config: Config, split_name: str) -> Loader:
                        "nvJPEG); set backend: torch or run on a GPU to silence this")
     log.log(logging.WARNING if surprising else logging.INFO, "backend %s for split '%s': %s", backend, split_name,
             reason)
+    prepared = prepare_split(config, split, backend, ranks)
+    module, name = BACKENDS[backend]
+    loader_class = getattr(importlib.import_module(module), name)
+    return loader_class(config, split, prepared, ranks, device)
+
+
+def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo) -> PreparedSplit:
+    """The split's index less its unusable files, and its pixel source: the uint8 cache when
+    dataset.cache holds one for the split (it lists the files it could not decode, so no screening
+    is needed), else the image files, screened."""
+    workers = worker_count(config, backend, ranks)
     index = build_index(config, split)
     cache = open_split_cache(config, split, index)  # None: read the image files
-    if cache is not None:  # the cache lists the files it could not decode: no screening needed
-        index, bad, pixels, substitutes = cache.index, cache.bad, cache.pixels, {}
-    else:
-        screened = screen_index(config, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
-        index, bad, pixels = screened.index, screened.bad, None
-        substitutes = transcoded_for_dali(screened) if backend == "dali" else {}
-    if backend == "dali":  # backends are imported only when chosen
-        from dali_loader.loader import DaliLoader
-        loader: Loader = DaliLoader(config, split, index, ranks, device, substitutes=substitutes, pixels=pixels)
-    else:
-        from torch_loader.loader import TorchLoader
-        loader = TorchLoader(config, split, index, ranks, device, pixels=pixels)
-    loader.record_screened(bad)
-    return loader
+    if cache is not None:
+        return PreparedSplit(cache.index, tuple(cache.bad), workers, pixels=cache.pixels)
+    screened = screen_index(config, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
+    return PreparedSplit(screened.index, tuple(screened.bad), workers, needs_substitute=screened.formats)

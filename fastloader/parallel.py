@@ -1,6 +1,6 @@
 """Map a function over a stream of items in chunks, in worker processes, results in input order.
 
-Why one place: checking files (screen.py) and decoding them into the cache (cache_build.py) share
+Why one place: checking files (imaging/screen.py) and decoding them into the cache (cache_write.py) share
 the same needs. The items are a stream (a million paths are never listed whole), a bounded number
 of chunks is in flight, and the results come back in order. Ctrl-C stops the parent, not a
 traceback per worker, and a caller that stops early drops the queued chunks.
@@ -15,6 +15,7 @@ import collections
 import contextlib
 import multiprocessing
 import multiprocessing.context
+import os
 import sys
 import types
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -52,6 +53,14 @@ def map_chunks(function: Callable[..., list], items: Iterable, args: tuple = (),
             done = yield from _drain(pending.popleft(), done, on_progress)
     finally:  # also when the caller stops early: drop the queued chunks rather than finish them
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
 
 
 def fork_context() -> multiprocessing.context.BaseContext | None:

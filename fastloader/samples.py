@@ -18,7 +18,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .config import Config, ConfigError, SplitConfig
+from .errors import ConfigError
+from .schema import Config, SplitConfig
 
 log = logging.getLogger("fastloader")
 

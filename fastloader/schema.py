@@ -7,6 +7,9 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from .errors import ConfigError
+from .imaging.screen import BOMB_PIXELS
+
 BACKEND_ENV = "FASTLOADER_BACKEND"
 NAMED_SPLITS = ("train", "val", "test")
 """Split sections that may leave out `mode` (train: train mode, the others eval). Any other split must
@@ -19,10 +22,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
 Auto = Literal["auto"]
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names where (file or override), which key and why."""
 
 
 def _check(predicate, message: str):
@@ -54,9 +53,9 @@ class DatasetConfig:
     screen: bool = True
     """Check every file's header when a loader is built (cached per dataset) and leave out the files
     that cannot be decoded, before a decoder sees them."""
-    max_pixels: int = field(default=178_956_970, metadata=_check(lambda v: v > 0, "a positive integer"))
+    max_pixels: int = field(default=BOMB_PIXELS, metadata=_check(lambda v: v > 0, "a positive integer"))
     """Width x height above which an image counts as a decompression bomb and is refused before
-    its pixels are allocated (default: Pillow's own error threshold, fastloader.screen.BOMB_PIXELS)."""
+    its pixels are allocated (default: Pillow's own error threshold, fastloader.imaging.screen.BOMB_PIXELS)."""
     cache: str | None = None
     """A cache folder written by `fastloader cache`: both backends read decoded uint8 pixels from it
     through np.memmap instead of decoding the image files."""
@@ -219,6 +218,8 @@ class Config:
             f"Add a top-level '{name}:' section, e.g. '{name}: {{batch_size: 64}}'.")
 
 
-_SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
-             "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig, "stats": StatsConfig}
-_SCALARS = ("backend", "seed")
+SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
+            "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig, "stats": StatsConfig}
+"""Top-level key -> the dataclass of its section."""
+SCALARS = ("backend", "seed")
+"""Top-level keys that hold a value, not a section."""

@@ -9,8 +9,7 @@ from PIL import Image
 
 from conftest import base_config, write_solid_dataset
 from fastloader import build_loader
-from fastloader.config import ConfigError
-from fastloader.index_screen import BadImageError
+from fastloader.errors import BadImageError, ConfigError
 
 BACKENDS = ["torch", "dali"]
 

@@ -14,7 +14,7 @@ from PIL import Image
 
 from conftest import DEVICES, REALPHOTOS, base_config, normalized
 from fastloader import build_loader
-from fastloader.index_screen import BadImageError
+from fastloader.errors import BadImageError
 from oddfiles import BROKEN, DECODABLE, ODD_FILES, Odd, running_as_root, write_odd_files
 
 BACKENDS = ["torch", "dali"]

@@ -16,8 +16,9 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
 from fastloader import build_loader, load_config
-from fastloader.cache import CacheError, open_split_cache
-from fastloader.cache_build import build_split_cache
+from fastloader.cache import open_split_cache
+from fastloader.cache_write import build_split_cache
+from fastloader.errors import CacheError, ConfigError
 from fastloader.samples import build_index
 from conftest import DEVICES, REPO, base_config, identities, write_numbered_dataset, write_textured_dataset
 
@@ -168,7 +169,8 @@ def write_bad_file(root: Path) -> Path:
 def test_bad_files_skip_is_listed_and_dropped_raise_names_the_file(tmp_path, caplog):
     root = write_numbered_dataset(tmp_path / "data", per_class=3, splits=("train",))
     bad = write_bad_file(root)
-    with pytest.raises(Exception, match="broken.png: not an image.*on_bad_image"):
+    refused = r"broken.png': not an image.*\(the cache was not built\)\. Set dataset.on_bad_image: skip"
+    with pytest.raises(ConfigError, match=refused):
         build(root, tmp_path / "cache", on_bad_image="raise")
     assert not os.listdir(tmp_path / "cache")  # nothing half-written left behind
     report = build(root, tmp_path / "cache")
@@ -182,7 +184,7 @@ def test_bad_files_skip_is_listed_and_dropped_raise_names_the_file(tmp_path, cap
     assert caplog.text.count("broken.png") == 1
     config = cached_config(root, tmp_path / "cache")
     config["dataset"]["on_bad_image"] = "raise"
-    with pytest.raises(CacheError, match="broken.png: not an image"):
+    with pytest.raises(CacheError, match=r"broken.png': not an image.*\(listed as bad in the cache .*\)\. Set"):
         build_loader(config, "train")
 
 

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from conftest import REPO, cpu_only_env
-from fastloader.screen import Screened, decode_file, screen_file, screen_files, sniff
+from fastloader.imaging.screen import Screened, decode_file, screen_file, screen_files, sniff
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
 
@@ -246,7 +246,7 @@ def test_check_without_splits_is_a_usage_error(tmp_path):
 
 
 def test_many_classes_are_summarized_and_long_problem_lists_are_capped(capsys):
-    from fastloader.checkup import LISTED, class_counts, report_problems
+    from fastloader.commands.check import LISTED, class_counts, report_problems
     names = [f"n{i:04d}" for i in range(30)]
     counts = [1300] * 27 + [732, 5, 0]
     assert class_counts(names, counts) == ("min 0, median 1300, max 1300; smallest: n0029 0, n0028 5, "

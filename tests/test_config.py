@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fastloader import load_config
-from fastloader.config import ConfigError
+from fastloader.errors import ConfigError
 from conftest import REPO
 
 

@@ -15,8 +15,7 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86
 
 from conftest import COLOURS, REPO, base_config, crop_extent, normalized, write_gradient_dataset  # noqa: E402
 from fastloader import build_loader  # noqa: E402
-from fastloader.config import ConfigError  # noqa: E402
-from fastloader.index_screen import BadImageError  # noqa: E402
+from fastloader.errors import BadImageError, ConfigError  # noqa: E402
 from test_packaging import HIDE_DALI  # noqa: E402
 
 # Mean absolute difference (normalized units) between the backends on the same eval images, bilinear.

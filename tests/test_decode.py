@@ -13,9 +13,9 @@ from PIL import Image
 
 from conftest import REALPHOTOS, base_config, requires_realphotos
 from fastloader import build_loader
-from torch_loader.decode import (DECODER_ENV, DRAFT, PILLOW, REGION, WHOLE, _pillow_pixels, decoder_choice, describe,
-                                 jpeg_decoder, load_region, region_decoder)
-from torch_loader.geometry import Crop
+from fastloader.imaging.decode import (DECODER_ENV, DRAFT, PILLOW, REGION, WHOLE, _pillow_pixels, decoder_choice,
+                                       describe, jpeg_decoder, load_region, region_decoder)
+from fastloader.imaging.geometry import Crop
 
 requires_nvimgcodec = pytest.mark.skipif(region_decoder() is None, reason="nvImageCodec is not installed here "
                                          "(pip install nvidia-nvimgcodec-cu12, Linux only)")

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from fastloader.config import ConfigError, DistributedConfig
+from fastloader.errors import ConfigError
+from fastloader.schema import DistributedConfig
 from fastloader.distributed import detect_ranks
 from conftest import REPO, env_without, write_numbered_dataset
 from test_resume import BACKENDS

@@ -120,7 +120,7 @@ def test_dali_eval_is_torchvisions_resize_and_centre_crop_on_the_real_photos():
 def test_dali_eval_from_the_cache_is_torchvisions_box_of_the_cached_pixels(tmp_path):
     from fastloader import load_config
     from fastloader.cache import open_split_cache
-    from fastloader.cache_build import build_split_cache
+    from fastloader.cache_write import build_split_cache
     from fastloader.samples import build_index
     config = write_odd_sizes(tmp_path)
     config["dataset"]["cache"] = str(tmp_path / "cache")

@@ -1,7 +1,7 @@
 """A plain script never hangs or dies: no `if __name__ == "__main__":` guard, `python -c`, any split size.
 
 Each case is a real Python process with a time limit, over more files than the screening does in
-process (index_screen.IN_PROCESS_UP_TO), so the screening pool starts; the torch backend also
+process (screening.IN_PROCESS_UP_TO), so the screening pool starts; the torch backend also
 starts DataLoader workers. No worker may run the user's script again.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from conftest import env_without
-from fastloader.index_screen import IN_PROCESS_UP_TO
+from fastloader.screening import IN_PROCESS_UP_TO
 from test_resume import BACKENDS
 
 FILES = IN_PROCESS_UP_TO + 100

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fastloader.config import _all_dotted_keys
+from fastloader.config import all_dotted_keys
 from conftest import REPO, cpu_only_env
 
 README = (REPO / "README.md").read_text()
@@ -43,12 +43,12 @@ def reference_rows() -> list[set[str]]:
 
 def test_every_config_key_is_in_the_reference():
     documented = set().union(*reference_rows())
-    missing = [key for key in _all_dotted_keys() if key not in documented]
+    missing = [key for key in all_dotted_keys() if key not in documented]
     assert not missing, f"not in the config reference {CONFIG_REFERENCE.relative_to(REPO)}: {missing}"
 
 
 def test_the_reference_documents_no_key_the_schema_lacks():
-    keys = set(_all_dotted_keys()) | {"<split>"}
+    keys = set(all_dotted_keys()) | {"<split>"}
     stale = [key for row in reference_rows() for key in row if key not in keys]
     assert not stale, f"in {CONFIG_REFERENCE.relative_to(REPO)} but not a config key: {stale}"
 

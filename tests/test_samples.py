@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from fastloader import load_config
-from fastloader.config import ConfigError, IMAGE_EXTENSIONS
+from fastloader.errors import ConfigError
+from fastloader.schema import IMAGE_EXTENSIONS
 from fastloader.samples import SampleIndex, build_index, read_file_list, scan_folder
 
 

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from conftest import COLOURS, REPO, cpu_only_env, write_solid_dataset
-from fastloader.grid import CAPTION_HEIGHT, HEADER_HEIGHT, PAD
+from fastloader.commands.show import CAPTION_HEIGHT, HEADER_HEIGHT, PAD
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from fastloader import build_loader
-from fastloader.index_screen import BadImageError
+from fastloader.errors import BadImageError
 from conftest import COLOURS, base_config, normalized
 
 
@@ -108,7 +108,7 @@ def test_dataset_smaller_than_one_batch(solid_root, caplog):
 
 def test_train_crops_flip_rate_and_area_follow_the_config():
     import random
-    from torch_loader.geometry import random_resized_crop
+    from fastloader.imaging.geometry import random_resized_crop
     flips, areas = 0, []
     for seed in range(3000):
         crop = random_resized_crop(400, 300, random.Random(seed), (0.25, 0.5), (0.75, 4 / 3), 0.3)

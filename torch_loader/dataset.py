@@ -16,7 +16,7 @@ import numpy as np
 import torch.utils.data
 
 from fastloader.cache import CachedPixels
-from fastloader.index_screen import BadImageError, bad_image_message
+from fastloader.errors import BadImageError, refused_file
 from fastloader.samples import SampleIndex
 
 from .transforms import SampleTransform
@@ -52,7 +52,7 @@ class ImageDataset(torch.utils.data.Dataset):
             reason = f"{type(error).__name__}: {error}"
             if self.skip_bad:
                 return Skipped(path, reason)
-            raise BadImageError(bad_image_message(path, reason, self.source)) from error
+            raise BadImageError(refused_file(path, reason, self.source)) from error
         return image, self.index.label(sample)
 
     def __getitems__(self, batch: np.ndarray) -> list[tuple[torch.Tensor, int] | Skipped]:

@@ -16,17 +16,15 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from fastloader.config import Config, SplitConfig
 from fastloader.contract import Loader
-from fastloader.device_ops import erasing_enabled, random_erasing
-from fastloader.distributed import RankInfo, cpu_workers_per_rank
-from fastloader.cache import CachedPixels
-from fastloader.index_screen import BadImageError
+from fastloader.distributed import RankInfo
+from fastloader.errors import BadImageError
+from fastloader.imaging.decode import describe as describe_decoders
 from fastloader.order import EpochOrder
 from fastloader.parallel import fork_context
-from fastloader.samples import SampleIndex
+from fastloader.prepared import PreparedSplit
+from fastloader.schema import Config, SplitConfig
 
-from .decode import describe as describe_decoders
 from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
 from .prefetch import Normalizer, prefetch_to_cuda
@@ -84,15 +82,12 @@ def _in_flight_prefix(sent: deque, batches: list) -> int:
 class TorchLoader(Loader):
     backend = "torch"
 
-    def __init__(self, config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
-                 device: torch.device, pixels: CachedPixels | None = None):
-        super().__init__(config, split, index, ranks, device)
+    def __init__(self, config: Config, split: SplitConfig, prepared: PreparedSplit, ranks: RankInfo,
+                 device: torch.device):
+        super().__init__(config, split, prepared, ranks, device)
         workers = config.workers
-        num_workers = workers.num_workers
-        if num_workers == "auto":
-            num_workers = cpu_workers_per_rank(ranks, workers.max_workers)
+        num_workers = self.num_workers = prepared.workers
         pin = device.type == "cuda" if workers.pin_memory == "auto" else workers.pin_memory
-        self.num_workers = num_workers
         self._feed = _BatchFeed()
         self._persistent = workers.persistent and num_workers > 0
         self._live = None  # the DataLoader iterator that outlives each loop (persistent workers)
@@ -102,13 +97,12 @@ class TorchLoader(Loader):
         transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation,
                                     max_pixels=config.dataset.max_pixels)
         self._normalizer = Normalizer(config.normalize, config.output, device)
-        self._erasing = erasing_enabled(split.transform, split.mode)
         on_cuda = device.type == "cuda"
         # CPU output: float batches, written into buffers the main process dropped (see collate.py).
         # A worker's buffers: those in flight (prefetch_factor), the trainer's, one not yet swept.
         self._pool = None if on_cuda else BatchPool(num_workers, workers.prefetch_factor + 2)
         self._dataloader = torch.utils.data.DataLoader(
-            ImageDataset(index, transform, pixels, skip_bad=config.dataset.on_bad_image == "skip",
+            ImageDataset(prepared.index, transform, prepared.pixels, skip_bad=config.dataset.on_bad_image == "skip",
                          source=config.source),
             batch_sampler=self._feed,
             collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool),
@@ -117,8 +111,8 @@ class TorchLoader(Loader):
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
             multiprocessing_context=fork_context() if num_workers > 0 else None,  # never re-runs the script
         )
-        self._announce(pixels)
-        if pixels is None:
+        self._announce()
+        if prepared.pixels is None:
             log.info("torch loader decoders: %s", describe_decoders())
 
     def describe(self) -> dict:
@@ -135,16 +129,13 @@ class TorchLoader(Loader):
         normalize = "on the device" if self.device.type == "cuda" else "in the workers"
         return f"workers={self.num_workers} (normalizing {normalize})"
 
-    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
         if not batches:
             return iter(())
         delivered = self._drop_skipped(self._stream(batches), batches)
         if self.device.type == "cuda":  # workers give uint8; the GPU normalizes on a side stream
             delivered = prefetch_to_cuda(delivered, self._normalizer)
-        # on the CPU the workers normalized already (NormalizingCollate)
-        if not self._erasing:
-            return ((images, labels) for images, labels, _ in delivered)
-        return ((random_erasing(images, seeds, self.split.transform), labels) for images, labels, seeds in delivered)
+        return delivered  # on the CPU the workers normalized already (NormalizingCollate)
 
     def _drop_skipped(self, batches: Iterator, planned: list) -> Iterator:
         """(images, labels, seeds of the delivered samples), recording every skipped sample; a batch

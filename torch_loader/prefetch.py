@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from fastloader.config import NormalizeConfig, OutputConfig
+from fastloader.schema import NormalizeConfig, OutputConfig
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -13,12 +13,10 @@ import torch
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from fastloader.config import SplitConfig
-
-from fastloader.screen import BOMB_PIXELS
-
-from .decode import allow_pixels, load_region
-from .geometry import Crop, center_crop, random_resized_crop
+from fastloader.imaging.decode import allow_pixels, load_region
+from fastloader.imaging.geometry import Crop, center_crop, random_resized_crop
+from fastloader.imaging.screen import BOMB_PIXELS
+from fastloader.schema import SplitConfig
 
 INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC,
                  "nearest": InterpolationMode.NEAREST}

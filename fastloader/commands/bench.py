@@ -19,8 +19,8 @@ import sys
 import time
 from array import array
 
-from .progress import Progress
-from .schema import BACKEND_ENV
+from ..progress import Progress
+from ..schema import BACKEND_ENV
 
 HELP = "iterate a split and report images/s, stall, time to first batch and memory"
 EXAMPLES = """  fastloader bench configs/sample.yaml
@@ -95,8 +95,8 @@ def build(args, backend: str | None):
     """The loader under test. The loaders' own per-epoch lines are off: an epoch that a round boundary
     cuts (the other backend's turn, or the next round's drain) would count time it did not run; the
     bench prints one line per round instead, and its table adds those rounds up."""
-    from . import build_loader
-    from .config import load_config
+    from .. import build_loader
+    from ..config import load_config
     config = load_config(args.config, args.overrides)
     if backend:
         config = load_config(config, {"backend": backend}, origin=f"the command's --backend {args.backend}")
@@ -185,7 +185,7 @@ class Run:
         return images
 
     def result(self) -> dict:
-        from .config import config_to_dict
+        from ..config import config_to_dict
         info = self.loader.describe()
         images, batches = sum(r.images for r in self.rounds), sum(r.batches for r in self.rounds)
         seconds = sum(r.seconds for r in self.rounds)

@@ -1,5 +1,5 @@
-"""`fastloader cache`: decode every image of a split once into the uint8 cache that `dataset.cache`
-reads (the format is described in cache.py).
+"""Writes the uint8 cache that `dataset.cache` reads (the format is described in cache.py): every
+image of a split decoded once. `fastloader cache` (commands/cache.py) runs it.
 
 Why a separate step: building takes a full decode of the split (about a core-second per 1,000
 ImageNet JPEGs), which belongs in a job that runs once before training, not in every rank's first
@@ -7,8 +7,8 @@ epoch. Images are decoded in forked processes, in order, and appended to one fil
 the folder gets its final name only when everything is written, so a killed build leaves a
 `.<split>.partial-<pid>` folder that no loader reads.
 
-The module imports only the standard library at its top: the command line imports every command
-module to build its parser.
+numpy, torch and the decoders are imported where they are used, so that the command line, which
+imports this module's defaults, starts without them.
 """
 from __future__ import annotations
 
@@ -22,60 +22,12 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:
     import numpy as np
 
-    from .config import Config, SplitConfig
     from .samples import SampleIndex
-
-HELP = "decode a split once into a uint8 cache that dataset.cache reads through memmap"
-EXAMPLES = """  fastloader cache configs/sample.yaml --split train --out /scratch/sample-cache
-  fastloader cache configs/imagenette.yaml --split train --short-side 256 --set dataset.cache=/scratch/in-cache
-"""
+    from .schema import Config, SplitConfig
 
 DEFAULT_SHORT_SIDE = 256
 CHUNK = 16
 """Images per task sent to a worker: large enough to amortize the pipe, small enough to stream."""
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--split", action="append", metavar="NAME",
-                        help="split to cache (repeatable; default: every split of the config)")
-    parser.add_argument("--short-side", type=int, default=DEFAULT_SHORT_SIDE, metavar="PX",
-                        help=f"shrink images so that their shorter side is at most PX, keeping the aspect ratio; "
-                             f"smaller images are kept as they are (default: {DEFAULT_SHORT_SIDE})")
-    parser.add_argument("--out", metavar="DIR",
-                        help="cache folder, the value for dataset.cache; each split goes to DIR/<split> "
-                             "(default: dataset.cache of the config)")
-    parser.add_argument("--workers", type=int, metavar="N",
-                        help="decoding processes (default: the CPU cores available)")
-
-
-def run(args) -> int:
-    from . import load_config
-    from .config import ConfigError
-    from .samples import build_index
-
-    config = load_config(args.config, args.overrides)
-    out = os.path.abspath(args.out) if args.out else config.dataset.cache
-    if not out:
-        raise ConfigError(f"{config.source}: where should the cache go? Pass --out DIR (then set dataset.cache: DIR "
-                          f"for the loaders) or set dataset.cache in the config; put it on fast local or "
-                          f"parallel storage, it holds about N x S x 1.33 S x 3 bytes for --short-side S")
-    if args.short_side < 1:
-        raise ConfigError(f"--short-side: must be a positive number of pixels, got {args.short_side}")
-    if args.workers is not None and args.workers < 0:
-        raise ConfigError(f"--workers: must be 0 or more, got {args.workers}")
-    names = args.split or list(config.splits)
-    if not names:
-        raise ConfigError(f"{config.source}: no split sections to cache; add one, e.g. 'train: {{}}'")
-    for name in names:
-        split = config.split(name)
-        report = build_split_cache(config, split, build_index(config, split), out, args.short_side, args.workers)
-        bad = f"; {len(report['bad'])} bad files listed in its manifest" if report["bad"] else ""
-        print(f"split {name}: {report['images']} images, {report['bytes'] / 1e9:.2f} GB in {report['seconds']:.1f} s "
-              f"({report['images'] / max(report['seconds'], 1e-9):.0f} images/s) -> {report['folder']}{bad}")
-    if out != config.dataset.cache:
-        print(f"to read it, set dataset.cache in the config\n  dataset: {{cache: {out}}}\n"
-              f"or pass --set dataset.cache={out}")
-    return 0
 
 
 def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, cache_dir: str, short_side: int,
@@ -83,8 +35,8 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     """Decode the split's distinct files into cache_dir/<split>; returns what was written."""
     import numpy as np
 
-    from .cache import FILES, LABELS, MANIFEST, OFFSETS, PARTIAL, PIXELS, SHAPES, FORMAT, VERSION, split_folder
-    from .config import ConfigError
+    from .cache import FILES, FORMAT, LABELS, MANIFEST, OFFSETS, PARTIAL, PIXELS, SHAPES, VERSION, split_folder
+    from .errors import ConfigError, refused_file
     from .progress import Progress
 
     started = time.perf_counter()
@@ -101,16 +53,15 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     try:
         with open(os.path.join(partial, PIXELS), "wb") as pixels:
             paths = (index.path(int(sample)) for sample in files)
-            for file, decoded in enumerate(decode_files(paths, short_side, config.dataset.exif_orientation,
-                                                        config.dataset.max_pixels, workers)):
+            shrunk = decode_and_shrink_all(paths, short_side, config.dataset.exif_orientation, config.dataset.max_pixels,
+                                           workers)
+            for file, decoded in enumerate(shrunk):
                 sizes[file], mtimes[file] = decoded.size, decoded.mtime_ns
                 if decoded.problem:
                     relpath = index.relpath(int(files[file]))
                     if config.dataset.on_bad_image == "raise":
-                        raise ConfigError(f"{decoded.path}: {decoded.problem}; the cache was not built. With "
-                                          f"dataset.on_bad_image: raise a bad file stops the build: fix or remove "
-                                          f"it, list it in dataset.exclude, or set dataset.on_bad_image: skip to "
-                                          f"list it in the cache's manifest and leave it out of training")
+                        raise ConfigError(refused_file(decoded.path, decoded.problem, config.source,
+                                                       "the cache was not built"))
                     bad.append((relpath, decoded.problem))
                 else:
                     pixels.write(decoded.pixels)
@@ -167,8 +118,8 @@ def _replace(partial: str, final: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-class Decoded:
-    """One file: its size and mtime as read, then its pixels (HWC uint8 bytes) or why it is bad."""
+class ShrunkFile:
+    """One file: its size and mtime as read, then its shrunk pixels (HWC uint8 bytes) or why it is bad."""
     __slots__ = ("path", "size", "mtime_ns", "shape", "pixels", "problem")
 
     def __init__(self, path: str, size: int = 0, mtime_ns: int = 0, shape: tuple[int, int] = (0, 0),
@@ -177,50 +128,51 @@ class Decoded:
             path, size, mtime_ns, shape, pixels, problem)
 
 
-def decode_files(paths, short_side: int, exif_orientation: bool, max_pixels: int,
-                 workers: int | None = None) -> Iterator[Decoded]:
-    """decode_file over many paths in parallel processes (one per core by default; 0: here), in order."""
-    from .distributed import available_cores
-    from .parallel import map_chunks
-    from .screen import _init_worker
-
-    import torch_loader.decode  # noqa: F401  imported before the fork, not once per worker
+def decode_and_shrink_all(paths, short_side: int, exif_orientation: bool, max_pixels: int,
+                          workers: int | None = None) -> Iterator[ShrunkFile]:
+    """decode_and_shrink over many paths in parallel processes (one per core by default; 0: here), in order."""
     from torchvision.transforms.v2 import functional  # noqa: F401
+
+    from .imaging import decode  # noqa: F401  imported before the fork, not once per worker
+    from .imaging.screen import init_pillow_worker
+    from .parallel import available_cores, map_chunks
     count = available_cores() if workers is None else workers
-    return map_chunks(_decode_chunk, paths, (short_side, exif_orientation, max_pixels), workers=count, chunk=CHUNK,
-                      in_flight=2, initializer=_init_worker)
+    return map_chunks(_decode_and_shrink_chunk, paths, (short_side, exif_orientation, max_pixels), workers=count,
+                      chunk=CHUNK, in_flight=2, initializer=init_pillow_worker)
 
 
-def _decode_chunk(paths: list[str], short_side: int, exif_orientation: bool, max_pixels: int) -> list[Decoded]:
-    return [decode_file(path, short_side, exif_orientation, max_pixels) for path in paths]
+def _decode_and_shrink_chunk(paths: list[str], short_side: int, exif_orientation: bool,
+                             max_pixels: int) -> list[ShrunkFile]:
+    return [decode_and_shrink(path, short_side, exif_orientation, max_pixels) for path in paths]
 
 
-def decode_file(path: str, short_side: int, exif_orientation: bool = True, max_pixels: int = 178_956_970) -> Decoded:
+def decode_and_shrink(path: str, short_side: int, exif_orientation: bool, max_pixels: int) -> ShrunkFile:
     """The upright RGB image with its shorter side shrunk to at most short_side, or the problem.
 
     The torch backend's own decoder and resize (libjpeg-turbo, torch's antialiased bilinear kernel)
     make the pixels, so the cache holds what that backend would have computed from the file.
     """
-    from .screen import screen_file
+    from .errors import error_text
+    from .imaging.screen import screen_file
 
     try:
         info = os.stat(path)
     except OSError as error:
-        return Decoded(path, problem=f"unreadable: {error.strerror or error}")
+        return ShrunkFile(path, problem=f"unreadable: {error.strerror or error}")
     screened = screen_file(path, max_pixels)
     if screened.problem:
-        return Decoded(path, info.st_size, info.st_mtime_ns, problem=screened.problem)
+        return ShrunkFile(path, info.st_size, info.st_mtime_ns, problem=screened.problem)
     try:
         pixels = shrink(_decode(path, exif_orientation), short_side)
     except Exception as error:
-        return Decoded(path, info.st_size, info.st_mtime_ns, problem=f"decode failed: {str(error) or type(error).__name__}")
+        return ShrunkFile(path, info.st_size, info.st_mtime_ns, problem=f"decode failed: {error_text(error)}")
     height, width = pixels.shape[:2]
-    return Decoded(path, info.st_size, info.st_mtime_ns, (height, width), pixels.numpy().tobytes())
+    return ShrunkFile(path, info.st_size, info.st_mtime_ns, (height, width), pixels.numpy().tobytes())
 
 
 def _decode(path: str, exif_orientation: bool):
-    from torch_loader.decode import load_region  # the torch backend's decoder: the same pixels
-    from torch_loader.geometry import Crop
+    from .imaging.decode import load_region  # the torch backend's decoder: the same pixels
+    from .imaging.geometry import Crop
 
     pixels, _, _ = load_region(path, lambda w, h: Crop(0, 0, w, h), 1, exif_orientation=exif_orientation,
                                use_draft=False)

@@ -20,8 +20,8 @@ from array import array
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from .config import Config, SplitConfig
-    from .screen import Screened
+    from ..imaging.screen import Screened
+    from ..schema import Config, SplitConfig
 
 HELP = "report the environment, summarize the dataset and find unreadable files"
 EXAMPLES = """  fastloader check configs/sample.yaml
@@ -33,8 +33,6 @@ LISTED = 20
 """Problem files printed before '... and N more' (the exclude list holds them all)."""
 HW_JPEG_DECODER = {(8, 0): "A100, A30", (9, 0): "H100, H200", (10, 0): "B200"}
 """Compute capabilities whose GPUs have NVIDIA's hardware JPEG decoder (NVJPG), which DALI uses."""
-DALI_FORMATS = {"JPEG", "JPEG2000", "TIFF", "PNG", "BMP", "PPM", "WEBP"}
-"""What DALI's image decoder reads (its documentation); the torch backend reads all that Pillow does."""
 MANY_CLASSES = 10
 """Above this, images per class are summarized (min, median, max, smallest) rather than listed."""
 
@@ -49,10 +47,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from . import load_config
-    from .config import ConfigError
-    from .samples import dataset_root
-    from .screen import quiet_pillow
+    from ..config import load_config
+    from ..errors import ConfigError
+    from ..imaging.screen import quiet_pillow
+    from ..samples import dataset_root
 
     config = load_config(args.config, args.overrides)
     if not config.splits:
@@ -101,7 +99,8 @@ def print_environment() -> None:
 
 def versions() -> list[str]:
     """Python, torch, torchvision, DALI and Pillow, each with what went wrong if it does not import."""
-    from PIL import __version__ as pillow, features
+    from PIL import __version__ as pillow
+    from PIL import features
     found = [f"Python {platform.python_version()}"]
     for label, module in (("torch", "torch"), ("torchvision", "torchvision"), ("DALI", "nvidia.dali")):
         found.append(f"{label} {_module_version(module)}")
@@ -115,7 +114,7 @@ def decoders(cuda: bool) -> dict[str, str]:
     """Which decoder each backend would use here: the torch backend's from its own choice (region
     decode with nvImageCodec where it is installed), DALI's from whether there is a GPU."""
     try:
-        from torch_loader.decode import describe
+        from ..imaging.decode import describe
         torch_line = describe()
     except Exception as error:  # FASTLOADER_JPEG_DECODER set wrong, or a decoder that fails to load
         torch_line = f"cannot tell ({type(error).__name__}: {error})"
@@ -188,9 +187,9 @@ class Tally:
 
 def check_split(config: Config, split: SplitConfig, root: str, deep: bool, workers: int | None) -> Tally:
     """Index the split, screen its files with a progress line, print its summary."""
-    from .progress import Progress
-    from .samples import build_index
-    from .screen import screen_files
+    from ..imaging.screen import screen_files
+    from ..progress import Progress
+    from ..samples import build_index
 
     index = build_index(config, split)
     progress = Progress(len(index), unit="files")
@@ -233,6 +232,7 @@ def format_lines(tally: Tally, root: str) -> list[str]:
                      f"(the loaders go by the data, other tools may go by the name):")
         lines += [f"  {os.path.relpath(r.path, root)} is {r.format}" for r in liars[:5]]
         lines += [f"  ... and {len(liars) - 5} more"] if len(liars) > 5 else []
+    from ..imaging.screen import DALI_FORMATS
     undecodable = {name: count for name, count in tally.formats.items() if name not in DALI_FORMATS | {"unknown"}}
     if undecodable:
         names = ", ".join(f"{name} ({count})" for name, count in undecodable.items())
@@ -295,7 +295,7 @@ def _count(number: int, noun: str) -> str:
 def _read_excluded(config: Config, root: str) -> frozenset[str]:
     if not config.dataset.exclude:
         return frozenset()
-    from .samples import read_exclude_list
+    from ..samples import read_exclude_list
     excluded = read_exclude_list(config.dataset.exclude, root)
     print(f"dataset.exclude: {_count(len(excluded), 'path')} listed in {config.dataset.exclude} are left out, "
           f"not checked")

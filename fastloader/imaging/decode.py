@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from fastloader.screen import BOMB_PIXELS
+from fastloader.imaging.screen import BOMB_PIXELS
 
 from .geometry import Crop
 

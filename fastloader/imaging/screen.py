@@ -21,13 +21,18 @@ from typing import Callable, Iterable, Iterator
 
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from .distributed import available_cores
-from .parallel import map_chunks
+from ..errors import error_text
+from ..parallel import available_cores, map_chunks
 
 BOMB_PIXELS = 178_956_970
 """Width x height above which a file counts as a decompression bomb. It is Pillow's own error
 threshold (2 x Image.MAX_IMAGE_PIXELS): above it `Image.open` refuses the file, so the torch backend
 would fail on it; such an image would also take more than 0.5 GB of RAM as RGB."""
+
+DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "PPM", "WEBP", "JPEG2000"})
+"""Formats DALI's image decoder reads (by content, whatever the suffix; its documentation). The
+torch backend reads all that Pillow does; for the others (GIF) the DALI backend reads a lossless
+PNG copy (dali_loader/transcode.py), and `fastloader check` points them out."""
 
 TAIL_BYTES = 512
 """How much of a file's end is read to find a JPEG's end-of-image marker or a PNG's IEND chunk;
@@ -108,7 +113,7 @@ def screen_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
                 count = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
                 return Screened(path, found, problem=f"decompression bomb: {count}, Pillow refuses it")
             except Exception as error:  # a plugin that chokes on a damaged header
-                return Screened(path, found, problem=f"{found or 'image'} header does not parse: {_describe(error)}")
+                return Screened(path, found, problem=f"{found or 'image'} header does not parse: {error_text(error)}")
             if width * height > max_pixels:
                 return Screened(path, fmt, width, height, f"decompression bomb: {width}x{height} = "
                                 f"{width * height:,} pixels, above the limit of {max_pixels:,}")
@@ -141,7 +146,7 @@ def decode_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
             image.convert("RGB")
     except Exception as error:
         return Screened(path, screened.format, screened.width, screened.height,
-                        f"decode failed: {_describe(error)}")
+                        f"decode failed: {error_text(error)}")
     return screened
 
 
@@ -159,7 +164,7 @@ def screen_files(paths: Iterable[str], *, deep: bool = False, workers: int | Non
     """
     count = available_cores() if workers is None else workers
     return map_chunks(_screen_chunk, paths, (deep, max_pixels), workers=count, chunk=chunk, in_flight=4,
-                      initializer=_init_worker, fork=fork, on_progress=on_progress)
+                      initializer=init_pillow_worker, fork=fork, on_progress=on_progress)
 
 
 def quiet_pillow() -> None:
@@ -170,8 +175,8 @@ def quiet_pillow() -> None:
     warnings.filterwarnings("ignore", module=r"PIL\.")
 
 
-def _init_worker() -> None:
-    """Ctrl-C goes to the whole process group: the parent stops the pool, the workers ignore it
+def init_pillow_worker() -> None:
+    """In a worker process that opens images (screening, the cache's decoding). Ctrl-C goes to the whole process group: the parent stops the pool, the workers ignore it
     (rather than each printing a traceback)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     quiet_pillow()
@@ -201,7 +206,3 @@ def _unidentified(found: str | None, head: bytes) -> str:
     if start.strip() and all(32 <= byte < 127 or byte in b"\t\r\n" for byte in start):
         return f"not an image: text starting {start.decode('ascii').strip()!r}"
     return f"not an image: unknown format (starts with {head[:8].hex(' ')})"
-
-
-def _describe(error: Exception) -> str:
-    return str(error) or type(error).__name__

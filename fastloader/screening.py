@@ -2,7 +2,7 @@
 
 Why here and not only at decode time: inside a DALI pipeline one failing file aborts the pipeline
 for good (NVIDIA/DALI #3913), and a file that fails in a torch worker costs its batch a sample. The
-header check of `fastloader.screen` finds empty, missing, unreadable, non-image, truncated and
+header check of `fastloader.imaging.screen` finds empty, missing, unreadable, non-image, truncated and
 bomb-sized files at about 35,000 files/s per core, without decoding; both backends then read the
 same index, so they keep the same length and full batches.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -26,33 +25,20 @@ from typing import Iterator
 
 import numpy as np
 
-from .config import Config
-from .demo import cache_home
+from .errors import BadImageError, refused_file
+from .imaging.screen import DALI_FORMATS, screen_files
+from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
-from .screen import screen_files
+from .schema import Config
 
 log = logging.getLogger("fastloader")
 
 SCREEN_VERSION = 1
-DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "PPM", "WEBP", "JPEG2000"})
-"""Formats DALI's image decoder reads (by content, whatever the suffix). Others (GIF) are decoded
-once with Pillow and handed to DALI as lossless PNG (see `transcoded_for_dali`)."""
 PROGRESS_FROM = 20_000
 """Screening this many files or more shows a progress bar (about a second of work per core)."""
 IN_PROCESS_UP_TO = 4_000
 """Up to this many files are screened in this process (about 0.1 s), with no worker processes to start."""
-
-
-class BadImageError(RuntimeError):
-    """A file that cannot be decoded, under dataset.on_bad_image: raise."""
-
-
-def bad_image_message(path: str, reason: str, source: str) -> str:
-    """The one wording of a refused file: which, why, and the two ways on."""
-    return (f"cannot use image {path!r}: {reason}. Set dataset.on_bad_image: skip in {source} to leave "
-            f"such files out (each is logged once and listed in loader.bad_samples), or list it in "
-            f"dataset.exclude (`fastloader check CONFIG --exclude-list FILE` writes the list)")
 
 
 @dataclass
@@ -81,7 +67,7 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
     if bad and config.dataset.on_bad_image == "raise":
         first, reason = bad[0]
         more = f" ({len(bad) - 1} more files fail the same check)" if len(bad) > 1 else ""
-        raise BadImageError(bad_image_message(index.path(first), reason, config.source) + more)
+        raise BadImageError(refused_file(index.path(first), reason, config.source) + more)
     if len(bad) == len(index):
         first, reason = bad[0]
         raise BadImageError(f"none of the {len(index)} files in {index.root} can be decoded (the first, "
@@ -102,44 +88,13 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
     return ScreenedIndex(kept, bad_paths, kept_formats)
 
 
-def transcoded_for_dali(screened: ScreenedIndex) -> dict[int, str]:
-    """Sample -> a PNG copy of each file DALI cannot decode (GIF), written once into the cache
-    folder: decoded with Pillow to RGB, stored losslessly, so DALI sees the same pixels."""
-    if not screened.formats:
-        return {}
-    from PIL import Image
-
-    from torch_loader.decode import to_rgb  # the torch backend's colour conversion, for the same pixels
-
-    folder = cache_home() / "transcoded" / _dataset_key(screened.index)
-    folder.mkdir(parents=True, exist_ok=True)
-    copies = {}
-    for sample, fmt in screened.formats.items():
-        target = folder / f"{sample}.png"
-        if not target.exists():
-            with Image.open(screened.index.path(sample)) as image:
-                partial = target.with_suffix(f".{os.getpid()}.tmp")
-                to_rgb(image).save(partial, format="PNG")
-                os.replace(partial, target)
-        copies[sample] = str(target)
-    log.info("%d files of %s are in formats DALI cannot decode (%s): DALI reads PNG copies in %s",
-             len(copies), screened.index.root, ", ".join(sorted(set(screened.formats.values()))), folder)
-    return copies
-
-
-def _dataset_key(index: SampleIndex) -> str:
-    """The dataset's files where they are now: its fingerprint (names and labels) and its folder."""
-    return hashlib.blake2b(f"{index.root}\0{index.fingerprint}".encode("utf-8", "surrogateescape"),
-                           digest_size=8).hexdigest()
-
-
 def _relpaths(index: SampleIndex) -> Iterator[str]:
     return (index.relpath(i) for i in range(len(index)))
 
 
 def _cached_screen(index: SampleIndex, max_pixels: int, workers: int | None) -> tuple[dict[str, str], dict[str, str]]:
     """({relpath: problem}, {relpath: format DALI cannot decode}) from the cache, else screened now."""
-    cache = cache_home() / "screen" / f"{_dataset_key(index)}-{max_pixels}.json"
+    cache = screening_file(index, max_pixels)
     cache.parent.mkdir(parents=True, exist_ok=True)
     with _locked(cache.with_suffix(".lock")):
         cached = _read(cache)

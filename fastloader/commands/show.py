@@ -96,8 +96,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from . import build_loader
-    from .config import load_config
+    from .. import build_loader
+    from ..config import load_config
     config = load_config(args.config, args.overrides)
     for option, key, value in (("--backend", "backend", args.backend), ("--seed", "seed", args.seed)):
         if value is not None:  # shorthands for --set that win over it, and that the log names as the command

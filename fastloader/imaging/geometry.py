@@ -9,7 +9,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from fastloader.boxes import centre_box
+from .boxes import centre_box
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,33 @@
+"""Every error fastloader raises on purpose, and the one wording of a file it refuses.
+
+Why one module: the backends, the screening and the cache all refuse files, and a user who meets
+one of these errors should read the same words wherever it came from, and find the type to catch
+in one place. Messages name the file or config key and the way on.
+"""
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names where (file or override), which key and why."""
+
+
+class CacheError(ConfigError):
+    """A cache that cannot serve this split: stale, unfinished, or of another format."""
+
+
+class BadImageError(RuntimeError):
+    """A file that cannot be decoded, under dataset.on_bad_image: raise."""
+
+
+def error_text(error: BaseException) -> str:
+    """An exception's message, or its type's name where it has none (`str(KeyError())` is '')."""
+    return str(error) or type(error).__name__
+
+
+def refused_file(path: str, reason: str, source: str, context: str = "") -> str:
+    """The one wording of a refused file: which, why, and the two ways on. `context` says where it
+    was found or what it stopped, e.g. "listed as bad in the cache DIR" or "the cache was not built"."""
+    found = f" ({context})" if context else ""
+    return (f"cannot use image {path!r}: {reason}{found}. Set dataset.on_bad_image: skip in {source} to leave "
+            f"such files out (each is logged once and listed in loader.bad_samples), or list it in "
+            f"dataset.exclude (`fastloader check CONFIG --exclude-list FILE` writes the list)")

@@ -1,0 +1,1 @@
+"""Pixel code that both backends and the cache share: decoding, crop geometry, header screening."""

@@ -1,0 +1,42 @@
+"""Where fastloader keeps what it writes for itself, outside any dataset.
+
+Everything lives under one folder, `cache_home()`, so that one variable moves it (a node's local
+disk, a scratch file system) and deleting it only costs the work of redoing it:
+
+    sample-v<N>/    the embedded demo dataset (`dataset.root: builtin:sample`), generated on first use
+    screen/         each dataset's header screening, so it runs once per dataset and machine
+    transcoded/     PNG copies of the files DALI cannot decode (GIF)
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .samples import SampleIndex
+
+
+def cache_home() -> Path:
+    """$FASTLOADER_CACHE_DIR, else $XDG_CACHE_HOME/fastloader, else ~/.cache/fastloader."""
+    explicit = os.environ.get("FASTLOADER_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fastloader"
+
+
+def screening_file(index: SampleIndex, max_pixels: int) -> Path:
+    """Where a dataset's screening result is kept (one per dataset folder, file list and bomb limit)."""
+    return cache_home() / "screen" / f"{_dataset_key(index)}-{max_pixels}.json"
+
+
+def transcode_folder(index: SampleIndex) -> Path:
+    """Where the PNG copies of a dataset's files in formats DALI cannot decode are kept."""
+    return cache_home() / "transcoded" / _dataset_key(index)
+
+
+def _dataset_key(index: SampleIndex) -> str:
+    """The dataset's files where they are now: its fingerprint (names and labels) and its folder."""
+    return hashlib.blake2b(f"{index.root}\0{index.fingerprint}".encode("utf-8", "surrogateescape"),
+                           digest_size=8).hexdigest()

@@ -1,0 +1,50 @@
+"""PreparedSplit: the one hand-off from preparation to a backend.
+
+Preparing a split is the same work whichever backend reads it: index its files, then either open
+its uint8 cache (which lists the files it could not decode) or screen the files' headers (which
+leaves out those no decoder can read). The factory does it once and hands the result to the chosen
+backend's constructor, so a backend learns everything it needs from one object, and nothing is
+added to a loader after it is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .cache import CachedPixels
+from .distributed import RankInfo, cpu_workers_per_rank
+from .samples import SampleIndex
+from .schema import Config
+
+
+@dataclass(frozen=True)
+class PreparedSplit:
+    index: SampleIndex
+    """The split's samples, less the files known to be unusable."""
+    bad: tuple[tuple[str, str], ...]
+    """(path, reason) of the files left out of `index`, already logged: those the header check
+    refused, or those the cache lists as bad. A loader starts its `bad_samples` with them."""
+    workers: int
+    """The backend's parallelism (see worker_count): DataLoader workers, or DALI's CPU threads."""
+    pixels: CachedPixels | None = None
+    """The pixel source: the uint8 cache's pixels, or None to decode the image files."""
+    needs_substitute: Mapping[int, str] = field(default_factory=dict)
+    """Sample -> format of each file in a format DALI's decoder cannot read (GIF), which the DALI
+    backend reads through a PNG substitute (dali_loader/transcode.py); the torch backend reads all."""
+
+    @property
+    def pixels_from(self) -> str:
+        """Where the pixels come from, in the words of the loader's repr and log line."""
+        return "the image files" if self.pixels is None else f"the cache {self.pixels.folder}"
+
+
+def worker_count(config: Config, backend: str, ranks: RankInfo) -> int:
+    """How wide the backend decodes: dali.threads for DALI when set, else workers.num_workers (DALI
+    needs at least one thread; torch's 0 decodes in the main process), else this rank's share of
+    the CPU cores, capped by workers.max_workers."""
+    if backend == "dali" and config.dali.threads != "auto":
+        return config.dali.threads
+    workers = config.workers.num_workers
+    if workers != "auto":
+        return max(1, workers) if backend == "dali" else workers
+    return cpu_workers_per_rank(ranks, config.workers.max_workers)

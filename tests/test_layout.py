@@ -1,0 +1,148 @@
+"""The import arrows of the layout (docs: fastloader/ is the front door both backends share).
+
+- fastloader/ never imports a backend: the factory's BACKENDS table, which names them as strings
+  and loads the chosen one with importlib, is the one documented exception;
+- dali_loader/ and torch_loader/ never import each other;
+- inside the three packages, a name is imported from the module that defines it (a schema type
+  from schema.py, not through config.py), and no private name crosses modules.
+
+Each rule is read from the source with `ast`, so a violation fails here before it runs anywhere.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGES = ("fastloader", "dali_loader", "torch_loader")
+BACKENDS = ("dali_loader", "torch_loader")
+BY_NAME = "fastloader.factory"
+"""The one module of fastloader that may name a backend (as strings in its BACKENDS table)."""
+BACKEND_NAME = re.compile(r"(dali_loader|torch_loader)(\.\w+)*")
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the packages under root."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, imported module, imported name or None) of every import in the module, relative
+    imports resolved; `from package import module` yields the module too."""
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")[: len(name.split(".")) - node.level + (1 if is_package else 0)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                found.append((node.lineno, module, alias.name))
+    return found
+
+
+def defined_names(path: Path) -> set[str]:
+    """Names a module defines at its top level (functions, classes, assignments), not those it imports."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def violations(root: Path) -> list[str]:
+    """Every break of the layout's rules in the packages under root, as 'file:line: what'."""
+    found = []
+    known = modules(root)
+    for name, path in known.items():
+        where = path.relative_to(root)
+        for line, module, imported in imports(name, path):
+            target = f"{module}.{imported}" if imported and f"{module}.{imported}" in known else module
+            if top(name) == "fastloader" and top(target) in BACKENDS:
+                found.append(f"{where}:{line}: fastloader imports the backend module {target}")
+            if top(name) in BACKENDS and top(target) in BACKENDS and top(target) != top(name):
+                found.append(f"{where}:{line}: the {top(name)} backend imports the other backend, {target}")
+            if target != module or module not in known or imported in (None, "*"):
+                continue
+            if imported.startswith("_") and not imported.startswith("__"):
+                found.append(f"{where}:{line}: imports the private name {imported} from {module}")
+            elif imported not in defined_names(known[module]):
+                found.append(f"{where}:{line}: imports {imported} through {module}, which does not define it; "
+                             f"import it from the module that does")
+        if top(name) == "fastloader" and name != BY_NAME:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                        and BACKEND_NAME.fullmatch(node.value):
+                    found.append(f"{where}:{node.lineno}: names the backend module {node.value!r}; only "
+                                 f"{BY_NAME} loads backends by name")
+    return found
+
+
+def test_the_packages_follow_the_layout():
+    assert violations(REPO) == []
+
+
+def test_the_factory_loads_each_backend_by_name_from_one_table():
+    from fastloader.factory import BACKENDS as table
+    assert sorted(top(module) for module, _ in table.values()) == sorted(BACKENDS)
+    assert "import_module" in (REPO / "fastloader" / "factory.py").read_text()
+
+
+def write_package(root: Path, files: dict[str, str]) -> None:
+    for relpath, text in files.items():
+        path = root / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def test_each_kind_of_violation_is_caught(tmp_path):
+    """The rules on a small tree that breaks each of them once (and keeps them elsewhere)."""
+    write_package(tmp_path, {
+        "fastloader/__init__.py": "",
+        "fastloader/schema.py": "class Config: ...\n_SECTIONS = {}\n",
+        "fastloader/config.py": "from .schema import Config\ndef load_config(): ...\n",
+        "fastloader/factory.py": "BACKENDS = {'torch': ('torch_loader.loader', 'TorchLoader')}\n",
+        "fastloader/sneaky.py": """\
+            import importlib
+            from .schema import Config, _SECTIONS
+            from .config import Config as Again, load_config
+            from torch_loader.loader import TorchLoader
+            LOADER = importlib.import_module("dali_loader.loader")
+            """,
+        "fastloader/imaging/__init__.py": "",
+        "fastloader/imaging/screen.py": "from .. import schema\nfrom ..schema import Config\n",
+        "torch_loader/__init__.py": "",
+        "torch_loader/loader.py": "from fastloader.config import load_config\nclass TorchLoader: ...\n",
+        "dali_loader/__init__.py": "",
+        "dali_loader/loader.py": "from torch_loader import loader\nfrom fastloader import factory\n",
+    })
+    assert sorted(violations(tmp_path)) == sorted([
+        "dali_loader/loader.py:1: the dali_loader backend imports the other backend, torch_loader.loader",
+        "fastloader/sneaky.py:2: imports the private name _SECTIONS from fastloader.schema",
+        "fastloader/sneaky.py:3: imports Config through fastloader.config, which does not define it; "
+        "import it from the module that does",
+        "fastloader/sneaky.py:4: fastloader imports the backend module torch_loader.loader",
+        "fastloader/sneaky.py:5: names the backend module 'dali_loader.loader'; only fastloader.factory loads "
+        "backends by name",
+    ])
