@@ -6,10 +6,12 @@ wait shows only where the loader has nothing ready: at start-up and at epoch bou
 Printed per backend: the first loop's time to first batch, the first-batch wait of every later
 epoch (the boundary gap), and the median wait of the other batches.
 
-    python benchmarks/epoch_gap.py --data ../shared/data/realphotos
+    python benchmarks/epoch_gap.py --data DIR
+    python benchmarks/epoch_gap.py --split train --backends torch --epochs 3 --json epoch_gap.json
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
@@ -19,6 +21,7 @@ from pathlib import Path
 import harness
 
 from fastloader.config import IMAGE_EXTENSIONS
+from fastloader.machine import hardware
 from fastloader.samples import scan_folder
 
 
@@ -48,21 +51,28 @@ def main() -> int:
     parser = harness.base_parser(__doc__)
     parser.add_argument("--epochs", type=int, default=4, help="default: 4")
     parser.add_argument("--step-ms", type=float, default=150, help="simulated model step per batch (default: 150)")
-    parser.add_argument("--backends", default="torch,dali", help="default: torch,dali")
-    args = parser.parse_args()
-    args.data = args.data.resolve()
-    splits = ["train", "val"] if args.split == "both" else [args.split]
+    harness.add_backends_argument(parser)
+    args = harness.check_args(parser, parser.parse_args())
+    if args.epochs < 2:
+        parser.error("--epochs must be >= 2: the first epoch has no boundary before it")
+    args.backends = harness.usable_backends(parser, args.backends)
+    results = {}
     with tempfile.TemporaryDirectory(prefix="epoch_gap_") as workdir:
-        for split in splits:
+        for split in harness.splits_of(args):
             index = scan_folder(str(args.data / split), IMAGE_EXTENSIONS)
             list_path = Path(workdir) / f"{split}.txt"
             harness.write_file_list(index, 1, list_path)
-            for backend in args.backends.split(","):
-                r = run(backend, split, list_path, index, args)
+            for backend in args.backends:
+                r = results[f"{split} {backend}"] = run(backend, split, list_path, index, args)
                 gaps = ", ".join(f"{1000 * w:.0f}" for w in r["boundary_waits_s"])
-                print(f"{split} {backend:<6} {args.workers} workers: first batch {1000 * r['time_to_first_batch_s']:.0f} ms; "
-                      f"epoch-boundary waits {gaps} ms; other batches median {1000 * r['steady_wait_median_s']:.1f} ms",
+                print(f"{split} {backend:<6} {args.workers} workers: "
+                      f"first batch {1000 * r['time_to_first_batch_s']:.0f} ms; epoch-boundary waits {gaps} ms; "
+                      f"other batches median {1000 * r['steady_wait_median_s']:.1f} ms",
                       flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"hardware": hardware(), "workers": args.workers, "step_ms": args.step_ms,
+                                         "runs": results}, indent=2) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -1,6 +1,7 @@
-"""What every loader comparison here shares: arguments, hardware report, interleaved rounds of
-fresh loaders, medians, the table and the JSON report. Each benchmark script only says which peers
-it builds.
+"""What every benchmark here shares: the data folder and arguments, the hardware report, interleaved
+rounds of fresh loaders, medians, the table and the JSON report, and the uint8 cache some peers read.
+Each comparison script only says which peers it builds (peer_loaders.py defines those that several
+scripts use).
 
 Peers are measured in turns within each round, the order alternating from round to round, so that
 machine noise (other jobs, thermal throttling, the page cache) hits them alike. Each measurement
@@ -11,8 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -21,19 +20,23 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-import PIL
 import torch
-import torchvision
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 import fastloader  # noqa: E402
+from fastloader.cache_write import build_split_cache  # noqa: E402
 from fastloader.config import IMAGE_EXTENSIONS  # noqa: E402
-from fastloader.samples import SampleIndex, scan_folder  # noqa: E402
+from fastloader.machine import hardware  # noqa: E402
+from fastloader.samples import SampleIndex, build_index, scan_folder  # noqa: E402
 
 CONFIG = REPO_ROOT / "configs" / "imagenette.yaml"
+BACKENDS = ("torch", "dali")
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "realphotos"
+"""The real photos the figures in docs/ were measured on, where a checkout has them next to it."""
+DATA_HELP = ("a folder of ImageNet-style images, train/<class>/*.JPEG and val/<class>/*.JPEG "
+             "(default: ../shared/data/realphotos next to the repository, where present)")
 
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 Factory = Callable[[], tuple[Batches, Callable[[], None]]]
@@ -43,11 +46,56 @@ Ratios = list[tuple[str, str]]
 """(numerator, denominator) peer names; by default the first peer (ours) against each other one."""
 
 
+def add_data_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=DATA_HELP)
+
+
+def check_data(parser: argparse.ArgumentParser, data: Path, splits: Iterable[str]) -> Path:
+    """`data` resolved; a usage error that says how to pass --data where a split's folder is missing."""
+    data = data.resolve()
+    missing = [f"{split}/" for split in splits if not (data / split).is_dir()]
+    if missing:
+        which = "the default data folder" if data == DEFAULT_DATA.resolve() else "--data"
+        parser.error(f"{which} {data} has no {' or '.join(missing)} folder; pass --data DIR, a folder holding "
+                     "train/<class>/*.JPEG and val/<class>/*.JPEG (ImageNet-style images)")
+    return data
+
+
+def splits_of(args: argparse.Namespace) -> list[str]:
+    return ["train", "val"] if args.split == "both" else [args.split]
+
+
+def missing_dali() -> str | None:
+    """None where NVIDIA DALI imports, else why its peers are skipped."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError as error:
+        return f"NVIDIA DALI is not installed ({error})"
+    return None
+
+
+def add_backends_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backends", type=lambda text: text.split(","), default=list(BACKENDS),
+                        help=f"comma-separated, of {','.join(BACKENDS)} (default: both)")
+
+
+def usable_backends(parser: argparse.ArgumentParser, backends: list[str]) -> list[str]:
+    """`backends` less dali where DALI does not import (printing why); a usage error for an unknown one."""
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        parser.error(f"--backends: unknown backend {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+    no_dali = missing_dali()
+    if no_dali and "dali" in backends:
+        print(f"skipped the dali backend: {no_dali}")
+        backends = [b for b in backends if b != "dali"]
+    if not backends:
+        parser.error("--backends: no backend left to measure")
+    return backends
+
+
 def base_parser(doc: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                        help="folder holding train/<class>/*.JPEG and val/<class>/*.JPEG "
-                             "(default: ../shared/data/realphotos next to the repository)")
+    add_data_argument(parser)
     parser.add_argument("--split", choices=("train", "val", "both"), default="both", help="default: both")
     parser.add_argument("--workers", type=int, default=2,
                         help="decoding worker processes or DALI CPU threads (default: 2)")
@@ -70,27 +118,21 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
             parser.error(f"--{name.replace('_', '-')} must be >= {minimum}")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
+    args.data = check_data(parser, args.data, splits_of(args))
     return args
-
-
-def hardware() -> dict:
-    """What the numbers depend on, printed with them so that results can be compared across machines."""
-    model = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), model)
-    except OSError:
-        pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": model, "cpu_count": os.cpu_count(), "usable_cpus": usable, "python": platform.python_version(),
-            "torch": torch.__version__, "torchvision": torchvision.__version__, "pillow": PIL.__version__,
-            "torch_threads": torch.get_num_threads()}
 
 
 def effective_repeat(num_files: int, args: argparse.Namespace) -> int:
     """The repeat count that fits warm-up + timed batches in one epoch: a new epoch would restart workers."""
     needed = (args.warmup + args.batches + 1) * args.batch_size
     return max(args.repeat, math.ceil(needed / num_files))
+
+
+def listed_files(index: SampleIndex, repeat: int) -> tuple[list[str], list[int]]:
+    """The split's paths and labels `repeat` times over: the long epoch every peer reads."""
+    paths = [index.path(i) for i in range(len(index))]
+    labels = [index.label(i) for i in range(len(index))]
+    return paths * repeat, labels * repeat
 
 
 def write_file_list(index: SampleIndex, repeat: int, list_path: Path) -> None:
@@ -201,17 +243,11 @@ def main(args: argparse.Namespace, build_peers: PeerBuilder, name: str, extra_in
 
     `report(results, hardware)`, when given, runs after the tables (extra measurements, plots) and
     returns what it adds to the JSON report."""
-    args.data = args.data.resolve()
-    splits = ["train", "val"] if args.split == "both" else [args.split]
-    missing = [s for s in splits if not (args.data / s).is_dir()]
-    if missing:
-        print(f"{name}: error: no {'/'.join(missing)} folder under {args.data}; pass --data DIR, a folder "
-              f"holding train/<class>/*.JPEG and val/<class>/*.JPEG", file=sys.stderr)
-        return 2
+    splits = splits_of(args)
     command = shlex.join([Path(sys.executable).name, *sys.argv])
     info = hardware()
     print(f"command: {command}")
-    print(f"hardware: {info['cpu']}, {info['cpu_count']} CPUs ({info['usable_cpus']} usable), "
+    print(f"hardware: {info['cpu']}, {info['cpu_count']} CPUs ({info['cpu_cores']} usable), "
           f"torch {info['torch']} ({info['torch_threads']} threads), torchvision {info['torchvision']}, "
           f"Pillow {info['pillow']}, Python {info['python']}{extra_info}")
     print(f"settings: workers {args.workers}, batch size {args.batch_size}, size {args.size}, "
@@ -229,3 +265,18 @@ def main(args: argparse.Namespace, build_peers: PeerBuilder, name: str, extra_in
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"\nwrote {args.json}")
     return 0
+
+
+def build_cache(split: str, overrides: dict, cache_dir: Path, files: SampleIndex, args: argparse.Namespace) -> dict:
+    """Build the uint8 cache the cached peers read (`args.short_side`, as `fastloader cache` does),
+    from the repeated file list they read (each file once); print and return what it cost."""
+    config = fastloader.load_config(str(CONFIG), overrides)
+    report = build_split_cache(config, config.split(split), build_index(config, config.split(split)),
+                               str(cache_dir), args.short_side, workers=max(1, args.workers))
+    source_bytes = sum(Path(files.path(i)).stat().st_size for i in range(len(files)))
+    print(f"  {split}: cache of {report['images']} images built in {report['seconds']:.1f} s with {args.workers} "
+          f"processes ({report['images'] / report['seconds']:.0f} images/s): {report['bytes'] / 2**20:.1f} MiB, "
+          f"{report['bytes'] / report['images'] / 1e3:.0f} kB per image ({report['bytes'] / source_bytes:.1f}x "
+          f"the {source_bytes / 2**20:.1f} MiB of JPEGs)", flush=True)
+    return {"images": report["images"], "seconds": report["seconds"], "bytes": report["bytes"],
+            "source_bytes": source_bytes, "short_side": args.short_side}

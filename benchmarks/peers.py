@@ -3,18 +3,21 @@
 Peers, all reading the same JPEGs (the split's files repeated, so an epoch is long like ImageNet's),
 with the same workers (DALI: CPU threads), batch size and output size, normalized float batches:
 - fastloader torch, and fastloader dali (the CPU flavour where there is no GPU);
-- torchvision ImageFolder + DataLoader defaults (compare_loaders.py);
+- torchvision ImageFolder + DataLoader defaults (peer_loaders.py);
 - timm create_loader with its prefetcher, on the output device (skipped, with the reason, without timm:
   pip install -e '.[bench]');
-- NVIDIA's ResNet-50 example pipeline on DALI (compare_dali.py);
+- NVIDIA's ResNet-50 example pipeline on DALI, and fastloader's DALI graph fed by DALI's own file
+  reader instead of our sampler (peer_loaders.py; what feeding from Python costs);
 - two limits, no transform at all: Pillow full decode only, torchvision decode_jpeg only (whole files:
   the torch backend, which decodes only the crop's region, can pass them).
+The DALI peers run on the GPU flavour where CUDA is present (--device cpu for the CPU flavour).
 Then the ratios the targets name, the torch backend's time per stage (stages.py) and, with --plot,
 images/s per loader with the decode limits as lines.
 
-    python benchmarks/peers.py --data ../shared/data/realphotos --plot docs/performance.png
+    python benchmarks/peers.py --data DIR --plot docs/performance.png
     python benchmarks/peers.py --workers 1 --split train --rounds 3 --json peers.json
     python benchmarks/peers.py --torch-decoder auto decode_jpeg --only torch limit   # region vs whole file
+    python benchmarks/peers.py --only dali nvidia --device gpu   # the DALI backend against NVIDIA's example
 """
 from __future__ import annotations
 
@@ -28,23 +31,23 @@ import torch.utils.data
 from PIL import Image
 
 import harness
+import peer_loaders
 import stages
-from compare_loaders import torchvision_factory
 from harness import Factory
+from peer_loaders import NVIDIA, READER, TORCHVISION
 
 from fastloader.config import IMAGENET_MEAN, IMAGENET_STD
 from fastloader.samples import SampleIndex
 from fastloader.imaging.decode import DECODER_CHOICES, DECODER_ENV, describe as describe_decoders
 
-TORCH, DALI = "fastloader torch", "fastloader dali"
-TORCHVISION, TIMM, NVIDIA = "torchvision defaults", "timm prefetcher", "NVIDIA RN50 example"
+TORCH, DALI, TIMM = "fastloader torch", "fastloader dali", "timm prefetcher"
 PILLOW_LIMIT, DECODE_JPEG_LIMIT = "limit: Pillow decode only", "limit: decode_jpeg only"
 LIMITS = (PILLOW_LIMIT, DECODE_JPEG_LIMIT)
 TARGETS = {(TORCH, NVIDIA): {"train": 1.0, "val": 1.0}, (DALI, NVIDIA): {"train": 0.95, "val": 0.95},
            (TORCH, DECODE_JPEG_LIMIT): {"train": 0.90, "val": 0.85}}
 """The issues' targets per split: ratio of medians measured in the same run."""
 RATIOS = [(TORCH, NVIDIA), (DALI, NVIDIA), (TORCH, TORCHVISION), (TORCH, TIMM), (DALI, TORCHVISION),
-          (TORCH, DALI), (TORCH, DECODE_JPEG_LIMIT)]
+          (TORCH, DALI), (TORCH, DECODE_JPEG_LIMIT), (DALI, READER)]
 
 
 def _skipped() -> dict[str, str]:
@@ -54,10 +57,8 @@ def _skipped() -> dict[str, str]:
         import timm  # noqa: F401
     except ImportError as error:
         reasons[TIMM] = f"timm is not installed ({error}); pip install -e '.[bench]' adds it"
-    try:
-        import compare_dali  # noqa: F401  (imports nvidia.dali)
-    except ImportError as error:
-        reasons[NVIDIA] = reasons[DALI] = f"NVIDIA DALI is not installed ({error})"
+    if peer_loaders.NO_DALI:
+        reasons.update(dict.fromkeys((DALI, NVIDIA, READER), peer_loaders.NO_DALI))
     return reasons
 
 
@@ -131,20 +132,33 @@ def build_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path
                                              **{"output.device": "cpu", "workers.num_workers": args.workers})
     peers = {torch_peer_name(choice, args): with_decoder(choice, harness.fastloader_factory(split, overrides))
              for choice in args.torch_decoder}
+    paths, labels = harness.listed_files(index, repeat)
     if DALI not in SKIPPED:
-        import compare_dali
-        dali = compare_dali.build_peers(split, split_dir, index, list_path, repeat, args)
-        peers[DALI], peers[NVIDIA] = dali[compare_dali.OURS], dali[compare_dali.NVIDIA]
-    peers[TORCHVISION] = torchvision_factory(split, split_dir, repeat, args)
+        peers.update(dali_peers(split, split_dir, index, list_path, paths, labels, args))
+    peers[TORCHVISION] = peer_loaders.torchvision_factory(split, split_dir, repeat, args.batch_size, args.size,
+                                                          args.workers)
     if TIMM not in SKIPPED:
         peers[TIMM] = timm_factory(split_dir, repeat, train, args)
-    paths = [index.path(i) for i in range(len(index))] * repeat
-    labels = [index.label(i) for i in range(len(index))] * repeat
     peers[PILLOW_LIMIT] = decode_limit_factory(paths, labels, "pillow", train, args)
     peers[DECODE_JPEG_LIMIT] = decode_limit_factory(paths, labels, "decode_jpeg", train, args)
     if args.only:
-        peers = {name: build for name, build in peers.items() if any(text in name for text in args.only)}
+        peers = {name: build for name, build in peers.items()
+                 if any(text.lower() in name.lower() for text in args.only)}
     return peers
+
+
+def dali_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path, paths: list[str],
+               labels: list[int], args: argparse.Namespace) -> dict[str, Factory]:
+    """fastloader's DALI backend, NVIDIA's example and our graph on DALI's reader, in the --device flavour."""
+    gpu = args.device == "gpu"
+    overrides = harness.fastloader_overrides(
+        split, split_dir, index, list_path, args, backend="dali",
+        **{"output.device": "cuda" if gpu else "cpu", "dali.threads": args.workers, "workers.prefetch_factor": 2})
+    batch, threads = args.batch_size, args.workers
+    return {DALI: harness.fastloader_factory(split, overrides),
+            NVIDIA: peer_loaders.nvidia_example_factory(paths, labels, split == "train", gpu, args.size, batch,
+                                                        threads),
+            READER: peer_loaders.reader_factory(paths, labels, split, gpu, overrides, batch, threads)}
 
 
 def print_targets(results: dict) -> None:
@@ -178,7 +192,7 @@ def plot(results: dict, hardware: dict, args: argparse.Namespace, path: Path) ->
         axis.set_title(f"{split}: {'random-resized-crop + flip' if split == 'train' else 'resize + centre crop'}")
         axis.set_xlabel("images/s (median of rounds)")
         axis.legend(loc="lower right", fontsize=8)
-    figure.suptitle(f"{hardware['cpu']}, {hardware['usable_cpus']} cores: {args.workers} workers/threads, "
+    figure.suptitle(f"{hardware['cpu']}, {hardware['cpu_cores']} cores: {args.workers} workers/threads, "
                     f"batch {args.batch_size}, {args.size} px", fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,9 +203,11 @@ def plot(results: dict, hardware: dict, args: argparse.Namespace, path: Path) ->
 def report(args: argparse.Namespace):
     def after_tables(results: dict, hardware: dict) -> dict:
         print_targets(results)
-        os.environ[DECODER_ENV] = args.torch_decoder[0]  # the per-stage times are those of the first choice
-        per_stage = stages.measure(args.data, list(results), args.batch_size, args.size)
-        stages.print_stages(per_stage)
+        per_stage = None
+        if any(name.startswith(TORCH) for result in results.values() for name in result["measurements"]):
+            os.environ[DECODER_ENV] = args.torch_decoder[0]  # the per-stage times are those of the first choice
+            per_stage = stages.measure(args.data, list(results), args.batch_size, args.size)
+            stages.print_stages(per_stage)
         if args.plot:
             plot(results, hardware, args, args.plot)
         return {"skipped": SKIPPED, "stages": per_stage}
@@ -205,16 +221,23 @@ if __name__ == "__main__":
                         help=f"the torch backend once per {DECODER_ENV} value (default: auto); the first is the "
                              "one the targets and the per-stage times are about")
     parser.add_argument("--only", nargs="+", metavar="TEXT",
-                        help="measure only the peers whose name contains one of these, e.g. --only torch limit")
+                        help="measure only the peers whose name contains one of these (any case), "
+                             "e.g. --only torch limit")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu" if torch.cuda.is_available() else "cpu",
+                        help="the DALI peers' flavour (default: gpu where CUDA is available, else cpu)")
     arguments = harness.check_args(parser, parser.parse_args())
     if arguments.workers < 1:
         parser.error("--workers must be >= 1: DALI needs at least one CPU thread")
-    arguments.device = "gpu" if torch.cuda.is_available() else "cpu"  # compare_dali's DALI flavour
+    if arguments.device == "gpu" and not torch.cuda.is_available():
+        parser.error("--device gpu: no CUDA device here; pass --device cpu")
     for peer, reason in SKIPPED.items():
         print(f"skipped {peer}: {reason}")
     info = f", DALI {__import__('nvidia.dali').dali.__version__} ({arguments.device} flavour)" \
         if DALI not in SKIPPED else ""
+    if arguments.device == "gpu":
+        info += f", GPU {torch.cuda.get_device_name(0)}"
     os.environ[DECODER_ENV] = arguments.torch_decoder[0]
     info += f"\ntorch backend decoders: {describe_decoders()}"
-    ratios = RATIOS + [(torch_peer_name(choice, arguments), DECODE_JPEG_LIMIT) for choice in arguments.torch_decoder[1:]]
+    ratios = RATIOS + [(torch_peer_name(choice, arguments), DECODE_JPEG_LIMIT)
+                       for choice in arguments.torch_decoder[1:]]
     sys.exit(harness.main(arguments, build_peers, "peers", info, ratios=ratios, report=report(arguments)))

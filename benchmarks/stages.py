@@ -15,12 +15,14 @@ the split once, so the numbers add up to what one worker spends per image:
   batch in shared memory (allocation and page faults);
 - transfer: on CUDA, the pinned uint8 batch's copy to the GPU; on CPU there is none.
 
-    python benchmarks/stages.py --data ../shared/data/realphotos
+    python benchmarks/stages.py --data DIR
+    python benchmarks/stages.py --split train --json stages.json
 """
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import sys
 import time
 from pathlib import Path
@@ -33,6 +35,7 @@ import harness
 import fastloader
 from fastloader.config import IMAGE_EXTENSIONS
 from fastloader.imaging.decode import describe, load_region
+from fastloader.machine import hardware
 from fastloader.samples import scan_folder
 from torch_loader.collate import BatchPool, NormalizingCollate
 from torch_loader.prefetch import Normalizer
@@ -150,9 +153,16 @@ def print_stages(stages: dict) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=harness.DEFAULT_DATA)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--size", type=int, default=224)
+    harness.add_data_argument(parser)
+    parser.add_argument("--split", choices=("train", "val", "both"), default="both", help="default: both")
+    parser.add_argument("--batch-size", type=int, default=64, help="default: 64")
+    parser.add_argument("--size", type=int, default=224, help="output height and width (default: 224)")
+    parser.add_argument("--json", type=Path, help="write the ms per image of each stage to this file")
     arguments = parser.parse_args()
-    print_stages(measure(arguments.data.resolve(), ["train", "val"], arguments.batch_size, arguments.size))
+    data = harness.check_data(parser, arguments.data, harness.splits_of(arguments))
+    per_stage = measure(data, harness.splits_of(arguments), arguments.batch_size, arguments.size)
+    print_stages(per_stage)
+    if arguments.json:
+        arguments.json.write_text(json.dumps({"hardware": hardware(), "stages": per_stage}, indent=2) + "\n")
+        print(f"wrote {arguments.json}")
     sys.exit(0)

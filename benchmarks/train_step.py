@@ -5,8 +5,8 @@ host) with the trainer. Here every peer feeds the same training step, a torchvis
 autocast with channels_last inputs (SGD, cross-entropy), and images/s counts finished steps:
 - model only: one synthetic batch already on the device, fed again and again (the ceiling);
 - fastloader torch / dali, from the JPEGs and from a uint8 cache of them (`fastloader cache`,
-  dataset.cache; built at the start, as compare_cache.py does);
-- NVIDIA RN50 example: the pipeline of DALI's ResNet-50 example (compare_dali.py), as it ships.
+  dataset.cache; built at the start, as cache.py does);
+- NVIDIA RN50 example: the pipeline of DALI's ResNet-50 example (peer_loaders.py), as it ships.
 Peers run in interleaved rounds (harness.py); the device is synchronized before the first and
 after the last timed step. Prints images/s, each peer's ratio to the model alone, and on a GPU the
 device memory in use and torch's peak allocation while the peer ran.
@@ -26,16 +26,11 @@ import torch
 import torchvision
 
 import harness
-from compare_cache import build_cache
+import peer_loaders
 from harness import Factory
 
 from fastloader.cache_write import DEFAULT_SHORT_SIDE
 from fastloader.samples import SampleIndex
-
-try:
-    import compare_dali
-except ImportError as error:  # no DALI here: its peers are skipped, with the reason
-    compare_dali, NO_DALI = None, f"NVIDIA DALI is not installed ({error})"
 
 PEERS = ("model", "torch", "dali", "torch-cache", "dali-cache", "nvidia")
 NAMES = {"model": "model only", "torch": "fastloader torch JPEG", "dali": "fastloader dali JPEG",
@@ -117,17 +112,16 @@ def feeds(split: str, split_dir: Path, index: SampleIndex, list_path: Path, repe
             "workers.num_workers": args.workers, "dali.threads": max(1, args.workers)})
     cache_dir = list_path.parent / "cache"
     if {"torch-cache", "dali-cache"} & set(args.peers):
-        build_cache(split, overrides, cache_dir, index, args)
+        harness.build_cache(split, overrides, cache_dir, index, args)
     made = {"model": model_only(device, args)}
     for backend in ("torch", "dali"):
         made[backend] = harness.fastloader_factory(split, {**overrides, "backend": backend})
         made[f"{backend}-cache"] = harness.fastloader_factory(
             split, {**overrides, "backend": backend, "dataset.cache": str(cache_dir)})
-    if compare_dali is not None:
-        files, labels = compare_dali.listed_files(index, repeat)
-        gpu, short = device.type == "cuda", int(args.size / 0.875)
-        made["nvidia"] = compare_dali.iterator_factory(
-            lambda: compare_dali.nvidia_example_pipeline(files, labels, True, gpu, args.size, short, args))
+    if peer_loaders.NO_DALI is None:
+        files, labels = harness.listed_files(index, repeat)
+        made["nvidia"] = peer_loaders.nvidia_example_factory(files, labels, True, device.type == "cuda", args.size,
+                                                             args.batch_size, max(1, args.workers))
     return {key: made[key] for key in args.peers}
 
 
@@ -175,10 +169,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                      f"torchvision.models names such as resnet18")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here; pass --device cpu")
-    if compare_dali is None:
+    if peer_loaders.NO_DALI:  # no DALI here: its peers are skipped, with the reason
         skipped = [p for p in args.peers if p in ("dali", "dali-cache", "nvidia")]
         if skipped:
-            print(f"skipped {', '.join(skipped)}: {NO_DALI}")
+            print(f"skipped {', '.join(skipped)}: {peer_loaders.NO_DALI}")
         args.peers = [p for p in args.peers if p not in skipped]
     return args
 

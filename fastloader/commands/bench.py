@@ -19,6 +19,7 @@ import sys
 import time
 from array import array
 
+from ..machine import hardware, tree_memory
 from ..progress import Progress
 from ..schema import BACKEND_ENV
 
@@ -173,7 +174,7 @@ class Run:
         timed.seconds = clock() - started
         self.rounds.append(timed)
         # Reading PSS takes ~10 ms per process, so it is sampled after each round, off the clock.
-        self.peak_memory = max(self.peak_memory, process_tree_memory())
+        self.peak_memory = max(self.peak_memory, tree_memory().pss)
         return timed
 
     def _next(self, clock):
@@ -329,27 +330,6 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def process_tree_memory() -> int:
-    """Memory of this process and its descendants (DataLoader workers), from /proc: proportional set
-    size, so pages a forked worker shares with its parent count once, not once per process."""
-    total, pending = 0, [os.getpid()]
-    while pending:
-        pid = pending.pop()
-        try:
-            total += _proc_kib(f"/proc/{pid}/smaps_rollup", "Pss:") * 1024
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as children:
-                    pending += [int(child) for child in children.read().split()]
-        except (OSError, StopIteration, ValueError):  # gone meanwhile, or not Linux
-            continue
-    return total
-
-
-def _proc_kib(path: str, key: str) -> int:
-    with open(path) as handle:
-        return next(int(line.split()[1]) for line in handle if line.startswith(key))
-
-
 def peak_gpu_bytes(device) -> int | None:
     if device.type != "cuda":
         return None
@@ -363,17 +343,6 @@ def human_bytes(count: int) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     return str(count)
-
-
-def hardware() -> dict:
-    import platform
-
-    import torch
-    info = {"cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "machine": platform.machine(), "python": platform.python_version(), "torch": torch.__version__}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
 
 
 def parallelism(info: dict) -> str:

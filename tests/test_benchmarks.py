@@ -1,0 +1,280 @@
+"""Every script in benchmarks/ runs as a user runs it, and prints and writes what it measured.
+
+Each runs at its smallest (tiny JPEGs written here, one round, a batch or two, on the CPU with CUDA
+hidden: the GPU scripts in their CPU mode), so that no script rots unnoticed. The numbers mean
+nothing at this size; the tests check that every peer, row, ratio and JSON field a script promises
+comes out, that each script has --help, and that each says how to pass --data.
+
+Most of a script's time alone would be its imports (torch, DALI), so the scripts run in two Python
+processes ("lanes") side by side, each running its scripts in turn as `python benchmarks/<script>`
+would (runpy, sys.argv, the exit status), in the environment the lane started with.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, cpu_only_env, write_solid_dataset
+
+BENCHMARKS = REPO / "benchmarks"
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in ("harness.py", "peer_loaders.py"))
+HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
+HAS_TIMM = importlib.util.find_spec("timm") is not None
+STAGES = ("read", "header + crop", "decode", "crop + resize", "collate + normalize", "fresh shared batch", "transfer")
+needs_dali = pytest.mark.skipif(not HAS_DALI, reason="both peers of first_batch.py run on NVIDIA DALI")
+
+TINY = ["--batch-size", "4", "--size", "32", "--workers", "1"]
+ROUND = ["--rounds", "1", "--warmup", "1", "--batches", "1"]
+RUNS = {  # name: the script and its arguments ({report}: the report's path less .json); --data and --json follow
+    "memory_workers": ["memory.py", "workers", "--repeat", "2", "--epochs", "2", "--every", "3", *TINY],
+    "memory_index": ["memory.py", "index", "--samples", "2000", "--workers", "1", "--batch-size", "500"],
+    "cache": ["cache.py", "--split", "train", "--short-side", "36", *TINY, *ROUND],
+    "stages": ["stages.py", "--split", "val", "--batch-size", "4", "--size", "32"],
+    "train_step": ["train_step.py", "--device", "cpu", "--models", "resnet18",
+                   "--peers", "model,torch,dali-cache,nvidia", "--short-side", "36", *TINY, *ROUND],
+    "epoch_gap": ["epoch_gap.py", "--split", "train", "--epochs", "2", "--step-ms", "1", *TINY],
+    "peers": ["peers.py", "--device", "cpu", "--split", "both", "--plot", "{report}.png", *TINY, *ROUND],
+    "first_batch": ["first_batch.py", "--device", "cpu", "--tries", "1", "--batch-size", "4", "--threads", "1"],
+    "screening": ["screening.py", "--split", "train", "--workers", "1", "--batch-size", "4"],
+}
+LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
+    # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
+    ("memory_workers", "memory_index", "cache", "stages", "train_step"),
+    ("command_line", "epoch_gap", "peers", "first_batch", "screening"),
+)
+
+LANE = textwrap.dedent("""
+    # Runs each case [name, script, arguments] to its exit, as `python benchmarks/<script> arguments`
+    # would, each in the environment this process started with; writes each case's exit status and
+    # output to <results>/<name>.json as soon as it ends.
+    import contextlib, io, json, os, runpy, sys, traceback
+    benchmarks, cases, results = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    sys.path.insert(0, benchmarks)
+    environment = dict(os.environ)
+    for name, script, argv in cases:
+        sys.argv, out, err, status = [script, *argv], io.StringIO(), io.StringIO(), 0
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(f"{benchmarks}/{script}", run_name="__main__")
+            except SystemExit as exit:
+                if isinstance(exit.code, str):  # sys.exit("message"): the interpreter would print it
+                    print(exit.code, file=sys.stderr)
+                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+            except BaseException:
+                traceback.print_exc()
+                status = "raised"
+        os.environ.clear()
+        os.environ.update(environment)
+        with open(f"{results}/{name}.json", "w") as handle:
+            json.dump({"status": status, "out": out.getvalue(), "err": err.getvalue()}, handle)
+""")
+
+
+def command_line_cases(data: Path, empty: Path) -> list[list]:
+    """Each script's --help and its answer to a data folder without split folders; a wrong peer name."""
+    cases = []
+    for script in SCRIPTS:
+        part = ["workers"] if script == "memory.py" else []  # memory.py index reads no data
+        cases += [[f"{script} help", script, [*part, "--help"]],
+                  [f"{script} no data", script, [*part, "--data", str(empty)]]]
+    return cases + [["unknown peer", "train_step.py", ["--device", "cpu", "--peers", "model,tpu", "--data", str(data)]]]
+
+
+def runs_for(name: str):
+    """Marks a test as checking the run `name` (the `run` fixture hands over its outcome)."""
+    return pytest.mark.parametrize("run", [name], indirect=True)
+
+
+class Lanes:
+    """The lanes of the runs the selected tests check, started side by side."""
+
+    def __init__(self, wanted: set[str], workdir: Path, pool: ThreadPoolExecutor):
+        self.workdir, self.results, self.reports = workdir, workdir / "results", workdir / "reports"
+        self.results.mkdir()
+        self.reports.mkdir()
+        (workdir / "empty").mkdir()
+        self.data = write_solid_dataset(workdir / "data", per_class=4, fmt="JPEG")
+        self.lane_of = {}
+        for names in LANES:
+            cases = [case for name in names if name in wanted for case in self.cases(name)]
+            if cases:
+                lane = pool.submit(self.run_lane, cases)
+                self.lane_of.update(dict.fromkeys(names, lane))
+
+    def cases(self, name: str) -> list[list]:
+        if name == "command_line":
+            return command_line_cases(self.data, self.workdir / "empty")
+        script, *args = RUNS[name]
+        report = self.reports / name
+        data = [] if name == "memory_index" else ["--data", str(self.data)]
+        return [[name, script, [*(a.format(report=report) for a in args), *data, "--json", f"{report}.json"]]]
+
+    def run_lane(self, cases: list[list]) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-c", LANE, str(BENCHMARKS), json.dumps(cases), str(self.results)]
+        return subprocess.run(command, capture_output=True, text=True, env=cpu_only_env(self.workdir / "cache"),
+                              cwd=self.workdir, timeout=280)
+
+    def outcome(self, name: str) -> tuple[str, dict]:
+        """The stdout and JSON report of a run that exited 0; for command_line, every case's outcome."""
+        lane = self.lane_of[name].result()
+        outcomes = {case: self.read(case, lane) for case, _, _ in self.cases(name)}
+        if name == "command_line":
+            return "", outcomes
+        result = outcomes[name]
+        assert result["status"] == 0, \
+            f"{name}: exit {result['status']}\n{result['out'][-2000:]}\n{result['err'][-3000:]}"
+        return result["out"], json.loads((self.reports / f"{name}.json").read_text())
+
+    def read(self, case: str, lane: subprocess.CompletedProcess) -> dict:
+        path = self.results / f"{case}.json"
+        assert path.exists(), f"its lane ended (exit {lane.returncode}) before {case} did:\n{lane.stderr[-3000:]}"
+        return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def lanes(request, tmp_path_factory):
+    wanted = {item.callspec.params["run"] for item in request.session.items
+              if item.module is request.module and "run" in getattr(getattr(item, "callspec", None), "params", {})}
+    if not HAS_DALI:
+        wanted.discard("first_batch")  # its test is skipped
+    with ThreadPoolExecutor(max_workers=len(LANES)) as pool:
+        yield Lanes(wanted, tmp_path_factory.mktemp("benchmarks"), pool)
+
+
+@pytest.fixture
+def run(request, lanes) -> tuple[str, dict]:
+    return lanes.outcome(request.param)
+
+
+@runs_for("peers")
+def test_peers_measures_every_peer_on_both_splits_and_prints_targets_stages_and_plot(run):
+    out, report = run
+    expected = ["fastloader torch", "torchvision defaults", "limit: Pillow decode only", "limit: decode_jpeg only"]
+    expected += ["fastloader dali", "NVIDIA RN50 example", "our graph + DALI reader"] if HAS_DALI else []
+    expected += ["timm prefetcher"] if HAS_TIMM else []
+    for split in ("train", "val"):
+        summary = report["splits"][split]["summary"]
+        assert sorted(name for name in summary if name != "ratios") == sorted(expected)
+        assert all(summary[name]["median"] > 0 for name in expected)
+        assert "fastloader torch / limit: decode_jpeg only" in summary["ratios"]
+        if HAS_DALI:
+            assert {"fastloader dali / NVIDIA RN50 example", "fastloader dali / our graph + DALI reader"} <= set(
+                summary["ratios"])
+            assert f"  {split}: fastloader torch / NVIDIA RN50 example = " in out
+        assert report["stages"][split]["images"] == 12 and sum(report["stages"][split]["ms_per_image"].values()) > 0
+    assert "\ntrain: 12 files x 20 = 240 images per epoch" in out and "torch backend, ms per image on one core" in out
+    if not HAS_TIMM:
+        assert "skipped timm prefetcher: timm is not installed" in out
+    png = Path(report["settings"]["plot"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@runs_for("stages")
+def test_stages_times_each_stage_of_every_image(run):
+    out, report = run
+    val = report["stages"]["val"]
+    assert val["images"] == 12 and sum(d["images"] for d in val["decoders"].values()) == 12
+    # decode is load_region's time less the separately timed read and header: on a busy machine,
+    # with 12 tiny images, it can come out below zero, so only the stages' presence is checked
+    assert set(val["ms_per_image"]) == set(STAGES) and sum(val["ms_per_image"].values()) > 0
+    assert val["transfer"] == "none (CPU output)" and "-> images/s per core" in out
+
+
+@runs_for("cache")
+def test_cache_builds_the_cache_and_compares_cached_to_jpeg_per_backend(run):
+    out, report = run
+    backends = ["torch", "dali"] if HAS_DALI else ["torch"]
+    summary = report["splits"]["train"]["summary"]
+    assert sorted(summary["ratios"]) == sorted(f"{b} cached / {b} JPEG" for b in backends)
+    assert all(summary[f"{b} {kind}"]["median"] > 0 for b in backends for kind in ("cached", "JPEG"))
+    built = report["cache"]["train"]
+    assert built["images"] == 12 and built["bytes"] > 0 and built["short_side"] == 36
+    memory = built["torch_worker_memory"]["end_of_epoch"]
+    assert memory["rss"] >= memory["pss"] > 0 and memory["anonymous"] > 0 and memory["shared"] > 0
+    assert "train: cache of 12 images built" in out and "torch workers (all together)" in out
+
+
+@runs_for("memory_index")
+def test_memory_index_measures_the_index_and_each_worker_reading_it(run):
+    out, report = run
+    assert report["index"]["samples"] == 2000 and report["index"]["nbytes"] > 0
+    for layout in ("index", "list"):
+        workers = report["workers"][layout]
+        assert workers["batches"] == 4 and len(workers["pids"]) == 1 and workers["end_pss_bytes"][0] > 0
+    assert "Part A: SampleIndex of 2,000 paths" in out and "plain list of str (for contrast)" in out
+
+
+@runs_for("memory_workers")
+def test_memory_workers_samples_each_worker_every_few_batches_across_epochs(run):
+    out, report = run
+    assert [(s["epoch"], s["batch"]) for s in report["samples"]] == [(e, b) for e in (0, 1) for b in (1, 3, 6)]
+    assert all(len(s["rss_bytes"]) == 1 and s["rss_bytes"][0] > s["pss_bytes"][0] > 0 for s in report["samples"])
+    assert "train: 12 files x 2, 6 batches of 4 per epoch, 1 workers" in out
+
+
+@runs_for("screening")
+def test_screening_sets_the_check_against_an_epoch_of_each_backend(run):
+    out, report = run
+    train = report["splits"]["train"]
+    assert train["files"] == 12 and train["in_process_s"] > 0 and train["pooled_s"] > 0 and train["cached_s"] > 0
+    assert sorted(train["epoch_s"]) == (["dali", "torch"] if HAS_DALI else ["torch"])
+    assert "\ntrain     12 " in out
+
+
+@runs_for("epoch_gap")
+def test_epoch_gap_reports_first_batch_and_boundary_waits_per_backend(run):
+    out, report = run
+    for backend in ("torch", "dali") if HAS_DALI else ("torch",):
+        result = report["runs"][f"train {backend}"]
+        assert result["time_to_first_batch_s"] > 0 and len(result["boundary_waits_s"]) == 1
+        assert f"train {backend:<6} 1 workers: first batch" in out
+
+
+@needs_dali
+@runs_for("first_batch")
+def test_first_batch_times_a_fresh_process_of_each_peer(run):
+    out, report = run
+    assert [len(report["seconds"][peer]) for peer in ("fastloader", "nvidia")] == [1, 1]
+    assert report["device"] == "cpu" and report["ratio"] > 0 and "fastloader / NVIDIA: " in out
+
+
+@runs_for("train_step")
+def test_train_step_trains_from_each_kind_of_peer_against_the_model_alone(run):
+    out, report = run
+    summary = report["splits"]["train"]["summary"]
+    peers = ["model only", "fastloader torch JPEG"]
+    peers += ["fastloader dali cached", "NVIDIA RN50 example"] if HAS_DALI else []
+    assert sorted(name for name in summary if name != "ratios") == sorted(f"resnet18: {p}" for p in peers)
+    assert all(summary[f"resnet18: {p}"]["median"] > 0 for p in peers)
+    assert sorted(summary["ratios"]) == sorted(f"resnet18: {p} / resnet18: model only" for p in peers[1:])
+    if HAS_DALI:
+        assert "cache of 12 images built" in out
+    else:
+        assert "skipped dali-cache, nvidia: NVIDIA DALI is not installed" in out
+
+
+@runs_for("command_line")
+def test_every_script_has_help_and_says_how_to_pass_data(run):
+    _, answers = run
+    assert len(SCRIPTS) == 8
+    for script in SCRIPTS:
+        helped, refused = answers[f"{script} help"], answers[f"{script} no data"]
+        assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
+        assert "--data DATA" in helped["out"] and "next to the repository" in helped["out"], script
+        assert refused["status"] == 2 and "pass --data DIR" in refused["err"], (script, refused)
+        assert "train/<class>/*.JPEG" in refused["err"], script
+
+
+@runs_for("command_line")
+def test_train_step_names_the_peer_it_does_not_know(run):
+    _, answers = run
+    refused = answers["unknown peer"]
+    assert refused["status"] == 2 and "unknown peer or model: tpu" in refused["err"]
+    assert "peers are model" in refused["err"]
