@@ -46,6 +46,9 @@ LIMITS = (PILLOW_LIMIT, DECODE_JPEG_LIMIT)
 TARGETS = {(TORCH, NVIDIA): {"train": 1.0, "val": 1.0}, (DALI, NVIDIA): {"train": 0.95, "val": 0.95},
            (TORCH, DECODE_JPEG_LIMIT): {"train": 0.90, "val": 0.85}}
 """The issues' targets per split: ratio of medians measured in the same run."""
+CPU_ONLY_TARGETS = {(TORCH, NVIDIA)}
+"""Targets that compare CPU decoding with CPU decoding: the torch backend against NVIDIA's example
+holds only where that example runs DALI's CPU flavour, not against nvJPEG on a GPU."""
 RATIOS = [(TORCH, NVIDIA), (DALI, NVIDIA), (TORCH, TORCHVISION), (TORCH, TIMM), (DALI, TORCHVISION),
           (TORCH, DALI), (TORCH, DECODE_JPEG_LIMIT), (DALI, READER)]
 
@@ -161,11 +164,13 @@ def dali_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path,
             READER: peer_loaders.reader_factory(paths, labels, split, gpu, overrides, batch, threads)}
 
 
-def print_targets(results: dict) -> None:
+def print_targets(results: dict, device: str) -> None:
     print("\ntargets (ratio of medians in this run):")
     for split, result in results.items():
         ratios = result["summary"]["ratios"]
         for (a, b), per_split in TARGETS.items():
+            if device == "gpu" and (a, b) in CPU_ONLY_TARGETS:
+                continue
             ratio, target = ratios.get(f"{a} / {b}"), per_split.get(split)
             if ratio is not None and target is not None:
                 verdict = "met" if ratio >= target else "MISSED"
@@ -202,7 +207,7 @@ def plot(results: dict, hardware: dict, args: argparse.Namespace, path: Path) ->
 
 def report(args: argparse.Namespace):
     def after_tables(results: dict, hardware: dict) -> dict:
-        print_targets(results)
+        print_targets(results, args.device)
         per_stage = None
         if any(name.startswith(TORCH) for result in results.values() for name in result["measurements"]):
             os.environ[DECODER_ENV] = args.torch_decoder[0]  # the per-stage times are those of the first choice
