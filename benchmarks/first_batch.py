@@ -18,9 +18,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import torch
-
 import harness
+import torch
 from harness import CONFIG, REPO_ROOT
 
 from fastloader.machine import hardware

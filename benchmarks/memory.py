@@ -30,10 +30,9 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
+import harness
 import torch
 import torch.utils.data
-
-import harness
 
 from fastloader.config import IMAGE_EXTENSIONS
 from fastloader.machine import descendant_pids, hardware, process_memory

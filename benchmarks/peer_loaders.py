@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import harness
 import numpy as np
 import torch
 import torch.utils.data
-from torchvision import datasets, transforms
-
-import harness
 from harness import CONFIG, Factory
+from torchvision import datasets, transforms
 
 import fastloader
 from fastloader.config import IMAGENET_MEAN, IMAGENET_STD

@@ -26,19 +26,19 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-import torch.utils.data
-from PIL import Image
-
 import harness
 import peer_loaders
 import stages
+import torch
+import torch.utils.data
 from harness import Factory
 from peer_loaders import NVIDIA, READER, TORCHVISION
+from PIL import Image
 
 from fastloader.config import IMAGENET_MEAN, IMAGENET_STD
+from fastloader.imaging.decode import DECODER_CHOICES, DECODER_ENV
+from fastloader.imaging.decode import describe as describe_decoders
 from fastloader.samples import SampleIndex
-from fastloader.imaging.decode import DECODER_CHOICES, DECODER_ENV, describe as describe_decoders
 
 TORCH, DALI, TIMM = "fastloader torch", "fastloader dali", "timm prefetcher"
 PILLOW_LIMIT, DECODE_JPEG_LIMIT = "limit: Pillow decode only", "limit: decode_jpeg only"

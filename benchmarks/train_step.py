@@ -22,11 +22,10 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import torch
-import torchvision
-
 import harness
 import peer_loaders
+import torch
+import torchvision
 from harness import Factory
 
 from fastloader.cache_write import DEFAULT_SHORT_SIDE

@@ -137,7 +137,8 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     inputs = 2 if split.mode == "train" else 4
     with pipe:
         data, labels, *box = fn.external_source(
-            source=source, num_outputs=inputs, batch=True, dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT][:inputs],
+            source=source, num_outputs=inputs, batch=True,
+            dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT][:inputs],
             layout=["HWC" if cached else "", "", "", ""][:inputs])
         if cached:
             outputs = pixel_graph(data, labels, config, split, gpu, box)

@@ -101,7 +101,8 @@ def main() -> None:
         say(f"resumed from {args.checkpoint}: step {step}, epoch {train.epoch}, "
             f"sample {saved['train_loader']['position']} of {train.num_samples}")
     if dist.is_initialized():
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        device_ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     say(f"{args.model} on {world} rank(s), {train.backend} backend, device {device}, global batch "
         f"{train.batch_size * world}, {len(train)} steps per epoch")
 

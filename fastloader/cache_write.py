@@ -53,8 +53,8 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     try:
         with open(os.path.join(partial, PIXELS), "wb") as pixels:
             paths = (index.path(int(sample)) for sample in files)
-            shrunk = decode_and_shrink_all(paths, short_side, config.dataset.exif_orientation, config.dataset.max_pixels,
-                                           workers)
+            shrunk = decode_and_shrink_all(paths, short_side, config.dataset.exif_orientation,
+                                           config.dataset.max_pixels, workers)
             for file, decoded in enumerate(shrunk):
                 sizes[file], mtimes[file] = decoded.size, decoded.mtime_ns
                 if decoded.problem:

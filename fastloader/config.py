@@ -18,9 +18,26 @@ import yaml
 
 from .errors import ConfigError
 from .schema import (  # noqa: F401  (the schema's names are re-exported for users who read them here)
-    BACKEND_ENV, EVAL_TRANSFORM_KEYS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, NAMED_SPLITS, SCALARS, SECTIONS,
-    TRAIN_TRANSFORM_KEYS, Config, DaliConfig, DatasetConfig, DistributedConfig, NormalizeConfig, OutputConfig,
-    SplitConfig, StatsConfig, TransformConfig, WorkersConfig)
+    BACKEND_ENV,
+    EVAL_TRANSFORM_KEYS,
+    IMAGE_EXTENSIONS,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    NAMED_SPLITS,
+    SCALARS,
+    SECTIONS,
+    TRAIN_TRANSFORM_KEYS,
+    Config,
+    DaliConfig,
+    DatasetConfig,
+    DistributedConfig,
+    NormalizeConfig,
+    OutputConfig,
+    SplitConfig,
+    StatsConfig,
+    TransformConfig,
+    WorkersConfig,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Loading

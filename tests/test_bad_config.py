@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from PIL import Image
-
 from conftest import base_config, write_solid_dataset
+
 from fastloader import build_loader
 from fastloader.errors import BadImageError, ConfigError
 
@@ -53,13 +52,16 @@ CASES = {
                              "split folder .*val' does not exist \\(folders in dataset.root: train\\); set val.folder"),
     "no images at all": (folder_without_images, {}, ConfigError, "no image files under .*check dataset.root and "
                                                                    "dataset.extensions"),
-    "every file broken": (every_file_broken, {}, BadImageError, "none of the 2 files in .* can be decoded \\(the first, "
-                                                                 ".*x.jpg': not an image: text starting '<html>404</html>'"),
-    "batch_size 0": (None, {"val": {"batch_size": 0}}, ConfigError, "val.batch_size: must be a positive integer, got 0"),
+    "every file broken": (every_file_broken, {}, BadImageError,
+                          "none of the 2 files in .* can be decoded \\(the first, "
+                          ".*x.jpg': not an image: text starting '<html>404</html>'"),
+    "batch_size 0": (None, {"val": {"batch_size": 0}}, ConfigError,
+                     "val.batch_size: must be a positive integer, got 0"),
     "batch_size -3": (None, {"val": {"batch_size": -3}}, ConfigError, "val.batch_size: must be a positive integer"),
     "unknown backend": (None, {"backend": "tensorrt"}, ConfigError, "backend: expected one of 'auto', 'dali', 'torch', "
                                                                      "got 'tensorrt'"),
-    "wrong type": (None, {"val": {"batch_size": "large"}}, ConfigError, "val.batch_size: expected an integer, got 'large'"),
+    "wrong type": (None, {"val": {"batch_size": "large"}}, ConfigError,
+                   "val.batch_size: expected an integer, got 'large'"),
     "unknown key": (None, {"val": {"bacth_size": 8}}, ConfigError, "unknown key 'val.bacth_size'; did you mean "
                                                                     "'val.batch_size'\\?"),
     "mean of the wrong length": (None, {"normalize": {"mean": [0.5, 0.5]}}, ConfigError,
@@ -116,7 +118,8 @@ def test_a_dataset_smaller_than_one_batch_with_drop_last_is_an_empty_epoch_and_a
 def test_a_file_list_naming_a_missing_file(tmp_path, backend, policy):
     root = tmp_path / "data"
     file_list_with_a_missing_file(root)
-    config = base_config(root, backend=backend, dataset={"on_bad_image": policy}, val={"file_list": str(root / "list.txt")})
+    config = base_config(root, backend=backend, dataset={"on_bad_image": policy},
+                         val={"file_list": str(root / "list.txt")})
     gone = str(root / "val" / "a_red" / "gone.png")
     if policy == "raise":
         with pytest.raises(BadImageError, match=f"cannot use image '{gone}': missing \\(no such file\\)"):

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES, REALPHOTOS, base_config
+from oddfiles import BROKEN, DECODABLE, ODD_FILES, Odd, running_as_root, write_odd_files
 from PIL import Image
 
-from conftest import DEVICES, REALPHOTOS, base_config, normalized
 from fastloader import build_loader
 from fastloader.errors import BadImageError
-from oddfiles import BROKEN, DECODABLE, ODD_FILES, Odd, running_as_root, write_odd_files
 
 BACKENDS = ["torch", "dali"]
 SKIP_AS_ROOT = "root reads a file whatever its permissions"

@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 from PIL import Image
+from test_cli import run
 
 from fastloader import build_loader
-from test_cli import run
 
 SMALL = ["--set", "train.transform.size=32", "--set", "train.batch_size=16"]
 EXACT = ["--seconds", "0", "--rounds", "3"]  # exactly --batches per round, no time floor

@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, cpu_only_env, write_solid_dataset
 
 BENCHMARKS = REPO / "benchmarks"

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES, REPO, base_config, identities, write_numbered_dataset, write_textured_dataset
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
@@ -20,7 +21,6 @@ from fastloader.cache import open_split_cache
 from fastloader.cache_write import build_split_cache
 from fastloader.errors import CacheError, ConfigError
 from fastloader.samples import build_index
-from conftest import DEVICES, REPO, base_config, identities, write_numbered_dataset, write_textured_dataset
 
 SHORT = 40  # >= floor(32 / 0.875) = 36, what eval at size 32 needs
 
@@ -199,7 +199,8 @@ def test_reading_writes_nothing_in_the_cache(numbered):
 def test_cli_builds_the_cache_and_says_how_to_use_it(tmp_path):
     root = write_numbered_dataset(tmp_path / "data", per_class=2)
     config = tmp_path / "config.yaml"
-    config.write_text(f"dataset: {{root: {root}}}\ntrain: {{transform: {{size: 32}}}}\nval: {{transform: {{size: 32}}}}\n")
+    config.write_text(f"dataset: {{root: {root}}}\n"
+                      "train: {transform: {size: 32}}\nval: {transform: {size: 32}}\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "fastloader.cli", "cache", str(config), "--split", "train", "--short-side", "40",
                "--out", str(tmp_path / "cache"), "--workers", "2"]

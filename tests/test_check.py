@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO, cpu_only_env
 from PIL import Image
 
-from conftest import REPO, cpu_only_env
 from fastloader.imaging.screen import Screened, decode_file, screen_file, screen_files, sniff
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]

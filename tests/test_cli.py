@@ -45,8 +45,8 @@ def test_config_errors_exit_2_with_a_message_and_no_traceback(tmp_path):
 
 
 def test_environment_forces_the_dali_backend_which_runs_its_cpu_flavour_without_a_gpu(tmp_path):
-    result = run("bench", "configs/sample.yaml", "--batches", "2", "--seconds", "0", "--rounds", "1", cache_dir=tmp_path,
-                 FASTLOADER_BACKEND="dali")
+    result = run("bench", "configs/sample.yaml", "--batches", "2", "--seconds", "0", "--rounds", "1",
+                 cache_dir=tmp_path, FASTLOADER_BACKEND="dali")
     assert result.returncode == 0, result.stderr
     assert ("WARNING fastloader: backend dali for split 'train': backend: dali (from environment variable "
             "FASTLOADER_BACKEND); no CUDA GPU is available, so DALI runs its CPU flavour") in result.stderr

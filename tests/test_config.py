@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO
 
 from fastloader import load_config
 from fastloader.errors import ConfigError
-from conftest import REPO
 
 
 def write(tmp_path: Path, data: dict, name: str = "c.yaml") -> Path:
@@ -101,8 +101,8 @@ def test_eval_split_refuses_drop_last_and_train_only_keys(tmp_path):
 
 
 def test_split_mode_defaults_follow_the_split_name_and_can_be_set(tmp_path):
-    config = load_config(write(tmp_path, {"dataset": {"root": "x"}, "train": {}, "test": {}, "holdout": {"mode": "eval"},
-                                          "train_eval": {"mode": "eval"}}))
+    config = load_config(write(tmp_path, {"dataset": {"root": "x"}, "train": {}, "test": {},
+                                          "holdout": {"mode": "eval"}, "train_eval": {"mode": "eval"}}))
     assert config.split("train").mode == "train" and config.split("test").mode == "eval"
     assert config.split("holdout").mode == "eval"
     assert config.split("train_eval").mode == "eval" and config.split("train_eval").shuffle is False

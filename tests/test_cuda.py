@@ -13,10 +13,10 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, base_config, env_without, requires_cuda, write_numbered_dataset
-from fastloader import build_loader
 from test_resume import BACKENDS
+
+from fastloader import build_loader
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 

@@ -14,9 +14,10 @@ import torch
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
 
 from conftest import COLOURS, REPO, base_config, crop_extent, normalized, write_gradient_dataset  # noqa: E402
+from test_packaging import HIDE_DALI  # noqa: E402
+
 from fastloader import build_loader  # noqa: E402
 from fastloader.errors import BadImageError, ConfigError  # noqa: E402
-from test_packaging import HIDE_DALI  # noqa: E402
 
 # Mean absolute difference (normalized units) between the backends on the same eval images, bilinear.
 # Measured: mean 0.032 (worst image 0.038) on the textured images below and mean 0.032 (worst 0.101)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastloader.schema import TransformConfig
 from fastloader.device_ops import erase_boxes, erasing_enabled, random_erasing
+from fastloader.schema import TransformConfig
 
 ERASE = TransformConfig(erase_prob=0.25, erase_area=(0.05, 0.3), erase_ratio=(0.5, 2.0), erase_count=(1, 3))
 

@@ -8,12 +8,12 @@ import sys
 import textwrap
 
 import pytest
-
-from fastloader.errors import ConfigError
-from fastloader.schema import DistributedConfig
-from fastloader.distributed import detect_ranks
 from conftest import REPO, env_without, write_numbered_dataset
 from test_resume import BACKENDS
+
+from fastloader.distributed import detect_ranks
+from fastloader.errors import ConfigError
+from fastloader.schema import DistributedConfig
 
 
 def test_single_process_by_default():

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import torch
-
 from conftest import REPO
 
 SMALL = ["--set", "train.transform.size=32", "--set", "val.transform.size=32", "--set", "train.batch_size=16"]
@@ -16,7 +15,8 @@ ON_CPU = ["--set", "output.device=cpu"]  # two ranks need the CPU (gloo) unless 
 
 def torchrun(*args: str, cwd) -> str:
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(REPO / "examples" / "train.py"), str(REPO / "configs" / "sample.yaml"), *SMALL, *ON_CPU, *args],
+                           str(REPO / "examples" / "train.py"), str(REPO / "configs" / "sample.yaml"),
+                           *SMALL, *ON_CPU, *args],
                           cwd=cwd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

@@ -6,7 +6,6 @@ import sys
 import textwrap
 
 import torch
-
 from conftest import REPO
 
 HIDE_DALI = textwrap.dedent("""

@@ -15,11 +15,11 @@ import textwrap
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from conftest import env_without
-from fastloader.screening import IN_PROCESS_UP_TO
+from PIL import Image
 from test_resume import BACKENDS
+
+from fastloader.screening import IN_PROCESS_UP_TO
 
 FILES = IN_PROCESS_UP_TO + 100
 

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO, cpu_only_env
 
 from fastloader.config import all_dotted_keys
-from conftest import REPO, cpu_only_env
 
 README = (REPO / "README.md").read_text()
 CI = (REPO / ".ci" / "run").read_text()

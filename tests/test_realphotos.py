@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import REALPHOTOS, REPO, requires_realphotos
 
 from fastloader import build_loader, load_config
 from fastloader.samples import build_index
 from torch_loader.prefetch import Normalizer
 from torch_loader.transforms import SampleTransform
-from conftest import REALPHOTOS, REPO, requires_realphotos
 
 pytestmark = [requires_realphotos]
 CONFIG = REPO / "configs" / "imagenette.yaml"

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 import torch
-
 from conftest import DEVICES, REPO, base_config, identities, write_numbered_dataset, write_textured_dataset
+
 from fastloader import build_loader
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(

@@ -9,8 +9,8 @@ from PIL import Image
 
 from fastloader import load_config
 from fastloader.errors import ConfigError
-from fastloader.schema import IMAGE_EXTENSIONS
 from fastloader.samples import SampleIndex, build_index, read_file_list, scan_folder
+from fastloader.schema import IMAGE_EXTENSIONS
 
 
 def touch_image(path, colour=(1, 2, 3)):
@@ -109,10 +109,12 @@ def test_exclude_list_leaves_files_out_of_folder_and_file_list_splits(tmp_path, 
     for rel in ["train/cat/a.png", "train/cat/b.png", "train/dog/c.png", "val/cat/d.png", "val/dog/e.png"]:
         touch_image(tmp_path / "data" / rel)
     exclude = tmp_path / "bad.txt"
-    exclude.write_text(f"# written by fastloader check\ntrain/cat/b.png\n{tmp_path / 'data' / 'val' / 'dog' / 'e.png'}\n")
+    absolute = tmp_path / "data" / "val" / "dog" / "e.png"
+    exclude.write_text(f"# written by fastloader check\ntrain/cat/b.png\n{absolute}\n")
     (tmp_path / "data" / "list.txt").write_text("train/cat/a.png 0\ntrain/cat/b.png 0\ntrain/dog/c.png 1\n")
     config = load_config({"dataset": {"root": str(tmp_path / "data"), "exclude": str(exclude)},
-                          "train": {}, "val": {}, "listed": {"mode": "eval", "file_list": str(tmp_path / "data" / "list.txt")}})
+                          "train": {}, "val": {},
+                          "listed": {"mode": "eval", "file_list": str(tmp_path / "data" / "list.txt")}})
     with caplog.at_level(logging.INFO, logger="fastloader"):
         train = build_index(config, config.split("train"))
     assert [train.relpath(i) for i in range(len(train))] == ["cat/a.png", "dog/c.png"]

@@ -9,13 +9,12 @@ import importlib.util
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import COLOURS, REPO, cpu_only_env, write_solid_dataset
 from PIL import Image
 
-from conftest import COLOURS, REPO, cpu_only_env, write_solid_dataset
 from fastloader.commands.show import CAPTION_HEIGHT, HEADER_HEIGHT, PAD
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
@@ -97,7 +96,8 @@ def test_tiles_show_the_class_colours_in_the_loaders_order(tmp_path, options, ba
     assert result.returncode == 0, result.stderr
     # 15 images in the split, fewer than --n: all are shown and the user is told
     assert "split 'val' yields 15 samples in epoch 0 (15 in the split), fewer than --n 20" in result.stdout
-    assert f"15 samples of split 'val' (backend {backend})" in result.stdout and "4x4 tiles of 128x128 px" in result.stdout
+    assert f"15 samples of split 'val' (backend {backend})" in result.stdout
+    assert "4x4 tiles of 128x128 px" in result.stdout
     pixels = np.asarray(Image.open(out).convert("RGB")).astype(int)
     columns, width, height = expected_layout(15, 128)  # 32 px images are scaled x4 so captions fit
     assert pixels.shape == (height, width, 3)

@@ -5,10 +5,10 @@ import logging
 import time
 
 import pytest
-
 from conftest import base_config
-from fastloader import build_loader
 from test_resume import BACKENDS
+
+from fastloader import build_loader
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, base_config, write_solid_dataset
+
 from fastloader import build_loader
 
 

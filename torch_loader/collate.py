@@ -90,7 +90,8 @@ class BatchPool:
     def __getstate__(self) -> dict:  # a worker starts with no buffers of its own
         return {**self.__dict__, "_buffers": [None] * self.slots, "_received": []}
 
-    def take(self, shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool) -> tuple[torch.Tensor, int]:
+    def take(self, shape: tuple[int, int, int, int], dtype: torch.dtype,
+             channels_last: bool) -> tuple[torch.Tensor, int]:
         """In a worker: (an uninitialized batch, its buffer number, or -1 for a fresh one)."""
         worker = torch.utils.data.get_worker_info()
         if worker is not None:

@@ -176,8 +176,9 @@ def quiet_pillow() -> None:
 
 
 def init_pillow_worker() -> None:
-    """In a worker process that opens images (screening, the cache's decoding). Ctrl-C goes to the whole process group: the parent stops the pool, the workers ignore it
-    (rather than each printing a traceback)."""
+    """In a worker process that opens images (screening, the cache's decoding). Ctrl-C goes to the
+    whole process group: the parent stops the pool, the workers ignore it (rather than each printing
+    a traceback)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     quiet_pillow()
 
