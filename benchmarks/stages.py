@@ -3,7 +3,8 @@
 Each stage runs the backend's own code in this process with one torch thread, over every file of
 the split once, so the numbers add up to what one worker spends per image:
 - read: the file's bytes;
-- header + crop: Pillow reads the header, the crop is chosen from the size (and EXIF);
+- header + crop: the JPEG marker walk (Pillow for other files, and with FASTLOADER_JPEG_DECODER=pillow)
+  reads the size and EXIF orientation, the crop is chosen from them;
 - decode: `load_region` minus the two above, also split by the decoder each image went to (from its
   header and crop: nvImageCodec's region decode, Pillow's draft where the crop is 2x the output or
   more, decode_jpeg's whole file, Pillow); FASTLOADER_JPEG_DECODER=decode_jpeg measures the whole-file
@@ -27,14 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import torch
 from PIL import Image
 
-import harness
-
 import fastloader
 from fastloader.config import IMAGE_EXTENSIONS
-from fastloader.imaging.decode import describe, load_region
+from fastloader.imaging.decode import decoder_choice, describe, load_region, plain_jpeg_header
 from fastloader.machine import hardware
 from fastloader.samples import scan_folder
 from torch_loader.collate import BatchPool, NormalizingCollate
@@ -84,9 +84,13 @@ def measure_split(split: str, data: Path, batch_size: int, size: int) -> dict:
         data_bytes, read = _timed(lambda: open(path, "rb").read())
         totals["read"] += read
         started = time.perf_counter()
-        with Image.open(io.BytesIO(data_bytes)) as image:
-            image.getexif()
-            choose(*image.size)
+        walked = plain_jpeg_header(data_bytes) if decoder_choice() != "pillow" else None
+        if walked is not None:
+            choose(walked.width, walked.height)
+        else:
+            with Image.open(io.BytesIO(data_bytes)) as image:
+                image.getexif()
+                choose(*image.size)
         header = time.perf_counter() - started
         totals["header + crop"] += header
         (pixels, crop, decoder), seconds = _timed(load_region, path, choose, size)

@@ -12,11 +12,12 @@ from PIL import Image
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
 
+from conftest import REALPHOTOS, base_config, requires_realphotos  # noqa: E402
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
-from conftest import REALPHOTOS, base_config, requires_realphotos  # noqa: E402
-from dali_loader.sizes import HEAD_BYTES, upright_size  # noqa: E402
+from dali_loader.sizes import upright_size  # noqa: E402
 from fastloader import build_loader  # noqa: E402
+from fastloader.imaging.jpeg_header import HEAD_BYTES  # noqa: E402
 
 TORCHVISION_BOUND = 0.005
 """Mean |DALI - torchvision| (normalized units) over the eval images; measured 0.0028 on the real photos."""

@@ -1,7 +1,9 @@
 """File -> upright RGB uint8 pixels (HWC tensor), decoding as few pixels as the crop allows.
 
-The header is read first (Pillow, a few KB) so that the caller can choose its crop from the image
-size. Then, per image, the cheapest decoder that gives today's pixels:
+The header is read first so that the caller can choose its crop from the image size: a JPEG's
+markers are walked over the bytes already read (fastloader/imaging/jpeg_header.py), and Pillow reads
+every other file and every JPEG the walk is not sure of. Then, per image, the cheapest decoder that
+gives today's pixels:
 - a JPEG whose crop is at least twice the output: Pillow's `draft` (libjpeg-turbo shrinks by 2/4/8 in
   the DCT domain);
 - any other RGB or greyscale JPEG: nvImageCodec's CPU backend (libjpeg-turbo) decodes only the crop's
@@ -28,12 +30,14 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from fastloader.imaging.jpeg_header import ORIENTATION, JpegHeader, read_header
 from fastloader.imaging.screen import BOMB_PIXELS
 
 from .geometry import Crop
 
 log = logging.getLogger("fastloader")
-_EXIF_ORIENTATION = 0x0112
+_TURNED = frozenset({2, 3, 4, 5, 6, 7, 8})
+"""EXIF orientations other than upright: Pillow turns those images before the crop is chosen."""
 # torchvision 0.29 deprecates its decoders in favour of TorchCodec and warns on every call; we pick
 # the available one below and say so once, rather than once per image.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
@@ -105,8 +109,8 @@ class RegionDecoder:
         left, top, right, bottom = box
         try:
             stream = self._codec.CodeStream(np.frombuffer(data, dtype=np.uint8))
-            image = self._decoder.decode(stream.get_sub_code_stream(region=self._codec.Region(top, left, bottom, right)),
-                                         params=self._params)
+            region = stream.get_sub_code_stream(region=self._codec.Region(top, left, bottom, right))
+            image = self._decoder.decode(region, params=self._params)
         except RuntimeError:
             return None
         if image is None:
@@ -198,23 +202,72 @@ def load_region(path: str, choose_crop: ChooseCrop, size: int, *, exif_orientati
     """The decoded pixels (uint8 [H, W, 3]), the chosen crop in their coordinates, and the decoder used.
 
     An image of more than `max_pixels` is refused from its header, before its pixels are allocated.
+    A plain RGB or greyscale JPEG is read from its markers (jpeg_header.py, a sixth of Pillow's
+    time) and goes straight to the fast decoders; anything else, and any JPEG the walk is not sure
+    of, is opened by Pillow first, which decides as it did before the walk.
     """
-    with open(path, "rb") as handle:
-        data = bytearray(handle.read())
+    data = _read_file(path)
+    fast = decoder_choice() != "pillow"
+    header = plain_jpeg_header(data, exif_orientation, max_pixels) if fast else None
+    if header is not None:
+        crop = choose_crop(header.width, header.height)
+        if not _drafts(crop, size, use_draft):
+            decoded = _fast_jpeg(data, crop, (header.width, header.height), path)
+            if decoded is not None:
+                return decoded
+            fast = False  # Pillow decodes it, or says what is wrong with it
+    return _with_pillow(path, data, choose_crop, size, exif_orientation, use_draft, max_pixels, fast)
+
+
+def _read_file(path: str) -> bytearray:
+    """The file's bytes, read straight into a writable buffer (torch.frombuffer wants one)."""
+    with open(path, "rb", buffering=0) as handle:
+        data = bytearray(os.fstat(handle.fileno()).st_size)
+        read = handle.readinto(data)
+        if read < len(data):  # the file shrank since fstat
+            del data[read:]
+        rest = handle.read()  # or grew
+    return data + rest if rest else data
+
+
+def plain_jpeg_header(data: bytes | bytearray, exif_orientation: bool = True,
+                      max_pixels: int = BOMB_PIXELS) -> JpegHeader | None:
+    """The header of an RGB or greyscale JPEG that the fast decoders take as it is (upright, within
+    the pixel limits), from its markers; None: Pillow reads the file first, and decides."""
+    header = read_header(data)
+    if header is None or header.components not in (1, 3):
+        return None
+    pixels = header.width * header.height
+    if pixels > max_pixels or (Image.MAX_IMAGE_PIXELS is not None and pixels > Image.MAX_IMAGE_PIXELS):
+        return None  # Pillow refuses it, in today's words, or warns
+    return None if exif_orientation and header.orientation in _TURNED else header
+
+
+def _drafts(crop: Crop, size: int, use_draft: bool) -> bool:
+    """Whether Pillow's draft shrinks this JPEG: the crop is at least twice the output on each side."""
+    return use_draft and _draft_factor(crop, size) >= 2
+
+
+def _draft_factor(crop: Crop, size: int) -> float:
+    return min(crop.right - crop.left, crop.bottom - crop.top) / size
+
+
+def _with_pillow(path: str, data: bytearray, choose_crop: ChooseCrop, size: int, exif_orientation: bool,
+                 use_draft: bool, max_pixels: int, fast: bool) -> Decoded:
+    """Pillow reads the header and decides: draft, the fast decoders (when `fast`), or its own decode."""
     with Image.open(io.BytesIO(data)) as image:
         if image.width * image.height > max_pixels:
             raise ValueError(f"decompression bomb: {image.width}x{image.height} = {image.width * image.height:,} "
                              f"pixels, above dataset.max_pixels ({max_pixels:,})")
-        orientation = image.getexif().get(_EXIF_ORIENTATION, 1) if exif_orientation else 1
-        if orientation in (2, 3, 4, 5, 6, 7, 8):  # rare: decode fully, turn upright, crop upright
+        orientation = image.getexif().get(ORIENTATION, 1) if exif_orientation else 1
+        if orientation in _TURNED:  # rare: decode fully, turn upright, crop upright
             upright = ImageOps.exif_transpose(image)
             return Decoded(_pillow_pixels(upright), choose_crop(upright.width, upright.height), PILLOW)
         crop = choose_crop(image.width, image.height)
         if image.format == "JPEG" and image.mode in ("RGB", "L"):
-            factor = min(crop.right - crop.left, crop.bottom - crop.top) / size
-            if use_draft and factor >= 2:
-                return _drafted(image, crop, factor)
-            decoded = _fast_jpeg(data, crop, image.size, path) if decoder_choice() != "pillow" else None
+            if _drafts(crop, size, use_draft):
+                return _drafted(image, crop, _draft_factor(crop, size))
+            decoded = _fast_jpeg(data, crop, image.size, path) if fast else None
             if decoded is not None:
                 return decoded
         return Decoded(_pillow_pixels(image), crop, PILLOW)
