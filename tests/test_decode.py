@@ -9,12 +9,23 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import REALPHOTOS, base_config, requires_realphotos
 from PIL import Image
 
-from conftest import REALPHOTOS, base_config, requires_realphotos
 from fastloader import build_loader
-from fastloader.imaging.decode import (DECODER_ENV, DRAFT, PILLOW, REGION, WHOLE, _pillow_pixels, decoder_choice,
-                                       describe, jpeg_decoder, load_region, region_decoder)
+from fastloader.imaging.decode import (
+    DECODER_ENV,
+    DRAFT,
+    PILLOW,
+    REGION,
+    WHOLE,
+    _pillow_pixels,
+    decoder_choice,
+    describe,
+    jpeg_decoder,
+    load_region,
+    region_decoder,
+)
 from fastloader.imaging.geometry import Crop
 
 requires_nvimgcodec = pytest.mark.skipif(region_decoder() is None, reason="nvImageCodec is not installed here "
@@ -147,19 +158,22 @@ def test_the_torch_backend_gives_the_same_pixels_with_each_decoder_for_the_same_
 
 @requires_realphotos
 @requires_nvimgcodec
-def test_realphotos_transforms_are_unchanged_by_region_decode(monkeypatch):
-    """Every real photo, train and val crops: region decode against the whole-file decode."""
+def test_realphotos_transforms_are_unchanged_by_region_decode_and_the_header_walk(monkeypatch):
+    """Every real photo, train and val crops: region decode (auto, headers read by the marker walk)
+    against the whole-file decode, and against Pillow alone (Pillow's header, Pillow's decode:
+    the torch backend before either)."""
     from fastloader import load_config
     from torch_loader.transforms import SampleTransform
     config = load_config({"dataset": {"root": str(REALPHOTOS)}, "train": {}, "val": {}})
     for split in ("train", "val"):
         transform = SampleTransform(config.split(split))
         paths = sorted(str(p) for p in (REALPHOTOS / split).rglob("*.JPEG"))
-        monkeypatch.setenv(DECODER_ENV, "decode_jpeg")
+        monkeypatch.setenv(DECODER_ENV, "pillow")
         before = [transform(path, seed) for seed, path in enumerate(paths)]
-        monkeypatch.setenv(DECODER_ENV, "auto")
-        for seed, path in enumerate(paths):
-            assert torch.equal(transform(path, seed), before[seed]), path
+        for choice in ("decode_jpeg", "auto"):
+            monkeypatch.setenv(DECODER_ENV, choice)
+            for seed, path in enumerate(paths):
+                assert torch.equal(transform(path, seed), before[seed]), (choice, path)
 
 
 def test_an_unknown_decoder_choice_names_the_variable_and_the_choices(monkeypatch):
