@@ -1,10 +1,14 @@
-"""`import fastloader` must work, and build a loader, where DALI is not installed."""
+"""`import fastloader` must work, and build a loader, where DALI is not installed; the wheel must
+hold every module."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 
+import pytest
 import torch
 from conftest import REPO
 
@@ -47,3 +51,19 @@ def test_importing_fastloader_loads_no_backend():
              "('nvidia', 'torch_loader', 'dali_loader', 'torchvision')))"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_the_wheel_holds_every_module_of_the_three_packages(tmp_path):
+    """A fixed package list once left fastloader.commands out of the wheel: a user's install would
+    have failed at `fastloader bench` while the suite, run from the checkout, passed."""
+    pytest.importorskip("setuptools", reason="building the wheel without isolation needs setuptools")
+    source = tmp_path / "source"  # a copy: a build/ folder left in the checkout would hide the fault
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__"))
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                             "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    [wheel] = tmp_path.glob("fastloader-*.whl")
+    packed = set(zipfile.ZipFile(wheel).namelist())
+    modules = {path.relative_to(REPO).as_posix() for package in ("fastloader", "dali_loader", "torch_loader")
+               for path in (REPO / package).rglob("*.py")}
+    assert len(modules) > 40 and not modules - packed, sorted(modules - packed)
