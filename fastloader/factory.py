@@ -30,7 +30,7 @@ DALI_INSTALL_HINT = "pip install nvidia-dali-cuda120 (Linux x86_64 / aarch64)"
 
 def choose_backend(config: Config, device: torch.device) -> tuple[str, str]:
     """(backend, reason). auto takes DALI where it imports and the output goes to a CUDA GPU, else
-    torch: on the CPU the torch backend outruns DALI's CPU flavour (README, Performance)."""
+    torch: on the CPU the torch backend outruns DALI's CPU flavour (docs/performance.md)."""
     if config.backend == "torch":
         return "torch", f"backend: torch ({_origin(config)})"
     if config.backend == "dali":

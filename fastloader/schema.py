@@ -1,5 +1,5 @@
 """The config schema: frozen dataclasses whose fields, defaults, range checks and docstrings are the
-config reference (field order is the README's order). Loading and validation are in config.py.
+config reference (field order is docs/config.md's order). Loading and validation are in config.py.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _check(predicate, message: str):
 
 
 # ---------------------------------------------------------------------------------------------
-# The schema. Field order is the order of the config reference in the README.
+# The schema. Field order is the order of the config reference (docs/config.md).
 # ---------------------------------------------------------------------------------------------
 
 

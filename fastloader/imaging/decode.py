@@ -8,7 +8,7 @@ gives today's pixels:
   the DCT domain);
 - any other RGB or greyscale JPEG: nvImageCodec's CPU backend (libjpeg-turbo) decodes only the crop's
   region, pixel for pixel what decoding the whole file and cropping gives (tests/test_decode.py checks
-  it), in 0.78x the time of a whole-file decode on random-resized crops (README, Performance);
+  it), in 0.78x the time of a whole-file decode on random-resized crops (docs/performance.md);
   without nvImageCodec, or for a file it refuses, `torchvision.io.decode_jpeg` decodes the whole file;
 - everything else stays with Pillow: CMYK/YCCK JPEGs, EXIF-rotated photos, PNG, WEBP, GIF, BMP, TIFF,
   16-bit and palette images, and JPEGs the faster decoders refuse (Pillow says why).
