@@ -146,3 +146,17 @@ def test_each_kind_of_violation_is_caught(tmp_path):
         "fastloader/sneaky.py:5: names the backend module 'dali_loader.loader'; only fastloader.factory loads "
         "backends by name",
     ])
+
+
+def test_the_architecture_page_lists_every_module_and_no_other():
+    """docs/architecture.md's layout block names each module once; a module added, moved or
+    removed without the page following fails here."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    block = page[page.index("## Layout"):].split("```")[1]
+    package_files = {path.relative_to(REPO).as_posix() for package in PACKAGES
+                     for path in (REPO / package).rglob("*.py") if path.name != "__init__.py"}
+    missing = sorted(path for path in package_files if Path(path).name not in block)
+    assert not missing, f"docs/architecture.md's layout does not list: {missing}"
+    named = set(re.findall(r"\b(\w+\.py)\b", block))
+    existing = {path.name for path in REPO.rglob("*.py") if ".venv" not in path.parts}
+    assert not named - existing, f"docs/architecture.md names modules that do not exist: {sorted(named - existing)}"
