@@ -90,8 +90,8 @@ def test_bombs_are_refused_from_the_header_at_the_configured_limit(tmp_path, bac
     loader = build_loader(base_config(root, backend=backend, dataset={"max_pixels": 2000}), "val")
     labels, _ = delivered(loader)
     assert labels == [1]
-    assert [reason for _, reason in loader.bad_samples] == ["decompression bomb: 80x60 = 4,800 pixels, above the "
-                                                             "limit of 2,000"] * 2
+    assert [reason for _, reason in loader.bad_samples] == ["decompression bomb: 80x60 = 4,800 pixels, above "
+                                                             "dataset.max_pixels (2,000)"] * 2
 
 
 def test_bombs_are_refused_at_decode_time_when_screening_is_off(tmp_path):

@@ -31,7 +31,7 @@ import torch
 from PIL import Image, ImageOps
 
 from fastloader.imaging.jpeg_header import ORIENTATION, JpegHeader, read_header
-from fastloader.imaging.screen import BOMB_PIXELS
+from fastloader.imaging.screen import BOMB_PIXELS, bomb_problem
 
 from .geometry import Crop
 
@@ -257,8 +257,7 @@ def _with_pillow(path: str, data: bytearray, choose_crop: ChooseCrop, size: int,
     """Pillow reads the header and decides: draft, the fast decoders (when `fast`), or its own decode."""
     with Image.open(io.BytesIO(data)) as image:
         if image.width * image.height > max_pixels:
-            raise ValueError(f"decompression bomb: {image.width}x{image.height} = {image.width * image.height:,} "
-                             f"pixels, above dataset.max_pixels ({max_pixels:,})")
+            raise ValueError(bomb_problem(image.width, image.height, max_pixels))
         orientation = image.getexif().get(ORIENTATION, 1) if exif_orientation else 1
         if orientation in _TURNED:  # rare: decode fully, turn upright, crop upright
             upright = ImageOps.exif_transpose(image)

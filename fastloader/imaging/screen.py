@@ -92,6 +92,12 @@ def sniff(head: bytes) -> str | None:
     return None
 
 
+def bomb_problem(width: int, height: int, max_pixels: int) -> str:
+    """The one wording of an image refused for its size, at screening and at decode time alike."""
+    return (f"decompression bomb: {width}x{height} = {width * height:,} pixels, "
+            f"above dataset.max_pixels ({max_pixels:,})")
+
+
 def screen_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
     """The header check: existence, permissions, size, format, dimensions and (JPEG, PNG) the end marker."""
     try:
@@ -115,8 +121,7 @@ def screen_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
             except Exception as error:  # a plugin that chokes on a damaged header
                 return Screened(path, found, problem=f"{found or 'image'} header does not parse: {error_text(error)}")
             if width * height > max_pixels:
-                return Screened(path, fmt, width, height, f"decompression bomb: {width}x{height} = "
-                                f"{width * height:,} pixels, above the limit of {max_pixels:,}")
+                return Screened(path, fmt, width, height, bomb_problem(width, height, max_pixels))
             if fmt in ("JPEG", "PNG"):
                 handle.seek(max(0, size - TAIL_BYTES))
                 problem = _tail_problem(fmt, handle.read())
