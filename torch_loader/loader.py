@@ -42,13 +42,19 @@ def _epochs_after(order: EpochOrder, epoch: int) -> Iterator:
         yield from order.batches(epoch)
 
 
-def _shutdown_at_exit(loader_ref: weakref.ref) -> None:
-    """Stop a loader's persistent workers before the interpreter exits. Left running, they are
-    killed by multiprocessing's own exit hook while the pin-memory thread still reads their queues,
-    and that thread prints a traceback at the end of a clean script (seen on a GPU machine)."""
-    loader = loader_ref()
-    if loader is not None:
+_PERSISTENT: weakref.WeakSet = weakref.WeakSet()
+"""The live loaders whose workers outlast a loop; a loader leaves it when it is collected."""
+
+
+@atexit.register
+def _stop_persistent_workers() -> None:
+    """Stop persistent workers before the interpreter exits. Left running, they are killed by
+    multiprocessing's own exit hook (registered earlier, so run later) while the pin-memory thread
+    still reads their queues, and that thread prints a traceback at the end of a clean script (seen
+    on a GPU machine). One hook for all loaders, so that building many adds nothing at exit."""
+    for loader in list(_PERSISTENT):
         loader._shutdown()
+
 
 class _BatchFeed(torch.utils.data.Sampler):
     """The DataLoader's batch sampler: the batches the Loader planned, then its guess at the next
@@ -93,7 +99,7 @@ class TorchLoader(Loader):
         self._live = None  # the DataLoader iterator that outlives each loop (persistent workers)
         self._newest = None  # the loop that owns the live iterator
         if self._persistent:
-            atexit.register(_shutdown_at_exit, weakref.ref(self))
+            _PERSISTENT.add(self)
         transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation,
                                     max_pixels=config.dataset.max_pixels)
         self._normalizer = Normalizer(config.normalize, config.output, device)
