@@ -34,7 +34,8 @@ from .schema import Config
 
 log = logging.getLogger("fastloader")
 
-SCREEN_VERSION = 1
+SCREEN_VERSION = 2
+"""Raised when a cached result would read otherwise: 2, a bomb names dataset.max_pixels."""
 PROGRESS_FROM = 20_000
 """Screening this many files or more shows a progress bar (about a second of work per core)."""
 IN_PROCESS_UP_TO = 4_000
