@@ -141,6 +141,12 @@ def write_file_list(index: SampleIndex, repeat: int, list_path: Path) -> None:
     list_path.write_text("".join(lines * repeat), encoding="utf-8")
 
 
+def decode_whole_file(path: str) -> torch.Tensor:
+    """The decode_jpeg limit's work for one file: read it and decode all of it (RGB), no transform."""
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+    return decode_jpeg(read_file(path), mode=ImageReadMode.RGB)
+
+
 def fastloader_overrides(split: str, split_dir: Path, index: SampleIndex, list_path: Path,
                          args: argparse.Namespace, **extra) -> dict:
     """configs/imagenette.yaml pointed at this split's repeated file list, at the benchmark's sizes."""

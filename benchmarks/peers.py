@@ -82,8 +82,7 @@ class DecodeOnly(torch.utils.data.Dataset):
             with Image.open(self.paths[i]) as image:
                 image.convert("RGB").load()
         else:
-            from torchvision.io import ImageReadMode, decode_jpeg, read_file
-            decode_jpeg(read_file(self.paths[i]), mode=ImageReadMode.RGB)
+            harness.decode_whole_file(self.paths[i])
         return torch.empty(0, dtype=torch.uint8), self.labels[i]
 
 
@@ -211,7 +210,7 @@ def report(args: argparse.Namespace):
         per_stage = None
         if any(name.startswith(TORCH) for result in results.values() for name in result["measurements"]):
             os.environ[DECODER_ENV] = args.torch_decoder[0]  # the per-stage times are those of the first choice
-            per_stage = stages.measure(args.data, list(results), args.batch_size, args.size)
+            per_stage = stages.measure(args.data, list(results), args.batch_size, args.size, args.rounds)
             stages.print_stages(per_stage)
         if args.plot:
             plot(results, hardware, args, args.plot)

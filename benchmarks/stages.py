@@ -16,19 +16,27 @@ the split once, so the numbers add up to what one worker spends per image:
   batch in shared memory (allocation and page faults);
 - transfer: on CUDA, the pinned uint8 batch's copy to the GPU; on CPU there is none.
 
+Then the ratio that peers.py measures with whole loaders (the torch backend against the decode_jpeg
+limit), measured here without processes and queues in the way: the worker path (the dataset's
+__getitems__ and the CPU collate, as a worker runs them) and the limit's work (read each file, decode
+it whole) over the same files, in interleaved rounds, medians. On a shared 2-core VM the loaders'
+ratio moves by 5-10% from run to run; this one by about 1%.
+
     python benchmarks/stages.py --data DIR
-    python benchmarks/stages.py --split train --json stages.json
+    python benchmarks/stages.py --split train --rounds 9 --json stages.json
 """
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import harness
+import numpy as np
 import torch
 from PIL import Image
 
@@ -38,6 +46,7 @@ from fastloader.imaging.decode import decoder_choice, describe, load_region, pla
 from fastloader.machine import hardware
 from fastloader.samples import scan_folder
 from torch_loader.collate import BatchPool, NormalizingCollate
+from torch_loader.dataset import ImageDataset
 from torch_loader.prefetch import Normalizer
 from torch_loader.transforms import SampleTransform
 
@@ -66,8 +75,9 @@ def _timed(function, *args):
     return value, time.perf_counter() - started
 
 
-def measure_split(split: str, data: Path, batch_size: int, size: int) -> dict:
-    """ms per image for each stage over the split's files, and how often the decoder could shrink."""
+def measure_split(split: str, data: Path, batch_size: int, size: int, rounds: int = 0) -> dict:
+    """ms per image for each stage over the split's files, how often the decoder could shrink, and
+    with `rounds`, the worker path against the decode_jpeg limit (against_limit)."""
     index = scan_folder(str(data / split), IMAGE_EXTENSIONS)
     config = fastloader.load_config(str(harness.CONFIG), {"dataset.root": str(data), f"{split}.transform.size": size,
                                                           "output.device": "cpu"})
@@ -123,17 +133,50 @@ def measure_split(split: str, data: Path, batch_size: int, size: int) -> dict:
                  for stage, total in totals.items()}
     decoders = {name: {"images": count, "ms_per_image": 1000 * total / count}
                 for name, (count, total) in sorted(by_decoder.items(), key=lambda item: -item[1][0])}
-    return {"images": len(index), "ms_per_image": per_image, "decoders": decoders,
-            "transfer": "pinned uint8 to cuda" if torch.cuda.is_available() else "none (CPU output)"}
+    result = {"images": len(index), "ms_per_image": per_image, "decoders": decoders,
+              "transfer": "pinned uint8 to cuda" if torch.cuda.is_available() else "none (CPU output)"}
+    if rounds:
+        result["against_limit"] = against_limit(index, transform, normalizer, batch_size, rounds)
+    return result
 
 
-def measure(data: Path, splits: list[str], batch_size: int, size: int) -> dict:
+def against_limit(index, transform: SampleTransform, normalizer: Normalizer, batch_size: int, rounds: int) -> dict:
+    """ms per image of the worker path and of the decode_jpeg limit over the same files, interleaved
+    rounds in this process after one untimed pass of each; their medians and the limit / backend ratio."""
+    dataset = ImageDataset(index, transform)
+    collate = NormalizingCollate(normalizer, _MappedBatch())  # a reused batch, as a worker's
+    items = np.array([(i, i) for i in range(len(index))], dtype=np.int64)  # (sample, seed), seeds as above
+    whole = max(batch_size, len(items) // batch_size * batch_size)  # full batches only: one batch shape
+    batches = [items[start:start + batch_size] for start in range(0, min(whole, len(items)), batch_size)]
+    paths = [index.path(i) for batch in batches for i in batch[:, 0]]
+
+    def backend():
+        for batch in batches:
+            collate(dataset.__getitems__(batch))
+
+    def limit():
+        for path in paths:
+            harness.decode_whole_file(path)
+
+    runs = {"limit": limit, "backend": backend}
+    ms = {name: [] for name in runs}
+    for round_number in range(rounds + 1):
+        for name, run in runs.items():
+            _, seconds = _timed(run)
+            if round_number:  # the first pass warms the page cache and the allocator
+                ms[name].append(1000 * seconds / len(paths))
+    limit_ms, backend_ms = statistics.median(ms["limit"]), statistics.median(ms["backend"])
+    return {"images": len(paths), "rounds": rounds, "limit_ms": limit_ms, "backend_ms": backend_ms,
+            "ratio": limit_ms / backend_ms, "ms_per_round": ms}
+
+
+def measure(data: Path, splits: list[str], batch_size: int, size: int, rounds: int = 5) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for split in splits:  # a first pass warms the page cache and the allocator
             measure_split(split, data, batch_size, size)
-        return {split: measure_split(split, data, batch_size, size) for split in splits}
+        return {split: measure_split(split, data, batch_size, size, rounds) for split in splits}
     finally:
         torch.set_num_threads(threads)
 
@@ -153,6 +196,16 @@ def print_stages(stages: dict) -> None:
         used = ", ".join(f"{name} {d['images']} images ({d['ms_per_image']:.3f} ms each)"
                          for name, d in info["decoders"].items())
         print(f"  {s}: of {info['images']} images: {used}; transfer: {info['transfer']}")
+    compared = [s for s in splits if "against_limit" in stages[s]]
+    if compared:
+        rounds = stages[compared[0]]["against_limit"]["rounds"]
+        print(f"\nworker path against the decode_jpeg limit, same files, this process, one core "
+              f"(median of {rounds} interleaved rounds):")
+        print(f"  {'ms per image':<28}" + "".join(f"{split:>10}" for split in compared))
+        for label, key in (("limit: read + decode whole", "limit_ms"), ("torch backend worker path", "backend_ms")):
+            print(f"  {label:<28}" + "".join(f"{stages[s]['against_limit'][key]:10.3f}" for s in compared))
+        print(f"  {'-> limit / backend':<28}" + "".join(f"{stages[s]['against_limit']['ratio']:9.2f}x"
+                                                       for s in compared))
 
 
 if __name__ == "__main__":
@@ -161,10 +214,15 @@ if __name__ == "__main__":
     parser.add_argument("--split", choices=("train", "val", "both"), default="both", help="default: both")
     parser.add_argument("--batch-size", type=int, default=64, help="default: 64")
     parser.add_argument("--size", type=int, default=224, help="output height and width (default: 224)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved rounds of the worker path against the decode_jpeg limit; 0 skips "
+                             "them (default: 5)")
     parser.add_argument("--json", type=Path, help="write the ms per image of each stage to this file")
     arguments = parser.parse_args()
     data = harness.check_data(parser, arguments.data, harness.splits_of(arguments))
-    per_stage = measure(data, harness.splits_of(arguments), arguments.batch_size, arguments.size)
+    if arguments.rounds < 0:
+        parser.error("--rounds must be >= 0")
+    per_stage = measure(data, harness.splits_of(arguments), arguments.batch_size, arguments.size, arguments.rounds)
     print_stages(per_stage)
     if arguments.json:
         arguments.json.write_text(json.dumps({"hardware": hardware(), "stages": per_stage}, indent=2) + "\n")

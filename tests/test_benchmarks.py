@@ -35,7 +35,7 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "memory_workers": ["memory.py", "workers", "--repeat", "2", "--epochs", "2", "--every", "3", *TINY],
     "memory_index": ["memory.py", "index", "--samples", "2000", "--workers", "1", "--batch-size", "500"],
     "cache": ["cache.py", "--split", "train", "--short-side", "36", *TINY, *ROUND],
-    "stages": ["stages.py", "--split", "val", "--batch-size", "4", "--size", "32"],
+    "stages": ["stages.py", "--split", "val", "--batch-size", "5", "--size", "32", "--rounds", "2"],
     "train_step": ["train_step.py", "--device", "cpu", "--models", "resnet18",
                    "--peers", "model,torch,dali-cache,nvidia", "--short-side", "36", *TINY, *ROUND],
     "epoch_gap": ["epoch_gap.py", "--split", "train", "--epochs", "2", "--step-ms", "1", *TINY],
@@ -184,6 +184,14 @@ def test_stages_times_each_stage_of_every_image(run):
     # with 12 tiny images, it can come out below zero, so only the stages' presence is checked
     assert set(val["ms_per_image"]) == set(STAGES) and sum(val["ms_per_image"].values()) > 0
     assert val["transfer"] == "none (CPU output)" and "-> images/s per core" in out
+    # against the limit: full batches only (2 of 5 of the 12 images), 2 timed rounds of each, the ratio of medians
+    limit = val["against_limit"]
+    assert limit["images"] == 10 and limit["rounds"] == 2
+    assert [len(limit["ms_per_round"][name]) for name in ("limit", "backend")] == [2, 2]
+    assert limit["limit_ms"] > 0 and limit["backend_ms"] > 0
+    assert limit["ratio"] == pytest.approx(limit["limit_ms"] / limit["backend_ms"])
+    ratio_line = next(line for line in out.splitlines() if line.startswith("  -> limit / backend"))
+    assert "(median of 2 interleaved rounds)" in out and ratio_line.split()[-1] == f"{limit['ratio']:.2f}x"
 
 
 @runs_for("cache")
