@@ -43,6 +43,7 @@ from PIL import Image
 import fastloader
 from fastloader.config import IMAGE_EXTENSIONS
 from fastloader.imaging.decode import decoder_choice, describe, load_region, plain_jpeg_header
+from fastloader.imaging.screen import sniff
 from fastloader.machine import hardware
 from fastloader.samples import scan_folder
 from torch_loader.collate import BatchPool, NormalizingCollate
@@ -145,10 +146,13 @@ def against_limit(index, transform: SampleTransform, normalizer: Normalizer, bat
     rounds in this process after one untimed pass of each; their medians and the limit / backend ratio."""
     dataset = ImageDataset(index, transform)
     collate = NormalizingCollate(normalizer, _MappedBatch())  # a reused batch, as a worker's
-    items = np.array([(i, i) for i in range(len(index))], dtype=np.int64)  # (sample, seed), seeds as above
+    jpegs = [i for i in range(len(index)) if _is_jpeg(index.path(i))]  # the limit decodes JPEGs only
+    items = np.array([(i, i) for i in jpegs], dtype=np.int64).reshape(-1, 2)  # (sample, seed), seeds as above
     whole = max(batch_size, len(items) // batch_size * batch_size)  # full batches only: one batch shape
     batches = [items[start:start + batch_size] for start in range(0, min(whole, len(items)), batch_size)]
     paths = [index.path(i) for batch in batches for i in batch[:, 0]]
+    if not paths:
+        return {"images": 0, "rounds": rounds, "left_out": len(index), "ratio": None}
 
     def backend():
         for batch in batches:
@@ -166,8 +170,13 @@ def against_limit(index, transform: SampleTransform, normalizer: Normalizer, bat
             if round_number:  # the first pass warms the page cache and the allocator
                 ms[name].append(1000 * seconds / len(paths))
     limit_ms, backend_ms = statistics.median(ms["limit"]), statistics.median(ms["backend"])
-    return {"images": len(paths), "rounds": rounds, "limit_ms": limit_ms, "backend_ms": backend_ms,
-            "ratio": limit_ms / backend_ms, "ms_per_round": ms}
+    return {"images": len(paths), "rounds": rounds, "left_out": len(index) - len(jpegs), "limit_ms": limit_ms,
+            "backend_ms": backend_ms, "ratio": limit_ms / backend_ms, "ms_per_round": ms}
+
+
+def _is_jpeg(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return sniff(handle.read(16)) == "JPEG"
 
 
 def measure(data: Path, splits: list[str], batch_size: int, size: int, rounds: int = 5) -> dict:
@@ -196,7 +205,7 @@ def print_stages(stages: dict) -> None:
         used = ", ".join(f"{name} {d['images']} images ({d['ms_per_image']:.3f} ms each)"
                          for name, d in info["decoders"].items())
         print(f"  {s}: of {info['images']} images: {used}; transfer: {info['transfer']}")
-    compared = [s for s in splits if "against_limit" in stages[s]]
+    compared = [s for s in splits if stages[s].get("against_limit", {}).get("images")]
     if compared:
         rounds = stages[compared[0]]["against_limit"]["rounds"]
         print(f"\nworker path against the decode_jpeg limit, same files, this process, one core "
@@ -206,7 +215,10 @@ def print_stages(stages: dict) -> None:
             print(f"  {label:<28}" + "".join(f"{stages[s]['against_limit'][key]:10.3f}" for s in compared))
         print(f"  {'-> limit / backend':<28}" + "".join(f"{stages[s]['against_limit']['ratio']:9.2f}x"
                                                        for s in compared))
-
+    for s in splits:
+        left_out = stages[s].get("against_limit", {}).get("left_out")
+        if left_out:
+            print(f"  {s}: {left_out} files that are not JPEGs left out of this comparison")
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

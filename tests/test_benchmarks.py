@@ -76,14 +76,17 @@ LANE = textwrap.dedent("""
 """)
 
 
-def command_line_cases(data: Path, empty: Path) -> list[list]:
-    """Each script's --help and its answer to a data folder without split folders; a wrong peer name."""
+def command_line_cases(data: Path, empty: Path, pngs: Path) -> list[list]:
+    """Each script's --help and its answer to a data folder without split folders; a wrong peer name;
+    stages.py on PNGs only, which the decode_jpeg limit cannot read."""
     cases = []
     for script in SCRIPTS:
         part = ["workers"] if script == "memory.py" else []  # memory.py index reads no data
         cases += [[f"{script} help", script, [*part, "--help"]],
                   [f"{script} no data", script, [*part, "--data", str(empty)]]]
-    return cases + [["unknown peer", "train_step.py", ["--device", "cpu", "--peers", "model,tpu", "--data", str(data)]]]
+    return cases + [["unknown peer", "train_step.py", ["--device", "cpu", "--peers", "model,tpu", "--data", str(data)]],
+                    ["stages on PNGs", "stages.py", ["--split", "val", "--batch-size", "4", "--size", "32",
+                                                     "--rounds", "1", "--data", str(pngs)]]]
 
 
 def runs_for(name: str):
@@ -100,6 +103,7 @@ class Lanes:
         self.reports.mkdir()
         (workdir / "empty").mkdir()
         self.data = write_solid_dataset(workdir / "data", per_class=4, fmt="JPEG")
+        self.pngs = write_solid_dataset(workdir / "pngs", per_class=1, splits=("val",))
         self.lane_of = {}
         for names in LANES:
             cases = [case for name in names if name in wanted for case in self.cases(name)]
@@ -109,7 +113,7 @@ class Lanes:
 
     def cases(self, name: str) -> list[list]:
         if name == "command_line":
-            return command_line_cases(self.data, self.workdir / "empty")
+            return command_line_cases(self.data, self.workdir / "empty", self.pngs)
         script, *args = RUNS[name]
         report = self.reports / name
         data = [] if name == "memory_index" else ["--data", str(self.data)]
@@ -285,3 +289,12 @@ def test_train_step_names_the_peer_it_does_not_know(run):
     refused = answers["unknown peer"]
     assert refused["status"] == 2 and "unknown peer or model: tpu" in refused["err"]
     assert "peers are model" in refused["err"]
+
+
+@runs_for("command_line")
+def test_stages_leaves_files_the_limit_cannot_read_out_of_its_comparison(run):
+    _, answers = run
+    result = answers["stages on PNGs"]
+    assert result["status"] == 0, result["err"][-2000:]
+    assert "-> images/s per core" in result["out"] and "worker path against" not in result["out"]
+    assert "val: 3 files that are not JPEGs left out of this comparison" in result["out"]
