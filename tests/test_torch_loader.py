@@ -363,3 +363,30 @@ def test_normalizing_a_resized_hwc_image_into_its_batch_slot_is_exact(dtype, cha
     mean, std = torch.tensor(config.normalize.mean).view(3, 1, 1), torch.tensor(config.normalize.std).view(3, 1, 1)
     tolerance = 1e-2 if dtype != "float32" else 1e-5
     assert torch.allclose(batch[1].float(), (image.float() / 255 - mean) / std, atol=tolerance)
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "nearest"])
+def test_resize_gives_torchvisions_pixels_and_memory_format(interpolation):
+    """The transform calls torch's uint8 kernel itself; for any box of HWC memory, contiguous or a view,
+    at any output size, it must give what torchvision's resize gives, bit for bit and stride for stride (CPU)."""
+    from torchvision.transforms.v2 import functional as F
+
+    from torch_loader.transforms import INTERPOLATION, resize_uint8
+    mode = INTERPOLATION[interpolation]
+    generator = torch.Generator().manual_seed(1)
+    compared = 0
+    for _ in range(40):
+        height, width = torch.randint(1, 160, (2,), generator=generator).tolist()
+        image = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=generator)
+        top, left = (torch.randint(0, end, (), generator=generator).item() for end in (height, width))
+        bottom = torch.randint(top + 1, height + 1, (), generator=generator).item()
+        right = torch.randint(left + 1, width + 1, (), generator=generator).item()
+        planar = image.permute(2, 0, 1).contiguous()
+        for chw in (image[top:bottom, left:right].permute(2, 0, 1), image.permute(2, 0, 1),
+                    image[top:bottom, left:right].contiguous().permute(2, 0, 1), planar[:, top:bottom, left:right]):
+            for size in (1, 24, 64):
+                expected = F.resize(chw, [size, size], interpolation=mode, antialias=interpolation != "nearest")
+                resized = resize_uint8(chw, size, mode)
+                assert torch.equal(resized, expected) and resized.stride() == expected.stride(), (chw.shape, size)
+                compared += 1
+    assert compared == 40 * 4 * 3
