@@ -220,6 +220,7 @@ def print_stages(stages: dict) -> None:
         if left_out:
             print(f"  {s}: {left_out} files that are not JPEGs left out of this comparison")
 
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_data_argument(parser)

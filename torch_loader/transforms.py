@@ -22,11 +22,20 @@ from fastloader.schema import SplitConfig
 
 INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC,
                  "nearest": InterpolationMode.NEAREST}
-UINT8_KERNELS = {InterpolationMode.BICUBIC: torch._C._nn._upsample_bicubic2d_aa}
-"""torch's antialiased uint8 kernels that torchvision's resize calls on CPU uint8 tensors; bilinear only
-where torch vectorizes it (torchvision resizes through float32 elsewhere, and so do we, through it)."""
-if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64"):
-    UINT8_KERNELS[InterpolationMode.BILINEAR] = torch._C._nn._upsample_bilinear2d_aa
+
+
+def _uint8_kernels() -> dict:
+    """torch's antialiased uint8 kernels, the ones torch.nn.functional.interpolate calls for
+    torchvision's resize of CPU uint8 tensors: bilinear only where torch vectorizes it (elsewhere
+    torchvision resizes through float32, and so do we, through torchvision); none that a torch
+    release has renamed."""
+    kernels = {InterpolationMode.BICUBIC: getattr(torch._C._nn, "_upsample_bicubic2d_aa", None)}
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64"):
+        kernels[InterpolationMode.BILINEAR] = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+    return {mode: kernel for mode, kernel in kernels.items() if kernel is not None}
+
+
+UINT8_KERNELS = _uint8_kernels()
 
 
 class SampleTransform:
@@ -69,8 +78,8 @@ class SampleTransform:
 def resize_uint8(image: torch.Tensor, size: int, interpolation: InterpolationMode) -> torch.Tensor:
     """uint8 [3, h, w] -> [3, size, size], pixel for pixel what torchvision.transforms.v2.functional.resize
     gives (antialiased but nearest), in the same memory format: the same kernel, called without
-    torchvision's and torch.nn.functional's Python on the way, which cost 0.06 ms per image here,
-    a fifth of the resize (tests/test_torch_loader.py compares the two)."""
+    torchvision's and torch.nn.functional's Python on the way, which cost about 0.05 ms per image
+    here, a sixth of the crop + resize stage (tests/test_torch_loader.py compares the two)."""
     kernel = UINT8_KERNELS.get(interpolation)
     height, width = image.shape[1:]
     if kernel is None or (height, width) == (size, size):
