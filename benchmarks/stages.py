@@ -148,8 +148,8 @@ def against_limit(index, transform: SampleTransform, normalizer: Normalizer, bat
     collate = NormalizingCollate(normalizer, _MappedBatch())  # a reused batch, as a worker's
     jpegs = [i for i in range(len(index)) if _is_jpeg(index.path(i))]  # the limit decodes JPEGs only
     items = np.array([(i, i) for i in jpegs], dtype=np.int64).reshape(-1, 2)  # (sample, seed), seeds as above
-    whole = max(batch_size, len(items) // batch_size * batch_size)  # full batches only: one batch shape
-    batches = [items[start:start + batch_size] for start in range(0, min(whole, len(items)), batch_size)]
+    used = len(items) // batch_size * batch_size or len(items)  # full batches (one batch shape), else one short
+    batches = [items[start:start + batch_size] for start in range(0, used, batch_size)]
     paths = [index.path(i) for batch in batches for i in batch[:, 0]]
     if not paths:
         return {"images": 0, "rounds": rounds, "left_out": len(index), "ratio": None}
