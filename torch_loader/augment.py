@@ -83,8 +83,9 @@ def color(image: Image, param: float, ctx: Context) -> Image:
 
 
 def hue(image: Image, param: float, ctx: Context) -> Image:
-    """Rotate the chroma (I, Q) of YIQ by param turns: the linear hue shift DALI's fn.hue applies."""
-    angle = 2 * math.pi * param
+    """Rotate the chroma (I, Q) of YIQ by param turns: the linear hue shift DALI's fn.hue applies
+    (positive: red towards yellow, as torchvision's adjust_hue)."""
+    angle = -2 * math.pi * param
     rotation = torch.tensor([[1, 0, 0], [0, math.cos(angle), -math.sin(angle)],
                              [0, math.sin(angle), math.cos(angle)]], dtype=torch.float64)
     matrix = (torch.linalg.inv(_RGB_TO_YIQ) @ rotation @ _RGB_TO_YIQ).float()
