@@ -104,7 +104,7 @@ def auto_contrast(images, p, settings):
 
 
 def equalize(images, p, settings):
-    return aa.equalize.op(images, None)
+    return fn.equalize(images)  # what aa.equalize applies, without its deprecated experimental alias
 
 
 def invert(images, p, settings):
@@ -163,7 +163,7 @@ _IDENT = np.array([[0, 0, 0], [0, 1, 0], [0, 0, 0]], dtype=np.float32)
 
 def sharpness(images, p, settings):
     kernel = types.Constant(_BLUR) * (1 - p[0]) + types.Constant(_IDENT) * p[0]
-    return aa.sharpness.op(images, _param_on(images, kernel))
+    return fn.filter(images, _param_on(images, kernel))  # aa.sharpness's filter, under its current name
 
 
 def hue(images, p, settings):
