@@ -44,7 +44,9 @@ UINT8_KERNELS = _uint8_kernels()
 
 
 class SampleOps(NamedTuple):
-    """One sample's draws besides its crop: the flips and each slot's op (fastloader.augment.draws)."""
+    """One sample's draws (fastloader.augment.draws): the crop's size-free uniforms, the flips and
+    each slot's op."""
+    crop: np.ndarray
     hflip: bool
     vflip: bool
     op: list[int]
@@ -68,22 +70,24 @@ class SampleTransform:
         allow_pixels(max_pixels)
 
     def sample_ops(self, seeds: np.ndarray) -> list[SampleOps | None]:
-        """The flips and ops of a batch's samples, drawn at once (None for each in eval mode)."""
+        """The draws of a batch's samples that need no image size, at once (None each in eval mode)."""
         if not self.train:
             return [None] * len(seeds)
-        hflip, vflip, op, param = self.augmenter.draw_ops(np.asarray(seeds, dtype=np.int64))
-        return [SampleOps(*row) for row in zip(hflip.tolist(), vflip.tolist(), op.tolist(), param.tolist())]
+        seeds = np.asarray(seeds, dtype=np.int64)
+        hflip, vflip, op, param = self.augmenter.draw_ops(seeds)
+        return [SampleOps(*row) for row in zip(self.augmenter.crop_uniforms(seeds), hflip.tolist(), vflip.tolist(),
+                                                op.tolist(), param.tolist())]
 
-    def crop_for(self, width: int, height: int, seed: int, hflip: bool = False) -> Crop:
-        if self.train:
-            box = self.augmenter.crops(np.array([seed]), np.array([[height, width]]))[0].tolist()
-            return Crop(*box, flip=hflip)
+    def crop_for(self, width: int, height: int, ops: SampleOps | None) -> Crop:
+        """The train box from the sample's draws and the image's upright size; eval's centre box."""
+        if ops is not None:
+            box = self.augmenter.boxes(ops.crop[None], np.array([[height, width]]))[0].tolist()
+            return Crop(*box, flip=ops.hflip)
         return center_crop(width, height, self.size, self.crop_pct)
 
     def __call__(self, path: str, seed: int, ops: SampleOps | None = None) -> torch.Tensor:
         ops = ops or self.sample_ops([seed])[0]
-        hflip = ops.hflip if ops else False
-        pixels, crop, _ = load_region(path, lambda w, h: self.crop_for(w, h, seed, hflip), self.size,
+        pixels, crop, _ = load_region(path, lambda w, h: self.crop_for(w, h, ops), self.size,
                                    exif_orientation=self.exif_orientation, use_draft=self.use_draft,
                                    max_pixels=self.max_pixels)
         return self.augment(self.resize(pixels, crop), ops)
@@ -92,8 +96,7 @@ class SampleTransform:
         """Already decoded upright HWC uint8 pixels (the cache's): the crop is chosen from their size."""
         ops = ops or self.sample_ops([seed])[0]
         height, width = pixels.shape[:2]
-        crop = self.crop_for(width, height, seed, ops.hflip if ops else False)
-        return self.augment(self.resize(torch.from_numpy(pixels), crop), ops)
+        return self.augment(self.resize(torch.from_numpy(pixels), self.crop_for(width, height, ops)), ops)
 
     def resize(self, pixels: torch.Tensor, crop: Crop) -> torch.Tensor:
         """Crop [H, W, 3] to the box (whole pixels, at least one) and resize it to size x size."""

@@ -43,13 +43,18 @@ class Draws:
         return len(self.hflip)
 
     def ops_text(self, row: int) -> str:
-        """The ops a sample gets, for captions: 'hflip rotate(-27.3) posterize(2)', or 'none'."""
-        parts = [name for name, on in (("hflip", self.hflip[row]), ("vflip", self.vflip[row])) if on]
-        for kind, param in zip(self.op[row].tolist(), self.param[row].tolist()):
-            if kind != IDENTITY:
-                unit = KINDS[kind]
-                parts.append(unit.name if unit.param.startswith("none") else f"{unit.name}({param:.3g})")
-        return " ".join(parts) or "none"
+        return ops_text(self.hflip[row], self.vflip[row], self.op[row], self.param[row])
+
+
+def ops_text(hflip: bool, vflip: bool, op: np.ndarray, param: np.ndarray) -> str:
+    """The flips and ops of one sample, in order, for captions: 'hflip rotate(-27.3) posterize(2)'
+    (parameters in their kind's unit, fastloader.augment.ops.KINDS), or 'none'."""
+    parts = [name for name, on in (("hflip", hflip), ("vflip", vflip)) if on]
+    for kind, value in zip(np.asarray(op).tolist(), np.asarray(param).tolist()):
+        if kind != IDENTITY:
+            unit = KINDS[kind]
+            parts.append(unit.name if unit.param.startswith("none") else f"{unit.name}({value:.3g})")
+    return " ".join(parts) or "none"
 
 
 def jitter_ranges(color_jitter) -> tuple[tuple[float, float], ...]:
@@ -96,7 +101,15 @@ class Augmenter:
 
     def crops(self, seeds: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """int64 [B, 4] RandomResizedCrop boxes (fastloader.imaging.geometry.random_resized_boxes)."""
-        uniforms = seeded_uniform(np.asarray(seeds, dtype=np.int64), _CROP_SALT, CROP_UNIFORMS)
+        return self.boxes(self.crop_uniforms(seeds), sizes)
+
+    def crop_uniforms(self, seeds: np.ndarray) -> np.ndarray:
+        """The crop's part of the draw that needs no size: float [B, CROP_UNIFORMS]. A worker draws
+        them for its whole batch, then each box once the file's header gives the size."""
+        return seeded_uniform(np.asarray(seeds, dtype=np.int64), _CROP_SALT, CROP_UNIFORMS)
+
+    def boxes(self, uniforms: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """int64 [B, 4] boxes from crop_uniforms' rows and upright sizes [B, 2] (height, width)."""
         return random_resized_boxes(uniforms, sizes, self.scale, self.ratio)
 
     def draw_ops(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

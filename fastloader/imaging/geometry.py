@@ -55,21 +55,20 @@ def random_resized_boxes(uniforms: np.ndarray, sizes: np.ndarray, scale: tuple[f
     depends on its own uniforms and size only, so a sample gets its box whatever batch it is in.
     """
     sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-    height, width = sizes[:, :1], sizes[:, 1:]
+    rows = np.arange(len(sizes))
+    height, width = sizes[:, 0], sizes[:, 1]
     tries = np.asarray(uniforms, dtype=np.float64).reshape(len(sizes), CROP_ATTEMPTS, 4)
-    area = (height * width) * (scale[0] + (scale[1] - scale[0]) * tries[..., 0])
+    area = (height * width)[:, None] * (scale[0] + (scale[1] - scale[0]) * tries[..., 0])
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     aspect = np.exp(log_lo + (log_hi - log_lo) * tries[..., 1])
-    w = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # Python's round() is half-to-even too
-    h = np.rint(np.sqrt(area / aspect)).astype(np.int64)
-    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
-    first = np.argmax(fits, axis=1)[:, None]  # the first try that fits, as torchvision's loop takes
-    pick = lambda a: np.take_along_axis(a, first, axis=1)[:, 0]  # noqa: E731
-    w, h = pick(w), pick(h)
-    height, width = height[:, 0], width[:, 0]
-    top = np.minimum(np.floor(pick(tries[..., 2]) * (height - h + 1)), height - h).astype(np.int64)
-    left = np.minimum(np.floor(pick(tries[..., 3]) * (width - w + 1)), width - w).astype(np.int64)
-    fallback = ~fits.any(axis=1)
+    w = np.rint(np.sqrt(area * aspect))  # half to even, as Python's round() in torchvision
+    h = np.rint(np.sqrt(area / aspect))
+    fits = (w > 0) & (w <= width[:, None]) & (h > 0) & (h <= height[:, None])
+    first = fits.argmax(axis=1)  # the first try that fits, as torchvision's loop takes
+    w, h, chosen = w[rows, first].astype(np.int64), h[rows, first].astype(np.int64), tries[rows, first]
+    top = np.minimum(np.floor(chosen[:, 2] * (height - h + 1)).astype(np.int64), height - h)
+    left = np.minimum(np.floor(chosen[:, 3] * (width - w + 1)).astype(np.int64), width - w)
+    fallback = ~fits[rows, first]
     if fallback.any():
         in_ratio = width / height
         fw = np.where(in_ratio > ratio[1], np.rint(height * ratio[1]), width).astype(np.int64)
