@@ -213,3 +213,22 @@ def test_the_torch_worker_draws_a_batch_as_each_sample_alone_would(textured_root
         assert torch.equal(image, alone) and label == alone_label
         changed += not torch.equal(image, plain[pair][0])
     assert changed >= 6
+
+
+def test_the_loader_names_its_policy_in_repr_and_its_start_up_line(solid_root, caplog):
+    """Device: CPU (torch backend). The repr names the string, the log line the parsed policy,
+    and a colour jitter that the policy turns off is logged."""
+    import logging
+
+    from fastloader import build_loader
+    caplog.set_level(logging.INFO, logger="fastloader")
+    config = {"dataset": {"root": str(solid_root)}, "backend": "torch", "workers": {"num_workers": 0},
+              "train": {"batch_size": 4, "transform": {"size": 16, "auto_augment": "v0", "color_jitter": 0.4}}}
+    with build_loader(config, "train") as loader:
+        assert "auto_augment='v0'" in repr(loader)
+        images, _ = next(iter(loader))
+        assert images.shape == (4, 3, 16, 16)
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("augmentation: v0: AutoAugment, 1 of 25 sub-policies of 2 ops" in m for m in messages)
+    assert any("train.transform.color_jitter is off because train.transform.auto_augment is set" in m
+               for m in messages)

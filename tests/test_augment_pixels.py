@@ -144,3 +144,15 @@ def test_the_feed_arrays_match_the_declared_inputs_and_the_crop_they_encode():
     assert [name for name, _ in feed_inputs(augmenter())] == ["crop_anchor", "crop_shape", "hflip", "vflip"]
     boxes = spec.crops(seeds, sizes)
     assert np.array_equal(arrays[0], boxes[:, :2]) and np.array_equal(arrays[1], boxes[:, 2:] - boxes[:, :2])
+
+
+def test_the_dali_backend_refuses_the_keys_its_feed_does_not_pass_yet(solid_root):
+    """Device: CPU (DALI's CPU flavour). Until the feed passes the draws, a policy on DALI is an
+    error naming the keys, never a silent skip."""
+    from fastloader import build_loader
+    from fastloader.errors import ConfigError
+    config = {"dataset": {"root": str(solid_root)}, "backend": "dali", "output": {"device": "cpu"},
+              "train": {"batch_size": 4, "transform": {"auto_augment": "ta_wide", "vflip": 0.5}}}
+    with pytest.raises(ConfigError, match=r"train.transform.auto_augment, train.transform.vflip: the DALI backend "
+                                          r"does not apply them yet; set backend: torch"):
+        build_loader(config, "train")
