@@ -1,6 +1,7 @@
 """The augmentation ops on the DALI backend: one function per kind of fastloader.augment.ops, built
-from nvidia.dali.auto_aug's operations, applied to the size x size HWC uint8 images after the crop
-and resize, on whichever device they are (the same graph for both flavours).
+from nvidia.dali.auto_aug's operations (and DALI's transforms for the warps), applied to the
+size x size HWC uint8 images after the crop and resize, on whichever device they are (the same
+graph for both flavours).
 
 DALI does not draw anything here: the host draws every parameter from the samples' seeds
 (fastloader.augment.draws, the torch backend's draws) and the feed passes them in as argument
@@ -10,8 +11,8 @@ the op id: the pipeline must be built with `enable_conditionals=True` (@pipeline
 
 auto_aug's ops take a magnitude bin; we call the operation under each (`.op`) with the exact
 parameter instead, which the host encodes per kind in the unit the DALI operator wants
-(`dali_params`). DALI's warp fills with one value for all channels: the geometric ops warp the
-image minus the fill colour in float, fill 0, and add it back, rounding once, as the torch ops do.
+(`dali_params`). DALI's warp fills with one value for all channels, so the geometric ops frame the
+image with the fill colour and warp it with the edge clamped (_warped), as the torch ops do.
 """
 from __future__ import annotations
 
@@ -77,11 +78,12 @@ def dali_params(op: np.ndarray, param: np.ndarray, size: int) -> np.ndarray:
 # -- the ops, one function per kind: (images, parameter pair [2], settings) -> images --------------
 
 class Settings:
-    """What the ops need besides the parameter: the fill colour and the warp's interpolation."""
+    """What the ops need besides the parameter: the fill colour, the warp's interpolation, the side."""
 
-    def __init__(self, fill: tuple[int, int, int], nearest: bool):
-        self.fill = types.Constant(np.array(fill, dtype=np.float32))
+    def __init__(self, fill: tuple[int, int, int], nearest: bool, size: int):
+        self.fill = [float(value) for value in fill]
         self.interp = types.INTERP_NN if nearest else types.INTERP_LINEAR
+        self.size = size
 
 
 def _param_on(images: DataNode, value: DataNode) -> DataNode:
@@ -89,10 +91,17 @@ def _param_on(images: DataNode, value: DataNode) -> DataNode:
     return value.gpu() if images.device == "gpu" else value
 
 
-def _warped(images: DataNode, settings: Settings, warp) -> DataNode:
-    """A geometric op with a per-channel fill: warp (image - fill) filling 0, add the fill back."""
-    shifted = fn.cast(images, dtype=types.FLOAT) - settings.fill
-    return fn.cast(warp(shifted) + settings.fill, dtype=types.UINT8)
+def _warped(images: DataNode, settings: Settings, transform) -> DataNode:
+    """A geometric op with a per-channel fill, the torch backend's way: the image framed by one
+    pixel of the fill colour (fn.warp_affine fills with one value for all channels), warped with
+    the edge clamped, so that samples beyond the image read the fill and edge pixels blend with it.
+    `transform(start)` appends the op's forward map (fn.transforms.*) to `start`, which moves the
+    framed image's coordinates onto the image's. On the CPU this costs half of a filled warp."""
+    size = settings.size
+    framed = fn.slice(images, start=[-1, -1], shape=[size + 2, size + 2], axis_names="HW",
+                      out_of_bounds_policy="pad", fill_values=settings.fill)
+    matrix = transform(fn.transforms.translation(offset=[-1.0, -1.0]))
+    return fn.warp_affine(framed, matrix=matrix, size=[size, size], interp_type=settings.interp, inverse_map=False)
 
 
 def identity(images, p, settings):
@@ -112,25 +121,22 @@ def invert(images, p, settings):
 
 
 def rotate(images, p, settings):
-    return _warped(images, settings, lambda x: aa.rotate.op(x, p[0], fill_value=0, interp_type=settings.interp))
+    centre = [settings.size / 2, settings.size / 2]
+    return _warped(images, settings, lambda start: fn.transforms.rotation(start, angle=-p[0], center=centre))
 
 
 def shear_x(images, p, settings):
-    return _warped(images, settings, lambda x: aa.shear_x.op(x, p, fill_value=0, interp_type=settings.interp))
+    return _warped(images, settings, lambda start: fn.transforms.shear(start, shear=p))
 
 
-def shear_y(images, p, settings):
-    return _warped(images, settings, lambda x: aa.shear_y.op(x, p, fill_value=0, interp_type=settings.interp))
+shear_y = shear_x  # the parameter pair says which axis (dali_params)
 
 
 def translate_x(images, p, settings):
-    return _warped(images, settings,
-                   lambda x: aa.translate_x_no_shape.op(x, p, fill_value=0, interp_type=settings.interp))
+    return _warped(images, settings, lambda start: fn.transforms.translation(start, offset=p))
 
 
-def translate_y(images, p, settings):
-    return _warped(images, settings,
-                   lambda x: aa.translate_y_no_shape.op(x, p, fill_value=0, interp_type=settings.interp))
+translate_y = translate_x
 
 
 def posterize(images, p, settings):
@@ -186,7 +192,7 @@ def augment_images(images: DataNode, inputs: dict[str, DataNode], augmenter: Aug
     images = fn.flip(images, horizontal=inputs["hflip"], vertical=inputs["vflip"])
     if not augmenter.slots:
         return images
-    settings = Settings(augmenter.fill, nearest)
+    settings = Settings(augmenter.fill, nearest, augmenter.size)
     functions = [DALI_OPS[kind.name] for kind in KINDS]
     for slot in range(augmenter.slots):
         images = select(functions, inputs["aug_op"][slot], images, inputs["aug_param"][slot], settings)

@@ -137,6 +137,10 @@ def equalize(image: Image, param: float, ctx: Context) -> Image:
 
 # -- geometric ops ----------------------------------------------------------------------------------
 
+_TIE = 1e-4
+"""Pixels added to nearest sampling's source coordinates: grid_sample rounds ties to even."""
+
+
 @functools.lru_cache(maxsize=4)
 def _pixel_centres(length: int) -> torch.Tensor:
     """float32 [length]: the continuous coordinate of each pixel's centre, i + 0.5."""
@@ -149,6 +153,8 @@ def _affine(image: Image, matrix: tuple[float, ...], ctx: Context) -> Image:
     (a one-pixel border of it, so that edge pixels blend with it as DALI's constant border does)."""
     _, height, width = image.shape
     a, b, c, d, e, f = matrix
+    if ctx.nearest:  # a source point on a pixel boundary takes the pixel after it, as DALI's warp does
+        c, f = c + _TIE, f + _TIE
     # the source's continuous coordinates, + 1 for the padded border, normalized for grid_sample
     sx, sy = 2 / (width + 2), 2 / (height + 2)
     xs, ys = _pixel_centres(width), _pixel_centres(height).view(-1, 1)
