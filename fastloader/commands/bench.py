@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from array import array
 
+from ..errors import ConfigError
 from ..machine import hardware, tree_memory
 from ..progress import Progress
 from ..schema import BACKEND_ENV
+from . import no_batch_error
 
 HELP = "iterate a split and report images/s, stall, time to first batch and memory"
 EXAMPLES = """  fastloader bench configs/sample.yaml
@@ -58,13 +59,13 @@ def run(args) -> int:
     backends = ["torch", "dali"] if args.backend == "both" else [args.backend]
     forced = os.environ.get(BACKEND_ENV)
     if len(backends) == 2 and forced:  # it would run the same backend twice under two names
-        raise ValueError(f"--backend both compares the two backends, but {BACKEND_ENV}={forced} forces every "
+        raise ConfigError(f"--backend both compares the two backends, but {BACKEND_ENV}={forced} forces every "
                          f"loader onto one; unset {BACKEND_ENV} (or use --backend {forced})")
     for name, value in (("--batches", args.batches), ("--warmup", args.warmup), ("--seconds", args.seconds)):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+            raise ConfigError(f"{name} must be >= 0, got {value}")
     if args.rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+        raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
     for path in (args.json, args.plot):  # fail before a long run, not after it
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -74,9 +75,7 @@ def run(args) -> int:
             started = time.perf_counter()
             runs.append(Run(build(args, backend), time.perf_counter() - started, args.step_ms))
         if len(runs[0].loader) == 0:
-            print(f"fastloader: error: split '{args.split}' yields no batch per epoch (see the warning above)",
-                  file=sys.stderr)
-            return 1
+            raise no_batch_error(runs[0].loader)
         progress = Progress(len(runs) * args.rounds, unit="rounds")
         for number in range(args.rounds):
             order = runs if number % 2 == 0 else runs[::-1]  # alternate, so neither gets a quieter machine
