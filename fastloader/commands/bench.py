@@ -107,8 +107,8 @@ def build(args, backend: str | None):
 class Round:
     """One timed round: what it drained untimed, then what it timed."""
 
-    def __init__(self, drained: int, epoch_batches: int):
-        self.drained, self.epoch_batches = drained, epoch_batches
+    def __init__(self, drained: int, min_batches: int, epoch_batches: int):
+        self.drained, self.min_batches, self.epoch_batches = drained, min_batches, epoch_batches
         self.images = self.batches = 0
         self.seconds = self.wait_s = 0.0
 
@@ -154,7 +154,7 @@ class Run:
         depth = self.loader.prefetch_depth
         min_batches = min_batches or max(10, 10 * depth)
         clock = time.perf_counter
-        timed = Round(max(warmup, depth), len(self.loader))
+        timed = Round(max(warmup, depth), min_batches, len(self.loader))
         for _ in range(timed.drained):
             self._next(clock)
         offset = sum(r.seconds for r in self.rounds)
@@ -197,6 +197,8 @@ class Run:
                 "batches_per_second": median.batches / median.seconds if median.seconds else float("nan"),
                 "stall_fraction": median.stall_fraction,
                 "round_images_per_second": rates, "prefetch_depth": self.loader.prefetch_depth,
+                # what ran, not what was asked: --warmup is raised to the prefetch depth, --batches 0 is a floor
+                "warmup": self.rounds[0].drained, "min_batches": self.rounds[0].min_batches,
                 "time_to_first_batch_s": self.first_batch_s, "build_s": self.build_s,
                 "peak_memory_bytes": self.peak_memory, "peak_gpu_bytes": peak_gpu_bytes(self.loader.device),
                 "images": images, "batches": batches, "seconds": seconds,
@@ -230,7 +232,8 @@ def report(runs: list[Run], args) -> None:
                   f"ahead, {result['prefetch_depth'] / fewest:.0%} of the {fewest} batches its shortest round timed, "
                   f"so its rate is uncertain by up to that share; raise --seconds or --batches")
     summary = {"split": args.split, "config_file": str(args.config), "rounds": args.rounds, "seconds": args.seconds,
-               "batches": args.batches, "warmup": args.warmup, "step_ms": args.step_ms, "hardware": hardware(),
+               "batches_asked": args.batches, "warmup_asked": args.warmup, "step_ms": args.step_ms,
+               "hardware": hardware(),
                "runs": results}
     if len(results) == 2:
         ratio = results[1]["images_per_second"] / results[0]["images_per_second"]
