@@ -217,3 +217,16 @@ def test_a_config_path_that_is_no_text_file_names_the_file_and_what_it_is(tmp_pa
                 empty: f"config file '{empty}' is a folder, not a YAML file. It holds no .yaml file. {fix}"}
     for path, message in expected.items():
         assert error_of(path) == message
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:1", "cuda:12"])
+def test_output_device_takes_auto_cpu_cuda_and_cuda_n(device):
+    """The value only: whether GPU N exists is checked when a loader is built (test_bad_config.py)."""
+    assert load_config({"dataset": {"root": "x"}}, {"output.device": device}).output.device == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1.5", "CUDA"])
+def test_output_device_refuses_anything_else_naming_the_forms_it_takes(device):
+    assert error_of({"dataset": {"root": "x"}}, {"output.device": device}) == (
+        f"override 'output.device': output.device: must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. "
+        f"cuda:1), got {device!r}")
