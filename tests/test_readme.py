@@ -157,3 +157,18 @@ def test_the_visibility_snippet_prints_the_backend_and_flavour_on_a_cpu_box(tmp_
         assert line in result.stdout + result.stderr, line
     assert "WARNING fastloader: backend dali for split 'train'" in result.stderr
     assert "flavour='cpu'" in result.stdout
+
+
+def test_realdata_selects_the_tests_of_real_photos_and_fastloader_photos_moves_them(tmp_path):
+    """`pytest -m realdata` runs the tests that read real photos, from the folder FASTLOADER_PHOTOS names:
+    here one that does not exist, so each is collected and skips naming it (the CPU; nothing is decoded)."""
+    nowhere = tmp_path / "no-photos"
+    env = {**os.environ, "FASTLOADER_PHOTOS": str(nowhere)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "realdata", "-q", "-rs", "-p", "no:cacheprovider",
+                             str(REPO / "tests")], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0 and re.match(r"\d+ skipped, \d+ deselected in", summary), result.stdout[-3000:]
+    reason = f"real photos not present at {nowhere} (set FASTLOADER_PHOTOS to their folder)"
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert skipped and all(line.endswith(reason) for line in skipped), skipped
+    assert any("tests/test_realphotos.py:" in line for line in skipped), skipped
