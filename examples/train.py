@@ -1,7 +1,7 @@
 """Train a torchvision classifier on fastloader batches: one process, or DDP under torchrun/srun.
 
-    python examples/train.py configs/sample.yaml --epochs 2
-    torchrun --nproc_per_node=2 examples/train.py configs/sample.yaml --checkpoint run/ckpt.pt
+    .venv/bin/python examples/train.py configs/sample.yaml --epochs 2
+    .venv/bin/torchrun --nproc_per_node=2 examples/train.py configs/sample.yaml --checkpoint run/ckpt.pt
 
 With --checkpoint, rank 0 saves the model, the optimizer and the train loader's state every
 --save-every steps and at the end of each epoch; starting again with the same command resumes
