@@ -82,6 +82,7 @@ def test_a_row_is_drawn_the_same_whatever_batch_it_is_in():
 def test_crops_follow_torchvisions_sampling_and_fall_back_to_the_centre():
     aug = augmenter(scale=[0.08, 1.0])
     boxes = aug.crops(SEEDS, SIZES)
+    assert np.array_equal(aug.crops(SEEDS, np.concatenate([SIZES, np.full((len(SIZES), 1), 3)], axis=1)), boxes)
     width, height = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= SIZES[:, 1]).all() and (boxes[:, 3] <= SIZES[:, 0]).all()
     area = width * height / (SIZES[:, 0] * SIZES[:, 1])

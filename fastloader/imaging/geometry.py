@@ -47,14 +47,14 @@ def random_resized_boxes(uniforms: np.ndarray, sizes: np.ndarray, scale: tuple[f
                          ratio: tuple[float, float]) -> np.ndarray:
     """torchvision's RandomResizedCrop sampling for a batch, without a Python loop: int64 [B, 4]
     boxes (left, top, right, bottom) in whole pixels of upright images of `sizes` (int64 [B, 2],
-    height and width), from `uniforms` (float [B, CROP_UNIFORMS] in [0, 1)).
+    height and width; [B, 3] shapes work too), from `uniforms` (float [B, CROP_UNIFORMS] in [0, 1)).
 
     Each try draws an area fraction in `scale` and a log-uniform aspect in `ratio`; the first try
     whose rounded box fits is taken, placed uniformly (torchvision's randint, both ends included);
     when none of the 10 fits, the centre crop clamped to `ratio` (torchvision's fallback). A row
     depends on its own uniforms and size only, so a sample gets its box whatever batch it is in.
     """
-    sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    sizes = np.asarray(sizes, dtype=np.int64).reshape(len(uniforms), -1)[:, :2]  # (h, w), or a cache's (h, w, c)
     rows = np.arange(len(sizes))
     height, width = sizes[:, 0], sizes[:, 1]
     tries = np.asarray(uniforms, dtype=np.float64).reshape(len(sizes), CROP_ATTEMPTS, 4)
