@@ -21,6 +21,7 @@ from nvidia.dali import fn, types
 from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
+from fastloader.errors import ConfigError
 from fastloader.imaging.boxes import centre_boxes as centre_box_array
 from fastloader.schema import Config, SplitConfig
 
@@ -47,6 +48,18 @@ def decoder_options(gpu: bool, hw_decoder_load: float) -> dict:
             "preallocate_height_hint": PREALLOCATE_HEIGHT_HINT, "hw_decoder_load": hw_decoder_load}
 
 
+def refuse_unwired_keys(config: Config, split: SplitConfig) -> None:
+    """The train keys this graph does not apply yet (auto_augment, color_jitter, vflip: the feed
+    passes their draws once issue 25's second part lands): an error, never a silent skip."""
+    t = split.transform
+    keys = [key for key, on in (("auto_augment", t.auto_augment), ("color_jitter", t.color_jitter is not None),
+                                ("vflip", t.vflip > 0)) if on]
+    if split.mode == "train" and keys:
+        raise ConfigError(f"{config.source}: {', '.join(f'{split.name}.transform.{key}' for key in keys)}: the DALI "
+                          f"backend does not apply {'it' if len(keys) == 1 else 'them'} yet; set backend: torch, "
+                          f"or leave {'it' if len(keys) == 1 else 'them'} out")
+
+
 def image_graph(encoded, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None) -> DataNode:
     """The images DataNode of one split's graph, from an encoded-file DataNode.
 
@@ -54,6 +67,7 @@ def image_graph(encoded, config: Config, split: SplitConfig, gpu: bool, box: Box
     centre `box` (roi_start, roi_end DataNodes computed on the host, see build_pipeline). Then the
     steps shared with the cache's graph (finish).
     """
+    refuse_unwired_keys(config, split)
     t = split.transform
     decoder = decoder_options(gpu, config.dali.hw_decoder_load)
     exif = config.dataset.exif_orientation
@@ -71,6 +85,7 @@ def image_graph(encoded, config: Config, split: SplitConfig, gpu: bool, box: Box
 def pixel_graph(pixels, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None) -> DataNode:
     """The same graph after the decoder, for decoded HWC uint8 pixels (the uint8 cache): train takes
     a random-resized crop with the decoder's area, aspect and tries; eval the same centre box."""
+    refuse_unwired_keys(config, split)
     t = split.transform
     images = pixels.gpu() if gpu else pixels
     if split.mode == "train":

@@ -14,6 +14,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from .augment.draws import Augmenter
 from .config import config_to_dict
 from .device_ops import erasing_enabled, random_erasing
 from .distributed import RankInfo
@@ -61,6 +62,11 @@ class Loader(abc.ABC):
             self._list_bad(path, reason)
         self._skipped_in_epoch = 0
         self._erasing = erasing_enabled(split.transform, split.mode)
+        self.augmentation = Augmenter(split.transform, config.normalize.mean) if split.mode == "train" else None
+        """The train split's augmentation spec (fastloader.augment): what each sample's seed draws."""
+        if self.augmentation and self.augmentation.policy and split.transform.color_jitter is not None:
+            log.info("%s: %s.transform.color_jitter is off because %s.transform.auto_augment is set, as in timm",
+                     config.source, split.name, split.name)
         self._closed = False
         if self.order.num_batches == 0:
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
@@ -251,7 +257,8 @@ class Loader(abc.ABC):
     def _announce(self) -> None:
         """Once the backend has built itself: log the repr, the one line that says what this loader
         is and where its pixels come from (both backends, the same words)."""
-        log.info("%r; ranks: %s", self, self.ranks.source)
+        ops = f"; augmentation: {self.augmentation.describe()}" if self.augmentation and self.augmentation.slots else ""
+        log.info("%r; ranks: %s%s", self, self.ranks.source, ops)
 
     def __repr__(self) -> str:
         """What the loader is doing, so that `print(loader)` answers "which backend, where, how wide"."""
@@ -259,7 +266,14 @@ class Loader(abc.ABC):
         return (f"{type(self).__name__}(split={self.split.name!r}, backend={self.backend!r}, {self._parallelism()}, "
                 f"device={str(self.device)!r}, samples={self.num_samples}, batches={len(self)} of "
                 f"{self.batch_size}, rank={self.ranks.rank}/{self.ranks.world_size}, pixels from "
-                f"{self.pixels_from}{closed})")
+                f"{self.pixels_from}{self._ops_repr()}{closed})")
+
+    def _ops_repr(self) -> str:
+        """The policy (or colour jitter) a train split applies, for repr."""
+        t = self.split.transform
+        if not self.augmentation or not self.augmentation.slots:
+            return ""
+        return f", auto_augment={t.auto_augment!r}" if t.auto_augment else f", color_jitter={t.color_jitter!r}"
 
     # -- what a backend provides -----------------------------------------------------------------
 

@@ -18,6 +18,7 @@ HELP = "save a grid of augmented samples, de-normalized and captioned with their
 EXAMPLES = """  fastloader show configs/sample.yaml --out grid.png
   fastloader show configs/sample.yaml --out val.png --split val --n 25 --backend dali
   fastloader show configs/sample.yaml --out epoch3.png --epoch 3 --seed 1
+  fastloader show configs/sample.yaml --out ops.png --ops --set train.transform.auto_augment=rand-m9-mstd0.5-inc1
 """
 
 MIN_TILE = 128
@@ -29,7 +30,9 @@ PAD = 4
 HEADER_HEIGHT = 20
 """The band at the top holding the one-line header."""
 CAPTION_HEIGHT = 16
-"""The band under each tile holding its caption (the default font is about 12 px high)."""
+"""The band under each tile holding one line of caption (the default font is about 12 px high)."""
+OPS_LINES = 2
+"""Caption lines under each tile for its ops with --ops (cut with '..' beyond)."""
 BACKGROUND = (255, 255, 255)
 TEXT = (20, 20, 20)
 
@@ -43,25 +46,30 @@ class Layout:
     rows: int
     tile_w: int
     tile_h: int
+    caption_lines: int = 1
+
+    @property
+    def caption_height(self) -> int:
+        return CAPTION_HEIGHT * self.caption_lines
 
     @property
     def grid_size(self) -> tuple[int, int]:
         """(width, height) of header + tiles + captions, before any widening for the header."""
         return (PAD + self.columns * (self.tile_w + PAD),
-                HEADER_HEIGHT + self.rows * (self.tile_h + CAPTION_HEIGHT + PAD))
+                HEADER_HEIGHT + self.rows * (self.tile_h + self.caption_height + PAD))
 
     def tile_origin(self, i: int) -> tuple[int, int]:
         """Top-left corner of tile i; tiles fill rows left to right, in the loader's order."""
         row, column = divmod(i, self.columns)
-        return PAD + column * (self.tile_w + PAD), HEADER_HEIGHT + row * (self.tile_h + CAPTION_HEIGHT + PAD)
+        return PAD + column * (self.tile_w + PAD), HEADER_HEIGHT + row * (self.tile_h + self.caption_height + PAD)
 
 
-def make_layout(count: int, height: int, width: int) -> Layout:
+def make_layout(count: int, height: int, width: int, caption_lines: int = 1) -> Layout:
     """An about-square grid (columns = ceil(sqrt(n))) with tiles scaled up when too small to caption."""
     columns = max(1, math.ceil(math.sqrt(count)))
     rows = max(1, math.ceil(count / columns))
     factor = upscale_factor(height, width)
-    return Layout(count, columns, rows, width * factor, height * factor)
+    return Layout(count, columns, rows, width * factor, height * factor, caption_lines)
 
 
 def upscale_factor(height: int, width: int) -> int:
@@ -92,6 +100,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=_non_negative, help="override the config's seed, to see other draws")
     parser.add_argument("--epoch", type=_non_negative, default=0,
                         help="epoch to draw from: its order and crops follow (seed, epoch) (default: 0)")
+    parser.add_argument("--ops", action="store_true",
+                        help="caption each tile with its flips and ops, e.g. 'hflip rotate(-27.3) posterize(1)'")
 
 
 def run(args) -> int:
@@ -117,8 +127,9 @@ def run(args) -> int:
                   f"epoch {args.epoch}, seed {loader.config.seed}")
         names = [loader.classes[int(label)] for label in labels]
         backend, available = loader.backend, loader.num_samples
-    layout = make_layout(len(names), pixels.shape[1], pixels.shape[2])
-    canvas = render(pixels, names, [int(label) for label in labels], header, layout)
+        ops = sample_ops(loader, args.epoch, labels) if args.ops else None
+    layout = make_layout(len(names), pixels.shape[1], pixels.shape[2], 1 + OPS_LINES if ops else 1)
+    canvas = render(pixels, names, [int(label) for label in labels], header, layout, ops)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(out, format="PNG", optimize=True)
@@ -128,6 +139,23 @@ def run(args) -> int:
     print(f"wrote {args.out}: {len(names)} samples of split '{args.split}' (backend {backend}), "
           f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px")
     return 0
+
+
+def sample_ops(loader, epoch: int, labels) -> list[str] | None:
+    """Each shown sample's flips and ops, drawn from its seed as the loader drew them; None, said
+    why, where there are none (eval) or where a skipped file makes the samples differ from the plan."""
+    import numpy as np
+
+    from ..augment.draws import ops_text
+    if loader.augmentation is None:
+        print(f"--ops: split '{loader.split.name}' is in eval mode: no random flips or ops to caption")
+        return None
+    plan = np.concatenate(loader.order.batches(epoch))[:len(labels)]
+    if not np.array_equal(loader.index.labels[plan[:, 0]], labels.numpy()):
+        print("--ops: a file was skipped, so the samples shown are not those planned; ops captions left out")
+        return None
+    hflip, vflip, op, param = loader.augmentation.draw_ops(plan[:, 1])
+    return [ops_text(*row) for row in zip(hflip, vflip, op, param)]
 
 
 def first_samples(loader, n: int):
@@ -158,8 +186,9 @@ def denormalize(images, mean, std):
     return x.permute(0, 2, 3, 1).contiguous()  # NHWC in memory whatever the input's layout was
 
 
-def render(pixels, names: list[str], labels: list[int], header: str, layout: Layout):
-    """The grid as a Pillow image: header, then tiles in order, each captioned "label: class"."""
+def render(pixels, names: list[str], labels: list[int], header: str, layout: Layout, ops: list[str] | None = None):
+    """The grid as a Pillow image: header, then tiles in order, each captioned "label: class" (and
+    its ops, wrapped over the lines below, with `ops`)."""
     from PIL import Image, ImageDraw, ImageFont
     font = ImageFont.load_default()
     draw_probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
@@ -176,7 +205,22 @@ def render(pixels, names: list[str], labels: list[int], header: str, layout: Lay
         canvas.paste(tile, (x, y))
         caption = fit_text(draw, f"{label}: {name}", font, layout.tile_w)
         draw.text((x, y + layout.tile_h + 2), caption, fill=TEXT, font=font)
+        for line, text in enumerate(wrap_text(draw, ops[i], font, layout.tile_w, layout.caption_lines - 1) if ops
+                                    else []):
+            draw.text((x, y + layout.tile_h + 2 + CAPTION_HEIGHT * (line + 1)), text, fill=TEXT, font=font)
     return canvas
+
+
+def wrap_text(draw, text: str, font, width: int, lines: int) -> list[str]:
+    """Words over at most `lines` lines of `width` pixels, the last cut with '..' if needed."""
+    out, words = [], text.split()
+    while words and len(out) < lines - 1:
+        taken = 1
+        while taken < len(words) and draw.textlength(" ".join(words[:taken + 1]), font=font) <= width:
+            taken += 1
+        out.append(fit_text(draw, " ".join(words[:taken]), font, width))
+        words = words[taken:]
+    return out + ([fit_text(draw, " ".join(words), font, width)] if words else [])
 
 
 def fit_text(draw, text: str, font, width: int) -> str:
