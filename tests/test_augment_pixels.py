@@ -145,7 +145,7 @@ def test_every_policy_gives_the_same_pixels_on_torch_and_dali_cpu(text):
 
 
 def test_the_feed_arrays_match_the_declared_inputs_and_the_crop_they_encode():
-    """What phase 2's feed passes: one dense array per declared input, [B, ...], its DALI dtype;
+    """What the DALI feed passes: one dense array per declared input, [B, ...], its DALI dtype;
     the crop box as (x, y) anchor and (width, height) shape slices what the torch backend crops."""
     spec = augmenter(auto_augment="rand-m9-mstd0.5-inc1")
     seeds, sizes = np.arange(5), np.array([[300, 400], [50, 60], [500, 200], [64, 64], [1000, 10]])
@@ -159,15 +159,3 @@ def test_the_feed_arrays_match_the_declared_inputs_and_the_crop_they_encode():
     assert [name for name, _ in feed_inputs(augmenter())] == ["crop_anchor", "crop_shape", "hflip", "vflip"]
     boxes = spec.crops(seeds, sizes)
     assert np.array_equal(arrays[0], boxes[:, :2]) and np.array_equal(arrays[1], boxes[:, 2:] - boxes[:, :2])
-
-
-def test_the_dali_backend_refuses_the_keys_its_feed_does_not_pass_yet(solid_root):
-    """Device: CPU (DALI's CPU flavour). Until the feed passes the draws, a policy on DALI is an
-    error naming the keys, never a silent skip."""
-    from fastloader import build_loader
-    from fastloader.errors import ConfigError
-    config = {"dataset": {"root": str(solid_root)}, "backend": "dali", "output": {"device": "cpu"},
-              "train": {"batch_size": 4, "transform": {"auto_augment": "ta_wide", "vflip": 0.5}}}
-    with pytest.raises(ConfigError, match=r"train.transform.auto_augment, train.transform.vflip: the DALI backend "
-                                          r"does not apply them yet; set backend: torch"):
-        build_loader(config, "train")
