@@ -26,6 +26,7 @@ from .stats import LOG_LEVELS, LoaderStats
 log = logging.getLogger("fastloader")
 
 STATE_VERSION = 1
+BACKEND_NAMES = ("dali", "torch")
 
 
 class Loader(abc.ABC):
@@ -187,6 +188,10 @@ class Loader(abc.ABC):
             raise ValueError(f"loader state version {found!r} is not {STATE_VERSION}: pass the dict that "
                              f"loader.state_dict() returned, saved by this fastloader version")
         self._refuse_other(state)
+        if state["backend"] != self.backend:
+            log.info("split '%s': resuming a state the %s backend saved on the %s backend: the same samples, crops, "
+                     "flips and ops (drawn from each sample's seed), with pixels within the backends' tolerance "
+                     "(docs/semantics.md)", self.split.name, state["backend"], self.backend)
         epoch, position = int(state["epoch"]), int(state["position"])
         if self.order.shared_after(position) == 0:  # saved at the end of an epoch: go on with the next
             epoch, position = epoch + 1, 0
@@ -199,13 +204,13 @@ class Loader(abc.ABC):
         self._resume_position = self._position = position
 
     def _refuse_other(self, state: dict) -> None:
-        """A state of another backend, split, dataset, seed or order cannot replay this run's batches."""
+        """A state of another split, dataset, seed or order cannot replay this run's batches. Another
+        backend's can: both draw every random choice from the samples' seeds."""
         mine = self.state_dict()
         name = self.split.name
-        if state.get("backend") != mine["backend"]:
-            raise ValueError(f"loader state was saved by the {state.get('backend')} backend and this loader is "
-                             f"{mine['backend']}: their random crops differ, so the rest of the epoch would not "
-                             f"be the interrupted run's; set backend: {state.get('backend')} to resume")
+        if state.get("backend") not in BACKEND_NAMES:
+            raise ValueError(f"loader state names backend {state.get('backend')!r}, not one of "
+                             f"{', '.join(BACKEND_NAMES)}: pass the dict that loader.state_dict() returned")
         if state.get("split") != name:
             raise ValueError(f"loader state was saved for split {state.get('split')!r}, this loader reads split "
                              f"{name!r}; give each split's loader its own state")
