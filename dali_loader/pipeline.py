@@ -15,6 +15,8 @@ fastloader.imaging.boxes), `interpolation` the filter, and shrinking is antialia
 """
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -145,6 +147,24 @@ def feed_layout(split: SplitConfig, cached: bool, augmenter: Augmenter | None) -
     return layout + [("box", types.FLOAT)]
 
 
+_BUILT: weakref.WeakSet = weakref.WeakSet()
+"""Every pipeline built here that is still alive."""
+_HELD_IN_CHILD: list[Pipeline] = []
+"""Filled just before a fork, emptied after it in the parent: a forked child keeps it."""
+
+
+def _hold_pipelines_over_fork() -> None:
+    _HELD_IN_CHILD[:] = list(_BUILT)
+
+
+os.register_at_fork(before=_hold_pipelines_over_fork, after_in_parent=_HELD_IN_CHILD.clear)
+"""Why: a process forked while a DALI pipeline lives (a torch backend's DataLoader worker, a pool)
+holds a copy of it whose executor threads did not come along. If the child ever drops its last
+reference (a garbage collection of an inherited cycle), the pipeline's destructor waits for those
+threads forever: the worker hangs, and with it the training run. The child keeps a reference to
+every pipeline instead, and exits without running destructors, as forked workers do."""
+
+
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
                    cached: bool = False, check_sizes: bool = False, augmenter: Augmenter | None = None) -> Pipeline:
@@ -185,4 +205,5 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
         batch_size=batch_size, num_threads=num_threads, device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth, seed=seed)
     pipe.build()
+    _BUILT.add(pipe)
     return pipe

@@ -115,3 +115,37 @@ def test_a_dropped_loader_stops_its_workers_at_once(tmp_path, backend):
     del loader
     assert gone() is None
     assert not [pid for pid in workers if alive(pid)]
+
+
+DROP_IN_A_FORK = """
+import gc, json, os, sys, time
+from fastloader import build_loader
+loader = build_loader(json.loads(sys.argv[1]), "val")
+next(iter(loader))  # its driver thread runs the pipeline a batch ahead
+pipeline = loader._pipe
+del loader  # closed: the pipeline's last reference is ours
+pid = os.fork()  # as a torch DataLoader worker forks
+if pid == 0:
+    del pipeline
+    gc.collect()
+    os._exit(0)
+deadline = time.monotonic() + 20
+while not os.waitpid(pid, os.WNOHANG)[0]:
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        sys.exit("the forked child hung")
+    time.sleep(0.05)
+print("the child exited")
+"""
+
+
+def test_a_process_forked_beside_a_dali_pipeline_never_hangs_on_it(tmp_path):
+    """Device: CPU (DALI's CPU flavour). A forked child that drops its copy of a DALI pipeline would
+    wait forever in its destructor for executor threads that did not come along (a torch worker
+    forked while a DALI loader lives, then collecting garbage); the child keeps it instead."""
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
+    root = write_solid_dataset(tmp_path / "data", per_class=4, splits=("val",))
+    config = base_config(root, backend="dali")
+    result = subprocess.run([sys.executable, "-c", DROP_IN_A_FORK, json.dumps(config)], cwd=REPO,
+                            capture_output=True, text=True, timeout=90)
+    assert result.returncode == 0 and "the child exited" in result.stdout, result.stderr[-2000:]
