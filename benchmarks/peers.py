@@ -51,10 +51,10 @@ PILLOW_LIMIT, DECODE_JPEG_LIMIT = "limit: Pillow decode only", "limit: decode_jp
 LIMITS = (PILLOW_LIMIT, DECODE_JPEG_LIMIT)
 TARGETS = {(TORCH, NVIDIA): {"train": 1.0, "val": 1.0}, (DALI, NVIDIA): {"train": 0.95, "val": 0.95},
            (TORCH, DECODE_JPEG_LIMIT): {"train": 0.90, "val": 0.85}}
+"""The issues' targets per split: ratio of medians measured in the same run."""
 POLICY_TARGETS = {(TORCH, TIMM): {"train": 1.5}, (DALI, DALI_PLAIN): {"train": 0.5}}
 """With --auto-augment (issue 25): the torch backend against timm given the same policy; the DALI
 backend with the policy against itself without (0.9 on a GPU)."""
-"""The issues' targets per split: ratio of medians measured in the same run."""
 CPU_ONLY_TARGETS = {(TORCH, NVIDIA)}
 """Targets that compare CPU decoding with CPU decoding: the torch backend against NVIDIA's example
 holds only where that example runs DALI's CPU flavour, not against nvJPEG on a GPU."""
