@@ -1,8 +1,11 @@
 """`fastloader show`: a grid of samples as the model sees them, de-normalized and captioned.
 
 Looking at the batches is the quickest check that crops, flips, labels and normalization are what
-the config says. The pixels shown are the loader's own output mapped back through mean/std, so a
-wrong normalization or a wrong label shows up here rather than as a slow training run.
+the config says. With mixup, cutmix or label smoothing on, the labels are soft targets: each tile is
+captioned with its two largest weights ("class: weight", one line each), so a blend or a pasted box
+shows next to how much of each class the loss will see. The pixels shown are the loader's own output
+mapped back through mean/std, so a wrong normalization or a wrong label shows up here rather than as
+a slow training run.
 
 Only the standard library is imported at module level: cli.py imports every command module to
 build its parser, and `fastloader --help` must not wait for torch or Pillow.
@@ -30,7 +33,9 @@ PAD = 4
 HEADER_HEIGHT = 20
 """The band at the top holding the one-line header."""
 CAPTION_HEIGHT = 16
-"""The band under each tile holding its caption (the default font is about 12 px high)."""
+"""The band under each tile holding one line of its caption (the default font is about 12 px high)."""
+SOFT_LINES = 2
+"""Caption lines of a tile with a soft target: its two largest class weights."""
 BACKGROUND = (255, 255, 255)
 TEXT = (20, 20, 20)
 
@@ -44,25 +49,30 @@ class Layout:
     rows: int
     tile_w: int
     tile_h: int
+    caption_lines: int = 1
+
+    @property
+    def caption_h(self) -> int:
+        return CAPTION_HEIGHT * self.caption_lines
 
     @property
     def grid_size(self) -> tuple[int, int]:
         """(width, height) of header + tiles + captions, before any widening for the header."""
         return (PAD + self.columns * (self.tile_w + PAD),
-                HEADER_HEIGHT + self.rows * (self.tile_h + CAPTION_HEIGHT + PAD))
+                HEADER_HEIGHT + self.rows * (self.tile_h + self.caption_h + PAD))
 
     def tile_origin(self, i: int) -> tuple[int, int]:
         """Top-left corner of tile i; tiles fill rows left to right, in the loader's order."""
         row, column = divmod(i, self.columns)
-        return PAD + column * (self.tile_w + PAD), HEADER_HEIGHT + row * (self.tile_h + CAPTION_HEIGHT + PAD)
+        return PAD + column * (self.tile_w + PAD), HEADER_HEIGHT + row * (self.tile_h + self.caption_h + PAD)
 
 
-def make_layout(count: int, height: int, width: int) -> Layout:
+def make_layout(count: int, height: int, width: int, caption_lines: int = 1) -> Layout:
     """An about-square grid (columns = ceil(sqrt(n))) with tiles scaled up when too small to caption."""
     columns = max(1, math.ceil(math.sqrt(count)))
     rows = max(1, math.ceil(count / columns))
     factor = upscale_factor(height, width)
-    return Layout(count, columns, rows, width * factor, height * factor)
+    return Layout(count, columns, rows, width * factor, height * factor, caption_lines)
 
 
 def upscale_factor(height: int, width: int) -> int:
@@ -112,19 +122,28 @@ def run(args) -> int:
         pixels = denormalize(images, loader.config.normalize.mean, loader.config.normalize.std)
         header = (f"{Path(args.config).name} split {args.split}, backend {loader.backend}, "
                   f"epoch {args.epoch}, seed {loader.config.seed}")
-        names = [loader.classes[int(label)] for label in labels]
+        captions = soft_captions(labels, loader.classes) if labels.is_floating_point() else [
+            [f"{int(label)}: {loader.classes[int(label)]}"] for label in labels]
         backend, available = loader.backend, loader.num_samples
-    layout = make_layout(len(names), pixels.shape[1], pixels.shape[2])
-    canvas = render(pixels, names, [int(label) for label in labels], header, layout)
+    layout = make_layout(len(captions), pixels.shape[1], pixels.shape[2], max(len(c) for c in captions))
+    canvas = render(pixels, captions, header, layout)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(out, format="PNG", optimize=True)
-    if len(names) < args.n:
-        print(f"split '{args.split}' yields {len(names)} samples in epoch {args.epoch} "
+    if len(captions) < args.n:
+        print(f"split '{args.split}' yields {len(captions)} samples in epoch {args.epoch} "
               f"({available} in the split), fewer than --n {args.n}: showing them all")
-    print(f"wrote {args.out}: {len(names)} samples of split '{args.split}' (backend {backend}), "
-          f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px")
+    soft = ", captioned with their soft targets' top-2 classes" if layout.caption_lines > 1 else ""
+    print(f"wrote {args.out}: {len(captions)} samples of split '{args.split}' (backend {backend}), "
+          f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px{soft}")
     return 0
+
+
+def soft_captions(targets, classes) -> list[list[str]]:
+    """Each soft target's two largest weights, "class: weight", largest first (one line each)."""
+    weights, labels = targets.float().topk(min(SOFT_LINES, targets.shape[1]), dim=1)
+    return [[f"{classes[int(c)]}: {float(w):.2f}" for w, c in zip(row_w, row_c)]
+            for row_w, row_c in zip(weights, labels)]
 
 
 def first_samples(loader, n: int):
@@ -155,8 +174,9 @@ def denormalize(images, mean, std):
     return x.permute(0, 2, 3, 1).contiguous()  # NHWC in memory whatever the input's layout was
 
 
-def render(pixels, names: list[str], labels: list[int], header: str, layout: Layout):
-    """The grid as a Pillow image: header, then tiles in order, each captioned "label: class"."""
+def render(pixels, captions: list[list[str]], header: str, layout: Layout):
+    """The grid as a Pillow image: header, then tiles in order, each captioned with its lines
+    ("label: class", or a soft target's "class: weight" lines)."""
     from PIL import Image, ImageDraw, ImageFont
     font = ImageFont.load_default()
     draw_probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
@@ -165,14 +185,15 @@ def render(pixels, names: list[str], labels: list[int], header: str, layout: Lay
     canvas = Image.new("RGB", (width, height), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     draw.text((PAD, 4), header, fill=TEXT, font=font)
-    for i, (name, label) in enumerate(zip(names, labels)):
+    for i, lines in enumerate(captions):
         x, y = layout.tile_origin(i)
         tile = Image.fromarray(pixels[i].numpy())
         if tile.size != (layout.tile_w, layout.tile_h):
             tile = tile.resize((layout.tile_w, layout.tile_h), Image.Resampling.NEAREST)
         canvas.paste(tile, (x, y))
-        caption = fit_text(draw, f"{label}: {name}", font, layout.tile_w)
-        draw.text((x, y + layout.tile_h + 2), caption, fill=TEXT, font=font)
+        for line, text in enumerate(lines):
+            draw.text((x, y + layout.tile_h + 2 + line * CAPTION_HEIGHT), fit_text(draw, text, font, layout.tile_w),
+                      fill=TEXT, font=font)
     return canvas
 
 
