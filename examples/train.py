@@ -15,6 +15,7 @@ script only wraps the model in DDP. Works on CPU (gloo) and GPU (nccl, one GPU p
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 
@@ -89,6 +90,7 @@ def evaluate(model, val) -> tuple[float, int]:
 
 def main() -> None:
     args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # the loaders' lines
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:  # torchrun (or srun with its variables)
         # gloo for CPU tensors and NCCL for CUDA ones, both named: a run whose output.device is cpu
         # must work on a GPU machine too, and torch 2.11 with no backend named gives CPU tensors none

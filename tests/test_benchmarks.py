@@ -42,11 +42,12 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "peers": ["peers.py", "--device", "cpu", "--split", "both", "--plot", "{report}.png", *TINY, *ROUND],
     "first_batch": ["first_batch.py", "--device", "cpu", "--tries", "1", "--batch-size", "4", "--threads", "1"],
     "screening": ["screening.py", "--split", "train", "--workers", "1", "--batch-size", "4"],
+    "mixing": ["mixing.py", "--step-ms", "1", *TINY, *ROUND],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step"),
-    ("command_line", "epoch_gap", "peers", "first_batch", "screening"),
+    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -274,7 +275,7 @@ def test_train_step_trains_from_each_kind_of_peer_against_the_model_alone(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 8
+    assert len(SCRIPTS) == 9
     for script in SCRIPTS:
         helped, refused = answers[f"{script} help"], answers[f"{script} no data"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -298,3 +299,16 @@ def test_stages_leaves_files_the_limit_cannot_read_out_of_its_comparison(run):
     assert result["status"] == 0, result["err"][-2000:]
     assert "-> images/s per core" in result["out"] and "worker path against" not in result["out"]
     assert "val: 3 files that are not JPEGs left out of this comparison" in result["out"]
+
+
+@runs_for("mixing")
+def test_mixing_times_the_mixing_call_and_next_with_and_without_it(run):
+    out, report = run
+    assert set(report["alone"]) == {"label smoothing 0.1", "mixup 0.8, batch", "cutmix 1.0, batch",
+                                    "DeiT: mixup 0.8 + cutmix 1.0, batch, smoothing 0.1", "the same, mode pair",
+                                    "the same, mode elem"}
+    assert all(r["call_thread_ms"] > 0 and r["draws_ms"] >= 0 for r in report["alone"].values())
+    assert set(report["next"]) == {"off", "DeiT mixing"} and all(r["thread_ms"] > 0 for r in report["next"].values())
+    assert report["added_ms"] == pytest.approx(report["next"]["DeiT mixing"]["thread_ms"]
+                                               - report["next"]["off"]["thread_ms"])
+    assert "mixing call alone, batch 4 x 3 x 32 x 32 float32 on the CPU" in out and "mixing adds " in out
