@@ -1,9 +1,10 @@
 """What mixup, cutmix and soft targets cost the training thread per batch: its CPU time (thread_time).
 
 1. The mixing call alone (`fastloader.mixing.BatchMixer`, as `Loader._run_epoch` calls it after
-   random erasing) on a normalized float32 batch on the CPU, per setting: the host's draws (the
-   share a GPU run keeps on the training thread, with a few kernel launches), the draws made ahead
-   at the epoch's start (per batch), and the whole call (draws, pixels blended or pasted, targets).
+   random erasing) on a normalized float32 batch on --device, per setting: the host's draws per
+   batch, the draws made ahead at the epoch's start (per batch, over an epoch of 1000 batches), and
+   the whole call (draws, pixels blended or pasted, targets). On the CPU the call does the pixel
+   work itself; on a GPU the training thread only draws and launches a few kernels.
 2. A whole `next(loader)` on the torch backend with its workers ahead (a simulated model step
    sleeps between batches), with mixing off and with DeiT's setting (mixup 0.8, cutmix 1.0, switch
    0.5, mode batch, label smoothing 0.1), and what mixing adds.
@@ -13,6 +14,7 @@ process, all its threads: torch's intra-op threads share the pixel work on the C
 
     python benchmarks/mixing.py --data DIR
     python benchmarks/mixing.py --batch-size 256 --size 224 --rounds 5 --json mixing.json
+    python benchmarks/mixing.py --data DIR --device cuda --workers 8      # on a GPU
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ SETTINGS = {  # name: the train split's keys
     "the same, mode elem": {**DEIT, "mixup": {**DEIT["mixup"], "mode": "elem"}},
 }
 CLASSES = 1000
+EPOCH_BATCHES = 1000
+"""Batches in the epoch whose draws are made ahead (ImageNet at 256 per step on 5 ranks)."""
 
 
 def cpu_times(call, repeats: int) -> tuple[float, float]:
@@ -58,9 +62,9 @@ def mixing_alone(name: str, keys: dict, args, rng: np.random.Generator) -> dict:
         "train")
     mixer = BatchMixer(split, CLASSES)
     batches = [np.stack([np.arange(args.batch_size), rng.integers(0, 2**62, args.batch_size)], axis=1)
-               for _ in range(args.batches)]
-    images = torch.randn(args.batch_size, 3, args.size, args.size)
-    labels = torch.from_numpy(rng.integers(0, CLASSES, args.batch_size))
+               for _ in range(EPOCH_BATCHES)]
+    images = torch.randn(args.batch_size, 3, args.size, args.size, device=args.device)
+    labels = torch.from_numpy(rng.integers(0, CLASSES, args.batch_size)).to(args.device)
     ahead, _ = cpu_times(lambda: mixer.start_epoch(batches), 1)
     turn = iter(range(10**9))
 
@@ -74,14 +78,16 @@ def mixing_alone(name: str, keys: dict, args, rng: np.random.Generator) -> dict:
 
     draw_thread, _ = cpu_times(draws, args.batches)
     thread, process = cpu_times(whole, args.batches)
-    return {"draws_ms": 1000 * draw_thread, "ahead_ms": 1000 * ahead / args.batches,
+    if args.device == "cuda":
+        torch.cuda.synchronize()  # after the timing: the launches are what the training thread pays
+    return {"draws_ms": 1000 * draw_thread, "ahead_ms": 1000 * ahead / EPOCH_BATCHES,
             "call_thread_ms": 1000 * thread, "call_process_ms": 1000 * process}
 
 
 def next_batches(keys: dict, list_path: Path, index, args) -> dict:
     """CPU time of the training thread inside next(loader), per batch, with the workers ahead."""
     overrides = harness.fastloader_overrides("train", args.data / "train", index, list_path, args, backend="torch",
-                                             **{"output.device": "cpu", "workers.num_workers": args.workers})
+                                             **{"output.device": args.device, "workers.num_workers": args.workers})
     overrides.update({f"train.{key}": value for key, value in keys.items()})
     loader, close = harness.fastloader_factory("train", overrides)()
     thread, process = [], []
@@ -103,12 +109,15 @@ def next_batches(keys: dict, list_path: Path, index, args) -> dict:
 def main() -> int:
     parser = harness.base_parser(__doc__)
     parser.set_defaults(split="train", batch_size=256, batches=8, warmup=2, rounds=3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default: cpu")
     parser.add_argument("--step-ms", type=float, default=600,
                         help="simulated model step between batches, long enough for the workers to get "
                              "ahead (default: 600)")
     args = harness.check_args(parser, parser.parse_args())
     if args.split != "train":
         parser.error("--split: mixing runs on train splits only")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU is available here")
     rng = np.random.default_rng(0)
     alone = {name: [] for name in SETTINGS}
     loops = {"off": [], "DeiT mixing": []}
@@ -126,20 +135,22 @@ def main() -> int:
     median = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in alone.items()}
     loop = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in loops.items()}
     shape = f"{args.batch_size} x 3 x {args.size} x {args.size} float32"
-    print(f"mixing call alone, batch {shape} on the CPU, ms of CPU time per batch (median of {args.rounds} rounds):")
+    print(f"mixing call alone, batch {shape} on {args.device}, ms of CPU time per batch "
+          f"(median of {args.rounds} rounds):")
     print(f"  {'setting':<52} {'draws':>7} {'ahead':>7} {'call (thread)':>14} {'call (process)':>15}")
     for name, m in median.items():
         print(f"  {name:<52} {m['draws_ms']:7.3f} {m['ahead_ms']:7.3f} {m['call_thread_ms']:14.2f} "
               f"{m['call_process_ms']:15.2f}")
     off, deit = loop["off"], loop["DeiT mixing"]
     added = deit["thread_ms"] - off["thread_ms"]
-    print(f"next(loader), torch backend, {args.workers} workers ahead, output on the CPU, ms of CPU time per batch "
-          f"(median of {args.batches} batches, then of {args.rounds} rounds):")
+    print(f"next(loader), torch backend, {args.workers} workers ahead, output on {args.device}, ms of CPU time "
+          f"per batch (median of {args.batches} batches, then of {args.rounds} rounds):")
     for name, m in loop.items():
         print(f"  {name:<14} training thread {m['thread_ms']:8.2f}   process {m['process_ms']:8.2f}")
     print(f"  mixing adds {added:.2f} ms to the training thread ({100 * added / off['thread_ms']:+.0f}%)")
     if args.json:
-        args.json.write_text(json.dumps({"hardware": hardware(), "batch_size": args.batch_size, "size": args.size,
+        args.json.write_text(json.dumps({"hardware": hardware(), "device": args.device,
+                                         "batch_size": args.batch_size, "size": args.size,
                                          "workers": args.workers, "rounds": args.rounds, "alone": median,
                                          "next": loop, "added_ms": added,
                                          "raw": {"alone": alone, "next": loops}}, indent=2) + "\n")

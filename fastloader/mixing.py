@@ -24,6 +24,7 @@ What differs from timm, and why:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -191,10 +192,28 @@ def _mix_pairs(images: torch.Tensor, plan: MixPlan) -> torch.Tensor:
         j = size - 1 - i
         if not (_takes(plan, i) or _takes(plan, j)):
             continue
-        spare.copy_(images[i])
+        if _takes(plan, j):  # keep what j takes of i: its box (cutmix) or all of it (mixup)
+            top, bottom, left, right = (int(v) for v in plan.boxes[j]) if plan.cutmix[j] else (0, None, 0, None)
+            spare[:, top:bottom, left:right].copy_(images[i][:, top:bottom, left:right])
         _take(images[i], images[j], plan, i)
         _take(images[j], spare, plan, j)
     return images
+
+
+@contextlib.contextmanager
+def _one_thread(on_cpu: bool):
+    """Mix on one intra-op thread on the CPU: an image (or a target row) is too small a job to share,
+    and where the decoding workers keep the other cores busy OpenMP's waiting threads spin: mixing
+    256 x 224 px took 790 ms of the calling thread's CPU time on 2 threads of a busy 2-core machine,
+    13 ms on one."""
+    threads = torch.get_num_threads()
+    if on_cpu and threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def _takes(plan: MixPlan, row: int) -> bool:
@@ -252,11 +271,12 @@ class BatchMixer:
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """(images mixed in place, float32 soft targets [B, num_classes]) of a batch from its seeds."""
         lam = None
-        if self.mix is not None and len(labels):
-            plan = self.plan(seeds, *images.shape[-2:])
-            mix_images(images, plan)
-            lam = plan.lam
-        return images, soft_targets(labels, lam, self.num_classes, self.smoothing)
+        with _one_thread(images.device.type == "cpu"):
+            if self.mix is not None and len(labels):
+                plan = self.plan(seeds, *images.shape[-2:])
+                mix_images(images, plan)
+                lam = plan.lam
+            return images, soft_targets(labels, lam, self.num_classes, self.smoothing)
 
     def plan(self, seeds: np.ndarray, height: int, width: int) -> MixPlan:
         """The batch's draws: made ahead at the epoch's start where they could be (mode batch)."""

@@ -311,4 +311,4 @@ def test_mixing_times_the_mixing_call_and_next_with_and_without_it(run):
     assert set(report["next"]) == {"off", "DeiT mixing"} and all(r["thread_ms"] > 0 for r in report["next"].values())
     assert report["added_ms"] == pytest.approx(report["next"]["DeiT mixing"]["thread_ms"]
                                                - report["next"]["off"]["thread_ms"])
-    assert "mixing call alone, batch 4 x 3 x 32 x 32 float32 on the CPU" in out and "mixing adds " in out
+    assert "mixing call alone, batch 4 x 3 x 32 x 32 float32 on cpu" in out and "mixing adds " in out

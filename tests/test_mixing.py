@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from conftest import base_config, write_numbered_dataset, write_textured_dataset
+from conftest import DEVICES, base_config, write_numbered_dataset, write_textured_dataset
 
 from fastloader import build_loader
 from fastloader.mixing import BatchMixer, beta_symmetric, mix_images, plan_mixing, soft_targets
@@ -149,8 +149,8 @@ def test_the_draws_made_ahead_for_an_epoch_are_the_draws_made_per_batch():
                    for f in dataclasses.fields(fresh))
 
 
-def mixing_config(root, backend, **train):
-    return base_config(root, backend=backend, train={
+def mixing_config(root, backend, device="cpu", **train):
+    return base_config(root, backend=backend, output={"device": device}, train={
         "batch_size": 5, "drop_last": False, "aug_repeats": 2, "label_smoothing": 0.1,
         "mixup": {"mode": "elem", **BOTH}, "transform": {"size": 32}, **train})
 
@@ -209,3 +209,16 @@ def test_a_resumed_epoch_mixes_and_repeats_as_the_uninterrupted_run(tmp_path, ba
     other = mixing_config(root, backend, batch_size=4, aug_repeats=2)
     with build_loader(other, "train") as loader, pytest.raises(ValueError, match="train.aug_repeats: 3, this loader"):
         loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_batches_and_soft_targets_on_the_loaders_device(tmp_path, backend, device):
+    """On the GPU, the batch is mixed by whole-batch kernels: the same pixels (to 1e-5) and targets as on
+    the CPU, and the targets on the GPU. Solid-colour images, so that both backends' crops agree."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=4, splits=("train",))
+    with build_loader(mixing_config(root, backend, device), "train") as loader, \
+            build_loader(mixing_config(root, "torch"), "train") as reference:
+        for (images, targets), (ref_images, ref_targets) in zip(loader, reference, strict=True):
+            assert images.device.type == targets.device.type == device and targets.dtype == torch.float32
+            assert torch.allclose(images.cpu(), ref_images, atol=1e-5) and torch.equal(targets.cpu(), ref_targets)
