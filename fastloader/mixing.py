@@ -229,12 +229,19 @@ def _take(image: torch.Tensor, partner: torch.Tensor, plan: MixPlan, row: int) -
         image.lerp_(partner, float(1.0 - plan.lam[row]))
 
 
-def soft_targets(labels: torch.Tensor, lam: np.ndarray | None, num_classes: int, smoothing: float) -> torch.Tensor:
-    """timm's mixup_target: float32 [B, num_classes] on the labels' device, rows summing to 1."""
+def soft_targets(labels: torch.Tensor, lam: np.ndarray | float | None, num_classes: int,
+                 smoothing: float) -> torch.Tensor:
+    """timm's mixup_target: float32 [B, num_classes] on the labels' device, rows summing to 1.
+
+    `lam`: per sample (an array), or one for the whole batch (a float: the smoothed rows blended with
+    the flipped ones by one lerp, with no copy from the host; the odd middle row blends with itself)."""
     off = smoothing / num_classes
     targets = torch.full((len(labels), num_classes), off, dtype=torch.float32, device=labels.device)
-    if lam is None or (lam == 1).all():
+    if lam is None or np.all(lam == 1):
         return targets.scatter_(1, labels.view(-1, 1), 1.0 - smoothing + off)
+    if isinstance(lam, float):
+        targets.scatter_(1, labels.view(-1, 1), 1.0 - smoothing + off)
+        return torch.lerp(targets.flip(0), targets, lam)
     shares = np.stack([lam, 1.0 - lam], axis=1) * (1.0 - smoothing)
     columns = torch.stack([labels, labels.flip(0)], dim=1)
     return targets.scatter_add_(1, columns, torch.from_numpy(shares.astype(np.float32)).to(labels.device))
@@ -275,7 +282,7 @@ class BatchMixer:
             if self.mix is not None and len(labels):
                 plan = self.plan(seeds, *images.shape[-2:])
                 mix_images(images, plan)
-                lam = plan.lam
+                lam = float(plan.lam[0]) if plan.whole_batch else plan.lam
             return images, soft_targets(labels, lam, self.num_classes, self.smoothing)
 
     def plan(self, seeds: np.ndarray, height: int, width: int) -> MixPlan:

@@ -221,4 +221,5 @@ def test_mixed_batches_and_soft_targets_on_the_loaders_device(tmp_path, backend,
             build_loader(mixing_config(root, "torch"), "train") as reference:
         for (images, targets), (ref_images, ref_targets) in zip(loader, reference, strict=True):
             assert images.device.type == targets.device.type == device and targets.dtype == torch.float32
-            assert torch.allclose(images.cpu(), ref_images, atol=1e-5) and torch.equal(targets.cpu(), ref_targets)
+            assert torch.allclose(images.cpu(), ref_images, atol=1e-5)
+            assert torch.allclose(targets.cpu(), ref_targets, atol=1e-6)  # a GPU's lerp may round differently
