@@ -15,7 +15,8 @@ What differs from timm, and why:
   batch's first seed, pair mode from each pair's first seed, elem mode from each sample's own.
   Beta(a, a) is X / (X + Y) with X, Y ~ Gamma(a) by Marsaglia and Tsang's method (boosted through
   Gamma(a + 1) x U^(1/a)) from a fixed number of uniforms: 8 tries each, accepted with probability
-  > 0.95 each, so all 8 fail less than once in 10^10 draws, and then the gamma's mode is taken.
+  > 0.95 each, so all 8 fail less than once in 10^10 draws (and then Marsaglia and Tsang's d,
+  next to the gamma's mode, is taken).
 - Any batch size: timm asserts an even batch. In an odd batch (a short last batch with drop_last:
   false, or one a skipped file shortened) the middle sample's partner is itself: it is left as it is,
   with its own smoothed one-hot target.
