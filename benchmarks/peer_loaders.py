@@ -30,7 +30,7 @@ if NO_DALI is None:
     from nvidia.dali.plugin.pytorch import DALIClassificationIterator, LastBatchPolicy
 
     from dali_loader.pipeline import centre_boxes, decoder_options, image_graph
-    from dali_loader.sizes import upright_size
+    from fastloader.imaging.sizes import upright_size
 
 TORCHVISION, NVIDIA, READER = "torchvision defaults", "NVIDIA RN50 example", "our graph + DALI reader"
 EXAMPLE_SEED = 12  # the example's seed=12 + local_rank
@@ -95,9 +95,10 @@ def our_graph_on_dali_reader(files: list[str], labels: list[int], split: str, gp
                                          pad_last_batch=True, name="Reader")
         box = None
         if split != "train":
-            box = fn.external_source(source=boxes_in_order(files, config, split, batch_size), num_outputs=2,
-                                     batch=True, dtype=[types.FLOAT, types.FLOAT])
-        pipe.set_outputs(*image_graph(encoded, label, config, config.split(split), gpu, box))
+            boxes = fn.external_source(source=boxes_in_order(files, config, split, batch_size), batch=True,
+                                       dtype=types.FLOAT)
+            box = boxes[0:2], boxes[2:4]
+        pipe.set_outputs(image_graph(encoded, config, config.split(split), gpu, box), label.gpu() if gpu else label)
     pipe.build()
     return pipe
 

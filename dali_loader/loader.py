@@ -17,7 +17,7 @@ import collections
 import itertools
 import logging
 import os
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
 from fastloader.schema import Config, SplitConfig
 
+from .driver import Driver, Ended
 from .pipeline import build_pipeline, centre_boxes
 from .probe import DecodeProbe, dali_reason
 from .sizes import SizeTable
@@ -43,57 +44,132 @@ _SEED_SALT = 0xDA11
 
 
 class _Feed:
-    """The pipeline's source: file paths (or, from the cache, decoded pixels) and labels of the
-    planned batches, one batch a call; in eval mode also each image's centre box, from its size
-    (read from the file's header once per sample, or the cached pixels' shape).
+    """The pipeline's source: each planned batch as a few dense arrays, one batch a call.
+
+    Files: the samples' paths as rows of one byte matrix and each row's length (DALI's threads read
+    the files); in eval mode also each image's centre box, from its upright size (kept from
+    screening, see sizes.py). The cache: the decoded pixels (one array per sample), and in eval
+    mode the boxes of the cached pixels' shapes. Labels are not fed: the loader takes them from the
+    index. Dense arrays cost the training thread, which calls this, a few numpy operations per batch
+    rather than Python per sample (benchmarks/trainer_thread.py).
 
     Samples found broken earlier (`known_bad`) are left out of what is fed, and `fed` keeps, in
-    order, the (sample, seed) rows of each batch fed and not yet delivered: DALI calls the source
-    `prefetch_queue_depth` batches ahead of the batch it delivers.
+    order, the (sample, seed) rows of each batch fed and not yet delivered, with the sizes its boxes
+    were computed from: DALI calls the source `prefetch_queue_depth` batches ahead of the batch it
+    delivers.
     """
 
     def __init__(self, index: SampleIndex, substitutes: dict[int, str], pixels: CachedPixels | None = None,
-                 eval_split: SplitConfig | None = None, exif_orientation: bool = True):
+                 eval_split: SplitConfig | None = None, exif_orientation: bool = True,
+                 stored_sizes: np.ndarray | None = None):
         self.index = index
         self.pixels = pixels
         self.eval_split = eval_split  # eval: each batch also carries its centre boxes (centre_boxes)
-        self.sizes = SizeTable(len(index), exif_orientation) if eval_split and pixels is None else None
+        self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if eval_split and pixels is None else None
         self.substitutes = substitutes  # sample -> a file DALI can decode in its place (transcode.py)
+        self.substituted = np.fromiter(substitutes, dtype=np.int64, count=len(substitutes))
         self.known_bad: dict[int, str] = {}  # sample -> why DALI could not decode it
-        self.skipped: list[int] = []  # known-bad samples left out since the loader last looked
+        self.skipped: list[int] = []  # known-bad samples left out and not yet attached to a fed batch
         self.batches: Iterator[np.ndarray] = iter(())
-        self.fed: collections.deque[np.ndarray] = collections.deque()
+        self.fed: collections.deque[Fed] = collections.deque()
+        self.stopping = False
 
     def start(self, batches: Iterable[np.ndarray]) -> None:
+        """Feed these batches next (only while no driver runs the pipeline)."""
         self.batches = iter(batches)
         self.fed.clear()
+        self.skipped = []
+        self.stopping = False
+
+    def stop(self) -> None:
+        """End the epoch at the next call, from any thread (a loop left with `break`, close)."""
+        self.stopping = True
 
     def __call__(self) -> tuple:
         while True:
-            batch = next(self.batches)  # StopIteration ends DALI's epoch
+            batch = None if self.stopping else next(self.batches, None)
+            if batch is None:
+                raise StopIteration  # ends DALI's epoch
             if self.known_bad:
                 bad = np.isin(batch[:, 0], list(self.known_bad))
                 self.skipped += batch[bad, 0].tolist()
                 batch = batch[~bad]
             if len(batch):
                 break
-        self.fed.append(batch)
         indices = batch[:, 0]
         if self.pixels is not None:
-            data = [self.pixels.image(i) for i in indices]
+            data = ([self.pixels.image(i) for i in indices],)
         else:
-            data = [np.frombuffer(os.fsencode(self.file(i)), dtype=np.uint8) for i in indices.tolist()]
-        if self.eval_split is None:
-            return data, self.index.labels[indices]
-        if self.pixels is not None:
-            sizes = self.pixels.shapes[self.pixels.rows[indices]]
-        else:
-            sizes = self.sizes.of(indices, self.file)
-        return (data, self.index.labels[indices], *centre_boxes(sizes, self.eval_split))
+            data = self.path_rows(indices)
+        sizes = None
+        if self.eval_split is not None:
+            sizes = self.pixels.shapes[self.pixels.rows[indices]] if self.pixels is not None else \
+                self.sizes.of(indices, self.file)
+            data += (centre_boxes(sizes, self.eval_split),)
+        self.fed.append(Fed(batch, sizes, self.skipped))
+        self.skipped = []
+        return data
+
+    def path_rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The files DALI reads for these samples: (uint8 [n, width] paths, int32 [n, 1] lengths)."""
+        if not len(self.substituted) or not np.isin(indices, self.substituted).any():
+            return self.index.path_rows(indices)
+        paths = [os.fsencode(self.file(sample)) for sample in indices.tolist()]  # a batch with a GIF: rare
+        rows = np.zeros((len(paths), max(map(len, paths))), dtype=np.uint8)
+        for row, path in zip(rows, paths):
+            row[:len(path)] = np.frombuffer(path, dtype=np.uint8)
+        return rows, np.array([[len(path)] for path in paths], dtype=np.int32)
 
     def file(self, sample: int) -> str:
         """The file DALI reads for a sample."""
         return self.substitutes.get(sample) or self.index.path(sample)
+
+    def check_sizes(self, fed: Fed, decoded) -> None:
+        """Eval: each image's size as DALI decoded it against the size its box came from. A file
+        changed since it was screened got a box for its old size in this batch: name it, and keep
+        its new size for the next epochs."""
+        sizes = np.asarray(decoded.as_tensor())[:, :2]
+        changed = np.flatnonzero((sizes != fed.sizes).any(axis=1))
+        for row in changed.tolist():
+            sample = int(fed.plan[row, 0])
+            log.warning("%s changed since it was screened: it decodes to %dx%d (height x width), the screening "
+                        "result said %dx%d, so its eval crop in this batch came from the old size; it is "
+                        "corrected from now on (the screening result is renewed when the dataset's files are "
+                        "added, removed or renamed)", self.file(sample), *sizes[row], *fed.sizes[row])
+            self.sizes.correct(sample, tuple(sizes[row]))
+
+
+class Fed(NamedTuple):
+    """A batch handed to the pipeline: its (sample, seed) rows; in eval mode, the upright (height,
+    width) its centre boxes were computed from; the known-bad samples left out just before it."""
+    plan: np.ndarray
+    sizes: np.ndarray | None
+    skipped: list[int]
+
+
+def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
+              bfloat16: bool) -> Callable:
+    """The driver thread's work on each pipeline output: (images, labels, Fed) as torch tensors on
+    `device`, in the configured dtype and memory format. A function of these values, not of the
+    loader, so that the driver thread does not keep a dropped loader alive."""
+    def convert(outputs) -> tuple[torch.Tensor, torch.Tensor, Fed]:
+        images, *decoded_sizes = outputs
+        fed = feed.fed.popleft()
+        if decoded_sizes:
+            feed.check_sizes(fed, decoded_sizes[0])
+        images = images.as_tensor()
+        if device.type == "cuda":  # on the driver's stream (see driver.py), as DALI's own iterator copies
+            stream = torch.cuda.current_stream(device)
+            images = feed_ndarray(images, torch.empty(images.shape(), dtype=to_torch_type[images.dtype],
+                                                      device=device), cuda_stream=stream)
+        else:  # DALI's executor does not reuse output buffers still referenced: no copy needed
+            images = torch.from_dlpack(images)
+        if channels_last:
+            images = images.permute(0, 3, 1, 2)  # NHWC memory seen as a channels_last NCHW tensor
+        if bfloat16:
+            images = images.to(torch.bfloat16)
+        return images, torch.from_numpy(labels[fed.plan[:, 0]]).to(device, non_blocking=True), fed
+    return convert
 
 
 def pipeline_seed(seed: int, rank: int) -> int:
@@ -112,9 +188,10 @@ class DaliLoader(Loader):
         self._bfloat16 = config.output.dtype == "bfloat16"
         substitutes = transcoded_for_dali(prepared.index, prepared.needs_substitute)
         self._feed = _Feed(prepared.index, substitutes, prepared.pixels, split if split.mode != "train" else None,
-                           config.dataset.exif_orientation)
+                           config.dataset.exif_orientation, prepared.sizes)
         self._pipe = self._build()
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
+        self._driver: Driver | None = None  # the thread running the pipeline during an epoch
         self._run = 0  # which loop owns the pipeline
         self._broken = ""  # why the pipeline cannot run any more
         self._announce()
@@ -124,7 +201,8 @@ class DaliLoader(Loader):
             self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
-            seed=pipeline_seed(self.config.seed, self.ranks.rank), cached=self._feed.pixels is not None)
+            seed=pipeline_seed(self.config.seed, self.ranks.rank), cached=self._feed.pixels is not None,
+            check_sizes=self._feed.sizes is not None)
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
@@ -132,8 +210,9 @@ class DaliLoader(Loader):
     @property
     def prefetch_depth(self) -> int:
         """Batches this loader may hold prepared ahead of its consumer: DALI's prefetch queue
-        (workers.prefetch_factor), plus the batch being assembled."""
-        return self.config.workers.prefetch_factor + 1
+        (workers.prefetch_factor), the batch being assembled, and the one the driver thread holds
+        converted for the trainer."""
+        return self.config.workers.prefetch_factor + 2
 
     def _parallelism(self) -> str:
         decoder = "nvJPEG on the GPU" if self.flavour == "gpu" else "decoding on the CPU"
@@ -149,34 +228,43 @@ class DaliLoader(Loader):
         run = self._run
         self._feed.start(batches)
         self._epoch_open = True
+        self._driver = self._drive()
         delivered = 0
         while self._run == run:  # else a newer loop took the pipeline over
-            try:
-                images, labels = self._pipe.run()
-            except StopIteration:
-                break
-            except RuntimeError as error:
-                self._recover(error, delivered)
+            item = self._driver.get()
+            if isinstance(item, Ended):
+                self._driver = None
+                if item.error is None:
+                    break
+                if not isinstance(item.error, RuntimeError):
+                    self._epoch_open = False
+                    raise item.error
+                self._recover(item.error, delivered)
+                self._driver = self._drive()
                 continue
-            plan = self._feed.fed.popleft()
             delivered += 1
-            self._record_feed_skips()
-            yield (*self._to_torch(images, labels), plan[:, 1])
+            self._record_skips(item.fed.skipped)
+            yield item.images, item.labels, item.fed.plan[:, 1]
         if self._run == run:
-            self._record_feed_skips()
+            self._record_skips(self._feed.skipped)
             self._end_epoch()
 
-    def _record_feed_skips(self) -> None:
+    def _drive(self) -> Driver:
+        """A driver thread running the pipeline over the feed's batches (see driver.py)."""
+        convert = converter(self._feed, self.index.labels, self.device, self.config.output.channels_last,
+                            self._bfloat16)
+        return Driver(self._pipe, convert, self._feed.stop, self.device)
+
+    def _record_skips(self, samples: list[int]) -> None:
         """Known-bad samples the feed left out (it holds no reference back to the loader, so that a
         dropped loader frees its pipeline at once rather than at the next garbage collection)."""
-        for sample in self._feed.skipped:
+        for sample in samples:
             self._skip_sample(self.index.path(sample), self._feed.known_bad[sample])
-        self._feed.skipped.clear()
 
     def _recover(self, error: RuntimeError, number: int) -> None:
         """After DALI failed: find the files that broke it, then go on without them in a new pipeline
         (dataset.on_bad_image: skip) or stop naming them (raise). Never retries blindly, never hangs."""
-        suspects = list(self._feed.fed)  # the failed batch and those DALI had started after it
+        suspects = [fed.plan for fed in self._feed.fed]  # the failed batch and those DALI had started after it
         probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None)
         culprits = {}
         for sample in np.concatenate(suspects)[:, 0].tolist() if suspects else []:
@@ -211,32 +299,14 @@ class DaliLoader(Loader):
         """Stop feeding, drop the batches DALI prefetched (after a `break`) and rewind its epoch."""
         if not self._epoch_open:
             return
-        self._feed.start(())
-        while True:
-            try:
-                self._pipe.run()
-            except StopIteration:
-                break
+        if self._driver is not None:
+            self._driver.close()  # an error now belongs to an epoch nobody reads any more
+            self._driver = None
         self._pipe.reset()
         self._epoch_open = False
 
-    def _to_torch(self, images, labels) -> tuple[torch.Tensor, torch.Tensor]:
-        """DALI's batch -> torch tensors on self.device, in the configured dtype and memory format."""
-        images, labels = images.as_tensor(), labels.as_tensor()
-        if self.flavour == "gpu":  # copy on the trainer's stream, as DALI's own iterator does
-            stream = torch.cuda.current_stream(self.device)
-            images = feed_ndarray(images, torch.empty(images.shape(), dtype=to_torch_type[images.dtype],
-                                                      device=self.device), cuda_stream=stream)
-            labels = feed_ndarray(labels, torch.empty(labels.shape(), dtype=torch.int64, device=self.device),
-                                  cuda_stream=stream)
-        else:  # DALI's executor does not reuse output buffers still referenced: no copy needed
-            images, labels = torch.from_dlpack(images), torch.from_dlpack(labels)
-        if self.config.output.channels_last:
-            images = images.permute(0, 3, 1, 2)  # NHWC memory seen as a channels_last NCHW tensor
-        if self._bfloat16:
-            images = images.to(torch.bfloat16)
-        return images, labels
-
     def _close(self) -> None:
-        self._feed.start(())
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
         self._pipe = None  # DALI frees its threads and buffers when the pipeline is destroyed

@@ -21,7 +21,7 @@ from nvidia.dali import fn, types
 from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
-from fastloader.imaging.boxes import centre_box
+from fastloader.imaging.boxes import centre_boxes as centre_box_array
 from fastloader.schema import Config, SplitConfig
 
 INTERPOLATION = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
@@ -47,8 +47,8 @@ def decoder_options(gpu: bool, hw_decoder_load: float) -> dict:
             "preallocate_height_hint": PREALLOCATE_HEIGHT_HINT, "hw_decoder_load": hw_decoder_load}
 
 
-def image_graph(encoded, labels, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None):
-    """(images, labels) DataNodes of one split's graph, from encoded-file and label DataNodes.
+def image_graph(encoded, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None) -> DataNode:
+    """The images DataNode of one split's graph, from an encoded-file DataNode.
 
     Train decodes only the random crop (ROI decode); eval decodes the whole image and resizes the
     centre `box` (roi_start, roi_end DataNodes computed on the host, see build_pipeline). Then the
@@ -65,10 +65,10 @@ def image_graph(encoded, labels, config: Config, split: SplitConfig, gpu: bool, 
     else:
         images = fn.decoders.image(encoded, output_type=types.RGB, adjust_orientation=exif, **decoder)
         images = resize_box(images, box, split)
-    return finish(images, labels, config, split, gpu)
+    return finish(images, config, split)
 
 
-def pixel_graph(pixels, labels, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None):
+def pixel_graph(pixels, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None) -> DataNode:
     """The same graph after the decoder, for decoded HWC uint8 pixels (the uint8 cache): train takes
     a random-resized crop with the decoder's area, aspect and tries; eval the same centre box."""
     t = split.transform
@@ -79,7 +79,7 @@ def pixel_graph(pixels, labels, config: Config, split: SplitConfig, gpu: bool, b
                                         **_resampling(t))
     else:
         images = resize_box(images, box, split)
-    return finish(images, labels, config, split, gpu)
+    return finish(images, config, split)
 
 
 def _resampling(t) -> dict:
@@ -94,17 +94,17 @@ def resize_box(images: DataNode, box: Box, split: SplitConfig) -> DataNode:
                      **_resampling(t))
 
 
-def centre_boxes(sizes: np.ndarray, split: SplitConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(roi_start, roi_end), float32 [n, 2] each in DALI's (y, x) order, of the centre boxes of
-    images of upright (height, width) `sizes`: what the feed passes in with an eval batch."""
+def centre_boxes(sizes: np.ndarray, split: SplitConfig) -> np.ndarray:
+    """float32 [n, 4]: (roi_start, roi_end) in DALI's (y, x) order, i.e. (top, left, bottom, right),
+    of the centre boxes of images of upright (height, width) `sizes`: what the feed passes in with
+    an eval batch."""
     t = split.transform
-    boxes = np.array([centre_box(width, height, t.size, t.crop_pct) for height, width in sizes.tolist()],
-                     dtype=np.float32).reshape(-1, 4)  # left, top, right, bottom
-    return boxes[:, 1::-1].copy(), boxes[:, :1:-1].copy()
+    boxes = centre_box_array(sizes[:, 1], sizes[:, 0], t.size, t.crop_pct)  # left, top, right, bottom
+    return np.ascontiguousarray(boxes[:, [1, 0, 3, 2]], dtype=np.float32)
 
 
-def finish(images: DataNode, labels: DataNode, config: Config, split: SplitConfig, gpu: bool):
-    """Flip (train), normalize, cast and lay out size x size images; labels to the images' device.
+def finish(images: DataNode, config: Config, split: SplitConfig) -> DataNode:
+    """Flip (train), normalize, cast and lay out size x size images.
 
     Images leave as the configured float dtype (bfloat16 as float32, cast by the loader), CHW, or
     HWC when the output is channels_last (NHWC memory, which torch sees as a channels_last NCHW
@@ -116,34 +116,47 @@ def finish(images: DataNode, labels: DataNode, config: Config, split: SplitConfi
     images = fn.crop_mirror_normalize(
         images, dtype=OUTPUT_DTYPE[config.output.dtype], output_layout="HWC" if config.output.channels_last else "CHW",
         mean=mean, std=std, mirror=mirror)
-    return images, (labels.gpu() if gpu else labels)
+    return images
 
 
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
-                   cached: bool = False) -> Pipeline:
-    """A built pipeline that pulls (list of UTF-8 file paths as uint8 arrays, int64 labels) batches
-    from `source`; DALI's threads read the files (Python reading them costs 6% of throughput).
-    With `cached`, `source` gives (list of HWC uint8 pixel arrays, int64 labels) instead. In eval
-    mode `source` also gives each batch's centre boxes, (roi_start, roi_end) from centre_boxes:
-    the box is host arithmetic on the image size, which as DALI operators halved the GPU eval rate.
+                   cached: bool = False, check_sizes: bool = False) -> Pipeline:
+    """A built pipeline whose first output is the images of the batches it pulls from `source`:
+    (uint8 [n, width] file paths, one per row, int32 [n, 1] their lengths); DALI's threads read the
+    files (Python reading them costs 6% of throughput). With `cached`, `source` gives (list of HWC
+    uint8 pixel arrays,) instead. In eval mode `source` also gives each batch's centre boxes, float32
+    [n, 4] (roi_start, roi_end) from centre_boxes: the box is host arithmetic on the image size,
+    which as DALI operators halved the GPU eval rate. With `check_sizes` (eval, files) the second
+    output is each image's upright shape from its header, which the loader compares with the size
+    its box came from. Labels stay on the host: the loader knows them.
 
     `source` is called on the host, once per batch, ahead of use by `prefetch_queue_depth`
-    batches; raising StopIteration ends the epoch. device_id None builds the cpu flavour.
+    batches; raising StopIteration ends the epoch. device_id None builds the cpu flavour. Each
+    array `source` returns is one call into DALI on the training thread, so they are few and dense.
     """
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
                     prefetch_queue_depth=prefetch_queue_depth, seed=seed)
     gpu = device_id is not None
-    inputs = 2 if split.mode == "train" else 4
+    names = ["pixels"] if cached else ["paths", "lengths"]
+    if split.mode != "train":
+        names += ["box"]
+    dtypes = {"pixels": types.UINT8, "paths": types.UINT8, "lengths": types.INT32, "box": types.FLOAT}
     with pipe:
-        data, labels, *box = fn.external_source(
-            source=source, num_outputs=inputs, batch=True,
-            dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT][:inputs],
-            layout=["HWC" if cached else "", "", "", ""][:inputs])
+        inputs = fn.external_source(source=source, num_outputs=len(names), batch=True,
+                                    dtype=[dtypes[name] for name in names],
+                                    layout=["HWC" if name == "pixels" else "" for name in names])
+        inputs = dict(zip(names, inputs))
+        box = (inputs["box"][0:2], inputs["box"][2:4]) if split.mode != "train" else None
         if cached:
-            outputs = pixel_graph(data, labels, config, split, gpu, box)
-        else:
-            outputs = image_graph(fn.io.file.read(data), labels, config, split, gpu, box)
+            outputs = [pixel_graph(inputs["pixels"], config, split, gpu, box)]
+        else:  # each row of the path matrix cut to its length: one file name per sample
+            paths = fn.slice(inputs["paths"], start=types.Constant(np.zeros(1, dtype=np.int32)),
+                             shape=inputs["lengths"], axes=[0])
+            encoded = fn.io.file.read(paths)
+            outputs = [image_graph(encoded, config, split, gpu, box)]
+            if check_sizes:
+                outputs.append(fn.peek_image_shape(encoded, adjust_orientation=config.dataset.exif_orientation))
         pipe.set_outputs(*outputs)
     pipe.build()
     return pipe

@@ -1,72 +1,44 @@
-"""The upright (height, width) of each eval image, read on the host for its centre box.
+"""Each sample's upright (height, width), which the DALI feed turns into its eval box on the host.
 
 Why on the host: computing the box inside the DALI graph (peek_image_shape, then some twenty
 arithmetic operators per batch) halved the GPU flavour's eval throughput (issue 16); the box is a
-few float operations on two integers, so the feed computes it and passes it in with the batch.
+few float operations on two integers, so the feed computes a batch's boxes and passes them in.
 
-Why a JPEG header walk (fastloader/imaging/jpeg_header.py, shared with the torch backend):
-Pillow's `Image.open` + `getexif` costs 60-70 us per file here, which the feed would pay on its one
-thread for every image of an epoch. The walk reads a few KB and takes a fraction of that. DALI
-turns an image by its EXIF orientation only, so that is the one used here. Other formats, and JPEGs
-the walk is not sure of, go to Pillow. Sizes are kept per sample, so each file's header is read once
-per loader.
+Where the sizes come from: the screening pass that ran when the loader was built read every
+file's header in parallel and kept each size with its result (fastloader/screening.py), so the
+training thread reads none. Without a screening result (dataset.screen: false) a file's header is
+read on the training thread the first time its sample is fed (fastloader.imaging.sizes, 10-20 us a
+JPEG), and kept. A file that changed since it was screened is found by the pipeline's own header
+read (peek_image_shape, see loader.py), named, and its size corrected.
 """
 from __future__ import annotations
 
-import logging
-import struct
-
 import numpy as np
-from PIL import Image
 
-from fastloader.imaging.jpeg_header import ORIENTATION, SWAPPED, read_header_from
-
-log = logging.getLogger("fastloader")
-
-
-def jpeg_size(handle, exif: bool) -> tuple[int, int] | None:
-    """(height, width) of a JPEG as DALI decodes it (EXIF orientation applied when `exif`), from
-    its markers; None where the walk is not sure of the header (not a JPEG, damaged, unusual)."""
-    header = read_header_from(handle)
-    if header is None:
-        return None
-    turned = exif and header.exif_orientation in SWAPPED
-    return (header.width, header.height) if turned else (header.height, header.width)
-
-
-def pillow_size(path: str, exif: bool) -> tuple[int, int]:
-    """(height, width) as displayed, through Pillow: any format it reads."""
-    with Image.open(path) as image:
-        width, height = image.size
-        orientation = image.getexif().get(ORIENTATION, 1)
-        if image.format == "TIFF" and orientation in SWAPPED:  # Pillow gives a TIFF's size upright already
-            width, height = height, width
-    return (width, height) if exif and orientation in SWAPPED else (height, width)
-
-
-def upright_size(path: str, exif: bool) -> tuple[int, int] | None:
-    """(height, width) of the image as decoded with adjust_orientation=`exif`; None when the file
-    cannot be read (DALI then fails on it, and the loader's recovery names it)."""
-    try:
-        with open(path, "rb") as handle:
-            size = jpeg_size(handle, exif)
-        return size or pillow_size(path, exif)
-    except (OSError, ValueError, struct.error, Image.DecompressionBombError) as error:
-        log.debug("cannot read the size of %s for its eval box: %s", path, error)
-        return None
+from fastloader.imaging.sizes import stored_size, upright
 
 
 class SizeTable:
-    """Sample -> upright (height, width), each read once on first use."""
+    """Sample -> upright (height, width): from screening, else each read once on first use."""
 
-    def __init__(self, count: int, exif: bool):
+    def __init__(self, count: int, exif: bool, stored: np.ndarray | None = None):
         self.exif = exif
-        self.sizes = np.zeros((count, 2), dtype=np.int64)  # 0: not read yet
+        self.sizes = np.zeros((count, 2), dtype=np.int64) if stored is None else upright(stored, exif)
+        """int64 [count, 2]; 0: not known yet (read on first use)."""
 
     def of(self, samples: np.ndarray, path_of) -> np.ndarray:
         """[len(samples), 2] sizes; `path_of(sample)` names the file DALI reads for a sample.
         A file that cannot be read gets 1 x 1 for this batch (any box will do: DALI fails on it)."""
-        for sample in samples[self.sizes[samples, 0] == 0].tolist():
-            self.sizes[sample] = upright_size(path_of(sample), self.exif) or (0, 0)
         sizes = self.sizes[samples]
+        unknown = sizes[:, 0] == 0
+        if unknown.any():
+            for sample in samples[unknown].tolist():
+                stored = stored_size(path_of(sample))
+                if stored is not None:
+                    self.sizes[sample] = upright(np.array([stored]), self.exif)[0]
+            sizes = self.sizes[samples]
         return np.where(sizes == 0, 1, sizes)
+
+    def correct(self, sample: int, size: tuple[int, int]) -> None:
+        """The decoder saw another size than the table held (the file changed): keep the new one."""
+        self.sizes[sample] = size

@@ -111,4 +111,5 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
     if cache is not None:
         return PreparedSplit(cache.index, tuple(cache.bad), workers, pixels=cache.pixels)
     screened = screen_index(config, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
-    return PreparedSplit(screened.index, tuple(screened.bad), workers, needs_substitute=screened.formats)
+    return PreparedSplit(screened.index, tuple(screened.bad), workers, needs_substitute=screened.formats,
+                         sizes=screened.sizes)

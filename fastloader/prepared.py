@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import numpy as np
+
 from .cache import CachedPixels
 from .distributed import RankInfo, cpu_workers_per_rank
 from .samples import SampleIndex
@@ -31,6 +33,9 @@ class PreparedSplit:
     needs_substitute: Mapping[int, str] = field(default_factory=dict)
     """Sample -> format of each file in a format DALI's decoder cannot read (GIF), which the DALI
     backend reads through a PNG substitute (dali_loader/transcode.py); the torch backend reads all."""
+    sizes: np.ndarray | None = None
+    """int32 [len(index), 3]: each sample's stored (height, width, turned), read by screening
+    (fastloader.imaging.sizes.upright gives the decoded size); None where the split was not screened."""
 
     @property
     def pixels_from(self) -> str:

@@ -13,6 +13,7 @@ is decoded (see `dataset.on_bad_image`).
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -34,8 +35,9 @@ from .schema import Config
 
 log = logging.getLogger("fastloader")
 
-SCREEN_VERSION = 2
-"""Raised when a cached result would read otherwise: 2, a bomb names dataset.max_pixels."""
+SCREEN_VERSION = 3
+"""Raised when a cached result would read otherwise: 2, a bomb names dataset.max_pixels; 3, each
+file's stored size and orientation are kept."""
 PROGRESS_FROM = 20_000
 """Screening this many files or more shows a progress bar (about a second of work per core)."""
 IN_PROCESS_UP_TO = 4_000
@@ -50,6 +52,9 @@ class ScreenedIndex:
     """(path, reason) of the files left out, in index order."""
     formats: dict[int, str] = field(default_factory=dict)
     """Sample (in `index`) -> format, for the files whose format DALI cannot decode."""
+    sizes: np.ndarray | None = None
+    """int32 [len(index), 3]: each sample's stored (height, width, turned) as screening read it
+    (fastloader.imaging.sizes), so that no loader reads a header again; None when not screened."""
 
 
 def screen_index(config: Config, index: SampleIndex, workers: int | None = None) -> ScreenedIndex:
@@ -60,9 +65,9 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
     """
     if not config.dataset.screen:
         return ScreenedIndex(index)
-    problems, formats = _cached_screen(index, config.dataset.max_pixels, workers)
+    problems, formats, sizes = _cached_screen(index, config.dataset.max_pixels, workers)
     if not problems and not formats:
-        return ScreenedIndex(index)
+        return ScreenedIndex(index, sizes=sizes)
     positions = {relpath: i for i, relpath in enumerate(_relpaths(index)) if relpath in problems or relpath in formats}
     bad = sorted((positions[relpath], reason) for relpath, reason in problems.items())
     if bad and config.dataset.on_bad_image == "raise":
@@ -86,15 +91,17 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
                     if relpath not in problems}
     kept = index.without(dropped) if dropped else index
     bad_paths = [(index.path(position), reason) for position, reason in bad]
-    return ScreenedIndex(kept, bad_paths, kept_formats)
+    return ScreenedIndex(kept, bad_paths, kept_formats, sizes[keep])
 
 
 def _relpaths(index: SampleIndex) -> Iterator[str]:
     return (index.relpath(i) for i in range(len(index)))
 
 
-def _cached_screen(index: SampleIndex, max_pixels: int, workers: int | None) -> tuple[dict[str, str], dict[str, str]]:
-    """({relpath: problem}, {relpath: format DALI cannot decode}) from the cache, else screened now."""
+def _cached_screen(index: SampleIndex, max_pixels: int,
+                   workers: int | None) -> tuple[dict[str, str], dict[str, str], np.ndarray]:
+    """({relpath: problem}, {relpath: format DALI cannot decode}, stored sizes int32 [n, 3] in index
+    order) from the cache, else screened now."""
     cache = screening_file(index, max_pixels)
     cache.parent.mkdir(parents=True, exist_ok=True)
     with _locked(cache.with_suffix(".lock")):
@@ -104,13 +111,16 @@ def _cached_screen(index: SampleIndex, max_pixels: int, workers: int | None) -> 
         started = time.perf_counter()
         progress = Progress(len(index), "files") if len(index) >= PROGRESS_FROM else None
         problems, formats = {}, {}
+        sizes = np.zeros((len(index), 3), dtype=np.int32)
         paths = index.paths()
         results = screen_files(paths, workers=workers if len(index) > IN_PROCESS_UP_TO else 0, max_pixels=max_pixels,
                                fork=False, on_progress=progress.update if progress else None)
-        for relpath, result in zip(_relpaths(index), results):
+        for position, (relpath, result) in enumerate(zip(_relpaths(index), results)):
             if result.problem:
                 problems[relpath] = result.problem
-            elif result.format not in DALI_FORMATS:
+                continue
+            sizes[position] = result.height, result.width, result.turned
+            if result.format not in DALI_FORMATS:
                 formats[relpath] = result.format or "unknown"
         if progress:
             progress.finish()
@@ -118,20 +128,23 @@ def _cached_screen(index: SampleIndex, max_pixels: int, workers: int | None) -> 
                  time.perf_counter() - started, len(problems), cache)
         partial = cache.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps({"version": SCREEN_VERSION, "root": index.root, "files": len(index),
-                                       "problems": problems, "formats": formats}))
+                                       "problems": problems, "formats": formats,
+                                       "sizes": base64.b64encode(sizes.tobytes()).decode("ascii")}))
         os.replace(partial, cache)
-        return problems, formats
+        return problems, formats, sizes
 
 
-def _read(cache: Path) -> tuple[dict[str, str], dict[str, str]] | None:
+def _read(cache: Path) -> tuple[dict[str, str], dict[str, str], np.ndarray] | None:
+    """A cached result, or None when absent, unreadable or of another version (then screened again)."""
     try:
         data = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        return None
-    if data.get("version") != SCREEN_VERSION:
+        if data.get("version") != SCREEN_VERSION:
+            return None
+        sizes = np.frombuffer(base64.b64decode(data["sizes"]), dtype=np.int32).reshape(data["files"], 3)
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     log.debug("screening of %s read from %s", data.get("root"), cache)
-    return data["problems"], data["formats"]
+    return data["problems"], data["formats"], sizes
 
 
 @contextlib.contextmanager

@@ -31,7 +31,8 @@ def test_both_backends_interleaved_with_json_and_plot(tmp_path):
     summary = json.loads((out / "bench.json").read_text())
     torch_run, dali_run = summary["runs"]
     assert (torch_run["backend"], dali_run["backend"]) == ("torch", "dali")
-    assert torch_run["prefetch_depth"] == 2 * 2 and dali_run["prefetch_depth"] == 2 + 1  # sample.yaml: 2 workers
+    # sample.yaml: 2 workers x prefetch 2; DALI: its queue of 2, the batch assembled, the one its driver holds
+    assert torch_run["prefetch_depth"] == 2 * 2 and dali_run["prefetch_depth"] == 2 + 2
     for run_ in summary["runs"]:
         assert [r["batches"] for r in run_["rounds"]] == [6, 6, 6] and run_["images"] == 3 * 6 * 16
         assert [r["drained"] for r in run_["rounds"]] == [run_["prefetch_depth"]] * 3  # > --warmup 1

@@ -42,11 +42,13 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "peers": ["peers.py", "--device", "cpu", "--split", "both", "--plot", "{report}.png", *TINY, *ROUND],
     "first_batch": ["first_batch.py", "--device", "cpu", "--tries", "1", "--batch-size", "4", "--threads", "1"],
     "screening": ["screening.py", "--split", "train", "--workers", "1", "--batch-size", "4"],
+    "trainer_thread": ["trainer_thread.py", "--device", "cpu", "--batch-size", "4", "--size", "32", "--workers", "1",
+                       "--repeat-train", "1", "--repeat-val", "2", "--step-ms", "1", "--rounds", "1"],
     "mixing": ["mixing.py", "--step-ms", "1", *TINY, *ROUND],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
-    ("memory_workers", "memory_index", "cache", "stages", "train_step"),
+    ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "screening"),
 )
 
@@ -272,10 +274,29 @@ def test_train_step_trains_from_each_kind_of_peer_against_the_model_alone(run):
         assert "skipped dali-cache, nvidia: NVIDIA DALI is not installed" in out
 
 
+@runs_for("trainer_thread")
+def test_trainer_thread_measures_each_peer_in_its_first_and_a_later_epoch(run):
+    out, report = run
+    peers = ["fastloader torch"] + (["NVIDIA RN50 example", "fastloader dali"] if HAS_DALI else [])
+    for split, batches in (("train", 3), ("val", 6)):  # 12 files x 1 in batches of 4 (drop_last); 3 x 2, eval
+        result = report["splits"][split]
+        assert sorted(result["measurements"]) == sorted(peers)
+        for peer in ("fastloader torch", "fastloader dali"):
+            if peer in peers:  # fastloader's loaders: the split's batches in each of the two epochs
+                (epochs,) = result["measurements"][peer]
+                assert [e["batches"] for e in epochs] == [batches, batches], (split, peer)
+                assert all(e["us_per_sample"] > 0 for e in epochs)
+        assert sorted(result["summary"]) == ["first", "later"]
+        assert all(sorted(row) == sorted(peers) for row in result["summary"].values())
+    if HAS_DALI:
+        assert "ratio later epoch: fastloader dali / NVIDIA RN50 example = " in out
+        assert "ratio first epoch: fastloader torch / NVIDIA RN50 example = " in out
+
+
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 9
+    assert len(SCRIPTS) == 10
     for script in SCRIPTS:
         helped, refused = answers[f"{script} help"], answers[f"{script} no data"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)

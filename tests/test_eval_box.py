@@ -15,9 +15,9 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86
 from conftest import REALPHOTOS, base_config, requires_realphotos  # noqa: E402
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
-from dali_loader.sizes import upright_size  # noqa: E402
 from fastloader import build_loader  # noqa: E402
 from fastloader.imaging.jpeg_header import HEAD_BYTES  # noqa: E402
+from fastloader.imaging.sizes import upright_size  # noqa: E402
 
 TORCHVISION_BOUND = 0.005
 """Mean |DALI - torchvision| (normalized units) over the eval images; measured 0.0028 on the real photos."""
@@ -134,3 +134,75 @@ def test_dali_eval_from_the_cache_is_torchvisions_box_of_the_cached_pixels(tmp_p
     reference = torch.stack([transform(pixels.image(i)) for i in range(len(index))])
     per_image = (images - reference).abs().mean(dim=(1, 2, 3))
     assert images.shape == (7, 3, 64, 64) and per_image.mean() <= TORCHVISION_BOUND, per_image
+
+
+def test_centre_boxes_of_a_batch_are_torchvisions_arithmetic_image_by_image():
+    """The vectorized box is Resize(floor(size / crop_pct)) + CenterCrop(size) as torchvision rounds
+    them (the long side truncated, the offset rounded half to even), on every size, bit for bit."""
+    from fastloader.imaging.boxes import centre_boxes
+
+    def torchvision_box(width, height, size, crop_pct):
+        short = int(size / crop_pct)
+        resized_w, resized_h = (short, int(short * height / width)) if width <= height else \
+            (int(short * width / height), short)
+        left, top = int(round((resized_w - size) / 2.0)), int(round((resized_h - size) / 2.0))
+        sx, sy = width / resized_w, height / resized_h
+        return [left * sx, top * sy, (left + size) * sx, (top + size) * sy]
+
+    rng = np.random.default_rng(0)
+    widths, heights = rng.integers(1, 4000, 3000), rng.integers(1, 4000, 3000)
+    widths[:40], heights[:40] = np.arange(1, 41), 1  # long thin images, offsets of .5 that round to even
+    for size, crop_pct in ((224, 0.875), (32, 1.0), (7, 0.5), (288, 0.95)):
+        expected = [torchvision_box(w, h, size, crop_pct) for w, h in zip(widths.tolist(), heights.tolist())]
+        assert centre_boxes(widths, heights, size, crop_pct).tolist() == expected
+
+
+def test_screening_keeps_each_files_size_as_dali_decodes_it(tmp_path):
+    """The sizes the DALI feed computes its boxes from come from screening, cached with its result:
+    for every odd layout (EXIF turns, TIFF, PNG, CMYK) the size DALI's header read gives."""
+    from fastloader import load_config
+    from fastloader.imaging.sizes import upright
+    from fastloader.samples import build_index
+    from fastloader.screening import screen_index
+
+    folder = tmp_path / "data" / "val" / "odd"
+    folder.mkdir(parents=True)
+    odd_files(folder)
+    config = load_config(base_config(tmp_path / "data"))
+    index = build_index(config, config.split("val"))
+    fresh = screen_index(config, index).sizes
+    cached = screen_index(config, index).sizes  # the second read comes from the screening cache
+    assert np.array_equal(fresh, cached) and len(fresh) == len(index) == 17
+    for adjust in (True, False):
+        expected = [upright_size(index.path(i), adjust) for i in range(len(index))]
+        assert upright(cached, adjust).tolist() == [list(size) for size in expected]
+    assert sum(upright(cached, True)[:, 0] == 64) == 12  # stored 64 x 48: the twelve turned ones
+    assert sum(upright(cached, False)[:, 0] == 64) == 0
+
+
+def test_eval_without_screening_reads_sizes_itself_and_gives_the_same_batches(tmp_path):
+    config = write_odd_sizes(tmp_path)
+    screened, _ = dali_eval(config)
+    unscreened, _ = dali_eval({**config, "dataset": {**config["dataset"], "screen": False}})
+    assert torch.equal(screened, unscreened)
+
+
+def test_a_file_resized_after_screening_is_named_and_its_box_corrected(tmp_path, caplog):
+    """The screening result is cached per dataset (its paths), so it does not see a file rewritten
+    at another size. The pipeline's own header read does: the file is named, and its next epochs
+    get the box of its new size, the very pixels a fresh screening gives."""
+    import logging
+    config = write_odd_sizes(tmp_path)
+    dali_eval(config)  # screened and cached
+    changed = sorted((tmp_path / "val").rglob("i2.png"))[0]
+    Image.open(changed).resize((61, 170)).save(changed)
+    with build_loader({**config, "backend": "dali"}, "val") as loader:
+        with caplog.at_level(logging.WARNING, logger="fastloader"):
+            first = torch.cat([x for x, _ in loader])
+        second = torch.cat([x for x, _ in loader])
+    assert f"{changed} changed since it was screened: it decodes to 170x61 (height x width), the screening " \
+           "result said 97x131" in caplog.text
+    reference, paths = dali_eval({**config, "dataset": {**config["dataset"], "screen": False}})
+    row = paths.index(str(changed))
+    assert torch.equal(second, reference)
+    assert not torch.equal(first[row], reference[row])

@@ -23,6 +23,7 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 
 from ..errors import error_text
 from ..parallel import available_cores, map_chunks
+from .sizes import jpeg_stored_size, pillow_stored_size
 
 BOMB_PIXELS = 178_956_970
 """Width x height above which a file counts as a decompression bomb. It is Pillow's own error
@@ -72,7 +73,10 @@ class Screened:
     format: str | None = None
     width: int | None = None
     height: int | None = None
+    """As stored, before any EXIF orientation."""
     problem: str | None = None
+    turned: bool = False
+    """The EXIF orientation turns the image by 90 degrees: decoded upright, it is height x width."""
 
     @property
     def suffix_mismatch(self) -> bool:
@@ -111,7 +115,7 @@ def screen_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
             try:
                 with Image.open(handle) as image:
                     fmt = found or _PILLOW_ALIASES.get(image.format or "", image.format)
-                    width, height = image.size
+                    height, width, turned = _stored_size(handle, image, fmt)
             except UnidentifiedImageError:
                 return Screened(path, found, problem=_unidentified(found, head))
             except Image.DecompressionBombError as error:
@@ -126,8 +130,8 @@ def screen_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
                 handle.seek(max(0, size - TAIL_BYTES))
                 problem = _tail_problem(fmt, handle.read())
                 if problem:
-                    return Screened(path, fmt, width, height, problem)
-            return Screened(path, fmt, width, height)
+                    return Screened(path, fmt, width, height, problem, turned)
+            return Screened(path, fmt, width, height, turned=turned)
     except FileNotFoundError:
         return Screened(path, problem="missing (no such file)" if not os.path.islink(path) else
                         "missing (broken symbolic link)")
@@ -135,6 +139,17 @@ def screen_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
         return Screened(path, problem="unreadable: permission denied")
     except OSError as error:
         return Screened(path, problem=f"unreadable: {error.strerror or error}")
+
+
+def _stored_size(handle, image: Image.Image, fmt: str | None) -> tuple[int, int, bool]:
+    """(height, width, turned) of an opened image: a JPEG's from its markers (no EXIF parse by
+    Pillow), else Pillow's. Kept with the screening result, so that no loader reads the header again."""
+    if fmt == "JPEG":
+        handle.seek(0)
+        stored = jpeg_stored_size(handle)
+        if stored is not None:
+            return stored
+    return pillow_stored_size(image)
 
 
 def decode_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
