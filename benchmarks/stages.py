@@ -60,14 +60,12 @@ REUSED = "fresh shared batch"
 class _MappedBatch(BatchPool):
     """One batch whose pages are mapped already, as those of a buffer a worker reuses."""
 
-    def __init__(self):
-        super().__init__(0, 0)
-        self.batch = None
+    def __init__(self, batch_size: int, size: int, dtype: torch.dtype):
+        super().__init__(0, 0, (batch_size, 3, size, size), dtype, channels_last=False)
+        self.batch = torch.zeros(self.shape, dtype=dtype)
 
-    def take(self, shape, dtype, channels_last):
-        if self.batch is None or self.batch.shape != shape:
-            self.batch = torch.zeros(shape, dtype=dtype)
-        return self.batch, -1
+    def take(self, count):
+        return self.batch[:count], -1
 
 
 def _timed(function, *args):
@@ -112,7 +110,7 @@ def measure_split(split: str, data: Path, batch_size: int, size: int, rounds: in
         totals["crop + resize"] += seconds
         samples.append((out, index.label(i)))
     totals["decode"] -= totals["read"] + totals["header + crop"]
-    collate = NormalizingCollate(normalizer, _MappedBatch())
+    collate = NormalizingCollate(normalizer, _MappedBatch(batch_size, size, normalizer.dtype))
     batches = [samples[s:s + batch_size] for s in range(0, len(samples) - batch_size + 1, batch_size)]
     for batch in batches[:1]:
         collate(batch)  # maps the batch's pages, untimed
@@ -145,7 +143,8 @@ def against_limit(index, transform: SampleTransform, normalizer: Normalizer, bat
     """ms per image of the worker path and of the decode_jpeg limit over the same files, interleaved
     rounds in this process after one untimed pass of each; their medians and the limit / backend ratio."""
     dataset = ImageDataset(index, transform)
-    collate = NormalizingCollate(normalizer, _MappedBatch())  # a reused batch, as a worker's
+    # a reused batch, as a worker's
+    collate = NormalizingCollate(normalizer, _MappedBatch(batch_size, transform.size, normalizer.dtype))
     jpegs = [i for i in range(len(index)) if _is_jpeg(index.path(i))]  # the limit decodes JPEGs only
     items = np.array([(i, i) for i in jpegs], dtype=np.int64).reshape(-1, 2)  # (sample, seed), seeds as above
     used = len(items) // batch_size * batch_size or len(items)  # full batches (one batch shape), else one short

@@ -92,7 +92,8 @@ def run_split(split: str, args, workdir: Path) -> dict:
     paths, labels = harness.listed_files(index, repeat)
     gpu = args.device == "gpu"
     base = harness.fastloader_overrides(split, split_dir, index, list_path, args,
-                                        **{"output.device": "cuda" if gpu else "cpu", "stats.log_level": "none"})
+                                        **{"output.device": "cuda" if gpu else "cpu", "stats.log_level": "none"},
+                                        **dict(args.set))
     runs = {}
     if "nvidia" in args.peers:
         runs[NVIDIA] = lambda: nvidia_run(paths, labels, split, gpu, args, args.epochs, args.step_ms / 1e3)
@@ -146,6 +147,15 @@ def print_table(split: str, result: dict, summary: dict) -> None:
                           f"{peers[name]['median'] / peers[NVIDIA]['median']:.2f}x (goal <= 1.0x)")
 
 
+def key_value(text: str) -> tuple[str, object]:
+    """--set KEY=VALUE, the value parsed as YAML (as fastloader's own --set)."""
+    import yaml
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, yaml.safe_load(value)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_data_argument(parser)
@@ -165,6 +175,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="default: 3")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu" if torch.cuda.is_available() else "cpu",
                         help="output device and DALI flavour (default: gpu where CUDA is available)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value,
+                        help="a config override for fastloader's loaders, e.g. dataset.screen=false (repeatable)")
     parser.add_argument("--json", type=Path, help="write every measurement to this file")
     args = parser.parse_args()
     args.data = harness.check_data(parser, args.data, harness.splits_of(args))
@@ -183,7 +195,8 @@ def main() -> int:
     print(f"command: {command}")
     print(f"hardware: {info['cpu']}, {info['cpu_cores']} usable cores, torch {info['torch']}, device {args.device}")
     print(f"settings: batch {args.batch_size}, {args.workers} workers/threads, {args.size} px, model step "
-          f"{args.step_ms:g} ms, {args.epochs} epochs per run, {args.rounds} rounds, data {args.data}")
+          f"{args.step_ms:g} ms, {args.epochs} epochs per run, {args.rounds} rounds, data {args.data}"
+          + "".join(f", {key}={value}" for key, value in args.set))
     results = {}
     with tempfile.TemporaryDirectory(prefix="trainer_thread_") as workdir:
         for split in harness.splits_of(args):

@@ -1,7 +1,7 @@
 """Train a torchvision classifier on fastloader batches: one process, or DDP under torchrun/srun.
 
-    python examples/train.py configs/sample.yaml --epochs 2
-    torchrun --nproc_per_node=2 examples/train.py configs/sample.yaml --checkpoint run/ckpt.pt
+    .venv/bin/python examples/train.py configs/sample.yaml --epochs 2
+    .venv/bin/torchrun --nproc_per_node=2 examples/train.py configs/sample.yaml --checkpoint run/ckpt.pt
 
 With mixup, cutmix or label smoothing on (a recipe in configs/recipes/), the loader's labels are soft
 targets, float [B, num_classes], and the loss is the soft-target cross entropy; otherwise they are

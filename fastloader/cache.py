@@ -127,9 +127,9 @@ def open_split_cache(config: Config, split: SplitConfig, index: SampleIndex) -> 
     if not cache_dir:
         return None
     if not os.path.isdir(cache_dir):
-        raise CacheError(f"{config.source}: dataset.cache: folder {cache_dir!r} does not exist; build it with "
-                         f"`{rebuild_command(config, split.name, required_short_side(split), cache_dir)}` "
-                         f"or remove the key")
+        build = rebuild_command(config, split.name, required_short_side(split), cache_dir)
+        raise CacheError(f"{config.origin('dataset.cache')}: dataset.cache: folder {cache_dir!r} does not exist; "
+                         f"build it with `{build}` or remove the key")
     folder = split_folder(cache_dir, split.name)
     if not os.path.isdir(folder):
         unfinished = glob.glob(os.path.join(cache_dir, PARTIAL.format(split=split.name) + "*"))

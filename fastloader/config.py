@@ -65,11 +65,8 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         raw, source, base_dir = _deep_copy(config), "<dict>", Path.cwd()
     else:
         path = Path(config)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} not found (working directory: {Path.cwd()}). "
-                              f"Pass the path of a YAML file such as configs/sample.yaml.")
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = yaml.safe_load(_read_config_text(path)) or {}
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML: {error}") from None
         if not isinstance(raw, dict):
@@ -85,6 +82,46 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         raw["backend"] = forced
         origins["backend"] = f"environment variable {BACKEND_ENV}"
     return _Builder(source, origins).config(raw)
+
+
+BINARY_SIGNATURES = ((b"\x1f\x8b", "a gzip archive"), (b"PK\x03\x04", "a zip archive"), (b"%PDF", "a PDF document"),
+                     (b"\x7fELF", "a program (ELF)"))
+"""First bytes of common files that are not text, beyond the image formats screening names."""
+
+
+def _read_config_text(path: Path) -> str:
+    """The config file's text, or an error that names the file, what it is instead and the fix:
+    a folder, a missing path, an image or other binary file, a file that cannot be read."""
+    fix = "Pass the path of a YAML file such as configs/sample.yaml."
+    if path.is_dir():
+        try:
+            inside = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+        except OSError:
+            inside = []
+        hint = f"Pass a YAML file in it, such as {str(path / inside[0])!r}." if inside else \
+            f"It holds no .yaml file. {fix}"
+        raise ConfigError(f"config file {str(path)!r} is a folder, not a YAML file. {hint}")
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found (working directory: {Path.cwd()}). {fix}")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {error.strerror or error}. {fix}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {str(path)!r} is {_what_binary(data)}, not YAML text (byte "
+                          f"0x{data[error.start]:02x} at offset {error.start} is not UTF-8). {fix}") from None
+
+
+def _what_binary(head: bytes) -> str:
+    """'a PNG image', 'a gzip archive', ... or 'binary data (starts with 00 01 ...)'."""
+    from .imaging.screen import sniff
+    image = sniff(head[:32])
+    if image:
+        return f"a{'n' if image[0] in 'AEIOU' else ''} {image} image"
+    named = next((what for magic, what in BINARY_SIGNATURES if head.startswith(magic)), None)
+    return named or f"binary data (starts with {head[:8].hex(' ')})"
 
 
 def _parse_overrides(overrides) -> list[tuple[str, Any]]:

@@ -152,7 +152,7 @@ def dataset_root(config: Config) -> str:
     root = config.dataset.root
     if root.startswith("builtin:"):
         from .demo import builtin_dataset_root
-        root = builtin_dataset_root(root, config.source)
+        root = builtin_dataset_root(root, config.origin("dataset.root"))
     return root
 
 
@@ -164,8 +164,9 @@ def build_index(config: Config, split: SplitConfig) -> SampleIndex:
         return read_file_list(split.file_list, root, config.dataset.classes, excluded)
     folder = os.path.normpath(split.folder or split.name)
     skip = frozenset(path[len(folder) + 1:] for path in excluded if path.startswith(folder + os.sep))
+    # the folders' problems are blamed on what set dataset.root: the file, or an override
     return scan_folder(os.path.join(root, folder), config.dataset.extensions, config.dataset.classes,
-                       config.source, key=f"{split.name}.folder", skip=skip)
+                       config.origin("dataset.root"), key=f"{split.name}.folder", skip=skip)
 
 
 def read_exclude_list(list_path: str, root: str) -> frozenset[str]:

@@ -166,8 +166,11 @@ class OutputConfig:
     """dtype of the image batches."""
     channels_last: bool = False
     """Memory format of the image batches: channels_last (NHWC in memory) or contiguous NCHW."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto: cuda:LOCAL_RANK when CUDA is available, else cpu."""
+    device: str = field(default="auto", metadata=_check(
+        lambda v: v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isascii() and v[5:].isdigit()),
+        "auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1)"))
+    """auto: cuda:LOCAL_RANK when CUDA is available, else cpu. cuda: cuda:LOCAL_RANK. cuda:N: GPU N
+    whatever the local rank (checked against the GPUs torch sees when a loader is built)."""
 
 
 @dataclass(frozen=True)

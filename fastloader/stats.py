@@ -59,6 +59,10 @@ class LoaderStats:
         return self.wait_s / self.steady_s if self.steady_s > 0 else float("nan")
 
     def summary(self) -> str:
-        return (f"{self.images} images in {self.batches} batches, {self.elapsed_s:.2f} s: "
-                f"{self.images_per_second:.0f} images/s; waited for data {self.stall_fraction:.1%} of the time "
-                f"after the first batch, which took {self.time_to_first_batch_s:.2f} s")
+        """One line for the log. A loop of one batch has no time after its first batch, so no stall to
+        report (it would read 'nan%'): the line says so instead."""
+        stall, first = self.stall_fraction, self.time_to_first_batch_s
+        waited = (f"waited for data {stall:.1%} of the time after the first batch, which took {first:.2f} s"
+                  if stall == stall else f"its one batch took {first:.2f} s (no later batch to measure a wait for)")
+        return (f"{self.images} images in {self.batches} batch{'es' if self.batches != 1 else ''}, "
+                f"{self.elapsed_s:.2f} s: {self.images_per_second:.0f} images/s; {waited}")

@@ -10,7 +10,11 @@ import torch
 from PIL import Image
 
 REPO = Path(__file__).resolve().parent.parent
-REALPHOTOS = REPO.parent / "shared" / "data" / "realphotos"
+PHOTOS_ENV = "FASTLOADER_PHOTOS"
+REALPHOTOS = Path(os.environ.get(PHOTOS_ENV) or REPO.parent / "shared" / "data" / "realphotos")
+"""The real photos `realdata` tests read: 500 ImageNet JPEGs, train/ (400) and val/ (100) in 10 class
+folders. Where $FASTLOADER_PHOTOS names a folder, that one (as in .ci/gpu); else the shared copy
+beside the checkout."""
 
 # Solid colours per class: after any crop and resize the pixels stay this colour, so tests can
 # check normalized values exactly. Class folder names sort as the labels: a_red=0, b_green=1, c_blue=2.
@@ -136,8 +140,17 @@ def normalized(colour, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) ->
     return (np.asarray(colour) / 255.0 - np.asarray(mean)) / np.asarray(std)
 
 
-requires_realphotos = pytest.mark.skipif(not REALPHOTOS.is_dir(),
-                                         reason=f"real photos not present at {REALPHOTOS}")
+skip_without_realphotos = pytest.mark.skipif(
+    not REALPHOTOS.is_dir(), reason=f"real photos not present at {REALPHOTOS} (set {PHOTOS_ENV} to their folder)")
+REALDATA = [pytest.mark.realdata, skip_without_realphotos]
+"""The marks of a test that needs the real photos: selected by `-m realdata`, skipped without them."""
+
+
+def requires_realphotos(test):
+    """Decorator: the test needs the real photos (both marks of REALDATA)."""
+    for mark in reversed(REALDATA):
+        test = mark(test)
+    return test
 
 
 def env_without(*names: str) -> dict:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
+import torch
 from conftest import base_config, write_solid_dataset
 
 from fastloader import build_loader
@@ -161,3 +163,42 @@ def test_a_file_list_naming_a_missing_file(tmp_path, backend, policy):
     loader = build_loader(config, "val")
     assert [label for _, labels in loader for label in labels.tolist()] == [0, 1]
     assert loader.bad_samples == [(gone, "missing (no such file)")]
+
+
+def gpu_problems() -> list[str]:
+    """output.device values no loader can have here: a GPU index one past the last GPU torch sees, and
+    on a machine without a GPU also plain cuda."""
+    count = torch.cuda.device_count()
+    return [f"cuda:{count}"] + (["cuda"] if count == 0 else [])
+
+
+@pytest.mark.parametrize("device", gpu_problems())
+def test_a_gpu_torch_does_not_see_is_an_error_naming_the_value_the_gpus_and_where_it_was_set(tmp_path, device):
+    """On a machine without a GPU: cuda and cuda:0; on a GPU machine: cuda:N one past its last GPU."""
+    root = write_solid_dataset(tmp_path / "data", per_class=1, splits=("val",))
+    path = tmp_path / "c.yaml"
+    path.write_text(f"dataset: {{root: {root}}}\nbackend: torch\nval: {{}}\n")
+    count = torch.cuda.device_count()
+    fix = ("set output.device: auto or cpu" if count == 0 else
+           f"set output.device to {'cuda:0' if count == 1 else f'cuda:0 to cuda:{count - 1}'}, cuda (the local "
+           f"rank's GPU) or auto")
+    problem = f"output.device: {device}, but torch sees {count} CUDA GPU{'' if count == 1 else 's'}"
+    with pytest.raises(ConfigError) as from_override:  # --set output.device=... blames the override
+        build_loader(path, "val", overrides=[f"output.device={device}"])
+    assert str(from_override.value).startswith(f"override 'output.device': {problem}")
+    assert str(from_override.value).endswith(fix)
+    path.write_text(path.read_text() + f"output: {{device: '{device}'}}\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(f'{path}: {problem}')}"):  # in the file: the file
+        build_loader(path, "val")
+
+
+def test_a_dataset_root_set_by_an_override_is_blamed_on_the_override(tmp_path):
+    root = write_solid_dataset(tmp_path / "data", per_class=1, splits=("val",))
+    path = tmp_path / "c.yaml"
+    path.write_text(f"dataset: {{root: {root}}}\nbackend: torch\noutput: {{device: cpu}}\nval: {{}}\n")
+    with pytest.raises(ConfigError, match="^override 'dataset.root': dataset.root: folder '/nonexistent/data' does "
+                                          "not exist"):
+        build_loader(path, "val", overrides=["dataset.root=/nonexistent/data"])
+    with pytest.raises(ConfigError, match=f"^override 'dataset.cache': dataset.cache: folder "
+                                          f"'{re.escape(str(tmp_path / 'nope'))}' does not exist"):
+        build_loader(path, "val", overrides=[f"dataset.cache={tmp_path / 'nope'}"])

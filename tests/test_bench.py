@@ -36,6 +36,7 @@ def test_both_backends_interleaved_with_json_and_plot(tmp_path):
     for run_ in summary["runs"]:
         assert [r["batches"] for r in run_["rounds"]] == [6, 6, 6] and run_["images"] == 3 * 6 * 16
         assert [r["drained"] for r in run_["rounds"]] == [run_["prefetch_depth"]] * 3  # > --warmup 1
+        assert run_["warmup"] == run_["prefetch_depth"] and run_["min_batches"] == 6  # what ran
         rates = sorted(r["images_per_second"] for r in run_["rounds"])
         assert run_["images_per_second"] == pytest.approx(rates[1])  # the median round
         assert run_["round_images_per_second"] == [r["images_per_second"] for r in run_["rounds"]]
@@ -49,6 +50,7 @@ def test_both_backends_interleaved_with_json_and_plot(tmp_path):
     assert "epoch 0, rank 0" not in result.stderr  # the loaders' per-epoch lines, cut by rounds, are off
     ratio = dali_run["images_per_second"] / torch_run["images_per_second"]
     assert summary["ratio"] == {"dali/torch": pytest.approx(ratio)}
+    assert (summary["warmup_asked"], summary["batches_asked"]) == (1, 6) and "warmup" not in summary
     assert f"dali / torch: {ratio:.2f}x images/s" in result.stdout
     assert "6/6 rounds" in result.stderr
     assert "note: the torch loader holds up to 4 batches prepared ahead, 67% of the 6 batches" in result.stdout
@@ -66,6 +68,9 @@ def test_a_model_step_that_hides_the_loading_shows_as_a_smaller_stall(tmp_path):
         assert result.returncode == 0, result.stderr
         results[step] = json.loads(path.read_text())
     assert results["0"]["backend"] == "torch" and results["0"]["step_ms"] == 0
+    # what ran: 4 batches drained (2 workers x prefetch 2, above --warmup's default 2), a floor of 8 timed batches
+    assert (results["0"]["warmup"], results["0"]["warmup_asked"]) == (4, 2)
+    assert (results["0"]["min_batches"], results["0"]["batches_asked"], results["0"]["batches"]) == (8, 8, 8)
     assert results["0"]["stall_fraction"] > 0.5  # nothing to do but wait for data
     assert results["40"]["stall_fraction"] < results["0"]["stall_fraction"] / 2
     assert results["40"]["seconds"] >= 8 * 0.040  # the step really ran

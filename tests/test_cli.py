@@ -1,11 +1,17 @@
 """The command line as a user runs it: a real subprocess, real files, exit codes and output."""
 from __future__ import annotations
 
+import importlib
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import REPO, cpu_only_env
+import pytest
+from conftest import REPO, cpu_only_env, write_solid_dataset
+
+from fastloader.cli import main
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
 
@@ -53,16 +59,121 @@ def test_environment_forces_the_dali_backend_which_runs_its_cpu_flavour_without_
     assert re.search(r"dali +cpu +dali cpu, 2 threads +\d+", result.stdout)
 
 
-def test_debug_shows_tracebacks(tmp_path):
-    quiet = run("bench", "configs/sample.yaml", "--set", "train.batch_size=0", cache_dir=tmp_path)
-    loud = run("bench", "configs/sample.yaml", "--set", "train.batch_size=0", "--debug", cache_dir=tmp_path)
-    message = "train.batch_size: must be a positive integer, got 0"
-    assert quiet.returncode == 2 and message in quiet.stderr and "Traceback" not in quiet.stderr
-    assert loud.returncode != 0 and message in loud.stderr and "Traceback" in loud.stderr
-
-
 def test_version_and_help(tmp_path):
     from fastloader import __version__
     assert run("--version", cache_dir=tmp_path).stdout.strip() == f"fastloader {__version__}"
     help_text = run("bench", "--help", cache_dir=tmp_path).stdout
     assert "--set KEY=VALUE" in help_text and "fastloader bench configs/sample.yaml" in help_text
+
+
+# ---------------------------------------------------------------------------------------------
+# The exit status: one rule for every command (fastloader/cli.py), checked in-process with
+# fastloader.cli.main, which returns the status `fastloader` exits with; the subprocess tests above
+# and below show the real exit status. The CPU: the commands read a small dataset with no workers.
+# ---------------------------------------------------------------------------------------------
+
+COMMAND_ARGS = {"bench": ["--batches", "1", "--seconds", "0", "--rounds", "1"], "show": ["--out", "{tmp}/grid.png"],
+                "check": ["--workers", "0"], "cache": ["--out", "{tmp}/cache", "--workers", "0"]}
+"""What each command needs besides its config, to run quickly on the small dataset."""
+BAD_OPTION = {"bench": (["--rounds", "0"], "--rounds must be >= 1, got 0"),
+              "show": (["--n", "0"], "argument --n: must be a positive integer, got 0"),
+              "check": (["--workers", "-1"], "--workers: must be 0 or more, got -1"),
+              "cache": (["--short-side", "0"], "--short-side: must be a positive number of pixels, got 0")}
+"""Per command, an option value it refuses (argparse's check or the command's own) and the message."""
+
+
+@pytest.fixture
+def small_config(tmp_path) -> Path:
+    """A YAML config over 15 train and 15 val images (3 classes), batches of 4 at 32 px, no workers."""
+    root = write_solid_dataset(tmp_path / "data")
+    path = tmp_path / "small.yaml"
+    path.write_text(f"dataset: {{root: {root}}}\noutput: {{device: cpu}}\nworkers: {{num_workers: 0}}\n"
+                    "train: {batch_size: 4, transform: {size: 32}}\nval: {batch_size: 4, transform: {size: 32}}\n")
+    return path
+
+
+def call(command: str, config, *extra: str, tmp_path, debug: str = "") -> int:
+    """fastloader [--debug] COMMAND CONFIG ARGS... [--debug], in this process; its exit status."""
+    args = [a.format(tmp=tmp_path) for a in COMMAND_ARGS[command]]
+    before, after = (["--debug"] if debug == "before" else []), (["--debug"] if debug == "after" else [])
+    return main([*before, command, str(config), *args, *extra, *after])
+
+
+@pytest.mark.parametrize("command", COMMAND_ARGS)
+def test_every_command_exits_0_when_done_and_2_on_each_error_the_user_can_fix(command, small_config, tmp_path,
+                                                                               capsys):
+    assert call(command, small_config, tmp_path=tmp_path) == 0
+    done = {"bench": "round 1/1 torch: 4 images in 1 batches", "show": "wrote {tmp}/grid.png: 12 samples",
+            "check": "no problems in 30 files", "cache": "split val: 15 images"}[command]
+    assert done.format(tmp=tmp_path) in capsys.readouterr().out
+    cases = {"an unknown key": (["--set", "train.bach_size=3"], "override 'train.bach_size': unknown key "
+                                                               "'train.bach_size'; did you mean 'train.batch_size'?"),
+             "a bad option value": BAD_OPTION[command],
+             "an unknown option": (["--frobnicate"], "unrecognized arguments: --frobnicate")}
+    for case, (extra, message) in cases.items():
+        assert call(command, small_config, *extra, tmp_path=tmp_path) == 2, case
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (case, err)
+    for config, message in ((tmp_path / "nope.yaml", "config file 'nope.yaml' not found"),
+                            (tmp_path, f"config file '{tmp_path}' is a folder, not a YAML file. Pass a YAML file in "
+                                       f"it, such as '{small_config}'")):
+        assert call(command, config if config == tmp_path else "nope.yaml", tmp_path=tmp_path) == 2
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["bench", "show"])
+def test_a_split_that_yields_no_batch_exits_2_naming_the_batch_size_and_the_fixes(command, small_config, tmp_path,
+                                                                                    capsys):
+    assert call(command, small_config, "--set", "train.batch_size=16", tmp_path=tmp_path) == 2
+    err = capsys.readouterr().err
+    assert ("fastloader: error: override 'train.batch_size': split 'train' yields no batch per epoch: 15 samples, "
+            "batch_size 16 x world_size 1 with drop_last: true; lower train.batch_size (e.g. --set "
+            "train.batch_size=15) or set train.drop_last: false") in err
+    assert not (tmp_path / "grid.png").exists()
+
+
+@pytest.mark.parametrize("command", COMMAND_ARGS)
+def test_an_internal_failure_exits_3_and_debug_before_or_after_the_command_shows_its_traceback(
+        command, small_config, tmp_path, capsys, monkeypatch):
+    """A failure no config or option can cause (a bug) is injected by replacing the command's run: what
+    is tested is how the command line reports it, the same for every command."""
+    def bug(args):
+        return {}["missing"]
+    monkeypatch.setattr(importlib.import_module(f"fastloader.commands.{command}"), "run", bug)
+    assert call(command, small_config, tmp_path=tmp_path) == 3
+    err = capsys.readouterr().err
+    assert ("fastloader: internal error: KeyError: 'missing'. This is a bug or a broken install, not your config: "
+            "run again with --debug for the traceback, and report it") in err and "Traceback" not in err
+    for position in ("before", "after"):
+        assert call(command, small_config, tmp_path=tmp_path, debug=position) == 3, position
+        err = capsys.readouterr().err
+        assert "Traceback" in err and "in bug" in err and "the traceback is above" in err, position
+
+
+def test_no_command_and_an_unknown_command_exit_2_and_help_and_version_exit_0(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: fastloader") and "fastloader: error: name a command: bench, show, check, cache" in err
+    assert "exit status:" in err and "3    an internal failure" in err
+    assert main(["--debug"]) == 2
+    assert main(["frobnicate", "configs/sample.yaml"]) == 2
+    assert "argument COMMAND: invalid choice: 'frobnicate'" in capsys.readouterr().err
+    assert main(["--version"]) == 0 and main(["check", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "exit status:\n  0    done\n  1    some files cannot be read" in out  # check's own 1
+
+
+def test_debug_before_and_after_the_command_shows_debug_logs_and_the_traceback_and_keeps_status_2(small_config,
+                                                                                                   tmp_path):
+    """The real exit status and logging of `fastloader [--debug] bench ... [--debug]`. The DEBUG line is the
+    screening read from its disk cache, which the first (in-process) run writes."""
+    cache_dir = os.environ["FASTLOADER_CACHE_DIR"]  # conftest's, shared with the subprocesses
+    no_batch = ["--set", "train.batch_size=16"]
+    assert call("bench", small_config, *no_batch, tmp_path=tmp_path) == 2
+    for debug in (["--debug", "bench", str(small_config), *no_batch], ["bench", str(small_config), *no_batch,
+                                                                         "--debug"]):
+        result = run(*debug, cache_dir=cache_dir)
+        assert result.returncode == 2, (debug, result.stderr)
+        assert "DEBUG fastloader: screening of" in result.stderr, debug
+        assert "Traceback" in result.stderr and "fastloader.errors.ConfigError" in result.stderr, debug
+        assert result.stderr.rstrip().splitlines()[-1].startswith("fastloader: error: override 'train.batch_size'")

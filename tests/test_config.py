@@ -195,3 +195,38 @@ def test_invalid_yaml_and_missing_file(tmp_path):
     bad.write_text("train: [unclosed\n")
     assert f"{bad}: not valid YAML" in error_of(bad)
     assert "config file 'nope.yaml' not found" in error_of("nope.yaml")
+
+
+def test_a_config_path_that_is_no_text_file_names_the_file_and_what_it_is(tmp_path):
+    import gzip
+
+    from PIL import Image
+    photo, archive = tmp_path / "photo.yaml", tmp_path / "config.yaml.gz"
+    Image.new("RGB", (4, 4)).save(photo, format="PNG")
+    archive.write_bytes(gzip.compress(b"dataset: {root: data}\n"))
+    configs, empty = tmp_path / "configs", tmp_path / "empty"
+    configs.mkdir(), empty.mkdir()
+    write(configs, {"dataset": {"root": "x"}}, "small.yaml")
+    fix = "Pass the path of a YAML file such as configs/sample.yaml."
+    expected = {photo: f"config file '{photo}' is a PNG image, not YAML text (byte 0x89 at offset 0 is not UTF-8). "
+                       f"{fix}",
+                archive: f"config file '{archive}' is a gzip archive, not YAML text (byte 0x8b at offset 1 is not "
+                         f"UTF-8). {fix}",
+                configs: f"config file '{configs}' is a folder, not a YAML file. Pass a YAML file in it, such as "
+                         f"'{configs / 'small.yaml'}'.",
+                empty: f"config file '{empty}' is a folder, not a YAML file. It holds no .yaml file. {fix}"}
+    for path, message in expected.items():
+        assert error_of(path) == message
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:1", "cuda:12"])
+def test_output_device_takes_auto_cpu_cuda_and_cuda_n(device):
+    """The value only: whether GPU N exists is checked when a loader is built (test_bad_config.py)."""
+    assert load_config({"dataset": {"root": "x"}}, {"output.device": device}).output.device == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1.5", "CUDA"])
+def test_output_device_refuses_anything_else_naming_the_forms_it_takes(device):
+    assert error_of({"dataset": {"root": "x"}}, {"output.device": device}) == (
+        f"override 'output.device': output.device: must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. "
+        f"cuda:1), got {device!r}")

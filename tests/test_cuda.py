@@ -7,6 +7,7 @@ saved state (test_resume.py).
 """
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -138,3 +139,23 @@ def test_the_example_trains_and_evaluates_on_the_gpu(tmp_path, backend):
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert f"on {gpus} rank(s), {backend} backend, device cuda:0" in ddp.stdout
     assert re.search(r"epoch 0 done: loss \d+\.\d+, val accuracy \d\.\d+ on 60 images", ddp.stdout)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_output_device_cuda_n_puts_the_batches_on_gpu_n(textured_root, backend, monkeypatch, caplog):
+    """The last GPU torch sees (cuda:0 on a one-GPU machine), named as torch users write it; both backends."""
+    if backend == "dali":
+        _dali_or_skip()
+    last = torch.cuda.device_count() - 1
+    config = base_config(textured_root, backend=backend, output={"device": f"cuda:{last}"})
+    with build_loader(config, "val") as loader:
+        assert loader.device == torch.device("cuda", last)
+        batches = list(loader)
+    assert len(batches) == 6 and all(x.device == y.device == torch.device("cuda", last) for x, y in batches)
+    # two ranks on this node (torchrun's variables): both would put their batches on that one GPU, which is logged
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.WARNING, logger="fastloader"), build_loader(config, "val") as shared:
+        assert shared.device == torch.device("cuda", last)
+    assert f"output.device: cuda:{last} (<dict>): all 2 ranks of this node put their batches on that one GPU" \
+           in caplog.text

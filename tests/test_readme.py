@@ -157,3 +157,53 @@ def test_the_visibility_snippet_prints_the_backend_and_flavour_on_a_cpu_box(tmp_
         assert line in result.stdout + result.stderr, line
     assert "WARNING fastloader: backend dali for split 'train'" in result.stderr
     assert "flavour='cpu'" in result.stdout
+
+
+def test_the_readme_commands_run_as_written_without_an_activated_venv():
+    """A fresh clone's reader runs them in a shell whose PATH has no venv: every program is the venv's
+    `.venv/bin/...` (the set-up's `python3 -m venv` makes it), and the venv has each one."""
+    venv_bin = Path(sys.executable).parent
+    commands = [c for block in re.findall(r"```bash\n(.*?)```", README, re.S)
+                for c in block.replace("\\\n", " ").splitlines() if c.strip() and not c.startswith("#")]
+    assert len(commands) >= 4
+    for command in commands:
+        for part in command.split("&&"):
+            program = part.split()[0]
+            if part.split()[:3] == ["python3", "-m", "venv"]:
+                continue
+            assert program.startswith(".venv/bin/"), f"README runs {program!r} from PATH: {command}"
+            assert (venv_bin / program.removeprefix(".venv/bin/")).exists(), f"the venv has no {program}"
+
+
+LOOP_ON_THE_DEMO = {"configs/imagenette.yaml": "configs/sample.yaml", "/data/imagenette2-320": "builtin:sample",
+                    "range(10)": "range(2)"}
+"""What the test of the README's training loop replaces, in plain sight: the embedded demo (128 px, no
+download) for Imagenette, and 2 epochs for 10. The rest runs as printed, on the CPU."""
+
+
+def test_the_training_loop_snippet_trains_on_the_embedded_demo(tmp_path):
+    snippet = _block_after("A training loop:", "python")
+    for old, new in LOOP_ON_THE_DEMO.items():
+        assert old in snippet, f"the README's loop no longer holds {old!r}: update LOOP_ON_THE_DEMO"
+        snippet = snippet.replace(old, new)
+    result = _cpu_run(["-c", snippet], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TorchLoader(split='train'" in result.stdout and "TorchLoader(split='val'" in result.stdout
+    assert [epoch for epoch, _ in re.findall(r"^(\d+) (\d\.\d+|[01])$", result.stdout, re.M)] == ["0", "1"]
+    # batches of 128 from 240 demo images: epochs of one batch, whose log line has no stall to give
+    assert "epoch 1, rank 0: 128 images in 1 batch" in result.stderr and "nan" not in result.stderr
+
+
+def test_realdata_selects_the_tests_of_real_photos_and_fastloader_photos_moves_them(tmp_path):
+    """`pytest -m realdata` runs the tests that read real photos, from the folder FASTLOADER_PHOTOS names:
+    here one that does not exist, so each is collected and skips naming it (the CPU; nothing is decoded)."""
+    nowhere = tmp_path / "no-photos"
+    env = {**os.environ, "FASTLOADER_PHOTOS": str(nowhere)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "realdata", "-q", "-rs", "-p", "no:cacheprovider",
+                             str(REPO / "tests")], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0 and re.match(r"\d+ skipped, \d+ deselected in", summary), result.stdout[-3000:]
+    reason = f"real photos not present at {nowhere} (set FASTLOADER_PHOTOS to their folder)"
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert skipped and all(line.endswith(reason) for line in skipped), skipped
+    assert any("tests/test_realphotos.py:" in line for line in skipped), skipped

@@ -1,17 +1,18 @@
-"""Real ImageNet photos (../shared/data/realphotos): exactly-once eval, labels, normalization."""
+"""Real ImageNet photos ($FASTLOADER_PHOTOS, by default ../shared/data/realphotos): exactly-once eval,
+labels, normalization."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from conftest import REALPHOTOS, REPO, requires_realphotos
+from conftest import REALDATA, REALPHOTOS, REPO
 
 from fastloader import build_loader, load_config
 from fastloader.samples import build_index
 from torch_loader.prefetch import Normalizer
 from torch_loader.transforms import SampleTransform
 
-pytestmark = [requires_realphotos]
+pytestmark = REALDATA
 CONFIG = REPO / "configs" / "imagenette.yaml"
 
 

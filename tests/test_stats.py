@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import pytest
@@ -48,3 +49,15 @@ def test_a_loop_left_early_has_its_own_stats_and_the_log_level_is_configurable(s
     with caplog.at_level(logging.WARNING, logger="fastloader"):
         list(warned)
     assert "torch loader, split 'train', epoch 0, rank 0: 15 images in 5 batches" in caplog.text
+
+
+def test_a_loop_of_one_batch_logs_the_batch_time_not_a_stall_of_nan(solid_root, caplog):
+    """One batch has no time after it to measure a wait over: the line says so (torch backend, on the CPU)."""
+    loader = build_loader(base_config(solid_root, train={"batch_size": 15}))  # the 15 train images: one batch
+    with caplog.at_level(logging.INFO, logger="fastloader"):
+        list(loader)
+    assert loader.stats.batches == 1
+    assert re.search(r"torch loader, split 'train', epoch 0, rank 0: 15 images in 1 batch, \d+\.\d\d s: \d+ "
+                     r"images/s; its one batch took \d+\.\d\d s \(no later batch to measure a wait for\)$",
+                     caplog.text, re.M), caplog.text
+    assert "nan" not in caplog.text

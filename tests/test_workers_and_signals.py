@@ -36,8 +36,8 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGSEGV], ids=["killed", "segfault"])
 def test_a_worker_that_dies_is_reported_within_seconds_and_the_next_loop_recovers(tmp_path, signal_number):
     root = write_solid_dataset(tmp_path / "data", per_class=40, splits=("val",))
-    loader = build_loader(base_config(root, workers={"num_workers": 2}, val={"batch_size": 2}), "val")
     before = children(os.getpid())
+    loader = build_loader(base_config(root, workers={"num_workers": 2}, val={"batch_size": 2}), "val")
     batches = iter(loader)
     next(batches)
     workers = children(os.getpid()) - before

@@ -8,16 +8,20 @@ straight into the float batch. In a worker, either batch is allocated in shared 
 as torch's default_collate does, so handing it to the main process copies nothing.
 
 A fresh shared-memory batch costs its page faults: 0.33-0.42 ms per 224 px float32 image here, a
-fifth of a worker's time. `BatchPool` lets each worker write into the memory of a batch that the
-main process has dropped instead (+20% images/s on train with 2 workers, benchmarks/peers.py).
+fifth of a worker's time, and its hand-over costs the training thread a file descriptor's round trip.
+`BatchPool` lets each worker write into buffers the main process mapped before the workers forked,
+reusing those the trainer has dropped (+20% images/s on train with 2 workers, benchmarks/peers.py),
+and send only a buffer's number.
 """
 from __future__ import annotations
 
 import math
+import mmap
+import weakref
 
+import numpy as np
 import torch
 import torch.utils.data
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from .dataset import Skipped
 from .prefetch import Normalizer
@@ -34,10 +38,12 @@ def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_l
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
 
 
-Batch = tuple[torch.Tensor | None, torch.Tensor, tuple[tuple[int, Skipped], ...], int]
-"""(images, labels, skipped, buffer number): images is None when every sample of the batch was
-skipped; skipped holds (position in the planned batch, Skipped) for each dropped sample; the
-buffer number is the BatchPool's (-1: a fresh batch)."""
+Batch = tuple[torch.Tensor | None, np.ndarray, tuple[tuple[int, Skipped], ...], int]
+"""(images, labels, skipped, pool slot) as a worker sends it: labels int64 [B] as numpy, which
+pickles inline (a tensor would be passed as a shared-memory file descriptor, through a connection of
+its own, on the training thread: half its cost per batch); skipped holds (position in the planned
+batch, Skipped) for each dropped sample; a slot >= 0 means the images are in that BatchPool slot
+and `images` is None, else `images` is a fresh batch, or None when every sample was skipped."""
 
 
 def _partition(samples: list) -> tuple[list[tuple[torch.Tensor, int]], tuple[tuple[int, Skipped], ...]]:
@@ -48,8 +54,8 @@ def _partition(samples: list) -> tuple[list[tuple[torch.Tensor, int]], tuple[tup
     return [s for s in samples if not isinstance(s, Skipped)], skipped
 
 
-def _labels(samples) -> torch.Tensor:
-    return torch.tensor([label for _, label in samples], dtype=torch.int64)
+def _labels(samples) -> np.ndarray:
+    return np.array([label for _, label in samples], dtype=np.int64)
 
 
 def _check_shapes(samples) -> tuple[int, int, int, int]:
@@ -61,7 +67,8 @@ def _check_shapes(samples) -> tuple[int, int, int, int]:
 
 
 def fast_collate(samples: list) -> Batch:
-    """(images uint8 [B, 3, H, W] in channels_last memory, labels int64 [B], skipped, -1: no BatchPool)."""
+    """A Batch of uint8 [B, 3, H, W] images in channels_last memory, fresh in shared memory (the
+    DataLoader's pin-memory thread receives and pins it, off the training thread)."""
     decoded, skipped = _partition(samples)
     if not decoded:
         return None, _labels(decoded), skipped, -1
@@ -72,64 +79,70 @@ def fast_collate(samples: list) -> Batch:
 
 
 class BatchPool:
-    """Shared-memory batches that workers reuse once the main process has dropped them.
+    """Batch buffers in memory the main process maps before the workers fork, so that a worker
+    writes a batch where the trainer will read it and sends only the buffer's number.
 
-    Each worker owns `slots` buffers; `busy` (shared by all processes) says which are in use. A
-    worker marks a buffer busy when it fills it; the main process `track`s each batch it receives
-    and, once no tensor of it is left (a weak reference to its storage has expired), `sweep` marks
-    it free again. A batch that the trainer keeps therefore keeps its buffer; when a worker has no
-    free buffer, or the batch has another shape (the last one of an epoch), it allocates a fresh one.
+    Why: a batch tensor sent from a worker travels as a shared-memory file descriptor, which the
+    receiving (training) thread fetches over a connection of its own and maps: about half of the
+    torch backend's cost to that thread per batch (benchmarks/trainer_thread.py). And a fresh
+    shared-memory batch costs the worker its page faults, 0.33-0.42 ms per 224 px float32 image here.
+
+    Each worker owns `slots` buffers of one full batch; `busy` (shared by all processes) says which
+    are in use. A worker marks a buffer busy when it fills it; the main process hands the trainer a
+    tensor over it whose last reference, when dropped, frees it again. A batch the trainer keeps
+    therefore keeps its buffer; a worker with no free buffer sends a fresh batch instead.
     """
 
-    def __init__(self, num_workers: int, slots: int):
-        self.slots = slots
-        self.busy = torch.zeros(max(1, num_workers) * slots, dtype=torch.int8).share_memory_()
-        self._buffers: list[torch.Tensor | None] = [None] * slots  # this worker's, allocated on first use
-        self._received: list[tuple[int, StorageWeakRef]] = []  # main process: batches handed out
+    def __init__(self, num_workers: int, slots: int, shape: tuple[int, int, int, int], dtype: torch.dtype,
+                 channels_last: bool):
+        self.slots, self.shape, self.dtype, self.channels_last = slots, shape, dtype, channels_last
+        self.count = max(1, num_workers) * slots
+        self.nbytes = math.prod(shape) * dtype.itemsize
+        b, c, h, w = shape
+        self.stride = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
+        # MAP_SHARED | MAP_ANONYMOUS: forked workers write these very pages; none is touched until used
+        self.memory = mmap.mmap(-1, self.count * self.nbytes) if self.count else None
+        self.busy = np.frombuffer(mmap.mmap(-1, max(1, self.count)), dtype=np.uint8)
+        self._handed: set[int] = set()  # main process: slots whose batch the trainer may still hold
 
-    def __getstate__(self) -> dict:  # a worker starts with no buffers of its own
-        return {**self.__dict__, "_buffers": [None] * self.slots, "_received": []}
-
-    def take(self, shape: tuple[int, int, int, int], dtype: torch.dtype,
-             channels_last: bool) -> tuple[torch.Tensor, int]:
-        """In a worker: (an uninitialized batch, its buffer number, or -1 for a fresh one)."""
+    def take(self, count: int) -> tuple[torch.Tensor, int]:
+        """In a worker (or the main process without workers): (an uninitialized batch of `count`
+        images, its slot, or -1 with a fresh one in shared memory)."""
         worker = torch.utils.data.get_worker_info()
-        if worker is not None:
-            for slot, buffer in enumerate(self._buffers):
-                number = worker.id * self.slots + slot
-                if self.busy[number]:
-                    continue
-                if buffer is None:
-                    buffer = self._buffers[slot] = empty_batch(shape, dtype, channels_last)
-                if buffer.shape == shape and buffer.dtype == dtype:
-                    self.busy[number] = 1
-                    return buffer, number
-        return empty_batch(shape, dtype, channels_last), -1
+        first = (worker.id if worker is not None else 0) * self.slots
+        for slot in range(first, first + self.slots):
+            if not self.busy[slot]:
+                self.busy[slot] = 1
+                return self._view(torch.frombuffer(self.memory, dtype=torch.uint8, count=self.nbytes,
+                                                   offset=slot * self.nbytes), count), slot
+        return empty_batch((count, *self.shape[1:]), self.dtype, self.channels_last), -1
 
-    def track(self, images: torch.Tensor, number: int) -> None:
-        """In the main process: a batch received from buffer `number`; frees the dropped ones."""
-        self.sweep()
-        if number >= 0:
-            self._received.append((number, StorageWeakRef(images.untyped_storage())))
+    def batch(self, slot: int, count: int) -> torch.Tensor:
+        """In the main process: the batch of `count` images a worker wrote into `slot`, as a tensor
+        whose storage holds a numpy view of the slot; when the trainer drops its last reference the
+        view dies and the slot is free again."""
+        view = np.frombuffer(self.memory, dtype=np.uint8, count=self.nbytes, offset=slot * self.nbytes)
+        self._handed.add(slot)
+        weakref.finalize(view, self._free, slot)
+        return self._view(torch.from_numpy(view), count)
 
-    def sweep(self) -> None:
-        still_used = []
-        for number, storage in self._received:
-            if storage.expired():
-                self.busy[number] = 0
-            else:
-                still_used.append((number, storage))
-        self._received = still_used
+    def _view(self, flat: torch.Tensor, count: int) -> torch.Tensor:
+        return flat.view(self.dtype).as_strided(self.shape, self.stride)[:count]
+
+    def _free(self, slot: int) -> None:
+        self._handed.discard(slot)
+        self.busy[slot] = 0
 
     def forget(self) -> None:
-        """The workers stopped (their buffers died with them): every slot of the next ones is free."""
-        self._received = []
-        self.busy.zero_()
+        """The workers stopped: the slots they filled and never sent are free; those the trainer
+        holds stay busy until it drops them."""
+        self.busy[:] = 0
+        self.busy[list(self._handed)] = 1
 
 
 class NormalizingCollate:
-    """(images normalized [B, 3, H, W] in the output dtype and memory format, labels int64 [B],
-    skipped, the BatchPool buffer number)."""
+    """A Batch of images normalized [B, 3, H, W] in the output dtype and memory format, written
+    into a BatchPool slot where one is free."""
 
     def __init__(self, normalizer: Normalizer, pool: BatchPool):
         self.normalizer, self.pool = normalizer, pool
@@ -138,7 +151,11 @@ class NormalizingCollate:
         decoded, skipped = _partition(samples)
         if not decoded:
             return None, _labels(decoded), skipped, -1
-        images, number = self.pool.take(_check_shapes(decoded), self.normalizer.dtype, self.normalizer.channels_last)
-        for slot, (image, _) in zip(images, decoded):
-            self.normalizer.into(slot, image)
-        return images, _labels(decoded), skipped, number
+        shape = _check_shapes(decoded)
+        if shape[1:] == self.pool.shape[1:]:
+            images, slot = self.pool.take(len(decoded))
+        else:  # only if the transform's output size differs from the pool's (it does not)
+            images, slot = empty_batch(shape, self.normalizer.dtype, self.normalizer.channels_last), -1
+        for view, (image, _) in zip(images, decoded):
+            self.normalizer.into(view, image)
+        return None if slot >= 0 else images, _labels(decoded), skipped, slot

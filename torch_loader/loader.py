@@ -106,7 +106,10 @@ class TorchLoader(Loader):
         on_cuda = device.type == "cuda"
         # CPU output: float batches, written into buffers the main process dropped (see collate.py).
         # A worker's buffers: those in flight (prefetch_factor), the trainer's, one not yet swept.
-        self._pool = None if on_cuda else BatchPool(num_workers, workers.prefetch_factor + 2)
+        size = split.transform.size
+        self._pool = None if on_cuda else BatchPool(num_workers, workers.prefetch_factor + 2,
+                                                    (split.batch_size, 3, size, size), self._normalizer.dtype,
+                                                    config.output.channels_last)
         self._dataloader = torch.utils.data.DataLoader(
             ImageDataset(prepared.index, transform, prepared.pixels, skip_bad=config.dataset.on_bad_image == "skip",
                          source=config.source),
@@ -120,6 +123,12 @@ class TorchLoader(Loader):
         self._announce()
         if prepared.pixels is None:
             log.info("torch loader decoders: %s", describe_decoders())
+        if self._persistent and len(self):
+            # Persistent workers start now, on the first epoch, while the trainer builds its model: their
+            # start (forking, some 0.2 s of the training thread's time) is not paid inside the first
+            # `next(loader)`, and the first batches are ready sooner. A first loop that wants other
+            # batches (load_state_dict, set_epoch) drops these, as after a `break`.
+            self._start_workers(self.order.batches(self._epoch))
 
     def describe(self) -> dict:
         return {**super().describe(), "workers": self.num_workers}
@@ -160,6 +169,12 @@ class TorchLoader(Loader):
                 continue
             yield images, labels, seeds
 
+    def _start_workers(self, batches: list) -> None:
+        """A new live DataLoader iterator: its workers fork and start on these batches."""
+        self._feed.sent.clear()
+        self._feed.upcoming = itertools.chain(batches, self._next_epochs())
+        self._live = iter(self._dataloader)
+
     def _next_epochs(self) -> Iterator:
         """What the next loops will most likely ask for: the epochs after this one, from their start."""
         if not self._persistent or not len(self):
@@ -176,9 +191,7 @@ class TorchLoader(Loader):
         if self._live is not None and not self._workers_alive():  # one died between loops: start afresh
             self._shutdown()
         if self._live is None or not self._persistent:
-            feed.sent.clear()
-            feed.upcoming = itertools.chain(batches, self._next_epochs())
-            self._live = iter(self._dataloader)
+            self._start_workers(batches)
         else:
             matched = _in_flight_prefix(feed.sent, batches)
             if matched == len(feed.sent):  # what is in flight starts this loop: feed the rest of it
@@ -199,11 +212,11 @@ class TorchLoader(Loader):
         received = None
         try:
             for _ in range(count):
-                images, labels, skipped, number = next(self._live)
+                images, labels, skipped, slot = next(self._live)
                 self._feed.sent.popleft()
-                if self._pool is not None and images is not None:
-                    self._pool.track(images, number)
-                received = images, labels, skipped
+                if slot >= 0:
+                    images = self._pool.batch(slot, len(labels))
+                received = images, torch.from_numpy(labels), skipped
         except BaseException as error:
             # A worker killed while it hands over a batch's shared memory breaks that hand-over
             # (EOFError, connection reset) before torch's own check names the dead worker.

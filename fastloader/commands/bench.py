@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from array import array
 
+from ..errors import ConfigError
 from ..machine import hardware, tree_memory
 from ..progress import Progress
 from ..schema import BACKEND_ENV
+from . import no_batch_error
 
 HELP = "iterate a split and report images/s, stall, time to first batch and memory"
 EXAMPLES = """  fastloader bench configs/sample.yaml
@@ -58,13 +59,13 @@ def run(args) -> int:
     backends = ["torch", "dali"] if args.backend == "both" else [args.backend]
     forced = os.environ.get(BACKEND_ENV)
     if len(backends) == 2 and forced:  # it would run the same backend twice under two names
-        raise ValueError(f"--backend both compares the two backends, but {BACKEND_ENV}={forced} forces every "
+        raise ConfigError(f"--backend both compares the two backends, but {BACKEND_ENV}={forced} forces every "
                          f"loader onto one; unset {BACKEND_ENV} (or use --backend {forced})")
     for name, value in (("--batches", args.batches), ("--warmup", args.warmup), ("--seconds", args.seconds)):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+            raise ConfigError(f"{name} must be >= 0, got {value}")
     if args.rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+        raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
     for path in (args.json, args.plot):  # fail before a long run, not after it
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -74,9 +75,7 @@ def run(args) -> int:
             started = time.perf_counter()
             runs.append(Run(build(args, backend), time.perf_counter() - started, args.step_ms))
         if len(runs[0].loader) == 0:
-            print(f"fastloader: error: split '{args.split}' yields no batch per epoch (see the warning above)",
-                  file=sys.stderr)
-            return 1
+            raise no_batch_error(runs[0].loader)
         progress = Progress(len(runs) * args.rounds, unit="rounds")
         for number in range(args.rounds):
             order = runs if number % 2 == 0 else runs[::-1]  # alternate, so neither gets a quieter machine
@@ -108,8 +107,8 @@ def build(args, backend: str | None):
 class Round:
     """One timed round: what it drained untimed, then what it timed."""
 
-    def __init__(self, drained: int, epoch_batches: int):
-        self.drained, self.epoch_batches = drained, epoch_batches
+    def __init__(self, drained: int, min_batches: int, epoch_batches: int):
+        self.drained, self.min_batches, self.epoch_batches = drained, min_batches, epoch_batches
         self.images = self.batches = 0
         self.seconds = self.wait_s = 0.0
 
@@ -155,7 +154,7 @@ class Run:
         depth = self.loader.prefetch_depth
         min_batches = min_batches or max(10, 10 * depth)
         clock = time.perf_counter
-        timed = Round(max(warmup, depth), len(self.loader))
+        timed = Round(max(warmup, depth), min_batches, len(self.loader))
         for _ in range(timed.drained):
             self._next(clock)
         offset = sum(r.seconds for r in self.rounds)
@@ -198,6 +197,8 @@ class Run:
                 "batches_per_second": median.batches / median.seconds if median.seconds else float("nan"),
                 "stall_fraction": median.stall_fraction,
                 "round_images_per_second": rates, "prefetch_depth": self.loader.prefetch_depth,
+                # what ran, not what was asked: --warmup is raised to the prefetch depth, --batches 0 is a floor
+                "warmup": self.rounds[0].drained, "min_batches": self.rounds[0].min_batches,
                 "time_to_first_batch_s": self.first_batch_s, "build_s": self.build_s,
                 "peak_memory_bytes": self.peak_memory, "peak_gpu_bytes": peak_gpu_bytes(self.loader.device),
                 "images": images, "batches": batches, "seconds": seconds,
@@ -231,7 +232,8 @@ def report(runs: list[Run], args) -> None:
                   f"ahead, {result['prefetch_depth'] / fewest:.0%} of the {fewest} batches its shortest round timed, "
                   f"so its rate is uncertain by up to that share; raise --seconds or --batches")
     summary = {"split": args.split, "config_file": str(args.config), "rounds": args.rounds, "seconds": args.seconds,
-               "batches": args.batches, "warmup": args.warmup, "step_ms": args.step_ms, "hardware": hardware(),
+               "batches_asked": args.batches, "warmup_asked": args.warmup, "step_ms": args.step_ms,
+               "hardware": hardware(),
                "runs": results}
     if len(results) == 2:
         ratio = results[1]["images_per_second"] / results[0]["images_per_second"]

@@ -29,6 +29,11 @@ EXAMPLES = """  fastloader check configs/sample.yaml
   fastloader check configs/imagenette.yaml --exclude-list bad-files.txt
 """
 
+FOUND_PROBLEMS = 1
+"""The exit status when some files cannot be read: a finding, as a linter's 1, not an error."""
+FINDINGS = {FOUND_PROBLEMS: "some files cannot be read (listed; --exclude-list FILE writes them for "
+                            "dataset.exclude)"}
+"""Exit statuses of results, for the help (the rule for the others: fastloader/cli.py)."""
 LISTED = 20
 """Problem files printed before '... and N more' (the exclude list holds them all)."""
 HW_JPEG_DECODER = {(8, 0): "A100, A30", (9, 0): "H100, H200", (10, 0): "B200"}
@@ -76,7 +81,7 @@ def run(args) -> int:
     elif problems:
         print("to leave them out of every split: run again with --exclude-list FILE, and set dataset.exclude "
               "to that FILE")
-    return 1 if problems else 0
+    return FOUND_PROBLEMS if problems else 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,17 +107,21 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from .. import build_loader
     from ..config import load_config
+    from ..errors import BadImageError
+    from . import no_batch_error
     config = load_config(args.config, args.overrides)
     for option, key, value in (("--backend", "backend", args.backend), ("--seed", "seed", args.seed)):
         if value is not None:  # shorthands for --set that win over it, and that the log names as the command
             config = load_config(config, {key: value}, origin=f"the command's {option} {value}")
     with build_loader(config, split=args.split) as loader:
+        if len(loader) == 0:
+            raise no_batch_error(loader)
         loader.set_epoch(args.epoch)
         images, labels = first_samples(loader, args.n)
         if len(labels) == 0:
-            print(f"fastloader: error: split '{args.split}' yielded no sample in epoch {args.epoch} "
-                  f"(see the warning above)", file=sys.stderr)
-            return 1
+            raise BadImageError(f"split '{args.split}' yielded no sample in epoch {args.epoch}: its files could not "
+                                f"be decoded ({len(loader.bad_samples)} in loader.bad_samples; the warnings above "
+                                f"name them); `fastloader check {args.config}` lists them")
         pixels = denormalize(images, loader.config.normalize.mean, loader.config.normalize.std)
         header = (f"{Path(args.config).name} split {args.split}, backend {loader.backend}, "
                   f"epoch {args.epoch}, seed {loader.config.seed}")

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from fastloader.errors import ConfigError
 from fastloader.imaging.jpeg_header import ORIENTATION, JpegHeader, read_header
 from fastloader.imaging.screen import BOMB_PIXELS, bomb_problem
 
@@ -66,8 +67,8 @@ def decoder_choice() -> str:
     """FASTLOADER_JPEG_DECODER, checked: auto unless set."""
     choice = os.environ.get(DECODER_ENV, "auto").strip().lower() or "auto"
     if choice not in DECODER_CHOICES:
-        raise ValueError(f"{DECODER_ENV}={os.environ[DECODER_ENV]!r} is not a decoder choice: set it to "
-                         f"{', '.join(DECODER_CHOICES)}, or unset it (auto)")
+        raise ConfigError(f"{DECODER_ENV}={os.environ[DECODER_ENV]!r} is not a decoder choice: set it to "
+                          f"{', '.join(DECODER_CHOICES)}, or unset it (auto)")
     return choice
 
 
