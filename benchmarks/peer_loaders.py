@@ -25,11 +25,13 @@ from fastloader.config import IMAGENET_MEAN, IMAGENET_STD
 
 NO_DALI = harness.missing_dali()
 if NO_DALI is None:
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.pipeline import Pipeline
     from nvidia.dali.plugin.pytorch import DALIClassificationIterator, LastBatchPolicy
 
-    from dali_loader.pipeline import centre_boxes, decoder_options, image_graph
+    from dali_loader.augment import feed_arrays
+    from dali_loader.pipeline import centre_boxes, decoder_options, feed_layout, image_graph
+    from fastloader.augment.draws import Augmenter
     from fastloader.imaging.sizes import upright_size
 
 TORCHVISION, NVIDIA, READER = "torchvision defaults", "NVIDIA RN50 example", "our graph + DALI reader"
@@ -86,25 +88,32 @@ def nvidia_example_pipeline(files: list[str], labels: list[int], train: bool, gp
 def our_graph_on_dali_reader(files: list[str], labels: list[int], split: str, gpu: bool, overrides: dict,
                              batch_size: int, threads: int) -> Pipeline:
     """fastloader's graph (dali_loader.pipeline.image_graph) with DALI's file reader as its input.
-    Eval's centre boxes come from a second source in the reader's order (eval reads its list in
-    order, and the benchmark stays within the first epoch)."""
+    The per-sample inputs the loader's feed would give (train: crops, flips and ops drawn for each
+    image's size; eval: centre boxes) come from a second source in the reader's order: the reader
+    reads its list in order (no shuffle: the host could not follow it), and the benchmark stays
+    within the first epoch."""
     config = fastloader.load_config(str(CONFIG), overrides)
-    pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=EXAMPLE_SEED)
-    with pipe:
-        encoded, label = fn.readers.file(files=files, labels=labels, random_shuffle=split == "train",
-                                         pad_last_batch=True, name="Reader")
-        box = None
-        if split != "train":
-            boxes = fn.external_source(source=boxes_in_order(files, config, split, batch_size), batch=True,
-                                       dtype=types.FLOAT)
-            box = boxes[0:2], boxes[2:4]
-        pipe.set_outputs(image_graph(encoded, config, config.split(split), gpu, box), label.gpu() if gpu else label)
+    split_config = config.split(split)
+    augmenter = Augmenter(split_config.transform, config.normalize.mean) if split == "train" else None
+    layout = feed_layout(split_config, False, augmenter)[2:]  # what follows the paths and lengths
+
+    def graph():
+        encoded, label = fn.readers.file(files=files, labels=labels, pad_last_batch=True, name="Reader")
+        arrays = fn.external_source(source=inputs_in_order(files, config, split_config, augmenter, batch_size),
+                                    num_outputs=len(layout), batch=True, dtype=[dtype for _, dtype in layout])
+        inputs = dict(zip((name for name, _ in layout), arrays))
+        return image_graph(encoded, config, split_config, gpu, inputs, augmenter), label.gpu() if gpu else label
+
+    conditionals = bool(augmenter and augmenter.slots)
+    pipe = pipeline_def(graph, enable_conditionals=conditionals)(
+        batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=EXAMPLE_SEED)
     pipe.build()
     return pipe
 
 
-def boxes_in_order(files: list[str], config, split: str, batch_size: int):
-    """A batch source of the centre boxes of `files`, in list order, cycling."""
+def inputs_in_order(files: list[str], config, split, augmenter, batch_size: int):
+    """A batch source of the per-sample inputs of `files`, in list order, cycling: the centre boxes
+    (eval), or the draws for each image's size with its position as its seed (train)."""
     known = {f: upright_size(f, config.dataset.exif_orientation) for f in dict.fromkeys(files)}
     sizes = np.array([known[f] for f in files])
     position = 0
@@ -113,7 +122,9 @@ def boxes_in_order(files: list[str], config, split: str, batch_size: int):
         nonlocal position
         rows = np.arange(position, position + batch_size) % len(files)
         position += batch_size
-        return centre_boxes(sizes[rows], config.split(split))
+        if augmenter is None:
+            return (centre_boxes(sizes[rows], split),)
+        return feed_arrays(augmenter, rows.astype(np.int64), sizes[rows])
     return source
 
 

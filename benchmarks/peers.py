@@ -18,6 +18,10 @@ images/s per loader with the decode limits as lines.
     python benchmarks/peers.py --workers 1 --split train --rounds 3 --json peers.json
     python benchmarks/peers.py --torch-decoder auto decode_jpeg --only torch limit   # region vs whole file
     python benchmarks/peers.py --only dali nvidia --device gpu   # the DALI backend against NVIDIA's example
+    python benchmarks/peers.py --split train --auto-augment rand-m9-mstd0.5-inc1 --only torch timm
+
+--auto-augment POLICY gives the same policy (train split) to fastloader's backends and to timm's
+contender; timm runs the closest string Pillow lets it run (timm_policy says which, and why).
 """
 from __future__ import annotations
 
@@ -96,9 +100,22 @@ def decode_limit_factory(paths: list[str], labels: list[int], decoder: str, trai
     return build
 
 
+def timm_policy(policy: str | None) -> tuple[str | None, str]:
+    """The auto_augment string timm's contender runs, and why it differs from ours where it does:
+    timm 1.0's increasing posterize asks Pillow for 0 bits at magnitude 10 (reached by mstd noise),
+    which Pillow 13 refuses, so `inc1` becomes timm's default op set."""
+    import PIL
+    if not policy or "-inc1" not in policy or int(PIL.__version__.split(".")[0]) < 13:
+        return policy, ""
+    closest = policy.replace("-inc1", "")
+    return closest, (f"timm runs {closest!r} for --auto-augment {policy!r}: its increasing posterize keeps 0 bits "
+                     f"at magnitude 10, which Pillow {PIL.__version__} refuses (ImageOps.posterize: bits 0)")
+
+
 def timm_factory(split_dir: Path, repeat: int, train: bool, args: argparse.Namespace) -> Factory:
     """timm's ImageDataset and create_loader with its prefetcher (normalizes on the output device),
-    RandomResizedCrop + flip without colour jitter for train, crop_pct 0.875 for eval."""
+    RandomResizedCrop + flip without colour jitter for train, crop_pct 0.875 for eval; for train,
+    --auto-augment's policy (timm_policy's string)."""
     from timm.data import ImageDataset, create_loader
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -108,6 +125,7 @@ def timm_factory(split_dir: Path, repeat: int, train: bool, args: argparse.Names
         loader = create_loader(dataset, input_size=(3, args.size, args.size), batch_size=args.batch_size,
                                is_training=train, num_workers=args.workers, device=device, use_prefetcher=True,
                                color_jitter=None, crop_pct=0.875, interpolation="bilinear",
+                               auto_augment=timm_policy(args.auto_augment)[0] if train else None,
                                mean=IMAGENET_MEAN, std=IMAGENET_STD, pin_memory=device.type == "cuda")
         return loader, lambda: None
     return build
@@ -130,12 +148,13 @@ def with_decoder(choice: str, build: Factory) -> Factory:
 def build_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path, repeat: int,
                 args: argparse.Namespace) -> dict[str, Factory]:
     train = split == "train"
+    policy = {f"{split}.transform.auto_augment": args.auto_augment} if train and args.auto_augment else {}
     overrides = harness.fastloader_overrides(split, split_dir, index, list_path, args, backend="torch",
-                                             **{"output.device": "cpu", "workers.num_workers": args.workers})
+                                             **{"output.device": "cpu", "workers.num_workers": args.workers}, **policy)
     peers = {torch_peer_name(choice, args): with_decoder(choice, harness.fastloader_factory(split, overrides))
              for choice in args.torch_decoder}
     paths, labels = harness.listed_files(index, repeat)
-    if DALI not in SKIPPED:
+    if DALI not in SKIPPED and not (train and args.auto_augment):
         peers.update(dali_peers(split, split_dir, index, list_path, paths, labels, args))
     peers[TORCHVISION] = peer_loaders.torchvision_factory(split, split_dir, repeat, args.batch_size, args.size,
                                                           args.workers)
@@ -227,6 +246,9 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="+", metavar="TEXT",
                         help="measure only the peers whose name contains one of these (any case), "
                              "e.g. --only torch limit")
+    parser.add_argument("--auto-augment", metavar="POLICY",
+                        help="train split: this auto_augment policy for fastloader and timm, e.g. "
+                             "rand-m9-mstd0.5-inc1")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu" if torch.cuda.is_available() else "cpu",
                         help="the DALI peers' flavour (default: gpu where CUDA is available, else cpu)")
     arguments = harness.check_args(parser, parser.parse_args())
@@ -234,6 +256,14 @@ if __name__ == "__main__":
         parser.error("--workers must be >= 1: DALI needs at least one CPU thread")
     if arguments.device == "gpu" and not torch.cuda.is_available():
         parser.error("--device gpu: no CUDA device here; pass --device cpu")
+    if arguments.auto_augment:
+        from fastloader.augment.policy import parse_policy
+        print(f"train split: auto_augment {parse_policy(arguments.auto_augment).describe()}")
+        if DALI not in SKIPPED:
+            print("note: train split: the DALI peers are left out with --auto-augment until the DALI backend's feed "
+                  "passes the ops (issue 25, phase 2)")
+        if TIMM not in SKIPPED and timm_policy(arguments.auto_augment)[1]:
+            print(f"note: {timm_policy(arguments.auto_augment)[1]}")
     for peer, reason in SKIPPED.items():
         print(f"skipped {peer}: {reason}")
     info = f", DALI {__import__('nvidia.dali').dali.__version__} ({arguments.device} flavour)" \

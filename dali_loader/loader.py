@@ -23,15 +23,16 @@ import numpy as np
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
+from fastloader.augment.draws import Augmenter
 from fastloader.cache import CachedPixels
 from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError, refused_file
-from fastloader.order import seeded_uniform
 from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
 from fastloader.schema import Config, SplitConfig
 
+from .augment import feed_arrays
 from .driver import Driver, Ended
 from .pipeline import build_pipeline, centre_boxes
 from .probe import DecodeProbe, dali_reason
@@ -40,32 +41,31 @@ from .transcode import transcoded_for_dali
 
 log = logging.getLogger("fastloader")
 
-_SEED_SALT = 0xDA11
-
 
 class _Feed:
     """The pipeline's source: each planned batch as a few dense arrays, one batch a call.
 
     Files: the samples' paths as rows of one byte matrix and each row's length (DALI's threads read
-    the files); in eval mode also each image's centre box, from its upright size (kept from
-    screening, see sizes.py). The cache: the decoded pixels (one array per sample), and in eval
-    mode the boxes of the cached pixels' shapes. Labels are not fed: the loader takes them from the
+    the files). The cache: the decoded pixels (one array per sample). Then, from each image's
+    upright size (kept from screening, see sizes.py, or the cached pixels' shape): in eval mode its
+    centre box, in train mode its crop box, flips and ops, drawn from its seed (fastloader.augment,
+    as the torch backend draws them). Labels are not fed: the loader takes them from the
     index. Dense arrays cost the training thread, which calls this, a few numpy operations per batch
     rather than Python per sample (benchmarks/trainer_thread.py).
 
     Samples found broken earlier (`known_bad`) are left out of what is fed, and `fed` keeps, in
     order, the (sample, seed) rows of each batch fed and not yet delivered, with the sizes its boxes
-    were computed from: DALI calls the source `prefetch_queue_depth` batches ahead of the batch it
+    were drawn for: DALI calls the source `prefetch_queue_depth` batches ahead of the batch it
     delivers.
     """
 
-    def __init__(self, index: SampleIndex, substitutes: dict[int, str], pixels: CachedPixels | None = None,
-                 eval_split: SplitConfig | None = None, exif_orientation: bool = True,
-                 stored_sizes: np.ndarray | None = None):
+    def __init__(self, index: SampleIndex, split: SplitConfig, substitutes: dict[int, str],
+                 pixels: CachedPixels | None = None, exif_orientation: bool = True,
+                 stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None):
         self.index = index
         self.pixels = pixels
-        self.eval_split = eval_split  # eval: each batch also carries its centre boxes (centre_boxes)
-        self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if eval_split and pixels is None else None
+        self.split, self.augmenter = split, augmenter
+        self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if pixels is None else None
         self.substitutes = substitutes  # sample -> a file DALI can decode in its place (transcode.py)
         self.substituted = np.fromiter(substitutes, dtype=np.int64, count=len(substitutes))
         self.known_bad: dict[int, str] = {}  # sample -> why DALI could not decode it
@@ -99,13 +99,14 @@ class _Feed:
         indices = batch[:, 0]
         if self.pixels is not None:
             data = ([self.pixels.image(i) for i in indices],)
+            sizes = self.pixels.shapes[self.pixels.rows[indices]]
         else:
             data = self.path_rows(indices)
-        sizes = None
-        if self.eval_split is not None:
-            sizes = self.pixels.shapes[self.pixels.rows[indices]] if self.pixels is not None else \
-                self.sizes.of(indices, self.file)
-            data += (centre_boxes(sizes, self.eval_split),)
+            sizes = self.sizes.of(indices, self.file)
+        if self.split.mode == "train":  # every random choice of each sample, drawn from its seed
+            data += feed_arrays(self.augmenter, batch[:, 1], sizes)
+        else:
+            data += (centre_boxes(sizes, self.split),)
         self.fed.append(Fed(batch, sizes, self.skipped))
         self.skipped = []
         return data
@@ -125,25 +126,42 @@ class _Feed:
         return self.substitutes.get(sample) or self.index.path(sample)
 
     def check_sizes(self, fed: Fed, decoded) -> None:
-        """Eval: each image's size as DALI decoded it against the size its box came from. A file
-        changed since it was screened got a box for its old size in this batch: name it, and keep
-        its new size for the next epochs."""
+        """Each image's size as DALI decoded it against the size its box came from. A file changed
+        since it was screened got a box for its old size in this batch: name it, and keep its new
+        size for the next epochs."""
         sizes = np.asarray(decoded.as_tensor())[:, :2]
         changed = np.flatnonzero((sizes != fed.sizes).any(axis=1))
         for row in changed.tolist():
             sample = int(fed.plan[row, 0])
-            log.warning("%s changed since it was screened: it decodes to %dx%d (height x width), the screening "
-                        "result said %dx%d, so its eval crop in this batch came from the old size; it is "
-                        "corrected from now on (the screening result is renewed when the dataset's files are "
-                        "added, removed or renamed)", self.file(sample), *sizes[row], *fed.sizes[row])
+            _warn_resized(self.file(sample), tuple(fed.sizes[row]), tuple(sizes[row]), "in this batch")
             self.sizes.correct(sample, tuple(sizes[row]))
+
+    def reread_sizes(self, samples: np.ndarray) -> int:
+        """After the pipeline failed: read these files' headers again. A file rewritten at another
+        size since it was screened got a crop out of its bounds: name it, keep its new size (its
+        batch, fed again, gets a crop drawn for it); how many there were."""
+        if self.sizes is None:
+            return 0
+        changed = 0
+        for sample in np.unique(samples).tolist():
+            sizes = self.sizes.reread(sample, self.file(sample))
+            if sizes is not None:
+                _warn_resized(self.file(sample), *sizes, "when it failed the pipeline")
+                changed += 1
+        return changed
+
+
+def _warn_resized(path: str, held: tuple[int, int], now: tuple[int, int], when: str) -> None:
+    log.warning("%s changed since it was screened: it decodes to %dx%d (height x width), the screening result "
+                "said %dx%d, so its crop %s came from the old size; it is corrected from now on (the screening "
+                "result is renewed when the dataset's files are added, removed or renamed)", path, *now, *held, when)
 
 
 class Fed(NamedTuple):
-    """A batch handed to the pipeline: its (sample, seed) rows; in eval mode, the upright (height,
-    width) its centre boxes were computed from; the known-bad samples left out just before it."""
+    """A batch handed to the pipeline: its (sample, seed) rows; the upright (height, width) its crop
+    or centre boxes were drawn for; the known-bad samples left out just before it."""
     plan: np.ndarray
-    sizes: np.ndarray | None
+    sizes: np.ndarray
     skipped: list[int]
 
 
@@ -172,11 +190,6 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
     return convert
 
 
-def pipeline_seed(seed: int, rank: int) -> int:
-    """DALI's seed for its random operators: a function of the config's seed and the rank."""
-    return int(seeded_uniform(np.array([seed]), _SEED_SALT + rank, 1)[0, 0] * (2**31 - 1))
-
-
 class DaliLoader(Loader):
     backend = "dali"
 
@@ -187,8 +200,8 @@ class DaliLoader(Loader):
         self.num_threads = prepared.workers
         self._bfloat16 = config.output.dtype == "bfloat16"
         substitutes = transcoded_for_dali(prepared.index, prepared.needs_substitute)
-        self._feed = _Feed(prepared.index, substitutes, prepared.pixels, split if split.mode != "train" else None,
-                           config.dataset.exif_orientation, prepared.sizes)
+        self._feed = _Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
+                           prepared.sizes, self.augmentation)
         self._pipe = self._build()
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._driver: Driver | None = None  # the thread running the pipeline during an epoch
@@ -201,8 +214,8 @@ class DaliLoader(Loader):
             self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
-            seed=pipeline_seed(self.config.seed, self.ranks.rank), cached=self._feed.pixels is not None,
-            check_sizes=self._feed.sizes is not None)
+            seed=self.config.seed, cached=self._feed.pixels is not None,
+            check_sizes=self._feed.sizes is not None, augmenter=self.augmentation)
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
@@ -264,22 +277,28 @@ class DaliLoader(Loader):
     def _recover(self, error: RuntimeError, number: int) -> None:
         """After DALI failed: find the files that broke it, then go on without them in a new pipeline
         (dataset.on_bad_image: skip) or stop naming them (raise). Never retries blindly, never hangs."""
-        suspects = [fed.plan for fed in self._feed.fed]  # the failed batch and those DALI had started after it
+        fed = list(self._feed.fed)  # the failed batch and those DALI had started after it
+        for batch in fed:
+            self._record_skips(batch.skipped)  # left out before the failure, not reported yet
+        suspects = [batch.plan for batch in fed]
+        samples = np.concatenate(suspects)[:, 0] if suspects else np.zeros(0, dtype=np.int64)
+        resized = self._feed.reread_sizes(samples)
         probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None)
         culprits = {}
-        for sample in np.concatenate(suspects)[:, 0].tolist() if suspects else []:
+        for sample in samples.tolist():
             problem = probe.problem(self._feed.file(sample))
             if problem:
                 culprits[sample] = problem
         self._epoch_open = False
-        if not culprits:
+        if not culprits and not resized:
             raise self._failed(error, number, suspects[0] if suspects else np.zeros((0, 2), dtype=np.int64))
-        if self.config.dataset.on_bad_image == "raise":
+        if culprits and self.config.dataset.on_bad_image == "raise":
             first = min(culprits)
             self._broken = refused_file(self.index.path(first), culprits[first], self.config.source)
             raise BadImageError(self._broken) from error
-        log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files; rebuilding it "
-                 "without them", self.split.name, number, self.epoch, len(culprits))
+        log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files that cannot be decoded "
+                 "and %d that changed size since screening; rebuilding it without the former", self.split.name,
+                 number, self.epoch, len(culprits), resized)
         self._feed.known_bad.update(culprits)
         rest = self._feed.batches
         self._pipe = self._build()

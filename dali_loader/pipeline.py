@@ -1,34 +1,37 @@
-"""The DALI graph: encoded bytes -> decode (with the random crop for train) -> resize ->
-crop / mirror / normalize; or, from the uint8 cache, decoded pixels -> random-resized crop (train)
-or the centre box (eval) -> the same flip and normalize. One function builds both flavours:
+"""The DALI graph: encoded bytes -> decode (only the crop the host drew, for train) -> resize ->
+flips and ops (train) -> normalize; or, from the uint8 cache, decoded pixels -> the same crop
+(train) or centre box (eval) -> the same steps. One function builds both flavours:
 
 - gpu: the decoders run as "mixed" operators (nvJPEG; the GPU's hardware JPEG decoder takes
   `hw_decoder_load` of each batch where it has one), everything after them on the GPU;
 - cpu: the same operators with device="cpu" and no device_id, which DALI runs without any GPU.
   CI runs this flavour, so the two differ in the devices and the decoder's memory hints only.
 
-Every transform key means what it means for the torch backend: `scale` and `ratio` are
-RandomResizedCrop's area and aspect ranges (10 tries), `hflip` the coin's probability, `crop_pct`
-the shorter side floor(size / crop_pct) before the centre crop (the same box, fastloader.imaging.boxes),
-`interpolation` the filter, and shrinking is antialiased in both.
+Every transform key means what it means for the torch backend, because every random parameter of a
+sample (its crop box, flips, ops and their magnitudes) is drawn on the host from its seed by
+fastloader.augment, which the torch workers use too, and fed in with the batch: `crop_pct` gives
+the shorter side floor(size / crop_pct) before the centre crop (the same box,
+fastloader.imaging.boxes), `interpolation` the filter, and shrinking is antialiased in both.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import numpy as np
-from nvidia.dali import fn, types
+from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
+from fastloader.augment.draws import Augmenter
 from fastloader.imaging.boxes import centre_boxes as centre_box_array
 from fastloader.schema import Config, SplitConfig
 
+from .augment import augment_images, feed_inputs
+
 INTERPOLATION = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
 OUTPUT_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT}  # bf16: cast in torch
-Box = tuple[DataNode, DataNode]
-"""(roi_start, roi_end) of an eval batch: per-sample (y, x) in source pixels, fed from the host."""
-RANDOM_CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop; NVIDIA's example uses 100
+Inputs = dict[str, DataNode]
+"""The feed's per-sample arrays of a batch, by name (feed_layout)."""
 
 # nvJPEG buffer hints from NVIDIA's ResNet-50 example: sized for the largest ImageNet image, so
 # that decoding never reallocates mid-epoch.
@@ -47,50 +50,59 @@ def decoder_options(gpu: bool, hw_decoder_load: float) -> dict:
             "preallocate_height_hint": PREALLOCATE_HEIGHT_HINT, "hw_decoder_load": hw_decoder_load}
 
 
-def image_graph(encoded, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None) -> DataNode:
-    """The images DataNode of one split's graph, from an encoded-file DataNode.
+def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
+                augmenter: Augmenter | None = None) -> DataNode:
+    """The images DataNode of one split's graph, from an encoded-file DataNode and the feed's
+    per-sample `inputs` (feed_layout's names).
 
-    Train decodes only the random crop (ROI decode); eval decodes the whole image and resizes the
-    centre `box` (roi_start, roi_end DataNodes computed on the host, see build_pipeline). Then the
-    steps shared with the cache's graph (finish).
+    Train decodes only the crop the host drew (ROI decode of `crop_anchor`, `crop_shape`) and
+    resizes it; eval decodes the whole image and resizes the centre `box` the host computed. Then
+    the steps shared with the cache's graph (finish).
     """
-    t = split.transform
     decoder = decoder_options(gpu, config.dali.hw_decoder_load)
     exif = config.dataset.exif_orientation
     if split.mode == "train":
-        images = fn.decoders.image_random_crop(
-            encoded, output_type=types.RGB, random_area=list(t.scale), random_aspect_ratio=list(t.ratio),
-            num_attempts=RANDOM_CROP_ATTEMPTS, adjust_orientation=exif, **decoder)
-        images = fn.resize(images, resize_x=t.size, resize_y=t.size, **_resampling(t))
+        # A crop drawn for the size a file had when screened and out of its bounds now fails the
+        # pipeline; the loader then finds the file, names it and feeds its batch again (loader.py)
+        images = fn.decoders.image_slice(
+            encoded, inputs["crop_anchor"], inputs["crop_shape"], axis_names="WH", normalized_anchor=False,
+            normalized_shape=False, output_type=types.RGB, adjust_orientation=exif, **decoder)
+        images = resize_to_size(images, split)
     else:
         images = fn.decoders.image(encoded, output_type=types.RGB, adjust_orientation=exif, **decoder)
-        images = resize_box(images, box, split)
-    return finish(images, config, split)
+        images = resize_box(images, inputs["box"], split)
+    return finish(images, config, split, inputs, augmenter)
 
 
-def pixel_graph(pixels, config: Config, split: SplitConfig, gpu: bool, box: Box | None = None) -> DataNode:
-    """The same graph after the decoder, for decoded HWC uint8 pixels (the uint8 cache): train takes
-    a random-resized crop with the decoder's area, aspect and tries; eval the same centre box."""
-    t = split.transform
+def pixel_graph(pixels: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
+                augmenter: Augmenter | None = None) -> DataNode:
+    """The same graph after the decoder, for decoded HWC uint8 pixels (the uint8 cache): train
+    slices the crop the host drew, eval the same centre box."""
     images = pixels.gpu() if gpu else pixels
     if split.mode == "train":
-        images = fn.random_resized_crop(images, size=[t.size, t.size], random_area=list(t.scale),
-                                        random_aspect_ratio=list(t.ratio), num_attempts=RANDOM_CROP_ATTEMPTS,
-                                        **_resampling(t))
+        images = fn.slice(images, inputs["crop_anchor"], inputs["crop_shape"], axis_names="WH",
+                          normalized_anchor=False, normalized_shape=False)
+        images = resize_to_size(images, split)
     else:
-        images = resize_box(images, box, split)
-    return finish(images, config, split)
+        images = resize_box(images, inputs["box"], split)
+    return finish(images, config, split, inputs, augmenter)
+
+
+def resize_to_size(images: DataNode, split: SplitConfig) -> DataNode:
+    """Train: the crop, stretched to size x size (RandomResizedCrop's resize)."""
+    t = split.transform
+    return fn.resize(images, resize_x=t.size, resize_y=t.size, **_resampling(t))
 
 
 def _resampling(t) -> dict:
     return {"interp_type": INTERPOLATION[t.interpolation], "antialias": t.interpolation != "nearest"}
 
 
-def resize_box(images: DataNode, box: Box, split: SplitConfig) -> DataNode:
-    """Eval: resize each image's centre box (fractional source pixels, see fastloader.imaging.boxes) to size x size."""
+def resize_box(images: DataNode, box: DataNode, split: SplitConfig) -> DataNode:
+    """Eval: resize each image's centre box (fractional source pixels, see fastloader.imaging.boxes;
+    `box` per sample: roi_start then roi_end, in (y, x)) to size x size."""
     t = split.transform
-    roi_start, roi_end = box
-    return fn.resize(images, resize_x=t.size, resize_y=t.size, roi_start=roi_start, roi_end=roi_end,
+    return fn.resize(images, resize_x=t.size, resize_y=t.size, roi_start=box[0:2], roi_end=box[2:4],
                      **_resampling(t))
 
 
@@ -103,60 +115,74 @@ def centre_boxes(sizes: np.ndarray, split: SplitConfig) -> np.ndarray:
     return np.ascontiguousarray(boxes[:, [1, 0, 3, 2]], dtype=np.float32)
 
 
-def finish(images: DataNode, config: Config, split: SplitConfig) -> DataNode:
-    """Flip (train), normalize, cast and lay out size x size images.
+def finish(images: DataNode, config: Config, split: SplitConfig, inputs: Inputs,
+           augmenter: Augmenter | None = None) -> DataNode:
+    """Train: the flips and the ops the host drew (dali_loader/augment.py). Then normalize, cast and
+    lay out size x size images.
 
     Images leave as the configured float dtype (bfloat16 as float32, cast by the loader), CHW, or
     HWC when the output is channels_last (NHWC memory, which torch sees as a channels_last NCHW
     tensor without a copy).
     """
-    mirror = fn.random.coin_flip(probability=split.transform.hflip) if split.mode == "train" else 0
+    if split.mode == "train":
+        images = augment_images(images, inputs, augmenter, nearest=split.transform.interpolation == "nearest")
     mean = [m * 255 for m in config.normalize.mean]
     std = [s * 255 for s in config.normalize.std]
-    images = fn.crop_mirror_normalize(
+    return fn.crop_mirror_normalize(
         images, dtype=OUTPUT_DTYPE[config.output.dtype], output_layout="HWC" if config.output.channels_last else "CHW",
-        mean=mean, std=std, mirror=mirror)
-    return images
+        mean=mean, std=std)
+
+
+def feed_layout(split: SplitConfig, cached: bool, augmenter: Augmenter | None) -> list[tuple[str, types.DALIDataType]]:
+    """(name, DALI dtype) of the arrays the feed gives with each batch, in order: the encoded files'
+    paths (uint8 [n, width], one per row) and their lengths (int32 [n, 1]), or the cache's pixels
+    (a list of HWC uint8 arrays); then in eval mode the centre boxes (float32 [n, 4]: roi_start,
+    roi_end in (y, x), from centre_boxes), in train mode the crops, flips and ops the host drew
+    (dali_loader.augment.feed_inputs)."""
+    layout = [("pixels", types.UINT8)] if cached else [("paths", types.UINT8), ("lengths", types.INT32)]
+    if split.mode == "train":
+        return layout + feed_inputs(augmenter)
+    return layout + [("box", types.FLOAT)]
 
 
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
-                   cached: bool = False, check_sizes: bool = False) -> Pipeline:
-    """A built pipeline whose first output is the images of the batches it pulls from `source`:
-    (uint8 [n, width] file paths, one per row, int32 [n, 1] their lengths); DALI's threads read the
-    files (Python reading them costs 6% of throughput). With `cached`, `source` gives (list of HWC
-    uint8 pixel arrays,) instead. In eval mode `source` also gives each batch's centre boxes, float32
-    [n, 4] (roi_start, roi_end) from centre_boxes: the box is host arithmetic on the image size,
-    which as DALI operators halved the GPU eval rate. With `check_sizes` (eval, files) the second
-    output is each image's upright shape from its header, which the loader compares with the size
-    its box came from. Labels stay on the host: the loader knows them.
+                   cached: bool = False, check_sizes: bool = False, augmenter: Augmenter | None = None) -> Pipeline:
+    """A built pipeline whose first output is the images of the batches it pulls from `source`, the
+    arrays of feed_layout. DALI's threads read the files (Python reading them costs 6% of
+    throughput). Every random choice was made on the host (fastloader.augment), so DALI draws
+    nothing and both backends, and a resumed run, apply the same crops, flips and ops; eval's box
+    is host arithmetic on the image size, which as DALI operators halved the GPU eval rate. With
+    `check_sizes` (files) the second output is each image's upright shape from its header, which the
+    loader compares with the size its crop or box came from. Labels stay on the host.
 
-    `source` is called on the host, once per batch, ahead of use by `prefetch_queue_depth`
-    batches; raising StopIteration ends the epoch. device_id None builds the cpu flavour. Each
-    array `source` returns is one call into DALI on the training thread, so they are few and dense.
+    `source` is called once per batch, ahead of use by `prefetch_queue_depth` batches, on the
+    thread that runs the pipeline (driver.py); raising StopIteration ends the epoch. device_id None
+    builds the cpu flavour. A train split with ops needs DALI's conditionals (auto_aug's `select`),
+    which only a @pipeline_def function gets.
     """
-    pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
-                    prefetch_queue_depth=prefetch_queue_depth, seed=seed)
     gpu = device_id is not None
-    names = ["pixels"] if cached else ["paths", "lengths"]
-    if split.mode != "train":
-        names += ["box"]
-    dtypes = {"pixels": types.UINT8, "paths": types.UINT8, "lengths": types.INT32, "box": types.FLOAT}
-    with pipe:
-        inputs = fn.external_source(source=source, num_outputs=len(names), batch=True,
-                                    dtype=[dtypes[name] for name in names],
-                                    layout=["HWC" if name == "pixels" else "" for name in names])
-        inputs = dict(zip(names, inputs))
-        box = (inputs["box"][0:2], inputs["box"][2:4]) if split.mode != "train" else None
+    layout = feed_layout(split, cached, augmenter)
+
+    def graph():
+        arrays = fn.external_source(source=source, num_outputs=len(layout), batch=True,
+                                    dtype=[dtype for _, dtype in layout],
+                                    layout=["HWC" if name == "pixels" else "" for name, _ in layout])
+        inputs = dict(zip((name for name, _ in layout), arrays))
         if cached:
-            outputs = [pixel_graph(inputs["pixels"], config, split, gpu, box)]
-        else:  # each row of the path matrix cut to its length: one file name per sample
-            paths = fn.slice(inputs["paths"], start=types.Constant(np.zeros(1, dtype=np.int32)),
-                             shape=inputs["lengths"], axes=[0])
-            encoded = fn.io.file.read(paths)
-            outputs = [image_graph(encoded, config, split, gpu, box)]
-            if check_sizes:
-                outputs.append(fn.peek_image_shape(encoded, adjust_orientation=config.dataset.exif_orientation))
-        pipe.set_outputs(*outputs)
+            return pixel_graph(inputs["pixels"], config, split, gpu, inputs, augmenter)
+        # each row of the path matrix cut to its length: one file name per sample
+        paths = fn.slice(inputs["paths"], start=types.Constant(np.zeros(1, dtype=np.int32)),
+                         shape=inputs["lengths"], axes=[0])
+        encoded = fn.io.file.read(paths)
+        images = image_graph(encoded, config, split, gpu, inputs, augmenter)
+        if not check_sizes:
+            return images
+        return images, fn.peek_image_shape(encoded, adjust_orientation=config.dataset.exif_orientation)
+
+    conditionals = bool(split.mode == "train" and augmenter is not None and augmenter.slots)
+    pipe = pipeline_def(graph, enable_conditionals=conditionals)(
+        batch_size=batch_size, num_threads=num_threads, device_id=device_id,
+        prefetch_queue_depth=prefetch_queue_depth, seed=seed)
     pipe.build()
     return pipe

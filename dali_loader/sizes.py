@@ -8,8 +8,9 @@ Where the sizes come from: the screening pass that ran when the loader was built
 file's header in parallel and kept each size with its result (fastloader/screening.py), so the
 training thread reads none. Without a screening result (dataset.screen: false) a file's header is
 read on the training thread the first time its sample is fed (fastloader.imaging.sizes, 10-20 us a
-JPEG), and kept. A file that changed since it was screened is found by the pipeline's own header
-read (peek_image_shape, see loader.py), named, and its size corrected.
+JPEG), and kept. A file that changed since it was screened is found, named and its size corrected:
+by the pipeline's own header read (peek_image_shape, see loader.py) when its crop still fit, or
+when the pipeline failed on a crop out of its new bounds (reread).
 """
 from __future__ import annotations
 
@@ -42,3 +43,16 @@ class SizeTable:
     def correct(self, sample: int, size: tuple[int, int]) -> None:
         """The decoder saw another size than the table held (the file changed): keep the new one."""
         self.sizes[sample] = size
+
+    def reread(self, sample: int, path: str) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """Read the file's header again: (the size held, the size now) where they differ (the file
+        changed since it was screened), after keeping the new one; else None."""
+        stored = stored_size(path)
+        if stored is None:
+            return None
+        now = tuple(upright(np.array([stored]), self.exif)[0].tolist())
+        held = tuple(self.sizes[sample].tolist())
+        if now == held:
+            return None
+        self.sizes[sample] = now
+        return held, now

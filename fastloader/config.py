@@ -382,7 +382,8 @@ class _Builder:
                 predicate, message = check
                 if not predicate(values[f.name]):
                     dotted = f"{path}.{f.name}" if path else f.name
-                    self.fail(dotted, f"must be {message}, got {_show(values[f.name])}")
+                    wants = message(values[f.name]) if callable(message) else message
+                    self.fail(dotted, f"must be {wants}, got {_show(values[f.name])}")
 
     def coerce(self, value: Any, hint: Any, path: str) -> Any:
         """Check `value` against a type hint, converting YAML lists to tuples and ints to floats."""

@@ -15,6 +15,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from .augment.draws import Augmenter
 from .config import config_to_dict
 from .device_ops import erasing_enabled, random_erasing
 from .distributed import RankInfo
@@ -27,6 +28,7 @@ from .stats import LOG_LEVELS, LoaderStats
 log = logging.getLogger("fastloader")
 
 STATE_VERSION = 1
+BACKEND_NAMES = ("dali", "torch")
 
 
 class Loader(abc.ABC):
@@ -64,6 +66,11 @@ class Loader(abc.ABC):
             self._list_bad(path, reason)
         self._skipped_in_epoch = 0
         self._erasing = erasing_enabled(split.transform, split.mode)
+        self.augmentation = Augmenter(split.transform, config.normalize.mean) if split.mode == "train" else None
+        """The train split's augmentation spec (fastloader.augment): what each sample's seed draws."""
+        if self.augmentation and self.augmentation.policy and split.transform.color_jitter is not None:
+            log.info("%s: %s.transform.color_jitter is off because %s.transform.auto_augment is set, as in timm",
+                     config.source, split.name, split.name)
         self._mixer = BatchMixer.for_split(split, len(index.classes))
         self._closed = False
         if self.order.num_batches == 0:
@@ -203,6 +210,10 @@ class Loader(abc.ABC):
             raise ValueError(f"loader state version {found!r} is not {STATE_VERSION}: pass the dict that "
                              f"loader.state_dict() returned, saved by this fastloader version")
         self._refuse_other(state)
+        if state["backend"] != self.backend:
+            log.info("split '%s': resuming a state the %s backend saved on the %s backend: the same samples, crops, "
+                     "flips and ops (drawn from each sample's seed), with pixels within the backends' tolerance "
+                     "(docs/semantics.md)", self.split.name, state["backend"], self.backend)
         epoch, position = int(state["epoch"]), int(state["position"])
         if self.order.shared_after(position) == 0:  # saved at the end of an epoch: go on with the next
             epoch, position = epoch + 1, 0
@@ -215,13 +226,13 @@ class Loader(abc.ABC):
         self._resume_position = self._position = position
 
     def _refuse_other(self, state: dict) -> None:
-        """A state of another backend, split, dataset, seed or order cannot replay this run's batches."""
+        """A state of another split, dataset, seed or order cannot replay this run's batches. Another
+        backend's can: both draw every random choice from the samples' seeds."""
         mine = self.state_dict()
         name = self.split.name
-        if state.get("backend") != mine["backend"]:
-            raise ValueError(f"loader state was saved by the {state.get('backend')} backend and this loader is "
-                             f"{mine['backend']}: their random crops differ, so the rest of the epoch would not "
-                             f"be the interrupted run's; set backend: {state.get('backend')} to resume")
+        if state.get("backend") not in BACKEND_NAMES:
+            raise ValueError(f"loader state names backend {state.get('backend')!r}, not one of "
+                             f"{', '.join(BACKEND_NAMES)}: pass the dict that loader.state_dict() returned")
         if state.get("split") != name:
             raise ValueError(f"loader state was saved for split {state.get('split')!r}, this loader reads split "
                              f"{name!r}; give each split's loader its own state")
@@ -275,7 +286,8 @@ class Loader(abc.ABC):
     def _announce(self) -> None:
         """Once the backend has built itself: log the repr, the one line that says what this loader
         is and where its pixels come from (both backends, the same words)."""
-        log.info("%r; ranks: %s", self, self.ranks.source)
+        ops = f"; augmentation: {self.augmentation.describe()}" if self.augmentation and self.augmentation.slots else ""
+        log.info("%r; ranks: %s%s", self, self.ranks.source, ops)
 
     def __repr__(self) -> str:
         """What the loader is doing, so that `print(loader)` answers "which backend, where, how wide"."""
@@ -283,7 +295,14 @@ class Loader(abc.ABC):
         return (f"{type(self).__name__}(split={self.split.name!r}, backend={self.backend!r}, {self._parallelism()}, "
                 f"device={str(self.device)!r}, samples={self.num_samples}, batches={len(self)} of "
                 f"{self.batch_size}, rank={self.ranks.rank}/{self.ranks.world_size}, pixels from "
-                f"{self.pixels_from}{closed})")
+                f"{self.pixels_from}{self._ops_repr()}{closed})")
+
+    def _ops_repr(self) -> str:
+        """The policy (or colour jitter) a train split applies, for repr."""
+        t = self.split.transform
+        if not self.augmentation or not self.augmentation.slots:
+            return ""
+        return f", auto_augment={t.auto_augment!r}" if t.auto_augment else f", color_jitter={t.color_jitter!r}"
 
     # -- what a backend provides -----------------------------------------------------------------
 

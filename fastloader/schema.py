@@ -7,6 +7,8 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from .augment.policy import GRAMMAR as POLICY_GRAMMAR
+from .augment.policy import policy_problem
 from .errors import ConfigError
 from .imaging.screen import BOMB_PIXELS
 
@@ -24,9 +26,20 @@ Interpolation = Literal["bilinear", "bicubic", "nearest"]
 Auto = Literal["auto"]
 
 
-def _check(predicate, message: str):
-    """Field metadata: a range check whose message completes 'KEY: must be ...'."""
+def _check(predicate, message):
+    """Field metadata: a range check whose message completes 'KEY: must be ...' (a string, or a
+    function of the value for checks that can say more, such as the closest valid form)."""
     return {"check": (predicate, message)}
+
+
+def _policy_message(value) -> str:
+    reason, closest = policy_problem(value)
+    return f"a policy string ({reason}); the grammar is {POLICY_GRAMMAR}; closest valid form: {closest!r}"
+
+
+def _jitter_ok(value) -> bool:
+    values = (value,) * 3 if isinstance(value, float) else value or ()
+    return all(v >= 0 for v in values) and (len(values) < 4 or values[3] <= 0.5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,6 +86,16 @@ class TransformConfig:
     """train: range of the crop's aspect ratio, width / height."""
     hflip: float = field(default=0.5, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
     """train: probability of a horizontal flip."""
+    vflip: float = field(default=0.0, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
+    """train: probability of a vertical flip."""
+    auto_augment: str | None = field(default=None, metadata=_check(lambda v: v is None or not policy_problem(v)[0],
+                                                                    _policy_message))
+    """train: a policy of ops per sample, in timm's grammar: rand-m{M}[-n{N}][-mstd{S}][-mmax{X}][-inc{0|1}][-p{P}]
+    (RandAugment), original or v0 (AutoAugment's ImageNet policies), ta_wide (TrivialAugmentWide). null: off."""
+    color_jitter: float | tuple[float, float, float] | tuple[float, float, float, float] | None = field(
+        default=None, metadata=_check(_jitter_ok, "brightness, contrast, saturation >= 0 and hue in [0, 0.5]"))
+    """train: torchvision's ColorJitter: one strength for brightness, contrast and saturation, or
+    [brightness, contrast, saturation] or with hue. Off when auto_augment is set (as in timm)."""
     crop_pct: float = field(default=0.875, metadata=_check(lambda v: 0 < v <= 1, "in (0, 1]"))
     """eval: resize the shorter side to floor(size / crop_pct), then centre-crop size x size."""
     interpolation: Interpolation = "bilinear"
@@ -115,7 +138,7 @@ class MixupConfig:
     """CutMix: lam becomes 1 - the box's area / the image's once the box is clipped to the image."""
 
 
-TRAIN_TRANSFORM_KEYS = ("size", "scale", "ratio", "hflip", "interpolation",
+TRAIN_TRANSFORM_KEYS = ("size", "scale", "ratio", "hflip", "vflip", "auto_augment", "color_jitter", "interpolation",
                         "erase_prob", "erase_mode", "erase_area", "erase_ratio", "erase_count")
 EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation")
 TRAIN_SPLIT_KEYS = ("aug_repeats", "label_smoothing", "mixup")

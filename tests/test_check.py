@@ -191,7 +191,8 @@ def broken_dataset(tmp_path: Path) -> Path:
 
 
 def test_check_on_the_embedded_demo_reports_the_environment_and_the_splits(tmp_path):
-    result = check("configs/sample.yaml", cache_dir=tmp_path)
+    result = check("configs/sample.yaml", "--set", "train.transform.auto_augment=rand-m9-mstd0.5-inc1",
+                   "--set", "train.transform.color_jitter=0.4", cache_dir=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert re.search(r"^versions: Python [\d.]+, torch \S+, torchvision \S+, DALI (\S+|not installed), "
@@ -204,6 +205,10 @@ def test_check_on_the_embedded_demo_reports_the_environment_and_the_splits(tmp_p
     heights = [int(h) for h in re.findall(r"height: min (\d+), p5 \d+, median \d+, p95 \d+, max (\d+)", out)[0]]
     assert 200 <= widths[0] <= widths[1] < 320 and 160 <= heights[0] <= heights[1] < 260  # demo.py's sizes
     assert "no problems in 300 files" in out
+    assert ("augmentation: hflip 0.5; ops: rand-m9-mstd0.5-inc1: RandAugment, 2 of 15 ops (increasing set), "
+            "magnitude 9 + normal noise std 0.5, clipped to [0, 10], each applied with p 0.5 (color_jitter 0.4 is "
+            "off: auto_augment is set, as in timm)") in out
+    assert out.count("augmentation:") == 1  # the train split only
     assert "240/240 files (100%)" in result.stderr  # the progress line
 
 

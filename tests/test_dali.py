@@ -86,18 +86,39 @@ def test_train_order_is_the_shared_samplers(textured_root):
     assert not torch.equal(orders[0], orders[1])  # a new permutation each epoch
 
 
-def test_what_of_dalis_random_crops_replays_as_the_readme_says(textured_root):
-    def run(threads: int, start_epoch: int = 0) -> list[torch.Tensor]:
-        loader = build_loader(base_config(textured_root, backend="dali", dali={"threads": threads},
-                                          train={"batch_size": 6}))
-        loader.set_epoch(start_epoch)
-        return [x for x, _ in loader] + ([x for x, _ in loader] if start_epoch == 0 else [])
+def test_train_crops_flips_and_ops_replay_on_resume_and_after_skipping_epochs(textured_root):
+    """DALI draws nothing: every random choice comes from the samples' seeds through the feed, so
+    a loader that skips to an epoch, or resumes mid-epoch, gives the uninterrupted run's pixels."""
+    config = base_config(textured_root, backend="dali", train={
+        "batch_size": 6, "transform": {"size": 32, "auto_augment": "rand-m9-mstd0.5-inc1", "vflip": 0.3}})
+    with build_loader({**config, "dali": {"threads": 1}}) as loader:
+        two_epochs = [x for _ in range(2) for x, _ in loader]
+    with build_loader({**config, "dali": {"threads": 2}}) as loader:
+        loader.set_epoch(1)
+        skipped_to = [x for x, _ in loader]
+    assert all(torch.equal(a, b) for a, b in zip(skipped_to, two_epochs[4:], strict=True))
+    with build_loader(config) as loader:
+        for step, _ in enumerate(loader):
+            if step == 1:
+                state = loader.state_dict()
+                break
+    with build_loader(config) as loader:
+        loader.load_state_dict(state)
+        rest = [x for x, _ in loader]
+    assert all(torch.equal(a, b) for a, b in zip(rest, two_epochs[2:4], strict=True))
 
-    two_epochs = run(threads=1)
-    same = run(threads=2)  # a fresh run with the same seed: the same crops, whatever the thread count
-    assert all(torch.equal(a, b) for a, b in zip(two_epochs, same, strict=True))
-    skipped_to = run(threads=1, start_epoch=1)  # DALI's generators restart from their seed
-    assert not torch.equal(torch.cat(skipped_to), torch.cat(two_epochs[4:]))
+
+def test_train_pixels_match_the_torch_backend_sample_for_sample(textured_root):
+    """The same crop box, flips and ops reach both backends (fastloader.augment's draws): their train
+    batches differ only as their resize and op implementations do (docs/semantics.md)."""
+    for transform in ({}, {"auto_augment": "rand-m9-mstd0.5-inc1", "vflip": 0.5}, {"color_jitter": 0.4}):
+        config = base_config(textured_root, train={"batch_size": 6, "transform": {"size": 32, **transform}})
+        torch_loader, dali_loader = both(config, "train")
+        x_torch, y_torch, _ = epoch(torch_loader)
+        x_dali, y_dali, _ = epoch(dali_loader)
+        per_image = (x_torch - x_dali).abs().mean(dim=(1, 2, 3))
+        assert torch.equal(y_torch, y_dali)
+        assert per_image.mean() < PARITY_MEAN_BOUND and per_image.max() < PARITY_IMAGE_BOUND, (transform, per_image)
 
 
 @pytest.mark.parametrize("backend", ["torch", "dali"])
@@ -153,8 +174,11 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(textured_root):
     resumed.load_state_dict(state)
     rest = [x for x, _ in resumed]
     assert len(rest) == len(reference) - 2 and all(torch.equal(a, b) for a, b in zip(rest, reference[2:]))
-    with pytest.raises(ValueError, match="saved by the dali backend and this loader is torch"):
-        build_loader({**config, "backend": "torch"}, "val").load_state_dict(state)
+    on_torch = build_loader({**config, "backend": "torch"}, "val")  # the other backend: the same batches
+    on_torch.load_state_dict(state)
+    rest_torch = [x for x, _ in on_torch]
+    assert len(rest_torch) == len(rest)
+    assert all((a - b).abs().mean() < PARITY_MEAN_BOUND for a, b in zip(rest, rest_torch))
 
 
 def test_eval_shards_cover_every_sample_once_across_ranks(textured_root):
@@ -260,3 +284,25 @@ def test_a_file_gone_after_indexing_is_skipped_and_the_pipeline_rebuilt(textured
         expected = [loader.index.label(i) for i in range(len(loader.index)) if i != 9]
         assert labels == expected, epoch
     assert loader.bad_samples == [(gone, "missing (no such file)")]
+
+
+def test_a_file_shrunk_after_screening_is_named_and_its_batch_fed_again(textured_root, caplog):
+    """Device: CPU. The screening result is cached per dataset, so a file rewritten smaller keeps its
+    old size there and may get a crop beyond its new bounds, which fails the pipeline. The loader
+    finds the file, names it, and feeds its batch again with a crop drawn for its new size: the
+    epoch loses nothing, and gives the pixels a freshly screened loader gives."""
+    from PIL import Image
+    config = base_config(textured_root, backend="dali", train={"batch_size": 4, "transform": {"size": 16}})
+    build_loader(config).close()  # screened, and the result cached
+    shrunk = sorted((textured_root / "train").rglob("*.png"))
+    for path in shrunk:  # every file: one of them surely gets a crop out of its new bounds
+        Image.open(path).resize((9, 7)).save(path)
+    with caplog.at_level(logging.INFO, logger="fastloader"), build_loader(config) as loader:
+        images, labels, _ = epoch(loader)
+    assert "changed since it was screened: it decodes to 7x9 (height x width)" in caplog.text
+    assert "when it failed the pipeline" in caplog.text and "changed size since screening" in caplog.text
+    fresh = {**config, "dataset": {**config["dataset"], "screen": False}}
+    with build_loader(fresh) as loader:
+        reference, reference_labels, _ = epoch(loader)
+    assert torch.equal(labels, reference_labels) and len(labels) == 24
+    assert torch.equal(images, reference)

@@ -12,23 +12,23 @@ from conftest import REPO, write_solid_dataset
 
 from fastloader.config import load_config
 
-RECIPES = {  # file: (aug_repeats, mixup_alpha, cutmix_alpha, label_smoothing, the source its header names)
-    "deit.yaml": (3, 0.8, 1.0, 0.1, "facebookresearch/deit"),
-    "rsb-a2.yaml": (3, 0.1, 1.0, 0.0, "arXiv 2110.00476"),
-    "torchvision.yaml": (4, 0.2, 1.0, 0.1, "references/classification"),
+RECIPES = {  # file: (aug_repeats, mixup_alpha, cutmix_alpha, label_smoothing, auto_augment, the source it names)
+    "deit.yaml": (3, 0.8, 1.0, 0.1, "rand-m9-mstd0.5-inc1", "facebookresearch/deit"),
+    "rsb-a2.yaml": (3, 0.1, 1.0, 0.0, "rand-m7-mstd0.5-inc1", "arXiv 2110.00476"),
+    "torchvision.yaml": (4, 0.2, 1.0, 0.1, "ta_wide", "references/classification"),
 }
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_a_recipe_names_its_source_and_trains_with_soft_targets_and_repeats(tmp_path, recipe, monkeypatch, capsys,
                                                                           caplog):
-    repeats, mixup, cutmix, smoothing, source = RECIPES[recipe]
+    repeats, mixup, cutmix, smoothing, policy, source = RECIPES[recipe]
     path = REPO / "configs" / "recipes" / recipe
     header = path.read_text().split("\nbackend:")[0]
-    assert "Source:" in header and source in header and "Modern recipes, part 1" in header
+    assert "Source:" in header and source in header
     train = load_config(path).split("train")
-    assert (train.aug_repeats, train.mixup.mixup_alpha, train.mixup.cutmix_alpha, train.label_smoothing) == (
-        repeats, mixup, cutmix, smoothing)
+    assert (train.aug_repeats, train.mixup.mixup_alpha, train.mixup.cutmix_alpha, train.label_smoothing,
+            train.transform.auto_augment) == (repeats, mixup, cutmix, smoothing, policy)
 
     root = write_solid_dataset(tmp_path / "data", per_class=6)  # 18 train images: one epoch of 2 steps
     small = [f"--set={key}={value}" for key, value in {

@@ -119,6 +119,25 @@ def test_an_unknown_split_exits_2_naming_it_without_a_traceback(tmp_path):
     assert not (tmp_path / "grid.png").exists()
 
 
+def test_show_ops_captions_each_tile_with_the_ops_its_seed_drew(tmp_path):
+    """--ops: a second band under each tile names its flips and ops, the ones the loader drew from
+    the sample's seed (fastloader.augment.draws); the grid grows by two caption lines per row."""
+    out = tmp_path / "ops.png"
+    result = run("show", "configs/sample.yaml", "--out", str(out), "--n", "4", "--ops",
+                 "--set", "train.transform.auto_augment=rand-m9-n3-mstd0.5-p1", "--set", "train.transform.size=96",
+                 cache_dir=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    pixels = np.asarray(Image.open(out).convert("RGB"))
+    rows_height = 2 * (96 + 3 * CAPTION_HEIGHT + PAD)
+    assert pixels.shape[0] == HEADER_HEIGHT + rows_height
+    for i in range(4):
+        row, column = divmod(i, 2)
+        x, y = PAD + column * (96 + PAD), HEADER_HEIGHT + row * (96 + 3 * CAPTION_HEIGHT + PAD)
+        ops_band = pixels[y + 96 + CAPTION_HEIGHT:y + 96 + 3 * CAPTION_HEIGHT, x:x + 96]
+        assert dark_pixels(ops_band) > 20, i  # three ops at p 1: every tile has some
+    assert "auto_augment='rand-m9-n3-mstd0.5-p1'" in result.stderr  # the loader's repr in its log line
+
+
 def test_mixed_samples_are_captioned_with_their_two_largest_soft_labels(tmp_path):
     """Mixup and cutmix of solid colours: tiles hold blends or pasted boxes, and each tile's caption has
     two lines, "class: weight" for its two largest target weights (the CPU, as a user without a GPU)."""

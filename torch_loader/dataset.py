@@ -19,7 +19,7 @@ from fastloader.cache import CachedPixels
 from fastloader.errors import BadImageError, refused_file
 from fastloader.samples import SampleIndex
 
-from .transforms import SampleTransform
+from .transforms import SampleOps, SampleTransform
 
 
 class Skipped(NamedTuple):
@@ -40,14 +40,14 @@ class ImageDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, item) -> tuple[torch.Tensor, int] | Skipped:
+    def __getitem__(self, item, ops: SampleOps | None = None) -> tuple[torch.Tensor, int] | Skipped:
         sample, seed = int(item[0]), int(item[1])
         path = self.index.path(sample)
         try:
             if self.pixels is None:
-                image = self.transform(path, seed)
+                image = self.transform(path, seed, ops)
             else:
-                image = self.transform.from_pixels(self.pixels.image(sample), seed)
+                image = self.transform.from_pixels(self.pixels.image(sample), seed, ops)
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
             reason = f"{type(error).__name__}: {error}"
             if self.skip_bad:
@@ -56,5 +56,7 @@ class ImageDataset(torch.utils.data.Dataset):
         return image, self.index.label(sample)
 
     def __getitems__(self, batch: np.ndarray) -> list[tuple[torch.Tensor, int] | Skipped]:
-        """A whole batch per call: the DataLoader hands us the [k, 2] array from the sampler."""
-        return [self[pair] for pair in batch]
+        """A whole batch per call: the DataLoader hands us the [k, 2] array from the sampler. The
+        batch's flips and ops are drawn at once, as a sample alone would draw them (per row)."""
+        ops = self.transform.sample_ops(np.asarray(batch)[:, 1])
+        return [self.__getitem__(pair, row) for pair, row in zip(batch, ops)]

@@ -101,7 +101,7 @@ class TorchLoader(Loader):
         if self._persistent:
             _PERSISTENT.add(self)
         transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation,
-                                    max_pixels=config.dataset.max_pixels)
+                                    max_pixels=config.dataset.max_pixels, mean=config.normalize.mean)
         self._normalizer = Normalizer(config.normalize, config.output, device)
         on_cuda = device.type == "cuda"
         # CPU output: float batches, written into buffers the main process dropped (see collate.py).

@@ -1,4 +1,6 @@
-"""The split's transform on uint8: decode the needed region, crop, resize, flip.
+"""The split's transform on uint8: decode the needed region, crop, resize, flip, then the
+augmentation ops (auto_augment, color_jitter), every random parameter from the sample's seed
+through the shared draws (fastloader.augment.draws), as the DALI backend gets them.
 
 Resizing runs on the uint8 tensor with torch's antialiased kernels, the ones
 torchvision.transforms.v2's resize calls, which work on the decoder's HWC memory directly: 0.16 ms
@@ -8,17 +10,20 @@ per 224 px crop here, against 0.45 ms for Pillow's resize of the same box. The r
 from __future__ import annotations
 
 import platform
-import random
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
+from fastloader.augment.draws import Augmenter
 from fastloader.imaging.decode import allow_pixels, load_region
-from fastloader.imaging.geometry import Crop, center_crop, random_resized_crop
+from fastloader.imaging.geometry import Crop, center_crop
 from fastloader.imaging.screen import BOMB_PIXELS
-from fastloader.schema import SplitConfig
+from fastloader.schema import IMAGENET_MEAN, SplitConfig
+
+from .augment import Context, apply_ops
 
 INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC,
                  "nearest": InterpolationMode.NEAREST}
@@ -38,41 +43,76 @@ def _uint8_kernels() -> dict:
 UINT8_KERNELS = _uint8_kernels()
 
 
+class SampleOps(NamedTuple):
+    """One sample's draws (fastloader.augment.draws): the crop's size-free uniforms, the flips and
+    each slot's op."""
+    crop: np.ndarray
+    hflip: bool
+    vflip: bool
+    op: list[int]
+    param: list[float]
+
+
 class SampleTransform:
     """(path, per-sample seed) -> uint8 [3, size, size]; picklable, so it travels to the workers."""
 
     def __init__(self, split: SplitConfig, exif_orientation: bool = True, use_draft: bool = True,
-                 max_pixels: int = BOMB_PIXELS):
+                 max_pixels: int = BOMB_PIXELS, mean: tuple[float, float, float] = IMAGENET_MEAN):
         t = split.transform
         self.train = split.mode == "train"
-        self.size, self.scale, self.ratio, self.hflip, self.crop_pct = t.size, t.scale, t.ratio, t.hflip, t.crop_pct
+        self.size, self.crop_pct = t.size, t.crop_pct
         self.interpolation = INTERPOLATION[t.interpolation]
+        self.augmenter = Augmenter(t, mean) if self.train else None
+        self.context = Context(self.augmenter.fill, t.interpolation == "nearest") if self.train else None
         self.exif_orientation = exif_orientation
         self.use_draft = use_draft
         self.max_pixels = max_pixels
         allow_pixels(max_pixels)
 
-    def crop_for(self, width: int, height: int, seed: int) -> Crop:
-        if self.train:
-            return random_resized_crop(width, height, random.Random(seed), self.scale, self.ratio, self.hflip)
+    def sample_ops(self, seeds: np.ndarray) -> list[SampleOps | None]:
+        """The draws of a batch's samples that need no image size, at once (None each in eval mode)."""
+        if not self.train:
+            return [None] * len(seeds)
+        seeds = np.asarray(seeds, dtype=np.int64)
+        hflip, vflip, op, param = self.augmenter.draw_ops(seeds)
+        return [SampleOps(*row) for row in zip(self.augmenter.crop_uniforms(seeds), hflip.tolist(), vflip.tolist(),
+                                                op.tolist(), param.tolist())]
+
+    def crop_for(self, width: int, height: int, ops: SampleOps | None) -> Crop:
+        """The train box from the sample's draws and the image's upright size; eval's centre box."""
+        if ops is not None:
+            box = self.augmenter.boxes(ops.crop[None], np.array([[height, width]]))[0].tolist()
+            return Crop(*box, flip=ops.hflip)
         return center_crop(width, height, self.size, self.crop_pct)
 
-    def __call__(self, path: str, seed: int) -> torch.Tensor:
-        pixels, crop, _ = load_region(path, lambda w, h: self.crop_for(w, h, seed), self.size,
+    def __call__(self, path: str, seed: int, ops: SampleOps | None = None) -> torch.Tensor:
+        ops = ops or self.sample_ops([seed])[0]
+        pixels, crop, _ = load_region(path, lambda w, h: self.crop_for(w, h, ops), self.size,
                                    exif_orientation=self.exif_orientation, use_draft=self.use_draft,
                                    max_pixels=self.max_pixels)
-        return self.resize(pixels, crop)
+        return self.augment(self.resize(pixels, crop), ops)
 
-    def from_pixels(self, pixels: np.ndarray, seed: int) -> torch.Tensor:
+    def from_pixels(self, pixels: np.ndarray, seed: int, ops: SampleOps | None = None) -> torch.Tensor:
         """Already decoded upright HWC uint8 pixels (the cache's): the crop is chosen from their size."""
+        ops = ops or self.sample_ops([seed])[0]
         height, width = pixels.shape[:2]
-        return self.resize(torch.from_numpy(pixels), self.crop_for(width, height, seed))
+        return self.augment(self.resize(torch.from_numpy(pixels), self.crop_for(width, height, ops)), ops)
 
     def resize(self, pixels: torch.Tensor, crop: Crop) -> torch.Tensor:
         """Crop [H, W, 3] to the box (whole pixels, at least one) and resize it to size x size."""
         left, top, right, bottom = crop.pixel_box(pixels.shape[1], pixels.shape[0])
         out = resize_uint8(pixels[top:bottom, left:right].permute(2, 0, 1), self.size, self.interpolation)
         return out.flip(-1) if crop.flip else out
+
+    def augment(self, image: torch.Tensor, ops: SampleOps | None) -> torch.Tensor:
+        """The vertical flip and the ops, in timm's order: after the crop, resize and hflip."""
+        if ops is None:
+            return image
+        if ops.vflip:
+            image = image.flip(-2)
+        if any(ops.op):
+            image = apply_ops(image.contiguous(), ops.op, ops.param, self.context)
+        return image
 
 
 def resize_uint8(image: torch.Tensor, size: int, interpolation: InterpolationMode) -> torch.Tensor:

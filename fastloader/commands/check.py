@@ -215,7 +215,20 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
     rate = f", {tally.files / elapsed:.0f} files/s" if elapsed >= 1 else ""  # startup dominates below
     print(f"  {kind}: {_count(tally.files, 'file')} in {elapsed:.1f} s{rate}, "
           f"{_count(len(tally.problems), 'problem')}")
+    if split.mode == "train":
+        print(f"  augmentation: {ops_summary(config, split)}")
     return tally
+
+
+def ops_summary(config: Config, split: SplitConfig) -> str:
+    """The train split's ops as the loaders will apply them: the parsed policy or colour jitter."""
+    from ..augment.draws import Augmenter
+    t = split.transform
+    flips = f"hflip {t.hflip:g}" + (f", vflip {t.vflip:g}" if t.vflip else "")
+    summary = f"{flips}; ops: {Augmenter(t, config.normalize.mean).describe()}"
+    if t.auto_augment and t.color_jitter is not None:
+        summary += f" (color_jitter {t.color_jitter} is off: auto_augment is set, as in timm)"
+    return summary
 
 
 def class_counts(classes: Sequence[str], counts: Sequence[int]) -> str:

@@ -1,11 +1,11 @@
 """`fastloader show`: a grid of samples as the model sees them, de-normalized and captioned.
 
 Looking at the batches is the quickest check that crops, flips, labels and normalization are what
-the config says. With mixup, cutmix or label smoothing on, the labels are soft targets: each tile is
-captioned with its two largest weights ("class: weight", one line each), so a blend or a pasted box
-shows next to how much of each class the loss will see. The pixels shown are the loader's own output
-mapped back through mean/std, so a wrong normalization or a wrong label shows up here rather than as
-a slow training run.
+the config says. The pixels shown are the loader's own output mapped back through mean/std, so a
+wrong normalization or a wrong label shows up here rather than as a slow training run. With mixup,
+cutmix or label smoothing on, the labels are soft targets: each tile is captioned with its two
+largest weights ("class: weight", one line each), so a blend or a pasted box shows next to how much
+of each class the loss will see.
 
 Only the standard library is imported at module level: cli.py imports every command module to
 build its parser, and `fastloader --help` must not wait for torch or Pillow.
@@ -21,6 +21,7 @@ HELP = "save a grid of augmented samples, de-normalized and captioned with their
 EXAMPLES = """  fastloader show configs/sample.yaml --out grid.png
   fastloader show configs/sample.yaml --out val.png --split val --n 25 --backend dali
   fastloader show configs/sample.yaml --out epoch3.png --epoch 3 --seed 1
+  fastloader show configs/sample.yaml --out ops.png --ops --set train.transform.auto_augment=rand-m9-mstd0.5-inc1
 """
 
 MIN_TILE = 128
@@ -32,7 +33,9 @@ PAD = 4
 HEADER_HEIGHT = 20
 """The band at the top holding the one-line header."""
 CAPTION_HEIGHT = 16
-"""The band under each tile holding one line of its caption (the default font is about 12 px high)."""
+"""The band under each tile holding one line of caption (the default font is about 12 px high)."""
+OPS_LINES = 2
+"""Caption lines under each tile for its ops with --ops (cut with '..' beyond)."""
 SOFT_LINES = 2
 """Caption lines of a tile with a soft target: its two largest class weights."""
 BACKGROUND = (255, 255, 255)
@@ -51,19 +54,19 @@ class Layout:
     caption_lines: int = 1
 
     @property
-    def caption_h(self) -> int:
+    def caption_height(self) -> int:
         return CAPTION_HEIGHT * self.caption_lines
 
     @property
     def grid_size(self) -> tuple[int, int]:
         """(width, height) of header + tiles + captions, before any widening for the header."""
         return (PAD + self.columns * (self.tile_w + PAD),
-                HEADER_HEIGHT + self.rows * (self.tile_h + self.caption_h + PAD))
+                HEADER_HEIGHT + self.rows * (self.tile_h + self.caption_height + PAD))
 
     def tile_origin(self, i: int) -> tuple[int, int]:
         """Top-left corner of tile i; tiles fill rows left to right, in the loader's order."""
         row, column = divmod(i, self.columns)
-        return PAD + column * (self.tile_w + PAD), HEADER_HEIGHT + row * (self.tile_h + self.caption_h + PAD)
+        return PAD + column * (self.tile_w + PAD), HEADER_HEIGHT + row * (self.tile_h + self.caption_height + PAD)
 
 
 def make_layout(count: int, height: int, width: int, caption_lines: int = 1) -> Layout:
@@ -102,6 +105,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=_non_negative, help="override the config's seed, to see other draws")
     parser.add_argument("--epoch", type=_non_negative, default=0,
                         help="epoch to draw from: its order and crops follow (seed, epoch) (default: 0)")
+    parser.add_argument("--ops", action="store_true",
+                        help="caption each tile with its flips and ops, e.g. 'hflip rotate(-27.3) posterize(1)'")
 
 
 def run(args) -> int:
@@ -125,20 +130,23 @@ def run(args) -> int:
         pixels = denormalize(images, loader.config.normalize.mean, loader.config.normalize.std)
         header = (f"{Path(args.config).name} split {args.split}, backend {loader.backend}, "
                   f"epoch {args.epoch}, seed {loader.config.seed}")
-        captions = soft_captions(labels, loader.classes) if labels.is_floating_point() else [
+        soft = labels.is_floating_point()
+        captions = soft_captions(labels, loader.classes) if soft else [
             [f"{int(label)}: {loader.classes[int(label)]}"] for label in labels]
         backend, available = loader.backend, loader.num_samples
-    layout = make_layout(len(captions), pixels.shape[1], pixels.shape[2], max(len(c) for c in captions))
-    canvas = render(pixels, captions, header, layout)
+        ops = sample_ops(loader, args.epoch, labels) if args.ops else None
+    label_lines = SOFT_LINES if soft else 1
+    layout = make_layout(len(captions), pixels.shape[1], pixels.shape[2], label_lines + (OPS_LINES if ops else 0))
+    canvas = render(pixels, captions, header, layout, ops)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(out, format="PNG", optimize=True)
     if len(captions) < args.n:
         print(f"split '{args.split}' yields {len(captions)} samples in epoch {args.epoch} "
               f"({available} in the split), fewer than --n {args.n}: showing them all")
-    soft = ", captioned with their soft targets' top-2 classes" if layout.caption_lines > 1 else ""
+    soft_words = ", captioned with their soft targets' top-2 classes" if soft else ""
     print(f"wrote {args.out}: {len(captions)} samples of split '{args.split}' (backend {backend}), "
-          f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px{soft}")
+          f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px{soft_words}")
     return 0
 
 
@@ -147,6 +155,26 @@ def soft_captions(targets, classes) -> list[list[str]]:
     weights, labels = targets.float().topk(min(SOFT_LINES, targets.shape[1]), dim=1)
     return [[f"{classes[int(c)]}: {float(w):.2f}" for w, c in zip(row_w, row_c)]
             for row_w, row_c in zip(weights, labels)]
+
+
+def sample_ops(loader, epoch: int, labels) -> list[str] | None:
+    """Each shown sample's flips and ops, drawn from its seed as the loader drew them; None, said
+    why, where there are none (eval) or where a skipped file makes the samples differ from the plan."""
+    import numpy as np
+
+    from ..augment.draws import ops_text
+    if loader.augmentation is None:
+        print(f"--ops: split '{loader.split.name}' is in eval mode: no random flips or ops to caption")
+        return None
+    plan = np.concatenate(loader.order.batches(epoch))[:len(labels)]
+    # a skipped file shifts the samples shown: int labels show it; soft targets (mixed) cannot
+    skipped = loader._skipped_in_epoch if labels.is_floating_point() else not np.array_equal(
+        loader.index.labels[plan[:, 0]], labels.numpy())
+    if skipped:
+        print("--ops: a file was skipped, so the samples shown are not those planned; ops captions left out")
+        return None
+    hflip, vflip, op, param = loader.augmentation.draw_ops(plan[:, 1])
+    return [ops_text(*row) for row in zip(hflip, vflip, op, param)]
 
 
 def first_samples(loader, n: int):
@@ -177,9 +205,9 @@ def denormalize(images, mean, std):
     return x.permute(0, 2, 3, 1).contiguous()  # NHWC in memory whatever the input's layout was
 
 
-def render(pixels, captions: list[list[str]], header: str, layout: Layout):
-    """The grid as a Pillow image: header, then tiles in order, each captioned with its lines
-    ("label: class", or a soft target's "class: weight" lines)."""
+def render(pixels, captions: list[list[str]], header: str, layout: Layout, ops: list[str] | None = None):
+    """The grid as a Pillow image: header, then tiles in order, each captioned with its lines ("label:
+    class", or a soft target's "class: weight" lines), and its ops wrapped over the lines below."""
     from PIL import Image, ImageDraw, ImageFont
     font = ImageFont.load_default()
     draw_probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
@@ -194,10 +222,22 @@ def render(pixels, captions: list[list[str]], header: str, layout: Layout):
         if tile.size != (layout.tile_w, layout.tile_h):
             tile = tile.resize((layout.tile_w, layout.tile_h), Image.Resampling.NEAREST)
         canvas.paste(tile, (x, y))
-        for line, text in enumerate(lines):
-            draw.text((x, y + layout.tile_h + 2 + line * CAPTION_HEIGHT), fit_text(draw, text, font, layout.tile_w),
-                      fill=TEXT, font=font)
+        ops_lines = wrap_text(draw, ops[i], font, layout.tile_w, layout.caption_lines - len(lines)) if ops else []
+        for line, text in enumerate([fit_text(draw, text, font, layout.tile_w) for text in lines] + ops_lines):
+            draw.text((x, y + layout.tile_h + 2 + CAPTION_HEIGHT * line), text, fill=TEXT, font=font)
     return canvas
+
+
+def wrap_text(draw, text: str, font, width: int, lines: int) -> list[str]:
+    """Words over at most `lines` lines of `width` pixels, the last cut with '..' if needed."""
+    out, words = [], text.split()
+    while words and len(out) < lines - 1:
+        taken = 1
+        while taken < len(words) and draw.textlength(" ".join(words[:taken + 1]), font=font) <= width:
+            taken += 1
+        out.append(fit_text(draw, " ".join(words[:taken]), font, width))
+        words = words[taken:]
+    return out + ([fit_text(draw, " ".join(words), font, width)] if words else [])
 
 
 def fit_text(draw, text: str, font, width: int) -> str:

@@ -1,4 +1,5 @@
-"""Where to crop: torchvision's RandomResizedCrop sampling and Resize + CenterCrop, as one box.
+"""Where to crop: torchvision's RandomResizedCrop sampling (vectorized over a batch) and
+Resize + CenterCrop, as one box.
 
 The box is chosen from the image's size alone, before any pixel is decoded, so that the decoder can
 decode less (see decode.py) and eval resizes only the centre region instead of the whole image.
@@ -6,8 +7,9 @@ decode less (see decode.py) and eval resizes only the centre region instead of t
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
+
+import numpy as np
 
 from .boxes import centre_box
 
@@ -35,29 +37,46 @@ class Crop:
         return left, top, right, bottom
 
 
-def random_resized_crop(width: int, height: int, rng: random.Random, scale: tuple[float, float],
-                        ratio: tuple[float, float], hflip: float) -> Crop:
-    """torchvision's RandomResizedCrop sampling (10 tries, then a centre crop), from our own rng."""
-    area = width * height
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            top = rng.randint(0, height - h)
-            left = rng.randint(0, width - w)
-            return Crop(left, top, left + w, top + h, rng.random() < hflip)
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        w, h = width, int(round(width / ratio[0]))
-    elif in_ratio > ratio[1]:
-        w, h = int(round(height * ratio[1])), height
-    else:
-        w, h = width, height
-    top, left = (height - h) // 2, (width - w) // 2
-    return Crop(left, top, left + w, top + h, rng.random() < hflip)
+CROP_ATTEMPTS = 10
+"""torchvision's RandomResizedCrop: tries before the centre fallback (NVIDIA's DALI example uses 100)."""
+CROP_UNIFORMS = 4 * CROP_ATTEMPTS
+"""Uniform draws per sample that random_resized_boxes takes: area, log-aspect, top, left per try."""
+
+
+def random_resized_boxes(uniforms: np.ndarray, sizes: np.ndarray, scale: tuple[float, float],
+                         ratio: tuple[float, float]) -> np.ndarray:
+    """torchvision's RandomResizedCrop sampling for a batch, without a Python loop: int64 [B, 4]
+    boxes (left, top, right, bottom) in whole pixels of upright images of `sizes` (int64 [B, 2],
+    height and width; [B, 3] shapes work too), from `uniforms` (float [B, CROP_UNIFORMS] in [0, 1)).
+
+    Each try draws an area fraction in `scale` and a log-uniform aspect in `ratio`; the first try
+    whose rounded box fits is taken, placed uniformly (torchvision's randint, both ends included);
+    when none of the 10 fits, the centre crop clamped to `ratio` (torchvision's fallback). A row
+    depends on its own uniforms and size only, so a sample gets its box whatever batch it is in.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64).reshape(len(uniforms), -1)[:, :2]  # (h, w), or a cache's (h, w, c)
+    rows = np.arange(len(sizes))
+    height, width = sizes[:, 0], sizes[:, 1]
+    tries = np.asarray(uniforms, dtype=np.float64).reshape(len(sizes), CROP_ATTEMPTS, 4)
+    area = (height * width)[:, None] * (scale[0] + (scale[1] - scale[0]) * tries[..., 0])
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = np.exp(log_lo + (log_hi - log_lo) * tries[..., 1])
+    w = np.rint(np.sqrt(area * aspect))  # half to even, as Python's round() in torchvision
+    h = np.rint(np.sqrt(area / aspect))
+    fits = (w > 0) & (w <= width[:, None]) & (h > 0) & (h <= height[:, None])
+    first = fits.argmax(axis=1)  # the first try that fits, as torchvision's loop takes
+    w, h, chosen = w[rows, first].astype(np.int64), h[rows, first].astype(np.int64), tries[rows, first]
+    top = np.minimum(np.floor(chosen[:, 2] * (height - h + 1)).astype(np.int64), height - h)
+    left = np.minimum(np.floor(chosen[:, 3] * (width - w + 1)).astype(np.int64), width - w)
+    fallback = ~fits[rows, first]
+    if fallback.any():
+        in_ratio = width / height
+        fw = np.where(in_ratio > ratio[1], np.rint(height * ratio[1]), width).astype(np.int64)
+        fh = np.where(in_ratio < ratio[0], np.rint(width / ratio[0]), height).astype(np.int64)
+        w, h = np.where(fallback, fw, w), np.where(fallback, fh, h)
+        top = np.where(fallback, (height - h) // 2, top)
+        left = np.where(fallback, (width - w) // 2, left)
+    return np.stack([left, top, left + w, top + h], axis=1)
 
 
 def center_crop(width: int, height: int, size: int, crop_pct: float) -> Crop:

@@ -1,0 +1,199 @@
+"""The augmentation ops on the DALI backend: one function per kind of fastloader.augment.ops, built
+from nvidia.dali.auto_aug's operations (and DALI's transforms for the warps), applied to the
+size x size HWC uint8 images after the crop and resize, on whichever device they are (the same
+graph for both flavours).
+
+DALI does not draw anything here: the host draws every parameter from the samples' seeds
+(fastloader.augment.draws, the torch backend's draws) and the feed passes them in as argument
+inputs, so both backends apply the same crop, flips, ops and magnitudes to a sample, and a resumed
+run replays them. Each slot picks its op per sample with auto_aug's `select`, a tree of `if`s on
+the op id: the pipeline must be built with `enable_conditionals=True` (@pipeline_def).
+
+auto_aug's ops take a magnitude bin; we call the operation under each (`.op`) with the exact
+parameter instead, which the host encodes per kind in the unit the DALI operator wants
+(`dali_params`). DALI's warp fills with one value for all channels, so the geometric ops frame the
+image with the fill colour and warp it with the edge clamped (_warped), as the torch ops do.
+"""
+from __future__ import annotations
+
+import numpy as np
+from nvidia.dali import fn, types
+from nvidia.dali.auto_aug import augmentations as aa
+from nvidia.dali.auto_aug.core._select import select
+from nvidia.dali.data_node import DataNode
+
+from fastloader.augment.draws import Augmenter, Draws
+from fastloader.augment.ops import KIND_IDS, KINDS
+
+CROP_INPUTS = [("crop_anchor", types.FLOAT), ("crop_shape", types.FLOAT), ("hflip", types.INT32),
+               ("vflip", types.INT32)]
+"""Per-sample inputs of every train batch: the crop box's (x, y) corner and (width, height) in
+upright source pixels (fn.decoders.image_slice / fn.slice with axis_names="WH"), and the flips."""
+OP_INPUTS = [("aug_op", types.INT32), ("aug_param", types.FLOAT)]
+"""Per-sample inputs when the split has ops: int32 [slots] kind ids, float32 [slots, 2] parameters."""
+
+
+def feed_inputs(augmenter: Augmenter) -> list[tuple[str, types.DALIDataType]]:
+    """(name, DALI dtype) of the inputs the feed passes with each train batch, in feed_arrays' order."""
+    return CROP_INPUTS + (OP_INPUTS if augmenter.slots else [])
+
+
+def feed_arrays(augmenter: Augmenter, seeds: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A batch's dense arrays for feed_inputs, from its sample seeds (int64 [B]) and upright sizes
+    (int64 [B, 2], height and width): one vectorized draw, no loop over samples."""
+    return dali_arrays(augmenter.draw(seeds, sizes), augmenter)
+
+
+def dali_arrays(draws: Draws, augmenter: Augmenter) -> tuple[np.ndarray, ...]:
+    """Draws -> the arrays of feed_inputs: crop_anchor, crop_shape float32 [B, 2], hflip, vflip
+    int32 [B], and with ops aug_op int32 [B, slots], aug_param float32 [B, slots, 2]."""
+    left, top, right, bottom = draws.crop.T
+    arrays = (np.stack([left, top], axis=1).astype(np.float32), np.stack([right - left, bottom - top], axis=1)
+              .astype(np.float32), draws.hflip.astype(np.int32), draws.vflip.astype(np.int32))
+    if not augmenter.slots:
+        return arrays
+    return (*arrays, draws.op.astype(np.int32), dali_params(draws.op, draws.param, augmenter.size))
+
+
+def dali_params(op: np.ndarray, param: np.ndarray, size: int) -> np.ndarray:
+    """float32 [B, slots, 2]: each slot's parameter in the unit its DALI operator takes. Shears and
+    translations are forward maps ([x, y] pairs, pixels for translations), where the shared unit is
+    the inverse map; posterize's is the bit mask, hue's degrees."""
+    param = param.astype(np.float64)
+    out = np.zeros((*op.shape, 2), np.float64)
+    out[..., 0] = param
+    for kind, axis, scale in (("shear_x", 0, -1.0), ("shear_y", 1, -1.0), ("translate_x", 0, -size),
+                              ("translate_y", 1, -size)):
+        chosen = op == KIND_IDS[kind]
+        out[chosen] = 0.0
+        out[chosen, axis] = param[chosen] * scale
+    posterize = op == KIND_IDS["posterize"]
+    bits = np.clip(param[posterize], 1, 8).astype(np.int64)
+    out[posterize, 0] = 0xFF ^ ((1 << (8 - bits)) - 1)
+    hue = op == KIND_IDS["hue"]
+    out[hue, 0] = param[hue] * 360.0
+    return out.astype(np.float32)
+
+
+# -- the ops, one function per kind: (images, parameter pair [2], settings) -> images --------------
+
+class Settings:
+    """What the ops need besides the parameter: the fill colour, the warp's interpolation, the side."""
+
+    def __init__(self, fill: tuple[int, int, int], nearest: bool, size: int):
+        self.fill = [float(value) for value in fill]
+        self.interp = types.INTERP_NN if nearest else types.INTERP_LINEAR
+        self.size = size
+
+
+def _param_on(images: DataNode, value: DataNode) -> DataNode:
+    """A per-sample parameter where the images are, for arithmetic with them."""
+    return value.gpu() if images.device == "gpu" else value
+
+
+def _warped(images: DataNode, settings: Settings, transform) -> DataNode:
+    """A geometric op with a per-channel fill, the torch backend's way: the image framed by one
+    pixel of the fill colour (fn.warp_affine fills with one value for all channels), warped with
+    the edge clamped, so that samples beyond the image read the fill and edge pixels blend with it.
+    `transform(start)` appends the op's forward map (fn.transforms.*) to `start`, which moves the
+    framed image's coordinates onto the image's. On the CPU this costs half of a filled warp."""
+    size = settings.size
+    framed = fn.slice(images, start=[-1, -1], shape=[size + 2, size + 2], axis_names="HW",
+                      out_of_bounds_policy="pad", fill_values=settings.fill)
+    matrix = transform(fn.transforms.translation(offset=[-1.0, -1.0]))
+    return fn.warp_affine(framed, matrix=matrix, size=[size, size], interp_type=settings.interp, inverse_map=False)
+
+
+def identity(images, p, settings):
+    return images
+
+
+def auto_contrast(images, p, settings):
+    return aa.auto_contrast.op(images, None)
+
+
+def equalize(images, p, settings):
+    return fn.equalize(images)  # what aa.equalize applies, without its deprecated experimental alias
+
+
+def invert(images, p, settings):
+    return aa.invert.op(images, None)
+
+
+def rotate(images, p, settings):
+    centre = [settings.size / 2, settings.size / 2]
+    return _warped(images, settings, lambda start: fn.transforms.rotation(start, angle=-p[0], center=centre))
+
+
+def shear_x(images, p, settings):
+    return _warped(images, settings, lambda start: fn.transforms.shear(start, shear=p))
+
+
+shear_y = shear_x  # the parameter pair says which axis (dali_params)
+
+
+def translate_x(images, p, settings):
+    return _warped(images, settings, lambda start: fn.transforms.translation(start, offset=p))
+
+
+translate_y = translate_x
+
+
+def posterize(images, p, settings):
+    return aa.posterize.op(images, _param_on(images, fn.cast(p[0], dtype=types.UINT8)))
+
+
+def solarize(images, p, settings):
+    return aa.solarize.op(images, _param_on(images, p[0]))
+
+
+def solarize_add(images, p, settings):
+    return aa.solarize_add.op(images, _param_on(images, fn.cast(p[0], dtype=types.UINT8)))
+
+
+def color(images, p, settings):
+    return aa.color.op(images, p[0])
+
+
+def contrast(images, p, settings):
+    return aa.contrast.op(images, p[0])
+
+
+def brightness(images, p, settings):
+    return aa.brightness.op(images, p[0])
+
+
+_BLUR = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13
+_IDENT = np.array([[0, 0, 0], [0, 1, 0], [0, 0, 0]], dtype=np.float32)
+
+
+def sharpness(images, p, settings):
+    kernel = types.Constant(_BLUR) * (1 - p[0]) + types.Constant(_IDENT) * p[0]
+    return fn.filter(images, _param_on(images, kernel))  # aa.sharpness's filter, under its current name
+
+
+def hue(images, p, settings):
+    return fn.hue(images, hue=p[0])
+
+
+DALI_OPS = {
+    "identity": identity, "auto_contrast": auto_contrast, "equalize": equalize, "invert": invert,
+    "rotate": rotate, "shear_x": shear_x, "shear_y": shear_y, "translate_x": translate_x,
+    "translate_y": translate_y, "posterize": posterize, "solarize": solarize, "solarize_add": solarize_add,
+    "color": color, "contrast": contrast, "brightness": brightness, "sharpness": sharpness, "hue": hue,
+}
+"""Kind name -> its function; every kind of fastloader.augment.ops.KINDS has one (tests hold it)."""
+
+
+def augment_images(images: DataNode, inputs: dict[str, DataNode], augmenter: Augmenter,
+                   nearest: bool = False) -> DataNode:
+    """The flips, then each slot's op on its samples, from the feed's `inputs` (feed_inputs' names).
+    Call it inside a pipeline built with enable_conditionals=True; the images are HWC uint8."""
+    images = fn.flip(images, horizontal=inputs["hflip"], vertical=inputs["vflip"])
+    if not augmenter.slots:
+        return images
+    settings = Settings(augmenter.fill, nearest, augmenter.size)
+    functions = [DALI_OPS[kind.name] for kind in KINDS]
+    for slot in range(augmenter.slots):
+        images = select(functions, inputs["aug_op"][slot], images, inputs["aug_param"][slot], settings)
+    return images

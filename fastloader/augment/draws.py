@@ -1,0 +1,218 @@
+"""The draws: a batch's sample seeds (and upright sizes) -> every random parameter of each sample,
+as dense numpy arrays, without a Python loop over samples (the DALI backend draws on the training
+thread).
+
+Each row is a pure function of its sample's seed (and size, for the crop): a sample gets the same
+crop, flips, ops and magnitudes whatever batch, worker, backend or resume position it is drawn in.
+Each part has its own stream (seeded_uniform's salt), so that turning one on leaves the others'
+draws as they were.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..imaging.geometry import CROP_UNIFORMS, random_resized_boxes
+from ..order import seeded_uniform
+from ..schema import TransformConfig
+from .ops import IDENTITY, JITTER_KINDS, KIND_IDS, KINDS, TIMM_OPS, TRIVIAL_BINS, TRIVIAL_OPS
+from .policy import Policy, parse_policy
+
+_CROP_SALT, _FLIP_SALT, _OPS_SALT, _JITTER_SALT = 0xC209, 0xF11B, 0x0B5, 0x717E
+_PER_SLOT = 6  # uniforms per RandAugment / AutoAugment slot: choice, coin, 2 noise, sign, spare
+
+
+@dataclass(frozen=True)
+class Draws:
+    """Every random parameter of a batch's samples (row i: sample i), in the order they apply:
+    crop + resize, flips, then each slot's op (identity where no op applies)."""
+    crop: np.ndarray
+    """int64 [B, 4]: left, top, right, bottom, whole pixels of the upright image (Crop.pixel_box's)."""
+    hflip: np.ndarray
+    """bool [B]."""
+    vflip: np.ndarray
+    """bool [B]."""
+    op: np.ndarray
+    """int32 [B, slots]: the kind applied by each slot, in order (ops.KINDS index; 0 identity)."""
+    param: np.ndarray
+    """float32 [B, slots]: each slot's parameter, in its kind's unit, within its valid range."""
+
+    def __len__(self) -> int:
+        return len(self.hflip)
+
+    def ops_text(self, row: int) -> str:
+        return ops_text(self.hflip[row], self.vflip[row], self.op[row], self.param[row])
+
+
+def ops_text(hflip: bool, vflip: bool, op: np.ndarray, param: np.ndarray) -> str:
+    """The flips and ops of one sample, in order, for captions: 'hflip rotate(-27.3) posterize(2)'
+    (parameters in their kind's unit, fastloader.augment.ops.KINDS), or 'none'."""
+    parts = [name for name, on in (("hflip", hflip), ("vflip", vflip)) if on]
+    for kind, value in zip(np.asarray(op).tolist(), np.asarray(param).tolist()):
+        if kind != IDENTITY:
+            unit = KINDS[kind]
+            parts.append(unit.name if unit.param.startswith("none") else f"{unit.name}({value:.3g})")
+    return " ".join(parts) or "none"
+
+
+def jitter_ranges(color_jitter) -> tuple[tuple[float, float], ...]:
+    """torchvision's ColorJitter ranges from the config value: (low, high) of the brightness,
+    contrast and saturation factors ([max(0, 1 - v), 1 + v]) and of the hue ([-h, h])."""
+    values = (float(color_jitter),) * 3 if isinstance(color_jitter, (int, float)) else tuple(color_jitter)
+    values = (*values, 0.0) if len(values) == 3 else values
+    return tuple((max(0.0, 1 - v), 1 + v) for v in values[:3]) + ((-values[3], values[3]),)
+
+
+class Augmenter:
+    """A train split's augmentation spec, from its transform keys; `draw` gives a batch's Draws."""
+
+    def __init__(self, transform: TransformConfig, mean: tuple[float, float, float]):
+        t = transform
+        self.size, self.scale, self.ratio = t.size, t.scale, t.ratio
+        self.hflip, self.vflip = t.hflip, t.vflip
+        self.policy: Policy | None = parse_policy(t.auto_augment) if t.auto_augment else None
+        self.jitter = jitter_ranges(t.color_jitter) if t.color_jitter is not None and not self.policy else None
+        if self.jitter and all(low == high for low, high in self.jitter):
+            self.jitter = None  # ColorJitter(0, 0, 0, 0) does nothing
+        self.slots = self.policy.layers if self.policy else 4 if self.jitter else 0
+        fill_mean = self.policy is None or self.policy.fill_mean
+        self.fill = tuple(min(255, round(255 * m)) for m in mean) if fill_mean else (0, 0, 0)
+        """What geometric ops uncover: timm's img_mean, or black for TrivialAugmentWide."""
+
+    def describe(self) -> str:
+        """The ops part of the log line: the policy, or the colour jitter, or 'none'."""
+        if self.policy:
+            return self.policy.describe()
+        if self.jitter:
+            b, c, s, h = self.jitter
+            return (f"colour jitter: brightness x[{b[0]:g}, {b[1]:g}], contrast x[{c[0]:g}, {c[1]:g}], "
+                    f"saturation x[{s[0]:g}, {s[1]:g}], hue {h[1]:g} turn, in random order")
+        return "none"
+
+    # -- the draws ---------------------------------------------------------------------------------
+
+    def draw(self, seeds: np.ndarray, sizes: np.ndarray) -> Draws:
+        """Every parameter of a batch: seeds int64 [B], upright sizes int64 [B, 2] (height, width)."""
+        seeds = np.asarray(seeds, dtype=np.int64)
+        hflip, vflip, op, param = self.draw_ops(seeds)
+        return Draws(self.crops(seeds, sizes), hflip, vflip, op, param)
+
+    def crops(self, seeds: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """int64 [B, 4] RandomResizedCrop boxes (fastloader.imaging.geometry.random_resized_boxes)."""
+        return self.boxes(self.crop_uniforms(seeds), sizes)
+
+    def crop_uniforms(self, seeds: np.ndarray) -> np.ndarray:
+        """The crop's part of the draw that needs no size: float [B, CROP_UNIFORMS]. A worker draws
+        them for its whole batch, then each box once the file's header gives the size."""
+        return seeded_uniform(np.asarray(seeds, dtype=np.int64), _CROP_SALT, CROP_UNIFORMS)
+
+    def boxes(self, uniforms: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """int64 [B, 4] boxes from crop_uniforms' rows and upright sizes [B, 2] (height, width)."""
+        return random_resized_boxes(uniforms, sizes, self.scale, self.ratio)
+
+    def draw_ops(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(hflip, vflip, op, param) of a batch: what does not depend on the image's size."""
+        seeds = np.asarray(seeds, dtype=np.int64)
+        flips = seeded_uniform(seeds, _FLIP_SALT, 2)
+        hflip, vflip = flips[:, 0] < self.hflip, flips[:, 1] < self.vflip
+        if self.policy is None and self.jitter is None:
+            return hflip, vflip, np.zeros((len(seeds), 0), np.int32), np.zeros((len(seeds), 0), np.float32)
+        if self.policy is None:
+            op, param = self._jitter(seeds)
+        elif self.policy.family == "rand":
+            op, param = self._rand(seeds)
+        elif self.policy.family == "auto":
+            op, param = self._auto(seeds)
+        else:
+            op, param = self._trivial(seeds)
+        return hflip, vflip, op.astype(np.int32), param.astype(np.float32)
+
+    def _levels(self, base: np.ndarray, u1: np.ndarray, u2: np.ndarray) -> np.ndarray:
+        """timm's AugmentOp magnitude: normal noise (Box-Muller) of std mstd around the level, or
+        uniform in [0, level] when mstd is infinite, clipped to [0, mmax]."""
+        std = self.policy.magnitude_std
+        if math.isinf(std):
+            level = u1 * base
+        elif std > 0:
+            level = base + std * np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2 * math.pi * u2)
+        else:
+            level = np.broadcast_to(base, u1.shape).astype(np.float64)
+        return np.clip(level, 0.0, self.policy.magnitude_max)
+
+    def _apply(self, names: tuple[str, ...], choice: np.ndarray, level: np.ndarray, sign: np.ndarray,
+               applied: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Kind ids and parameters of timm ops chosen by index into `names` (a loop over the op
+        table, not over samples); identity where the op's coin said no."""
+        op = np.full(choice.shape, IDENTITY, np.int64)
+        param = np.zeros(choice.shape, np.float64)
+        for index, name in enumerate(names):
+            chosen = (choice == index) & applied
+            if chosen.any():
+                policy_op = TIMM_OPS[name]
+                op[chosen] = policy_op.kind_id
+                param[chosen] = policy_op.params(level[chosen], sign[chosen])
+        return op, param
+
+    def _rand(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """timm's RandAugment: each of n slots picks an op uniformly (with replacement), applies it
+        with probability p, at the noisy magnitude, negated on a fair coin where the op is signed."""
+        p = self.policy
+        u = seeded_uniform(seeds, _OPS_SALT, p.layers * _PER_SLOT).reshape(len(seeds), p.layers, _PER_SLOT)
+        choice = np.minimum(np.floor(u[..., 0] * len(p.ops)), len(p.ops) - 1).astype(np.int64)
+        applied = u[..., 1] <= p.prob
+        level = self._levels(np.float64(p.magnitude), u[..., 2], u[..., 3])
+        sign = np.where(u[..., 4] > 0.5, -1.0, 1.0)
+        return self._apply(p.ops, choice, level, sign, applied)
+
+    def _auto(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """timm's AutoAugment: one sub-policy uniformly, then each of its two ops with its own
+        probability and level (plus the magnitude noise, when mstd is set)."""
+        subs = self.policy.sub_policies
+        names = tuple(sorted({name for sub in subs for name, _, _ in sub}))
+        table_op = np.array([[names.index(name) for name, _, _ in sub] for sub in subs])
+        table_prob = np.array([[prob for _, prob, _ in sub] for sub in subs])
+        table_level = np.array([[level for _, _, level in sub] for sub in subs], dtype=np.float64)
+        u = seeded_uniform(seeds, _OPS_SALT, 1 + 2 * _PER_SLOT)
+        sub = np.minimum(np.floor(u[:, 0] * len(subs)), len(subs) - 1).astype(np.int64)
+        u = u[:, 1:].reshape(len(seeds), 2, _PER_SLOT)
+        applied = u[..., 1] <= table_prob[sub]
+        level = self._levels(table_level[sub], u[..., 2], u[..., 3])
+        sign = np.where(u[..., 4] > 0.5, -1.0, 1.0)
+        return self._apply(names, table_op[sub], level, sign, applied)
+
+    def _trivial(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """torchvision's TrivialAugmentWide: one op uniformly, one of 31 magnitude bins uniformly,
+        negated when a coin is <= 0.5 where the op is signed."""
+        u = seeded_uniform(seeds, _OPS_SALT, 3)
+        choice = np.minimum(np.floor(u[:, 0] * len(TRIVIAL_OPS)), len(TRIVIAL_OPS) - 1).astype(np.int64)
+        bins = np.minimum(np.floor(u[:, 1] * TRIVIAL_BINS), TRIVIAL_BINS - 1).astype(np.int64)
+        op = np.full(len(seeds), IDENTITY, np.int64)
+        param = np.zeros(len(seeds), np.float64)
+        for index, trivial in enumerate(TRIVIAL_OPS):
+            chosen = choice == index
+            if not chosen.any() or trivial.magnitudes is None:
+                op[chosen] = trivial.kind_id
+                continue
+            magnitude = trivial.magnitudes[bins[chosen]]
+            if trivial.signed:
+                magnitude = np.where(u[chosen, 2] <= 0.5, -magnitude, magnitude)
+            kind = KINDS[trivial.kind_id]
+            op[chosen] = trivial.kind_id
+            param[chosen] = np.clip(trivial.to_param(magnitude, self.size), kind.low, kind.high)
+        return op[:, None], param[:, None]
+
+    def _jitter(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """torchvision's ColorJitter: each factor uniform in its range, the four in a random order
+        (a uniform permutation: the argsort of four uniforms); a component that is off is identity."""
+        u = seeded_uniform(seeds, _JITTER_SALT, 8)
+        low = np.array([r[0] for r in self.jitter])
+        high = np.array([r[1] for r in self.jitter])
+        factors = low + (high - low) * u[:, :4]
+        order = np.argsort(u[:, 4:], axis=1)
+        kinds = np.array([KIND_IDS[name] for name in JITTER_KINDS])
+        on = low != high
+        op = np.where(on[order], kinds[order], IDENTITY)
+        param = np.where(on[order], np.take_along_axis(factors, order, axis=1), 0.0)
+        return op, param
