@@ -3,6 +3,10 @@
     .venv/bin/python examples/train.py configs/sample.yaml --epochs 2
     .venv/bin/torchrun --nproc_per_node=2 examples/train.py configs/sample.yaml --checkpoint run/ckpt.pt
 
+With mixup, cutmix or label smoothing on (a recipe in configs/recipes/), the loader's labels are soft
+targets, float [B, num_classes], and the loss is the soft-target cross entropy; otherwise they are
+class indices and the loss is plain cross entropy: the loss follows the targets' dtype.
+
 With --checkpoint, rank 0 saves the model, the optimizer and the train loader's state every
 --save-every steps and at the end of each epoch; starting again with the same command resumes
 exactly where the checkpoint left off, mid-epoch included. The loader does the sharding; this
@@ -11,6 +15,7 @@ script only wraps the model in DDP. Works on CPU (gloo) and GPU (nccl, one GPU p
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 
@@ -40,6 +45,14 @@ def parse_args() -> argparse.Namespace:
 def say(*parts) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(*parts, flush=True)
+
+
+def loss_for(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross entropy against class indices (int64 [B]) or soft targets (float [B, C], rows summing to 1:
+    timm's SoftTargetCrossEntropy), whichever the loader yields."""
+    if targets.is_floating_point():
+        return torch.sum(-targets * torch.log_softmax(logits.float(), dim=1), dim=1).mean()
+    return torch.nn.functional.cross_entropy(logits, targets)
 
 
 def save(path: str, model, optimizer, train, step: int) -> None:
@@ -77,6 +90,7 @@ def evaluate(model, val) -> tuple[float, int]:
 
 def main() -> None:
     args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # the loaders' lines
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:  # torchrun (or srun with its variables)
         # gloo for CPU tensors and NCCL for CUDA ones, both named: a run whose output.device is cpu
         # must work on a GPU machine too, and torch 2.11 with no backend named gives CPU tensors none
@@ -86,7 +100,7 @@ def main() -> None:
     device, world = train.device, train.ranks.world_size
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    model = torchvision.models.get_model(args.model, num_classes=len(train.classes)).to(device)
+    model = torchvision.models.get_model(args.model, num_classes=train.num_classes).to(device)
     dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[train.config.output.dtype]
     lr = args.lr * train.batch_size * world / 256
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-5)
@@ -110,8 +124,12 @@ def main() -> None:
     for epoch in range(train.epoch, args.epochs):
         started, images_seen, loss = time.perf_counter(), 0, torch.tensor(float("nan"), device=device)
         for images, labels in train:  # after a resume, the first loop is the rest of the saved epoch
+            if steps_this_run == 0:
+                soft = labels.is_floating_point()
+                say("targets: " + ("soft, float [B, num_classes]: soft-target cross entropy" if soft
+                                   else "class indices, int64 [B]: cross entropy"))
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = torch.nn.functional.cross_entropy(model(images), labels)
+                loss = loss_for(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

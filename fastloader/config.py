@@ -26,11 +26,13 @@ from .schema import (  # noqa: F401  (the schema's names are re-exported for use
     NAMED_SPLITS,
     SCALARS,
     SECTIONS,
+    TRAIN_SPLIT_KEYS,
     TRAIN_TRANSFORM_KEYS,
     Config,
     DaliConfig,
     DatasetConfig,
     DistributedConfig,
+    MixupConfig,
     NormalizeConfig,
     OutputConfig,
     SplitConfig,
@@ -209,6 +211,9 @@ def _config_to_raw(config: Config) -> dict:
                 section.pop("name")
                 allowed = TRAIN_TRANSFORM_KEYS if split.mode == "train" else EVAL_TRANSFORM_KEYS
                 section["transform"] = {k: v for k, v in section["transform"].items() if k in allowed}
+                if split.mode != "train":
+                    for key in TRAIN_SPLIT_KEYS:
+                        section.pop(key)
                 raw[name] = section
         else:
             raw[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
@@ -225,6 +230,10 @@ def config_to_dict(config: Config) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+SPLIT_SECTIONS = {"transform": TransformConfig, "mixup": MixupConfig}
+"""Split keys that hold a section of their own."""
+
+
 def all_dotted_keys() -> list[str]:
     keys = [*SCALARS]
     for section, cls in SECTIONS.items():
@@ -232,8 +241,8 @@ def all_dotted_keys() -> list[str]:
     for f in dataclasses.fields(SplitConfig):
         if f.name == "name":
             continue
-        if f.name == "transform":
-            keys += [f"<split>.transform.{t.name}" for t in dataclasses.fields(TransformConfig)]
+        if f.name in SPLIT_SECTIONS:
+            keys += [f"<split>.{f.name}.{t.name}" for t in dataclasses.fields(SPLIT_SECTIONS[f.name])]
         else:
             keys.append(f"<split>.{f.name}")
     return keys
@@ -318,7 +327,13 @@ class _Builder:
         defaults = {"shuffle": mode == "train", "drop_last": mode == "train"}
         values: dict[str, Any] = {"name": name, "mode": mode}
         hints = typing.get_type_hints(SplitConfig)
-        for key in ("batch_size", "shuffle", "drop_last", "folder", "file_list"):
+        if mode != "train":
+            for key in TRAIN_SPLIT_KEYS:
+                if key in raw:
+                    self.fail(f"{name}.{key}", f"applies only to train mode, and split '{name}' has mode: {mode}: eval "
+                                               f"batches are never repeated, mixed or smoothed; remove {name}.{key}, "
+                                               f"or set {name}.mode: train")
+        for key in ("batch_size", "shuffle", "drop_last", "folder", "file_list", "aug_repeats", "label_smoothing"):
             if key in raw:
                 values[key] = self.coerce(raw[key], hints[key], f"{name}.{key}")
             elif key in defaults:
@@ -336,6 +351,8 @@ class _Builder:
                           f"applies only to {'eval' if mode == 'train' else 'train'} mode, and split '{name}' "
                           f"has mode: {mode}; {mode} mode takes {', '.join(allowed)}")
         values["transform"] = self.section(TransformConfig, transform, f"{name}.transform")
+        if "mixup" in raw:
+            values["mixup"] = self.section(MixupConfig, raw["mixup"], f"{name}.mixup")
         self.validate_fields(SplitConfig, values, name)
         return SplitConfig(**values)
 

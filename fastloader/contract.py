@@ -2,7 +2,8 @@
 
 Shared here, so that the backends cannot drift apart: which epoch a `for` loop runs, what `len`
 means, the closed state, the (epoch, position) that a resume restarts from, the files skipped, the
-random erasing of each batch and the start-up line that says what the loader is.
+random erasing and the mixing of each batch (with its soft targets) and the start-up line that says
+what the loader is.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .augment.draws import Augmenter
 from .config import config_to_dict
 from .device_ops import erasing_enabled, random_erasing
 from .distributed import RankInfo
+from .mixing import BatchMixer
 from .order import EpochOrder
 from .prepared import PreparedSplit
 from .schema import Config, SplitConfig
@@ -30,7 +32,8 @@ BACKEND_NAMES = ("dali", "torch")
 
 
 class Loader(abc.ABC):
-    """`for images, labels in loader`: images float [B, 3, H, W] normalized, labels int64 [B].
+    """`for images, labels in loader`: images float [B, 3, H, W] normalized, labels int64 [B], or
+    float32 soft targets [B, num_classes] where the split mixes or smooths labels.
 
     Each `for` loop runs one epoch: the one given to `set_epoch`, else the one after the last
     started (0 first). Leaving a loop early with `break` is fine; the next loop starts afresh.
@@ -47,7 +50,7 @@ class Loader(abc.ABC):
         """Where the pixels come from: the image files, or a uint8 cache folder."""
         self.order = EpochOrder(len(index), split.batch_size, mode=split.mode, shuffle=split.shuffle,
                                 drop_last=split.drop_last, seed=config.seed, rank=ranks.rank,
-                                world_size=ranks.world_size)
+                                world_size=ranks.world_size, repeats=split.aug_repeats)
         self._epoch = 0
         self._epoch_set = True  # the first loop runs epoch 0
         self._resume_position = 0  # where the next loop starts in its epoch's global order
@@ -68,6 +71,7 @@ class Loader(abc.ABC):
         if self.augmentation and self.augmentation.policy and split.transform.color_jitter is not None:
             log.info("%s: %s.transform.color_jitter is off because %s.transform.auto_augment is set, as in timm",
                      config.source, split.name, split.name)
+        self._mixer = BatchMixer.for_split(split, len(index.classes))
         self._closed = False
         if self.order.num_batches == 0:
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
@@ -92,6 +96,11 @@ class Loader(abc.ABC):
     @property
     def classes(self) -> tuple[str, ...]:
         return self.index.classes
+
+    @property
+    def num_classes(self) -> int:
+        """Classes in the split's label space: the width of soft targets."""
+        return len(self.index.classes)
 
     @property
     def epoch(self) -> int:
@@ -125,7 +134,10 @@ class Loader(abc.ABC):
         self._skipped_in_epoch = 0  # a loop left with `break` does not carry its count into this one
         clock = time.perf_counter
         began = clock()  # the consumer asked for the first batch: generators start on the first next()
-        batches = iter(self._iter_batches(self.order.batches(epoch, start)))
+        planned = self.order.batches(epoch, start)
+        if self._mixer is not None:
+            self._mixer.start_epoch(planned)
+        batches = iter(self._iter_batches(planned))
         while True:
             asked = clock()
             try:
@@ -134,6 +146,8 @@ class Loader(abc.ABC):
                 break
             if self._erasing:  # on the device, in place, from the samples' seeds: the same boxes on both backends
                 random_erasing(images, seeds, self.split.transform)
+            if self._mixer is not None:  # mixup / cutmix and soft targets, drawn from the same seeds
+                images, labels = self._mixer(images, labels, seeds)
             arrived = clock()
             stats.add(arrived - asked if stats.batches else arrived - began, arrived - began, len(labels))
             if loop == self._loops:  # an abandoned older loop no longer moves the resume position
@@ -162,8 +176,16 @@ class Loader(abc.ABC):
     def _log_stats(self, stats: LoaderStats) -> None:
         level = LOG_LEVELS.get(self.config.stats.log_level)
         if level is not None and stats.batches:
-            log.log(level, "%s loader, split '%s', epoch %d, rank %d: %s", self.backend, self.split.name,
-                    stats.epoch, self.ranks.rank, stats.summary())
+            log.log(level, "%s loader, split '%s', epoch %d, rank %d: %s%s", self.backend, self.split.name,
+                    stats.epoch, self.ranks.rank, stats.summary(), self._recipe_words())
+
+    def _recipe_words(self) -> str:
+        """'; mixing ..., repeated augmentation ...' when they are on, for the epoch's line."""
+        words = [self._mixer.describe()] if self._mixer is not None else []
+        if self.order.repeats > 1:
+            words.append(f"repeated augmentation x{self.order.repeats} ({self.order.epoch_length} positions "
+                         f"per epoch over {self.ranks.world_size} ranks)")
+        return "".join(f"; {w}" for w in words)
 
     def state_dict(self) -> dict:
         """Where the trainer is: resuming from it yields exactly the batches not yet consumed.
@@ -173,8 +195,8 @@ class Loader(abc.ABC):
         """
         return {"version": STATE_VERSION, "backend": self.backend, "split": self.split.name,
                 "dataset": self.index.fingerprint, "num_samples": len(self.index), "seed": self.config.seed,
-                "shuffle": self.split.shuffle, "epoch": self._epoch,
-                "position": min(self._position, len(self.index)),
+                "shuffle": self.split.shuffle, "aug_repeats": self.order.repeats, "epoch": self._epoch,
+                "position": min(self._position, self.order.epoch_length),
                 "batch_size": self.batch_size, "world_size": self.ranks.world_size}
 
     def load_state_dict(self, state: dict) -> None:
@@ -198,7 +220,7 @@ class Loader(abc.ABC):
         elif (state["world_size"], state["batch_size"]) != (self.ranks.world_size, self.batch_size):
             log.info("split '%s': resuming epoch %d at sample %d of %d with %d ranks x batch %d; the state was "
                      "saved by %d ranks x batch %d, so the rest of the epoch is re-sharded", self.split.name, epoch,
-                     position, len(self.index), self.ranks.world_size, self.batch_size, state["world_size"],
+                     position, self.order.epoch_length, self.ranks.world_size, self.batch_size, state["world_size"],
                      state["batch_size"])
         self._epoch, self._epoch_set = epoch, True
         self._resume_position = self._position = position
@@ -219,9 +241,11 @@ class Loader(abc.ABC):
                              f"(fingerprint {state.get('dataset')}) then, {mine['num_samples']} samples "
                              f"(fingerprint {mine['dataset']}) in {self.index.root} now; files were added, removed "
                              f"or relabelled. Resume on the same files, or start afresh without load_state_dict")
-        for key, config_key in (("seed", "seed"), ("shuffle", f"{name}.shuffle")):
-            if state.get(key) != mine[key]:
-                raise ValueError(f"loader state was saved with {config_key}: {state.get(key)!r}, this loader has "
+        saved_order = {**state, "aug_repeats": state.get("aug_repeats", 1)}  # states before repeats: 1
+        order_keys = (("seed", "seed"), ("shuffle", f"{name}.shuffle"), ("aug_repeats", f"{name}.aug_repeats"))
+        for key, config_key in order_keys:
+            if saved_order.get(key) != mine[key]:
+                raise ValueError(f"loader state was saved with {config_key}: {saved_order.get(key)!r}, this loader has "
                                  f"{config_key}: {mine[key]!r} (from {self.config.source}); set it back to "
                                  f"resume the same order")
 

@@ -12,6 +12,14 @@ Eval mode: rank r takes samples r, r + world, ...; every sample exactly once, pa
 
 A resume names a position in the epoch's global order (samples consumed by all ranks together), not a
 rank's batch count, so the rest of an epoch can be replayed on the same ranks or re-sharded over others.
+
+Repeated augmentation (`repeats` K > 1, train mode) follows DeiT's RASampler and timm's RepeatAugSampler:
+the epoch's global order is the permutation with each sample repeated K times in a row, so that ranks
+dealt round-robin get the K copies of a sample on K different ranks when world_size >= K. Each copy has
+its own augmentation seed, from (seed, epoch, sample, copy). The epoch keeps about N samples in all,
+timm's default (equal to DeiT's for N >= 256): floor(N // 256 * 256 / world) per rank, or ceil(N / world)
+when N < 256 (where DeiT's formula would give an empty epoch), at most ceil(N x K / world). So an epoch
+sees about N / K distinct samples, K times each, and a schedule written for the recipe keeps its steps.
 """
 from __future__ import annotations
 
@@ -20,6 +28,9 @@ import math
 import numpy as np
 
 _MASK63 = np.uint64(0x7FFF_FFFF_FFFF_FFFF)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+REPEAT_ROUND = 256
+"""DeiT's RASampler keeps floor(N // 256 * 256 / world) samples per rank (timm's selected_round)."""
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -42,27 +53,42 @@ def seeded_uniform(seeds: np.ndarray, salt: int, count: int) -> np.ndarray:
 
 class EpochOrder:
     def __init__(self, num_samples: int, batch_size: int, *, mode: str, shuffle: bool, drop_last: bool,
-                 seed: int, rank: int = 0, world_size: int = 1):
+                 seed: int, rank: int = 0, world_size: int = 1, repeats: int = 1):
         if mode not in ("train", "eval"):
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
         if mode == "eval" and drop_last:
             raise ValueError("eval mode reads every sample exactly once; drop_last must be false")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, {world_size})")
+        if repeats < 1 or (mode == "eval" and repeats != 1):
+            raise ValueError(f"repeats must be >= 1, and 1 in eval mode; got {repeats} in {mode} mode")
         self.num_samples, self.batch_size = num_samples, batch_size
         self.mode, self.shuffle, self.drop_last = mode, shuffle, drop_last
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.seed, self.rank, self.world_size, self.repeats = seed, rank, world_size, repeats
+        self.epoch_length = self._epoch_length()
+        """Positions in the epoch's global order before it is cut or padded to equal shares: N
+        without repeats."""
 
         if mode == "eval":
             self.samples_per_rank = len(range(rank, num_samples, world_size))
         elif drop_last:
-            self.samples_per_rank = (num_samples // (world_size * batch_size)) * batch_size
+            self.samples_per_rank = (self.epoch_length // (world_size * batch_size)) * batch_size
         else:
-            self.samples_per_rank = math.ceil(num_samples / world_size)
+            self.samples_per_rank = math.ceil(self.epoch_length / world_size)
         if drop_last:
             self.num_batches = self.samples_per_rank // batch_size
         else:
             self.num_batches = math.ceil(self.samples_per_rank / batch_size)
+
+    def _epoch_length(self) -> int:
+        if self.repeats == 1:
+            return self.num_samples
+        n, world = self.num_samples, self.world_size
+        if n >= REPEAT_ROUND:
+            per_rank = n // REPEAT_ROUND * REPEAT_ROUND // world
+        else:
+            per_rank = math.ceil(n / world)
+        return min(per_rank, math.ceil(n * self.repeats / world)) * world
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch."""
@@ -70,17 +96,18 @@ class EpochOrder:
 
     @property
     def padded(self) -> int:
-        """Samples repeated this epoch (train mode without drop_last) so that ranks stay in step."""
+        """Samples repeated this epoch (train mode without drop_last) so that ranks stay in step:
+        positions past the end of the (repeated) permutation, which wrap around to its start."""
         if self.mode == "eval" or self.drop_last:
             return 0
-        return self.samples_per_rank * self.world_size - self.num_samples
+        return max(0, self.samples_per_rank * self.world_size - self.num_samples * self.repeats)
 
     @property
     def dropped(self) -> int:
-        """Samples left out this epoch, summed over ranks (train mode with drop_last)."""
+        """Positions of the epoch's order left out, summed over ranks (train mode with drop_last)."""
         if self.mode == "eval" or not self.drop_last:
             return 0
-        return self.num_samples - self.samples_per_rank * self.world_size
+        return self.epoch_length - self.samples_per_rank * self.world_size
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The whole epoch's order, before sharding (int64 [num_samples])."""
@@ -92,39 +119,50 @@ class EpochOrder:
     def shared_after(self, position: int) -> int:
         """How many positions of the epoch's global order the ranks share once the first `position`
         are consumed: what is left, cut to whole global batches (drop_last) or padded to equal shares."""
-        left = max(0, self.num_samples - position)
+        left = max(0, self.epoch_length - position)
         if self.mode == "eval":
             return left
         if self.drop_last:
             return left // (self.world_size * self.batch_size) * self.world_size * self.batch_size
         return math.ceil(left / self.world_size) * self.world_size
 
-    def rank_indices(self, epoch: int, position: int = 0) -> np.ndarray:
-        """This rank's sample indices for the epoch, in the order they are yielded, after the first
-        `position` samples of the epoch's global order (those all ranks consumed before a restart).
+    def rank_positions(self, epoch: int, position: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's (sample indices, copy numbers) for the epoch, in the order they are yielded, after
+        the first `position` positions of the epoch's global order (those all ranks consumed before a restart).
 
         Rank r takes global positions r, r + world, ...: after k batches on every rank, the ranks
         together have consumed exactly the first k x batch x world positions, whatever the world size.
-        That is why a restart may re-shard the rest of an epoch over another number of ranks.
+        That is why a restart may re-shard the rest of an epoch over another number of ranks. Global
+        position p holds copy p mod K of sample perm[p // K]; positions past N x K (padding) wrap around
+        to the start (tiling if the dataset is tiny).
         """
-        order = self.permutation(epoch)
         shared = self.shared_after(position)
-        if shared == 0:
-            return order[:0]
-        # Padding wraps around to the epoch's first samples (tiling if the dataset is tiny).
-        return np.resize(order, position + shared)[position:][self.rank::self.world_size]
+        cycle = self.num_samples * self.repeats
+        if shared == 0 or cycle == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty
+        positions = np.arange(position + self.rank, position + shared, self.world_size, dtype=np.int64) % cycle
+        return self.permutation(epoch)[positions // self.repeats], positions % self.repeats
 
-    def sample_seeds(self, epoch: int, indices: np.ndarray) -> np.ndarray:
-        """Per-sample augmentation seeds (int64, non-negative) from (seed, epoch, sample index)."""
+    def rank_indices(self, epoch: int, position: int = 0) -> np.ndarray:
+        """This rank's sample indices for the epoch after global position `position` (see rank_positions)."""
+        return self.rank_positions(epoch, position)[0]
+
+    def sample_seeds(self, epoch: int, indices: np.ndarray, copies: np.ndarray | None = None) -> np.ndarray:
+        """Per-sample augmentation seeds (int64, non-negative) from (seed, epoch, sample index) and, for
+        the copies of repeated augmentation after the first, the copy number."""
         key = _splitmix64(np.full(len(indices), self.seed, dtype=np.uint64))
         with np.errstate(over="ignore"):
             key = _splitmix64(key ^ np.uint64(epoch))
             key = _splitmix64(key ^ indices.astype(np.uint64))
+            if copies is not None and copies.any():
+                copied = _splitmix64(key ^ (copies.astype(np.uint64) * _GOLDEN))
+                key = np.where(copies > 0, copied, key)
         return (key & _MASK63).astype(np.int64)
 
     def batches(self, epoch: int, position: int = 0) -> list[np.ndarray]:
         """The epoch's batches after global position `position`: int64 arrays [k, 2] of
         (sample index, sample seed). Position 0 is the whole epoch; k batches in, it is k x batch x world."""
-        indices = self.rank_indices(epoch, position)
-        pairs = np.stack([indices, self.sample_seeds(epoch, indices)], axis=1)
+        indices, copies = self.rank_positions(epoch, position)
+        pairs = np.stack([indices, self.sample_seeds(epoch, indices, copies)], axis=1)
         return [pairs[start:start + self.batch_size] for start in range(0, len(pairs), self.batch_size)]

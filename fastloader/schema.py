@@ -116,9 +116,33 @@ class TransformConfig:
     """train: range of the number of boxes erased in an image."""
 
 
+@dataclass(frozen=True)
+class MixupConfig:
+    """train: Mixup and CutMix of each batch on the device, with timm's Mixup semantics (docs/semantics.md)."""
+    mixup_alpha: float = field(default=0.0, metadata=_check(lambda v: v >= 0, "a number >= 0 (0 turns mixup off)"))
+    """Mixup's lambda ~ Beta(alpha, alpha): an image becomes lam x itself + (1 - lam) x its partner. 0: no mixup."""
+    cutmix_alpha: float = field(default=0.0, metadata=_check(lambda v: v >= 0, "a number >= 0 (0 turns cutmix off)"))
+    """CutMix's lambda ~ Beta(alpha, alpha): a box of about (1 - lam) of the image comes from its partner.
+    0: no cutmix."""
+    cutmix_minmax: tuple[float, float] | None = field(
+        default=None, metadata=_check(lambda v: v is None or 0 < v[0] < v[1] <= 1, "null or 0 < min < max <= 1"))
+    """CutMix's box side as a fraction of the image side, uniform in [min, max) per side, instead of
+    drawn from cutmix_alpha (and cutmix is on, as timm's cutmix_alpha becomes 1). null: from the alpha."""
+    prob: float = field(default=1.0, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
+    """Probability that a batch (mode batch) or a sample or pair (elem, pair) is mixed at all."""
+    switch_prob: float = field(default=0.5, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
+    """With both mixup and cutmix on: the probability of cutmix rather than mixup."""
+    mode: Literal["batch", "pair", "elem"] = "batch"
+    """batch: one draw for the whole batch. pair: one per pair (i, B-1-i). elem: one per sample."""
+    correct_lam: bool = True
+    """CutMix: lam becomes 1 - the box's area / the image's once the box is clipped to the image."""
+
+
 TRAIN_TRANSFORM_KEYS = ("size", "scale", "ratio", "hflip", "vflip", "auto_augment", "color_jitter", "interpolation",
                         "erase_prob", "erase_mode", "erase_area", "erase_ratio", "erase_count")
 EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation")
+TRAIN_SPLIT_KEYS = ("aug_repeats", "label_smoothing", "mixup")
+"""Split keys that only train mode takes: eval batches are never repeated, mixed or smoothed."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +163,14 @@ class SplitConfig:
     """Sub-folder of dataset.root holding this split. Default: the split's name."""
     file_list: str | None = None
     """A text file of `relative/path label` lines to read instead of scanning folders."""
+    aug_repeats: int = field(default=1, metadata=_check(lambda v: v >= 1, "an integer >= 1 (1: no repeats)"))
+    """train: repeated augmentation (DeiT's RASampler): each sample chosen K times in a row of the
+    epoch's order, each copy with its own augmentation seed; the epoch keeps its length. 1: off."""
+    label_smoothing: float = field(default=0.0, metadata=_check(lambda v: 0 <= v < 1, "in [0, 1)"))
+    """train: labels become soft targets [B, num_classes]: 1 - smoothing + smoothing / C on the label,
+    smoothing / C elsewhere (timm's mixup_target). 0: off (int64 labels unless mixup is on)."""
     transform: TransformConfig = TransformConfig()
+    mixup: MixupConfig = MixupConfig()
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,40 @@ CASES = {
                                                                   "has 3 names\\)"),
     "unknown on_bad_image": (None, {"dataset": {"on_bad_image": "ignore"}}, ConfigError,
                              "dataset.on_bad_image: expected one of 'skip', 'raise', got 'ignore'"),
+    "mixing in an eval split": (None, {"val": {"mixup": {"mixup_alpha": 0.2}}}, ConfigError,
+                                "val.mixup: applies only to train mode, and split 'val' has mode: eval: eval batches "
+                                "are never repeated, mixed or smoothed; remove val.mixup, or set val.mode: train"),
+    "label smoothing in an eval split": (None, {"val": {"label_smoothing": 0.1}}, ConfigError,
+                                         "val.label_smoothing: applies only to train mode.*remove val.label_smoothing"),
+    "repeats in an eval split": (None, {"val": {"aug_repeats": 3}}, ConfigError,
+                                 "val.aug_repeats: applies only to train mode.*remove val.aug_repeats"),
 }
+
+TRAIN_CASES = {  # the train split's keys, the message fragment
+    "negative mixup alpha": ({"mixup": {"mixup_alpha": -0.2}},
+                             "train.mixup.mixup_alpha: must be a number >= 0 \\(0 turns mixup off\\), got -0.2"),
+    "negative cutmix alpha": ({"mixup": {"cutmix_alpha": -1}},
+                              "train.mixup.cutmix_alpha: must be a number >= 0 \\(0 turns cutmix off\\), got -1.0"),
+    "prob above 1": ({"mixup": {"prob": 1.5}}, "train.mixup.prob: must be a probability in \\[0, 1\\], got 1.5"),
+    "switch_prob below 0": ({"mixup": {"switch_prob": -0.1}},
+                            "train.mixup.switch_prob: must be a probability in \\[0, 1\\], got -0.1"),
+    "unknown mode": ({"mixup": {"mode": "pairs"}},
+                     "train.mixup.mode: expected one of 'batch', 'pair', 'elem', got 'pairs'; did you mean 'pair'\\?"),
+    "cutmix_minmax reversed": ({"mixup": {"cutmix_minmax": [0.8, 0.2]}},
+                               "train.mixup.cutmix_minmax: must be null or 0 < min < max <= 1, got \\[0.8, 0.2\\]"),
+    "label smoothing of 1": ({"label_smoothing": 1.0}, "train.label_smoothing: must be in \\[0, 1\\), got 1.0"),
+    "aug_repeats 0": ({"aug_repeats": 0}, "train.aug_repeats: must be an integer >= 1 \\(1: no repeats\\), got 0"),
+    "unknown mixup key": ({"mixup": {"alpha": 0.2}}, "unknown key 'train.mixup.alpha'; did you mean"),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", TRAIN_CASES)
+def test_each_bad_mixing_or_repeats_key_gets_one_clear_message(tmp_path, case, backend):
+    keys, fragment = TRAIN_CASES[case]
+    root = write_solid_dataset(tmp_path / "data", per_class=1, splits=("train",))
+    with pytest.raises(ConfigError, match=fragment):
+        build_loader(base_config(root, backend=backend, train=keys), "train")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -44,11 +44,12 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "screening": ["screening.py", "--split", "train", "--workers", "1", "--batch-size", "4"],
     "trainer_thread": ["trainer_thread.py", "--device", "cpu", "--batch-size", "4", "--size", "32", "--workers", "1",
                        "--repeat-train", "1", "--repeat-val", "2", "--step-ms", "1", "--rounds", "1"],
+    "mixing": ["mixing.py", "--step-ms", "1", *TINY, *ROUND],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread"),
-    ("command_line", "epoch_gap", "peers", "first_batch", "screening"),
+    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -295,7 +296,7 @@ def test_trainer_thread_measures_each_peer_in_its_first_and_a_later_epoch(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 9
+    assert len(SCRIPTS) == 10
     for script in SCRIPTS:
         helped, refused = answers[f"{script} help"], answers[f"{script} no data"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -319,3 +320,16 @@ def test_stages_leaves_files_the_limit_cannot_read_out_of_its_comparison(run):
     assert result["status"] == 0, result["err"][-2000:]
     assert "-> images/s per core" in result["out"] and "worker path against" not in result["out"]
     assert "val: 3 files that are not JPEGs left out of this comparison" in result["out"]
+
+
+@runs_for("mixing")
+def test_mixing_times_the_mixing_call_and_next_with_and_without_it(run):
+    out, report = run
+    assert set(report["alone"]) == {"label smoothing 0.1", "mixup 0.8, batch", "cutmix 1.0, batch",
+                                    "DeiT: mixup 0.8 + cutmix 1.0, batch, smoothing 0.1", "the same, mode pair",
+                                    "the same, mode elem"}
+    assert all(r["call_thread_ms"] > 0 and r["draws_ms"] >= 0 for r in report["alone"].values())
+    assert set(report["next"]) == {"off", "DeiT mixing"} and all(r["thread_ms"] > 0 for r in report["next"].values())
+    total = {name: r["thread_ms"] + r["read_ms"] for name, r in report["next"].items()}
+    assert report["added_ms"] == pytest.approx(total["DeiT mixing"] - total["off"])
+    assert "mixing call alone, batch 4 x 3 x 32 x 32 float32 on cpu" in out and "mixing adds " in out

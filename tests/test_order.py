@@ -119,3 +119,80 @@ def test_invalid_arguments():
         EpochOrder(10, 2, mode="eval", shuffle=False, drop_last=True, seed=0)
     with pytest.raises(ValueError, match=r"rank 2 not in \[0, 2\)"):
         EpochOrder(10, 2, mode="train", shuffle=False, drop_last=True, seed=0, rank=2, world_size=2)
+
+
+# -- repeated augmentation ------------------------------------------------------------------------
+
+
+def global_order(orders, epoch=0, position=0):
+    """(sample, seed) rows of every rank interleaved back into the epoch's global order."""
+    per_rank = [np.concatenate(o.batches(epoch, position) or [np.zeros((0, 2), np.int64)]) for o in orders]
+    rows = [per_rank[r][k] for k in range(max(map(len, per_rank))) for r in range(len(orders)) if k < len(per_rank[r])]
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+@pytest.mark.parametrize("n, repeats, world", [(300, 3, 1), (300, 3, 4), (1000, 4, 3), (50, 3, 2), (7, 3, 4)])
+def test_repeats_give_timms_repeat_aug_sampler_order_and_length(n, repeats, world):
+    """Unshuffled, each rank's samples are exactly those of timm's RepeatAugSampler (DeiT's RASampler for
+    N >= 256): the same rounding of the epoch (floor(N // 256 * 256 / world)), the same dealing."""
+    sampler = pytest.importorskip("timm.data.distributed_sampler").RepeatAugSampler
+    for rank, order in enumerate(rank_orders(n, 8, world, mode="train", shuffle=False, drop_last=False, seed=0,
+                                             repeats=repeats)):
+        theirs = list(sampler(list(range(n)), num_replicas=world, rank=rank, shuffle=False, num_repeats=repeats))
+        assert flat(order).tolist() == theirs and order.samples_per_rank == len(theirs)
+        assert len(order) == -(-len(theirs) // 8)
+
+
+def test_repeated_copies_are_consecutive_on_different_ranks_each_with_its_own_seed():
+    orders = rank_orders(1000, 8, 4, mode="train", shuffle=True, drop_last=True, seed=3, repeats=3)
+    rows = global_order(orders)
+    assert len(rows) == 1000 // 256 * 256 // 4 // 8 * 8 * 4  # 768 positions: 256 distinct samples, 3 copies
+    samples = rows[:, 0].reshape(-1, 3)
+    assert (samples == samples[:, :1]).all() and len(np.unique(samples[:, 0])) == 256  # runs of 3 copies
+    ranks = (np.arange(len(rows)) % 4).reshape(-1, 3)  # global position p is on rank p mod 4
+    assert all(len(set(copies)) == 3 for copies in ranks.tolist())  # the 3 copies on 3 different ranks
+    assert len(np.unique(rows[:, 1])) == len(rows)  # every copy its own augmentation seed
+    plain = EpochOrder(1000, 8, mode="train", shuffle=True, drop_last=True, seed=3)
+    first_copies = rows[::3]
+    assert np.array_equal(first_copies[:, 1], plain.sample_seeds(0, first_copies[:, 0]))  # copy 0: the plain seed
+    assert len({len(o) for o in orders}) == 1 and orders[0].dropped == 0
+
+
+def test_repeats_work_in_one_process_and_differ_between_epochs():
+    order = EpochOrder(600, 16, mode="train", shuffle=True, drop_last=True, seed=1, repeats=3)
+    assert order.epoch_length == 512 and len(order) == 32
+    epoch0, epoch1 = global_order([order], 0), global_order([order], 1)
+    assert not np.array_equal(epoch0, epoch1) and len(np.unique(epoch0[:, 0])) == 512 // 3 + 1
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("n, world, k", [(300, 2, 3), (1000, 4, 2), (50, 1, 2)])
+def test_repeats_resume_mid_epoch_as_the_uninterrupted_run(drop_last, n, world, k):
+    for order in rank_orders(n, 8, world, mode="train", shuffle=True, drop_last=drop_last, seed=5, repeats=3):
+        full = order.batches(2)
+        tail = order.batches(2, position=k * 8 * world)
+        assert len(tail) == len(full) - k and all(np.array_equal(a, b) for a, b in zip(full[k:], tail))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_repeats_re_shard_from_2_ranks_to_3_delivering_the_rest_once(drop_last):
+    """The global order does not depend on the world size, only its length does (timm's per-rank
+    rounding: 256 positions on 2 ranks, 255 on 3), so 3 ranks resume at the 2 ranks' position."""
+    kw = dict(mode="train", shuffle=True, drop_last=drop_last, seed=9, repeats=3)
+    before = global_order(rank_orders(300, 8, 2, **kw))[:3 * 8 * 2]  # 3 batches on each of 2 ranks
+    after_orders = rank_orders(300, 5, 3, **kw)
+    assert len({len(o.batches(0, position=48)) for o in after_orders}) == 1  # DDP stays in step
+    rest = global_order(after_orders, position=48)
+    length = after_orders[0].epoch_length
+    assert length == 255
+    whole = global_order(rank_orders(300, 8, 1, **{**kw, "drop_last": False}))[:length]
+    assert np.array_equal(before, whole[:48])  # what 2 ranks consumed is the start of the same order
+    if drop_last:  # whole global batches of the new job, dropping fewer than one of them
+        assert np.array_equal(rest, whole[48:48 + len(rest)]) and 0 <= length - 48 - len(rest) < 5 * 3
+    else:  # every remaining (sample, copy) once, then padding to equal shares
+        assert np.array_equal(rest[:length - 48], whole[48:]) and len(rest) - (length - 48) < 3
+
+
+def test_eval_mode_refuses_repeats():
+    with pytest.raises(ValueError, match="repeats must be >= 1, and 1 in eval mode"):
+        EpochOrder(10, 2, mode="eval", shuffle=False, drop_last=False, seed=0, repeats=3)

@@ -136,3 +136,32 @@ def test_show_ops_captions_each_tile_with_the_ops_its_seed_drew(tmp_path):
         ops_band = pixels[y + 96 + CAPTION_HEIGHT:y + 96 + 3 * CAPTION_HEIGHT, x:x + 96]
         assert dark_pixels(ops_band) > 20, i  # three ops at p 1: every tile has some
     assert "auto_augment='rand-m9-n3-mstd0.5-p1'" in result.stderr  # the loader's repr in its log line
+
+
+def test_mixed_samples_are_captioned_with_their_two_largest_soft_labels(tmp_path):
+    """Mixup and cutmix of solid colours: tiles hold blends or pasted boxes, and each tile's caption has
+    two lines, "class: weight" for its two largest target weights (the CPU, as a user without a GPU)."""
+    root = write_solid_dataset(tmp_path / "solid", per_class=4, splits=("train",))
+    out = tmp_path / "mixed.png"
+    keys = {"dataset.root": root, "train.batch_size": 9, "train.transform.size": 32, "train.label_smoothing": 0.1,
+            "train.mixup": "{mixup_alpha: 1.0, cutmix_alpha: 1.0, mode: elem}"}
+    result = run("show", "configs/sample.yaml", "--out", str(out), "--n", "9",
+                 *(f"--set={key}={value}" for key, value in keys.items()), cache_dir=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    assert "9 samples of split 'train' (backend torch), 3x3 tiles of 128x128 px, captioned with their soft " \
+           "targets' top-2 classes" in result.stdout
+    pixels = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    columns, rows, tile = 3, 3, 128
+    assert pixels.shape[0] == HEADER_HEIGHT + rows * (tile + 2 * CAPTION_HEIGHT + PAD)  # two caption lines
+    colours = np.asarray(list(COLOURS.values()))
+    blended = 0
+    for i in range(9):
+        row, column = divmod(i, columns)
+        x, y = PAD + column * (tile + PAD), HEADER_HEIGHT + row * (tile + 2 * CAPTION_HEIGHT + PAD)
+        for line in range(2):
+            band = pixels[y + tile + line * CAPTION_HEIGHT:y + tile + (line + 1) * CAPTION_HEIGHT, x:x + tile]
+            assert dark_pixels(band.astype(np.uint8)) > 10, (i, line)
+        tile_pixels = np.unique(pixels[y:y + tile, x:x + tile].reshape(-1, 3), axis=0)
+        off_class = [p for p in tile_pixels if np.abs(colours - p).max(axis=1).min() > 2]
+        blended += len(tile_pixels) > 1 or bool(off_class)  # a pasted box, or a blend of two colours
+    assert blended >= 3

@@ -2,7 +2,10 @@
 
 Looking at the batches is the quickest check that crops, flips, labels and normalization are what
 the config says. The pixels shown are the loader's own output mapped back through mean/std, so a
-wrong normalization or a wrong label shows up here rather than as a slow training run.
+wrong normalization or a wrong label shows up here rather than as a slow training run. With mixup,
+cutmix or label smoothing on, the labels are soft targets: each tile is captioned with its two
+largest weights ("class: weight", one line each), so a blend or a pasted box shows next to how much
+of each class the loss will see.
 
 Only the standard library is imported at module level: cli.py imports every command module to
 build its parser, and `fastloader --help` must not wait for torch or Pillow.
@@ -33,6 +36,8 @@ CAPTION_HEIGHT = 16
 """The band under each tile holding one line of caption (the default font is about 12 px high)."""
 OPS_LINES = 2
 """Caption lines under each tile for its ops with --ops (cut with '..' beyond)."""
+SOFT_LINES = 2
+"""Caption lines of a tile with a soft target: its two largest class weights."""
 BACKGROUND = (255, 255, 255)
 TEXT = (20, 20, 20)
 
@@ -125,20 +130,31 @@ def run(args) -> int:
         pixels = denormalize(images, loader.config.normalize.mean, loader.config.normalize.std)
         header = (f"{Path(args.config).name} split {args.split}, backend {loader.backend}, "
                   f"epoch {args.epoch}, seed {loader.config.seed}")
-        names = [loader.classes[int(label)] for label in labels]
+        soft = labels.is_floating_point()
+        captions = soft_captions(labels, loader.classes) if soft else [
+            [f"{int(label)}: {loader.classes[int(label)]}"] for label in labels]
         backend, available = loader.backend, loader.num_samples
         ops = sample_ops(loader, args.epoch, labels) if args.ops else None
-    layout = make_layout(len(names), pixels.shape[1], pixels.shape[2], 1 + OPS_LINES if ops else 1)
-    canvas = render(pixels, names, [int(label) for label in labels], header, layout, ops)
+    label_lines = SOFT_LINES if soft else 1
+    layout = make_layout(len(captions), pixels.shape[1], pixels.shape[2], label_lines + (OPS_LINES if ops else 0))
+    canvas = render(pixels, captions, header, layout, ops)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(out, format="PNG", optimize=True)
-    if len(names) < args.n:
-        print(f"split '{args.split}' yields {len(names)} samples in epoch {args.epoch} "
+    if len(captions) < args.n:
+        print(f"split '{args.split}' yields {len(captions)} samples in epoch {args.epoch} "
               f"({available} in the split), fewer than --n {args.n}: showing them all")
-    print(f"wrote {args.out}: {len(names)} samples of split '{args.split}' (backend {backend}), "
-          f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px")
+    soft_words = ", captioned with their soft targets' top-2 classes" if soft else ""
+    print(f"wrote {args.out}: {len(captions)} samples of split '{args.split}' (backend {backend}), "
+          f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px{soft_words}")
     return 0
+
+
+def soft_captions(targets, classes) -> list[list[str]]:
+    """Each soft target's two largest weights, "class: weight", largest first (one line each)."""
+    weights, labels = targets.float().topk(min(SOFT_LINES, targets.shape[1]), dim=1)
+    return [[f"{classes[int(c)]}: {float(w):.2f}" for w, c in zip(row_w, row_c)]
+            for row_w, row_c in zip(weights, labels)]
 
 
 def sample_ops(loader, epoch: int, labels) -> list[str] | None:
@@ -151,7 +167,10 @@ def sample_ops(loader, epoch: int, labels) -> list[str] | None:
         print(f"--ops: split '{loader.split.name}' is in eval mode: no random flips or ops to caption")
         return None
     plan = np.concatenate(loader.order.batches(epoch))[:len(labels)]
-    if not np.array_equal(loader.index.labels[plan[:, 0]], labels.numpy()):
+    # a skipped file shifts the samples shown: int labels show it; soft targets (mixed) cannot
+    skipped = loader._skipped_in_epoch if labels.is_floating_point() else not np.array_equal(
+        loader.index.labels[plan[:, 0]], labels.numpy())
+    if skipped:
         print("--ops: a file was skipped, so the samples shown are not those planned; ops captions left out")
         return None
     hflip, vflip, op, param = loader.augmentation.draw_ops(plan[:, 1])
@@ -186,9 +205,9 @@ def denormalize(images, mean, std):
     return x.permute(0, 2, 3, 1).contiguous()  # NHWC in memory whatever the input's layout was
 
 
-def render(pixels, names: list[str], labels: list[int], header: str, layout: Layout, ops: list[str] | None = None):
-    """The grid as a Pillow image: header, then tiles in order, each captioned "label: class" (and
-    its ops, wrapped over the lines below, with `ops`)."""
+def render(pixels, captions: list[list[str]], header: str, layout: Layout, ops: list[str] | None = None):
+    """The grid as a Pillow image: header, then tiles in order, each captioned with its lines ("label:
+    class", or a soft target's "class: weight" lines), and its ops wrapped over the lines below."""
     from PIL import Image, ImageDraw, ImageFont
     font = ImageFont.load_default()
     draw_probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
@@ -197,17 +216,15 @@ def render(pixels, names: list[str], labels: list[int], header: str, layout: Lay
     canvas = Image.new("RGB", (width, height), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     draw.text((PAD, 4), header, fill=TEXT, font=font)
-    for i, (name, label) in enumerate(zip(names, labels)):
+    for i, lines in enumerate(captions):
         x, y = layout.tile_origin(i)
         tile = Image.fromarray(pixels[i].numpy())
         if tile.size != (layout.tile_w, layout.tile_h):
             tile = tile.resize((layout.tile_w, layout.tile_h), Image.Resampling.NEAREST)
         canvas.paste(tile, (x, y))
-        caption = fit_text(draw, f"{label}: {name}", font, layout.tile_w)
-        draw.text((x, y + layout.tile_h + 2), caption, fill=TEXT, font=font)
-        for line, text in enumerate(wrap_text(draw, ops[i], font, layout.tile_w, layout.caption_lines - 1) if ops
-                                    else []):
-            draw.text((x, y + layout.tile_h + 2 + CAPTION_HEIGHT * (line + 1)), text, fill=TEXT, font=font)
+        ops_lines = wrap_text(draw, ops[i], font, layout.tile_w, layout.caption_lines - len(lines)) if ops else []
+        for line, text in enumerate([fit_text(draw, text, font, layout.tile_w) for text in lines] + ops_lines):
+            draw.text((x, y + layout.tile_h + 2 + CAPTION_HEIGHT * line), text, fill=TEXT, font=font)
     return canvas
 
 

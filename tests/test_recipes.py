@@ -1,0 +1,48 @@
+"""configs/recipes/: each recipe loads, names its source, and trains a few steps of examples/train.py
+with its mixing and repeats on a tiny dataset written here (CPU, torch backend, small sizes)."""
+from __future__ import annotations
+
+import logging
+import re
+import runpy
+import sys
+
+import pytest
+from conftest import REPO, write_solid_dataset
+
+from fastloader.config import load_config
+
+RECIPES = {  # file: (aug_repeats, mixup_alpha, cutmix_alpha, label_smoothing, auto_augment, the source it names)
+    "deit.yaml": (3, 0.8, 1.0, 0.1, "rand-m9-mstd0.5-inc1", "facebookresearch/deit"),
+    "rsb-a2.yaml": (3, 0.1, 1.0, 0.0, "rand-m7-mstd0.5-inc1", "arXiv 2110.00476"),
+    "torchvision.yaml": (4, 0.2, 1.0, 0.1, "ta_wide", "references/classification"),
+}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_recipe_names_its_source_and_trains_with_soft_targets_and_repeats(tmp_path, recipe, monkeypatch, capsys,
+                                                                          caplog):
+    repeats, mixup, cutmix, smoothing, policy, source = RECIPES[recipe]
+    path = REPO / "configs" / "recipes" / recipe
+    header = path.read_text().split("\nbackend:")[0]
+    assert "Source:" in header and source in header
+    train = load_config(path).split("train")
+    assert (train.aug_repeats, train.mixup.mixup_alpha, train.mixup.cutmix_alpha, train.label_smoothing,
+            train.transform.auto_augment) == (repeats, mixup, cutmix, smoothing, policy)
+
+    root = write_solid_dataset(tmp_path / "data", per_class=6)  # 18 train images: one epoch of 2 steps
+    small = [f"--set={key}={value}" for key, value in {
+        "dataset.root": root, "backend": "torch", "output.device": "cpu", "workers.num_workers": 0,
+        "train.batch_size": 8, "val.batch_size": 8, "train.transform.size": 32, "val.transform.size": 32}.items()]
+    # in this process, as `python examples/train.py ...` would run (no torchrun: one process)
+    monkeypatch.setattr(sys, "argv", ["train.py", str(path), *small, "--epochs", "1", "--log-every", "1"])
+    with caplog.at_level(logging.INFO, logger="fastloader"):
+        runpy.run_path(str(REPO / "examples" / "train.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "targets: soft, float [B, num_classes]: soft-target cross entropy" in out
+    losses = [float(x) for x in re.findall(r"epoch 0 step \d loss (\d+\.\d+)", out)]
+    assert len(losses) == 2, out  # 18 positions with repeats (fewer than 256 samples) in batches of 8
+    assert re.search(r"epoch 0 done: loss \d+\.\d+, val accuracy \d\.\d+ on 18 images", out)
+    epoch_line = next(r.getMessage() for r in caplog.records if "split 'train', epoch 0, rank 0:" in r.getMessage())
+    assert f"mixup {mixup:g} + cutmix {cutmix:g} (mode batch, prob 1, switch 0.5)" in epoch_line
+    assert f"repeated augmentation x{repeats} (18 positions per epoch over 1 ranks)" in epoch_line
