@@ -1,10 +1,11 @@
 """What mixup, cutmix and soft targets cost the training thread per batch: its CPU time (thread_time).
 
-1. The mixing call alone (`fastloader.mixing.BatchMixer`, as `Loader._run_epoch` calls it after
-   random erasing) on a normalized float32 batch on --device, per setting: the host's draws per
-   batch, the draws made ahead at the epoch's start (per batch, over an epoch of 1000 batches), and
-   the whole call (draws, pixels blended or pasted, targets). On the CPU the call does the pixel
-   work itself; on a GPU the training thread only draws and launches a few kernels.
+1. The mixing call alone (`fastloader.mixing.BatchMixer`, as the batch finisher calls it after
+   random erasing: fastloader/device_ops.py) on a normalized float32 batch on --device, per
+   setting: the host's draws per batch, the draws made ahead at the epoch's start (per batch, over
+   an epoch of 1000 batches), and the whole call (draws, pixels blended or pasted, targets). Where it
+   runs is the backend's: the DALI driver thread, the torch workers (CPU output) or the torch
+   backend's CUDA prefetcher on the training thread (GPU output), which only draws and launches.
 2. A whole `next(loader)` on the torch backend with its workers ahead (a simulated model step
    sleeps between batches), then a first read of the batch (`images.sum()`, as the model's first
    layer would read it), with mixing off and with DeiT's setting (mixup 0.8, cutmix 1.0, switch

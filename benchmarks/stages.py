@@ -65,7 +65,7 @@ class _MappedBatch(BatchPool):
         self.batch = torch.zeros(self.shape, dtype=dtype)
 
     def take(self, count):
-        return self.batch[:count], -1
+        return self.batch[:count], None, -1
 
 
 def _timed(function, *args):
@@ -110,7 +110,7 @@ def measure_split(split: str, data: Path, batch_size: int, size: int, rounds: in
         by_decoder[decoder] = count + 1, decode_seconds + seconds - read - header
         out, seconds = _timed(transform.resize, pixels, crop)
         totals["crop + resize"] += seconds
-        samples.append((out, index.label(i)))
+        samples.append((out, index.label(i), i))  # (image, label, seed), as the dataset gives
     totals["decode"] -= totals["read"] + totals["header + crop"]
     collate = NormalizingCollate(normalizer, _MappedBatch(batch_size, size, normalizer.dtype))
     batches = [samples[s:s + batch_size] for s in range(0, len(samples) - batch_size + 1, batch_size)]
@@ -125,7 +125,7 @@ def measure_split(split: str, data: Path, batch_size: int, size: int, rounds: in
         torch.empty(0, dtype=torch.uint8).set_(storage).fill_(0)  # first touch: the page faults a worker pays
         totals[REUSED] += time.perf_counter() - started
         if torch.cuda.is_available():
-            pinned = torch.stack([image for image, _ in batch]).pin_memory()
+            pinned = torch.stack([image for image, *_ in batch]).pin_memory()
             torch.cuda.synchronize()
             _, seconds = _timed(lambda: (pinned.to("cuda", non_blocking=True), torch.cuda.synchronize()))
             totals["transfer"] += seconds

@@ -36,6 +36,11 @@ from fastloader.config import IMAGE_EXTENSIONS
 from fastloader.samples import scan_folder
 
 NVIDIA, DALI, TORCH = "NVIDIA RN50 example", "fastloader dali", "fastloader torch"
+MIXED = " + mixing"
+DEIT_MIXING = {"train.mixup.mixup_alpha": 0.8, "train.mixup.cutmix_alpha": 1.0, "train.mixup.switch_prob": 0.5,
+               "train.mixup.mode": "batch", "train.label_smoothing": 0.1, "train.transform.erase_prob": 0.25,
+               "train.transform.erase_mode": "pixel"}
+"""--mixing: DeiT's batch augmentations (main.py's defaults), measured beside each backend without them."""
 EPOCHS = ("first", "later")
 
 
@@ -94,15 +99,20 @@ def run_split(split: str, args, workdir: Path) -> dict:
     base = harness.fastloader_overrides(split, split_dir, index, list_path, args,
                                         **{"output.device": "cuda" if gpu else "cpu", "stats.log_level": "none"},
                                         **dict(args.set))
+    step = args.step_ms / 1e3
     runs = {}
     if "nvidia" in args.peers:
-        runs[NVIDIA] = lambda: nvidia_run(paths, labels, split, gpu, args, args.epochs, args.step_ms / 1e3)
-    if "dali" in args.peers:
-        dali = {**base, "backend": "dali", "dali.threads": args.workers}
-        runs[DALI] = lambda: fastloader_run(split, dali, args.epochs, args.step_ms / 1e3)
-    if "torch" in args.peers:
-        torch_overrides = {**base, "backend": "torch", "workers.num_workers": args.workers}
-        runs[TORCH] = lambda: fastloader_run(split, torch_overrides, args.epochs, args.step_ms / 1e3)
+        runs[NVIDIA] = lambda: nvidia_run(paths, labels, split, gpu, args, args.epochs, step)
+    ours = {DALI: {**base, "backend": "dali", "dali.threads": args.workers},
+            TORCH: {**base, "backend": "torch", "workers.num_workers": args.workers}}
+    for name, overrides in ours.items():
+        if name.split()[-1] in args.peers:
+            runs[name] = lambda overrides=overrides: fastloader_run(split, overrides, args.epochs, step)
+    if args.mixing and split == "train":  # each backend again, with DeiT's mixing and erasing
+        for name, overrides in ours.items():
+            if name in runs:
+                mixed = {**overrides, **DEIT_MIXING}
+                runs[name + MIXED] = lambda mixed=mixed: fastloader_run(split, mixed, args.epochs, step)
     raw = {name: [] for name in runs}
     for round_number in range(args.rounds):
         order = list(runs) if round_number % 2 == 0 else list(reversed(runs))
@@ -145,6 +155,10 @@ def print_table(split: str, result: dict, summary: dict) -> None:
                 if name != NVIDIA and name in peers:
                     print(f"  ratio {row} epoch: {name} / {NVIDIA} = "
                           f"{peers[name]['median'] / peers[NVIDIA]['median']:.2f}x (goal <= 1.0x)")
+        for name in names:
+            if name.endswith(MIXED) and name in peers and name[:-len(MIXED)] in peers:
+                print(f"  ratio {row} epoch: {name} / {name[:-len(MIXED)]} = "
+                      f"{peers[name]['median'] / peers[name[:-len(MIXED)]]['median']:.2f}x (goal <= 1.05x)")
 
 
 def key_value(text: str) -> tuple[str, object]:
@@ -175,6 +189,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="default: 3")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu" if torch.cuda.is_available() else "cpu",
                         help="output device and DALI flavour (default: gpu where CUDA is available)")
+    parser.add_argument("--mixing", action="store_true",
+                        help="train split: also each backend with DeiT's mixup, cutmix, label smoothing and random "
+                             "erasing, and the ratio to it without them")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value,
                         help="a config override for fastloader's loaders, e.g. dataset.screen=false (repeatable)")
     parser.add_argument("--json", type=Path, help="write every measurement to this file")

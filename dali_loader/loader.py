@@ -26,6 +26,7 @@ from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 from fastloader.augment.draws import Augmenter
 from fastloader.cache import CachedPixels
 from fastloader.contract import Loader
+from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError, refused_file
 from fastloader.prepared import PreparedSplit
@@ -166,10 +167,11 @@ class Fed(NamedTuple):
 
 
 def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
-              bfloat16: bool) -> Callable:
+              bfloat16: bool, finisher: BatchFinisher | None) -> Callable:
     """The driver thread's work on each pipeline output: (images, labels, Fed) as torch tensors on
-    `device`, in the configured dtype and memory format. A function of these values, not of the
-    loader, so that the driver thread does not keep a dropped loader alive."""
+    `device`, in the configured dtype and memory format, finished (erasing, mixing, soft targets)
+    there rather than on the training thread. A function of these values, not of the loader, so
+    that the driver thread does not keep a dropped loader alive."""
     def convert(outputs) -> tuple[torch.Tensor, torch.Tensor, Fed]:
         images, *decoded_sizes = outputs
         fed = feed.fed.popleft()
@@ -186,7 +188,10 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
             images = images.permute(0, 3, 1, 2)  # NHWC memory seen as a channels_last NCHW tensor
         if bfloat16:
             images = images.to(torch.bfloat16)
-        return images, torch.from_numpy(labels[fed.plan[:, 0]]).to(device, non_blocking=True), fed
+        batch_labels = torch.from_numpy(labels[fed.plan[:, 0]]).to(device, non_blocking=True)
+        if finisher is not None:
+            images, batch_labels = finisher(images, batch_labels, fed.plan[:, 1])
+        return images, batch_labels, fed
     return convert
 
 
@@ -231,7 +236,7 @@ class DaliLoader(Loader):
         decoder = "nvJPEG on the GPU" if self.flavour == "gpu" else "decoding on the CPU"
         return f"flavour={self.flavour!r} ({decoder}), threads={self.num_threads}"
 
-    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
+    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._broken:
             raise RuntimeError(self._broken)
         self._end_epoch()
@@ -257,7 +262,7 @@ class DaliLoader(Loader):
                 continue
             delivered += 1
             self._record_skips(item.fed.skipped)
-            yield item.images, item.labels, item.fed.plan[:, 1]
+            yield item.images, item.labels
         if self._run == run:
             self._record_skips(self._feed.skipped)
             self._end_epoch()
@@ -265,7 +270,7 @@ class DaliLoader(Loader):
     def _drive(self) -> Driver:
         """A driver thread running the pipeline over the feed's batches (see driver.py)."""
         convert = converter(self._feed, self.index.labels, self.device, self.config.output.channels_last,
-                            self._bfloat16)
+                            self._bfloat16, self.finisher)
         return Driver(self._pipe, convert, self._feed.stop, self.device)
 
     def _record_skips(self, samples: list[int]) -> None:

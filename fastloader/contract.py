@@ -2,8 +2,8 @@
 
 Shared here, so that the backends cannot drift apart: which epoch a `for` loop runs, what `len`
 means, the closed state, the (epoch, position) that a resume restarts from, the files skipped, the
-random erasing and the mixing of each batch (with its soft targets) and the start-up line that says
-what the loader is.
+batch finisher (random erasing, mixing, soft targets: one object each backend applies where it costs
+the training thread least) and the start-up line that says what the loader is.
 """
 from __future__ import annotations
 
@@ -12,14 +12,12 @@ import logging
 import time
 from typing import Iterator
 
-import numpy as np
 import torch
 
 from .augment.draws import Augmenter
 from .config import config_to_dict
-from .device_ops import erasing_enabled, random_erasing
+from .device_ops import BatchFinisher
 from .distributed import RankInfo
-from .mixing import BatchMixer
 from .order import EpochOrder
 from .prepared import PreparedSplit
 from .schema import Config, SplitConfig
@@ -65,13 +63,14 @@ class Loader(abc.ABC):
         for path, reason in prepared.bad:  # left out of the index when it was prepared (logged then)
             self._list_bad(path, reason)
         self._skipped_in_epoch = 0
-        self._erasing = erasing_enabled(split.transform, split.mode)
         self.augmentation = Augmenter(split.transform, config.normalize.mean) if split.mode == "train" else None
         """The train split's augmentation spec (fastloader.augment): what each sample's seed draws."""
         if self.augmentation and self.augmentation.policy and split.transform.color_jitter is not None:
             log.info("%s: %s.transform.color_jitter is off because %s.transform.auto_augment is set, as in timm",
                      config.source, split.name, split.name)
-        self._mixer = BatchMixer.for_split(split, len(index.classes))
+        self.finisher = BatchFinisher.for_split(split, len(index.classes))
+        """Random erasing, mixing and soft targets of each batch (fastloader.device_ops), or None:
+        the backend applies it where it costs the training thread least."""
         self._closed = False
         if self.order.num_batches == 0:
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
@@ -134,20 +133,13 @@ class Loader(abc.ABC):
         self._skipped_in_epoch = 0  # a loop left with `break` does not carry its count into this one
         clock = time.perf_counter
         began = clock()  # the consumer asked for the first batch: generators start on the first next()
-        planned = self.order.batches(epoch, start)
-        if self._mixer is not None:
-            self._mixer.start_epoch(planned)
-        batches = iter(self._iter_batches(planned))
+        batches = iter(self._iter_batches(self.order.batches(epoch, start)))
         while True:
             asked = clock()
             try:
-                images, labels, seeds = next(batches)
+                images, labels = next(batches)
             except StopIteration:
                 break
-            if self._erasing:  # on the device, in place, from the samples' seeds: the same boxes on both backends
-                random_erasing(images, seeds, self.split.transform)
-            if self._mixer is not None:  # mixup / cutmix and soft targets, drawn from the same seeds
-                images, labels = self._mixer(images, labels, seeds)
             arrived = clock()
             stats.add(arrived - asked if stats.batches else arrived - began, arrived - began, len(labels))
             if loop == self._loops:  # an abandoned older loop no longer moves the resume position
@@ -181,7 +173,8 @@ class Loader(abc.ABC):
 
     def _recipe_words(self) -> str:
         """'; mixing ..., repeated augmentation ...' when they are on, for the epoch's line."""
-        words = [self._mixer.describe()] if self._mixer is not None else []
+        mixer = self.finisher.mixer if self.finisher is not None else None
+        words = [mixer.describe()] if mixer is not None else []
         if self.order.repeats > 1:
             words.append(f"repeated augmentation x{self.order.repeats} ({self.order.epoch_length} positions "
                          f"per epoch over {self.ranks.world_size} ranks)")
@@ -307,9 +300,10 @@ class Loader(abc.ABC):
     # -- what a backend provides -----------------------------------------------------------------
 
     @abc.abstractmethod
-    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
-        """Yield (images, labels, seeds) on self.device for these batches of (sample index, sample seed):
-        seeds are those of the samples delivered, for the augmentations applied here (random erasing)."""
+    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield (images, labels) on self.device for these batches of (sample index, sample seed),
+        finished by self.finisher (erasing, mixing, soft targets) where it is not None, from the seeds
+        of the samples delivered."""
 
     @abc.abstractmethod
     def _close(self) -> None:

@@ -1,4 +1,10 @@
-"""Batch-level augmentations that both backends apply to the normalized batch, on its device.
+"""Batch-level augmentations that both backends apply to the normalized batch, on its device:
+random erasing, then mixing (fastloader/mixing.py), composed by BatchFinisher.
+
+Where they run is the backend's choice, off the training thread where it can be: the DALI backend's
+driver thread (dali_loader/driver.py), the torch backend's workers for CPU output (in the collate,
+right after the normalize), its CUDA prefetcher for GPU output. Every draw comes from the samples'
+seeds, so the place does not change a pixel.
 
 Random erasing follows timm's RandomErasing (Zhong et al.): with probability `erase_prob` an image
 gets between erase_count[0] and erase_count[1] boxes, each of area uniform(erase_area) x image area /
@@ -15,8 +21,9 @@ import math
 import numpy as np
 import torch
 
+from .mixing import BatchMixer
 from .order import seeded_uniform
-from .schema import TransformConfig
+from .schema import SplitConfig, TransformConfig
 
 _ATTEMPTS = 10
 _ERASE_SALT = 0xE7A5E
@@ -76,3 +83,37 @@ def random_erasing(images: torch.Tensor, seeds: np.ndarray, transform: Transform
         noise = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(images.dtype)
         torch.where(mask, noise, images, out=images)
     return images
+
+
+class BatchFinisher:
+    """A train split's batch augmentations, in order: random erasing, then mixup / cutmix with the
+    soft targets they imply (or label smoothing alone). `pixels` and `labels` apart, so that a torch
+    worker can finish the pixels it has just written and the main process the labels."""
+
+    def __init__(self, transform: TransformConfig, erasing: bool, mixer: BatchMixer | None):
+        self.transform, self.erasing, self.mixer = transform, erasing, mixer
+
+    @classmethod
+    def for_split(cls, split: SplitConfig, num_classes: int) -> "BatchFinisher | None":
+        """The split's finisher; None where it would do nothing (eval, or nothing configured)."""
+        erasing, mixer = erasing_enabled(split.transform, split.mode), BatchMixer.for_split(split, num_classes)
+        return cls(split.transform, erasing, mixer) if erasing or mixer is not None else None
+
+    def start_epoch(self, planned: list[np.ndarray]) -> None:
+        """Before an epoch's first batch: what can be drawn for all of its batches at once."""
+        if self.mixer is not None:
+            self.mixer.start_epoch(planned)
+
+    def pixels(self, images: torch.Tensor, seeds: np.ndarray) -> np.ndarray | float | None:
+        """Erase and mix a normalized batch in place; what `labels` needs of the mixing (its lam)."""
+        if self.erasing:
+            random_erasing(images, seeds, self.transform)
+        return self.mixer.mix_images(images, seeds) if self.mixer is not None else None
+
+    def labels(self, labels: torch.Tensor, lam: np.ndarray | float | None) -> torch.Tensor:
+        """int64 labels [B] as they are, or float32 soft targets [B, num_classes] (mixing, smoothing)."""
+        return self.mixer.targets(labels, lam) if self.mixer is not None else labels
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
+                 seeds: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return images, self.labels(labels, self.pixels(images, seeds))

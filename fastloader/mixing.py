@@ -284,19 +284,29 @@ class BatchMixer:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, seeds: np.ndarray
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """(images mixed in place, float32 soft targets [B, num_classes]) of a batch from its seeds."""
-        lam = None
+        return images, self.targets(labels, self.mix_images(images, seeds))
+
+    def mix_images(self, images: torch.Tensor, seeds: np.ndarray) -> np.ndarray | float | None:
+        """Mix a batch's pixels in place from its seeds; the lam its targets need (targets): one for
+        the whole batch, one per sample, or None where nothing is mixed. Apart from targets, so that
+        a torch worker can mix the pixels it has just written and the main process the labels."""
+        if self.mix is None or not len(seeds):
+            return None
         on_cpu = images.device.type == "cpu"
         with _one_thread(on_cpu):
-            if self.mix is not None and len(labels):
-                ahead = self._ahead_draw(seeds, images)
-                if ahead is not None and not on_cpu:  # mode batch on a GPU: scalars, no arrays (13 -> 2 us)
-                    lam, cutmix, box = ahead
-                    _mix_whole_batch(images, lam, cutmix, box)
-                else:
-                    plan = plan_mixing(seeds, images.shape[-2], images.shape[-1], self.mix, ahead)
-                    mix_images(images, plan)
-                    lam = float(plan.lam[0]) if plan.whole_batch else plan.lam
-            return images, soft_targets(labels, lam, self.num_classes, self.smoothing)
+            ahead = self._ahead_draw(seeds, images)
+            if ahead is not None and not on_cpu:  # mode batch on a GPU: scalars, no arrays (13 -> 2 us)
+                lam, cutmix, box = ahead
+                _mix_whole_batch(images, lam, cutmix, box)
+                return lam
+            plan = plan_mixing(seeds, images.shape[-2], images.shape[-1], self.mix, ahead)
+            mix_images(images, plan)
+            return float(plan.lam[0]) if plan.whole_batch and not on_cpu else plan.lam
+
+    def targets(self, labels: torch.Tensor, lam: np.ndarray | float | None) -> torch.Tensor:
+        """The batch's float32 soft targets [B, num_classes] for mix_images' lam."""
+        with _one_thread(labels.device.type == "cpu"):
+            return soft_targets(labels, lam, self.num_classes, self.smoothing)
 
     def _ahead_draw(self, seeds: np.ndarray, images: torch.Tensor) -> tuple | None:
         """(lam, cutmix, box) drawn at the epoch's start for this batch (mode batch), else None."""

@@ -43,7 +43,7 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "first_batch": ["first_batch.py", "--device", "cpu", "--tries", "1", "--batch-size", "4", "--threads", "1"],
     "screening": ["screening.py", "--split", "train", "--workers", "1", "--batch-size", "4"],
     "trainer_thread": ["trainer_thread.py", "--device", "cpu", "--batch-size", "4", "--size", "32", "--workers", "1",
-                       "--repeat-train", "1", "--repeat-val", "2", "--step-ms", "1", "--rounds", "1"],
+                       "--repeat-train", "1", "--repeat-val", "2", "--step-ms", "1", "--rounds", "1", "--mixing"],
     "mixing": ["mixing.py", "--step-ms", "1", *TINY, *ROUND],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
@@ -280,14 +280,17 @@ def test_trainer_thread_measures_each_peer_in_its_first_and_a_later_epoch(run):
     peers = ["fastloader torch"] + (["NVIDIA RN50 example", "fastloader dali"] if HAS_DALI else [])
     for split, batches in (("train", 3), ("val", 6)):  # 12 files x 1 in batches of 4 (drop_last); 3 x 2, eval
         result = report["splits"][split]
-        assert sorted(result["measurements"]) == sorted(peers)
+        mixed = [f"{p} + mixing" for p in peers if p.startswith("fastloader")] if split == "train" else []
+        assert sorted(result["measurements"]) == sorted(peers + mixed)
+        peers_here = peers + mixed
         for peer in ("fastloader torch", "fastloader dali"):
             if peer in peers:  # fastloader's loaders: the split's batches in each of the two epochs
                 (epochs,) = result["measurements"][peer]
                 assert [e["batches"] for e in epochs] == [batches, batches], (split, peer)
                 assert all(e["us_per_sample"] > 0 for e in epochs)
         assert sorted(result["summary"]) == ["first", "later"]
-        assert all(sorted(row) == sorted(peers) for row in result["summary"].values())
+        assert all(sorted(row) == sorted(peers_here) for row in result["summary"].values())
+    assert "ratio later epoch: fastloader torch + mixing / fastloader torch = " in out
     if HAS_DALI:
         assert "ratio later epoch: fastloader dali / NVIDIA RN50 example = " in out
         assert "ratio first epoch: fastloader torch / NVIDIA RN50 example = " in out

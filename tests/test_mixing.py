@@ -172,6 +172,13 @@ def test_both_backends_mix_the_same_batches_and_say_so(tmp_path, caplog):
                 assert loader.num_classes == 3
                 runs[backend] = epoch(loader)
     torch_run, dali_run = runs["torch"], runs["dali"]
+    # torch workers erase and mix the pixels they wrote (the collate), the main process makes the
+    # targets: the same batches as without workers
+    config = mixing_config(root, "torch", transform={"size": 32, "erase_prob": 0.5})
+    with build_loader(config, "train") as single, \
+            build_loader({**config, "workers": {"num_workers": 2}}, "train") as workers:
+        for (x, y), (wx, wy) in zip(epoch(single), epoch(workers), strict=True):
+            assert torch.equal(x, wx) and torch.equal(y, wy)
     assert [len(t) for _, t in torch_run] == [5, 5, 2]  # 12 positions: 6 samples x 2 copies, a short last batch
     for (torch_images, torch_targets), (dali_images, dali_targets) in zip(torch_run, dali_run, strict=True):
         assert torch.allclose(torch_images, dali_images, atol=1e-5)

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from fastloader.device_ops import BatchFinisher
+
 from .dataset import Skipped
 from .prefetch import Normalizer
 
@@ -38,15 +40,17 @@ def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_l
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
 
 
-Batch = tuple[torch.Tensor | None, np.ndarray, tuple[tuple[int, Skipped], ...], int]
-"""(images, labels, skipped, pool slot) as a worker sends it: labels int64 [B] as numpy, which
+Batch = tuple[torch.Tensor | None, np.ndarray, tuple[tuple[int, Skipped], ...], int, np.ndarray | None]
+"""(images, labels, skipped, pool slot, targets) as a worker sends it: labels int64 [B] as numpy, which
 pickles inline (a tensor would be passed as a shared-memory file descriptor, through a connection of
 its own, on the training thread: half its cost per batch); skipped holds (position in the planned
 batch, Skipped) for each dropped sample; a slot >= 0 means the images are in that BatchPool slot
-and `images` is None, else `images` is a fresh batch, or None when every sample was skipped."""
+and `images` is None (and the soft targets are in the slot too), else `images` is a fresh batch, or
+None when every sample was skipped; targets: the float32 soft targets [B, classes] where the split
+has them (fastloader.device_ops.BatchFinisher) and no slot holds them, else None."""
 
 
-def _partition(samples: list) -> tuple[list[tuple[torch.Tensor, int]], tuple[tuple[int, Skipped], ...]]:
+def _partition(samples: list) -> tuple[list[tuple[torch.Tensor, int, int]], tuple[tuple[int, Skipped], ...]]:
     """The decoded samples, and the skipped ones with their positions in the batch."""
     skipped = tuple((i, s) for i, s in enumerate(samples) if isinstance(s, Skipped))
     if not skipped:
@@ -55,12 +59,12 @@ def _partition(samples: list) -> tuple[list[tuple[torch.Tensor, int]], tuple[tup
 
 
 def _labels(samples) -> np.ndarray:
-    return np.array([label for _, label in samples], dtype=np.int64)
+    return np.array([label for _, label, _ in samples], dtype=np.int64)
 
 
 def _check_shapes(samples) -> tuple[int, int, int, int]:
     shape = tuple(samples[0][0].shape)
-    for i, (image, _) in enumerate(samples):
+    for i, (image, *_) in enumerate(samples):
         if tuple(image.shape) != shape:
             raise ValueError(f"sample {i} of the batch has shape {tuple(image.shape)}, expected {shape}")
     return (len(samples), *shape)
@@ -71,11 +75,11 @@ def fast_collate(samples: list) -> Batch:
     DataLoader's pin-memory thread receives and pins it, off the training thread)."""
     decoded, skipped = _partition(samples)
     if not decoded:
-        return None, _labels(decoded), skipped, -1
+        return None, _labels(decoded), skipped, -1, None
     images = empty_batch(_check_shapes(decoded), torch.uint8, channels_last=True)
-    for slot, (image, _) in zip(images, decoded):
+    for slot, (image, *_) in zip(images, decoded):
         slot.copy_(image)
-    return images, _labels(decoded), skipped, -1
+    return images, _labels(decoded), skipped, -1, None
 
 
 class BatchPool:
@@ -87,17 +91,20 @@ class BatchPool:
     torch backend's cost to that thread per batch (benchmarks/trainer_thread.py). And a fresh
     shared-memory batch costs the worker its page faults, 0.33-0.42 ms per 224 px float32 image here.
 
-    Each worker owns `slots` buffers of one full batch; `busy` (shared by all processes) says which
-    are in use. A worker marks a buffer busy when it fills it; the main process hands the trainer a
-    tensor over it whose last reference, when dropped, frees it again. A batch the trainer keeps
-    therefore keeps its buffer; a worker with no free buffer sends a fresh batch instead.
+    Each worker owns `slots` buffers of one full batch (and, with `classes`, its soft targets);
+    `busy` (shared by all processes) says which are in use. A worker marks a buffer busy when it
+    fills it; the main process hands the trainer tensors over it whose last reference, when dropped,
+    frees it again. A batch the trainer keeps therefore keeps its buffer; a worker with no free
+    buffer sends a fresh batch instead.
     """
 
     def __init__(self, num_workers: int, slots: int, shape: tuple[int, int, int, int], dtype: torch.dtype,
-                 channels_last: bool):
+                 channels_last: bool, classes: int = 0):
         self.slots, self.shape, self.dtype, self.channels_last = slots, shape, dtype, channels_last
+        self.classes = classes
         self.count = max(1, num_workers) * slots
-        self.nbytes = math.prod(shape) * dtype.itemsize
+        self.image_bytes = -(-math.prod(shape) * dtype.itemsize // 4) * 4  # float32 targets follow, aligned
+        self.nbytes = self.image_bytes + shape[0] * classes * 4
         b, c, h, w = shape
         self.stride = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
         # MAP_SHARED | MAP_ANONYMOUS: forked workers write these very pages; none is touched until used
@@ -105,29 +112,34 @@ class BatchPool:
         self.busy = np.frombuffer(mmap.mmap(-1, max(1, self.count)), dtype=np.uint8)
         self._handed: set[int] = set()  # main process: slots whose batch the trainer may still hold
 
-    def take(self, count: int) -> tuple[torch.Tensor, int]:
+    def take(self, count: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """In a worker (or the main process without workers): (an uninitialized batch of `count`
-        images, its slot, or -1 with a fresh one in shared memory)."""
+        images, room for their soft targets or None, its slot), or a fresh batch in shared memory,
+        None and -1."""
         worker = torch.utils.data.get_worker_info()
         first = (worker.id if worker is not None else 0) * self.slots
         for slot in range(first, first + self.slots):
             if not self.busy[slot]:
                 self.busy[slot] = 1
-                return self._view(torch.frombuffer(self.memory, dtype=torch.uint8, count=self.nbytes,
-                                                   offset=slot * self.nbytes), count), slot
-        return empty_batch((count, *self.shape[1:]), self.dtype, self.channels_last), -1
+                flat = torch.frombuffer(self.memory, dtype=torch.uint8, count=self.nbytes, offset=slot * self.nbytes)
+                return (*self._views(flat, count), slot)
+        return empty_batch((count, *self.shape[1:]), self.dtype, self.channels_last), None, -1
 
-    def batch(self, slot: int, count: int) -> torch.Tensor:
-        """In the main process: the batch of `count` images a worker wrote into `slot`, as a tensor
-        whose storage holds a numpy view of the slot; when the trainer drops its last reference the
-        view dies and the slot is free again."""
+    def batch(self, slot: int, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """In the main process: the batch of `count` images a worker wrote into `slot` (and their
+        soft targets, or None), as tensors whose storage holds a numpy view of the slot; when the
+        trainer drops the last of them the view dies and the slot is free again."""
         view = np.frombuffer(self.memory, dtype=np.uint8, count=self.nbytes, offset=slot * self.nbytes)
         self._handed.add(slot)
         weakref.finalize(view, self._free, slot)
-        return self._view(torch.from_numpy(view), count)
+        return self._views(torch.from_numpy(view), count)
 
-    def _view(self, flat: torch.Tensor, count: int) -> torch.Tensor:
-        return flat.view(self.dtype).as_strided(self.shape, self.stride)[:count]
+    def _views(self, flat: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        images = flat[:self.image_bytes].view(self.dtype)[:math.prod(self.shape)]
+        images = images.as_strided(self.shape, self.stride)[:count]
+        if not self.classes:
+            return images, None
+        return images, flat[self.image_bytes:].view(torch.float32).view(self.shape[0], self.classes)[:count]
 
     def _free(self, slot: int) -> None:
         self._handed.discard(slot)
@@ -142,20 +154,31 @@ class BatchPool:
 
 class NormalizingCollate:
     """A Batch of images normalized [B, 3, H, W] in the output dtype and memory format, written
-    into a BatchPool slot where one is free."""
+    into a BatchPool slot where one is free, then erased and mixed, with their soft targets, by the
+    split's finisher: here in the worker, while the pixels are in its cache, not on the training
+    thread."""
 
-    def __init__(self, normalizer: Normalizer, pool: BatchPool):
-        self.normalizer, self.pool = normalizer, pool
+    def __init__(self, normalizer: Normalizer, pool: BatchPool, finisher: BatchFinisher | None = None):
+        self.normalizer, self.pool, self.finisher = normalizer, pool, finisher
 
     def __call__(self, samples: list) -> Batch:
         decoded, skipped = _partition(samples)
         if not decoded:
-            return None, _labels(decoded), skipped, -1
+            return None, _labels(decoded), skipped, -1, None
         shape = _check_shapes(decoded)
         if shape[1:] == self.pool.shape[1:]:
-            images, slot = self.pool.take(len(decoded))
+            images, room, slot = self.pool.take(len(decoded))
         else:  # only if the transform's output size differs from the pool's (it does not)
-            images, slot = empty_batch(shape, self.normalizer.dtype, self.normalizer.channels_last), -1
-        for view, (image, _) in zip(images, decoded):
+            images, room, slot = empty_batch(shape, self.normalizer.dtype, self.normalizer.channels_last), None, -1
+        for view, (image, *_) in zip(images, decoded):
             self.normalizer.into(view, image)
-        return None if slot >= 0 else images, _labels(decoded), skipped, slot
+        labels, targets = _labels(decoded), None
+        if self.finisher is not None:
+            lam = self.finisher.pixels(images, np.array([seed for *_, seed in decoded], dtype=np.int64))
+            if self.finisher.mixer is not None:
+                soft = self.finisher.labels(torch.from_numpy(labels), lam)
+                if room is not None:
+                    room.copy_(soft)
+                else:
+                    targets = soft.numpy()
+        return None if slot >= 0 else images, labels, skipped, slot, targets

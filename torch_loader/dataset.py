@@ -40,7 +40,7 @@ class ImageDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, item, ops: SampleOps | None = None) -> tuple[torch.Tensor, int] | Skipped:
+    def __getitem__(self, item, ops: SampleOps | None = None) -> tuple[torch.Tensor, int, int] | Skipped:
         sample, seed = int(item[0]), int(item[1])
         path = self.index.path(sample)
         try:
@@ -53,9 +53,9 @@ class ImageDataset(torch.utils.data.Dataset):
             if self.skip_bad:
                 return Skipped(path, reason)
             raise BadImageError(refused_file(path, reason, self.source)) from error
-        return image, self.index.label(sample)
+        return image, self.index.label(sample), seed
 
-    def __getitems__(self, batch: np.ndarray) -> list[tuple[torch.Tensor, int] | Skipped]:
+    def __getitems__(self, batch: np.ndarray) -> list[tuple[torch.Tensor, int, int] | Skipped]:
         """A whole batch per call: the DataLoader hands us the [k, 2] array from the sampler. The
         batch's flips and ops are drawn at once, as a sample alone would draw them (per row)."""
         ops = self.transform.sample_ops(np.asarray(batch)[:, 1])

@@ -107,14 +107,16 @@ class TorchLoader(Loader):
         # CPU output: float batches, written into buffers the main process dropped (see collate.py).
         # A worker's buffers: those in flight (prefetch_factor), the trainer's, one not yet swept.
         size = split.transform.size
+        soft_targets = self.finisher is not None and self.finisher.mixer is not None
         self._pool = None if on_cuda else BatchPool(num_workers, workers.prefetch_factor + 2,
                                                     (split.batch_size, 3, size, size), self._normalizer.dtype,
-                                                    config.output.channels_last)
+                                                    config.output.channels_last,
+                                                    classes=self.num_classes if soft_targets else 0)
         self._dataloader = torch.utils.data.DataLoader(
             ImageDataset(prepared.index, transform, prepared.pixels, skip_bad=config.dataset.on_bad_image == "skip",
                          source=config.source),
             batch_sampler=self._feed,
-            collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool),
+            collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool, self.finisher),
             num_workers=num_workers,
             pin_memory=pin and torch.cuda.is_available(),
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
@@ -144,13 +146,16 @@ class TorchLoader(Loader):
         normalize = "on the device" if self.device.type == "cuda" else "in the workers"
         return f"workers={self.num_workers} (normalizing {normalize})"
 
-    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
+    def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
             return iter(())
         delivered = self._drop_skipped(self._stream(batches), batches)
-        if self.device.type == "cuda":  # workers give uint8; the GPU normalizes on a side stream
-            delivered = prefetch_to_cuda(delivered, self._normalizer)
-        return delivered  # on the CPU the workers normalized already (NormalizingCollate)
+        if self.device.type == "cuda":  # workers give uint8; the GPU normalizes and finishes on a side stream
+            if self.finisher is not None:  # launched from the training thread: what can be drawn, drawn now
+                self.finisher.start_epoch(batches)
+            return prefetch_to_cuda(delivered, self._normalizer, self.finisher)
+        # on the CPU the workers normalized and finished the batches already (NormalizingCollate)
+        return ((images, labels) for images, labels, _ in delivered)
 
     def _drop_skipped(self, batches: Iterator, planned: list) -> Iterator:
         """(images, labels, seeds of the delivered samples), recording every skipped sample; a batch
@@ -212,11 +217,13 @@ class TorchLoader(Loader):
         received = None
         try:
             for _ in range(count):
-                images, labels, skipped, slot = next(self._live)
+                images, labels, skipped, slot, targets = next(self._live)
                 self._feed.sent.popleft()
+                labels = torch.from_numpy(labels if targets is None else targets)
                 if slot >= 0:
-                    images = self._pool.batch(slot, len(labels))
-                received = images, torch.from_numpy(labels), skipped
+                    images, in_slot = self._pool.batch(slot, len(labels))
+                    labels = labels if in_slot is None else in_slot
+                received = images, labels, skipped
         except BaseException as error:
             # A worker killed while it hands over a batch's shared memory breaks that hand-over
             # (EOFError, connection reset) before torch's own check names the dead worker.

@@ -13,6 +13,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from fastloader.device_ops import BatchFinisher
 from fastloader.schema import NormalizeConfig, OutputConfig
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -47,21 +48,24 @@ class Normalizer:
             slot.copy_(image.contiguous().float().mul_(self.scale).add_(self.bias))
 
 
-def prefetch_to_cuda(batches: Iterable[tuple], normalizer: Normalizer) -> Iterator[tuple]:
-    """Copy and convert one batch ahead on a side stream; hand it over once the stream is done.
-    Items are (images, labels, *anything): what follows the labels is passed along unchanged."""
+def prefetch_to_cuda(batches: Iterable[tuple], normalizer: Normalizer,
+                     finisher: BatchFinisher | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Copy, convert and finish (erasing, mixing, soft targets) one batch ahead on a side stream;
+    hand it over once the stream is done. Items are (images, labels, seeds, ...)."""
     stream = torch.cuda.Stream(device=normalizer.device)
     ready = None
-    for images, labels, *rest in batches:
+    for images, labels, seeds, *_ in batches:
         with torch.cuda.stream(stream):
             next_images = normalizer.batch(images)
             next_labels = labels.to(normalizer.device, non_blocking=True)
+            if finisher is not None:
+                next_images, next_labels = finisher(next_images, next_labels, seeds)
         if ready is not None:
             yield ready
         current = torch.cuda.current_stream(normalizer.device)
         current.wait_stream(stream)
         next_images.record_stream(current)
         next_labels.record_stream(current)
-        ready = (next_images, next_labels, *rest)
+        ready = (next_images, next_labels)
     if ready is not None:
         yield ready
