@@ -209,9 +209,9 @@ def test_the_torch_worker_draws_a_batch_as_each_sample_alone_would(textured_root
     plain = ImageDataset(index, SampleTransform(load_config(
         {"dataset": {"root": str(textured_root)}, "train": {"transform": {"size": 32}}}).split("train")))
     changed = 0
-    for pair, (image, label) in zip(pairs, batch):
-        alone, alone_label = dataset[pair]
-        assert torch.equal(image, alone) and label == alone_label
+    for pair, (image, label, seed) in zip(pairs, batch):
+        alone, alone_label, alone_seed = dataset[pair]
+        assert torch.equal(image, alone) and label == alone_label and seed == alone_seed == pair[1]
         changed += not torch.equal(image, plain[pair][0])
     assert changed >= 6
 
