@@ -9,7 +9,9 @@ and a cost this backend's benchmark measures against NVIDIA's reader-based pipel
 
 The loop drives the pipeline itself rather than through DALI's PyTorch iterator, whose reset
 refuses an unfinished epoch (NVIDIA/DALI #1615): leaving a loop early and starting another must
-work, so an abandoned epoch is ended by draining the few batches DALI prefetched.
+work, so an abandoned epoch is ended by draining the few batches DALI prefetched. A driver thread
+runs the pipeline, the feed, the hand-over to torch and the batch finisher (erasing, mixing) a batch
+ahead, so that the training thread only takes finished batches (driver.py).
 """
 from __future__ import annotations
 
@@ -50,9 +52,9 @@ class _Feed:
     the files). The cache: the decoded pixels (one array per sample). Then, from each image's
     upright size (kept from screening, see sizes.py, or the cached pixels' shape): in eval mode its
     centre box, in train mode its crop box, flips and ops, drawn from its seed (fastloader.augment,
-    as the torch backend draws them). Labels are not fed: the loader takes them from the
-    index. Dense arrays cost the training thread, which calls this, a few numpy operations per batch
-    rather than Python per sample (benchmarks/trainer_thread.py).
+    as the torch backend draws them). Labels are not fed: the loader takes them from the index.
+    DALI calls this on the thread that runs the pipeline (the driver thread, driver.py), where dense
+    arrays cost a few numpy operations per batch rather than Python per sample.
 
     Samples found broken earlier (`known_bad`) are left out of what is fed, and `fed` keeps, in
     order, the (sample, seed) rows of each batch fed and not yet delivered, with the sizes its boxes
