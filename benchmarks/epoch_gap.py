@@ -22,7 +22,7 @@ import harness
 
 from fastloader.config import IMAGE_EXTENSIONS
 from fastloader.machine import hardware
-from fastloader.samples import scan_folder
+from fastloader.sources.folder import scan_folder
 
 
 def run(backend: str, split: str, list_path: Path, index, args) -> dict:

@@ -41,7 +41,7 @@ CHILD = textwrap.dedent("""
         from harness import listed_files
         from peer_loaders import nvidia_example_factory
         from fastloader.config import IMAGE_EXTENSIONS
-        from fastloader.samples import scan_folder
+        from fastloader.sources.folder import scan_folder
         paths, labels = listed_files(scan_folder(root + "/train", IMAGE_EXTENSIONS), 1)
         batches, _ = nvidia_example_factory(paths, labels, True, device == "gpu", 224, batch, threads)()
         images, labels = next(iter(batches))

@@ -29,7 +29,9 @@ import fastloader  # noqa: E402
 from fastloader.cache_write import build_split_cache  # noqa: E402
 from fastloader.config import IMAGE_EXTENSIONS  # noqa: E402
 from fastloader.machine import hardware  # noqa: E402
-from fastloader.samples import SampleIndex, build_index, scan_folder  # noqa: E402
+from fastloader.samples import SampleIndex  # noqa: E402
+from fastloader.sources.folder import scan_folder  # noqa: E402
+from fastloader.sources.formats import build_index  # noqa: E402
 
 CONFIG = REPO_ROOT / "configs" / "imagenette.yaml"
 BACKENDS = ("torch", "dali")

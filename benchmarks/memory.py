@@ -36,7 +36,9 @@ import torch.utils.data
 
 from fastloader.config import IMAGE_EXTENSIONS
 from fastloader.machine import descendant_pids, hardware, process_memory
-from fastloader.samples import SampleIndex, read_file_list, scan_folder
+from fastloader.samples import SampleIndex
+from fastloader.sources.file_list import read_file_list
+from fastloader.sources.folder import scan_folder
 
 IMAGENET_TRAIN_SAMPLES = 1_281_167
 CLASSES = 1000

@@ -37,7 +37,7 @@ import torch
 from fastloader.config import IMAGE_EXTENSIONS, load_config
 from fastloader.machine import hardware
 from fastloader.mixing import BatchMixer
-from fastloader.samples import scan_folder
+from fastloader.sources.folder import scan_folder
 
 DEIT = {"mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}, "label_smoothing": 0.1}
 SETTINGS = {  # name: the train split's keys

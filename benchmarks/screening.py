@@ -25,7 +25,8 @@ import harness
 from fastloader import build_loader, screening
 from fastloader.config import load_config
 from fastloader.machine import hardware
-from fastloader.samples import SampleIndex, build_index
+from fastloader.samples import SampleIndex
+from fastloader.sources.formats import build_index
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

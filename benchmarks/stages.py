@@ -45,7 +45,7 @@ from fastloader.config import IMAGE_EXTENSIONS
 from fastloader.imaging.decode import decoder_choice, describe, load_region, plain_jpeg_header
 from fastloader.imaging.screen import sniff
 from fastloader.machine import hardware
-from fastloader.samples import scan_folder
+from fastloader.sources.folder import scan_folder
 from torch_loader.collate import BatchPool, NormalizingCollate
 from torch_loader.dataset import ImageDataset
 from torch_loader.prefetch import Normalizer

@@ -33,7 +33,7 @@ from harness import CONFIG
 
 import fastloader
 from fastloader.config import IMAGE_EXTENSIONS
-from fastloader.samples import scan_folder
+from fastloader.sources.folder import scan_folder
 
 NVIDIA, DALI, TORCH = "NVIDIA RN50 example", "fastloader dali", "fastloader torch"
 MIXED = " + mixing"

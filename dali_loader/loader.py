@@ -34,6 +34,7 @@ from fastloader.errors import BadImageError, refused_file
 from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
 from fastloader.schema import Config, SplitConfig
+from fastloader.sources.reading import Location, read_bytes
 
 from .augment import feed_arrays
 from .driver import Driver, Ended
@@ -49,7 +50,8 @@ class _Feed:
     """The pipeline's source: each planned batch as a few dense arrays, one batch a call.
 
     Files: the samples' paths as rows of one byte matrix and each row's length (DALI's threads read
-    the files). The cache: the decoded pixels (one array per sample). Then, from each image's
+    the files). Shard members: their bytes, one array per sample, read here (pread, off the training
+    thread). The cache: the decoded pixels (one array per sample). Then, from each image's
     upright size (kept from screening, see sizes.py, or the cached pixels' shape): in eval mode its
     centre box, in train mode its crop box, flips and ops, drawn from its seed (fastloader.augment,
     as the torch backend draws them). Labels are not fed: the loader takes them from the index.
@@ -76,6 +78,8 @@ class _Feed:
         self.batches: Iterator[np.ndarray] = iter(())
         self.fed: collections.deque[Fed] = collections.deque()
         self.stopping = False
+        self.kind = "pixels" if pixels is not None else "bytes" if index.ranges is not None else "paths"
+        """What the pipeline is fed (pipeline.feed_layout): decoded pixels, encoded bytes or file paths."""
 
     def start(self, batches: Iterable[np.ndarray]) -> None:
         """Feed these batches next (only while no driver runs the pipeline)."""
@@ -103,9 +107,12 @@ class _Feed:
         if self.pixels is not None:
             data = ([self.pixels.image(i) for i in indices],)
             sizes = self.pixels.shapes[self.pixels.rows[indices]]
+        elif self.index.ranges is not None:
+            data = ([np.frombuffer(read_bytes(self.location(i)), dtype=np.uint8) for i in indices.tolist()],)
+            sizes = self.sizes.of(indices, self.location)
         else:
             data = self.path_rows(indices)
-            sizes = self.sizes.of(indices, self.file)
+            sizes = self.sizes.of(indices, self.location)
         if self.split.mode == "train":  # every random choice of each sample, drawn from its seed
             data += feed_arrays(self.augmenter, batch[:, 1], sizes)
         else:
@@ -118,15 +125,16 @@ class _Feed:
         """The files DALI reads for these samples: (uint8 [n, width] paths, int32 [n, 1] lengths)."""
         if not len(self.substituted) or not np.isin(indices, self.substituted).any():
             return self.index.path_rows(indices)
-        paths = [os.fsencode(self.file(sample)) for sample in indices.tolist()]  # a batch with a GIF: rare
+        paths = [os.fsencode(self.location(sample).file) for sample in indices.tolist()]  # a batch with a GIF: rare
         rows = np.zeros((len(paths), max(map(len, paths))), dtype=np.uint8)
         for row, path in zip(rows, paths):
             row[:len(path)] = np.frombuffer(path, dtype=np.uint8)
         return rows, np.array([[len(path)] for path in paths], dtype=np.int32)
 
-    def file(self, sample: int) -> str:
-        """The file DALI reads for a sample."""
-        return self.substitutes.get(sample) or self.index.path(sample)
+    def location(self, sample: int) -> Location:
+        """Where the bytes DALI decodes for a sample are: its file or shard member, or a substitute."""
+        substitute = self.substitutes.get(sample)
+        return Location(substitute, substitute) if substitute else self.index.location(sample)
 
     def check_sizes(self, fed: Fed, decoded) -> None:
         """Each image's size as DALI decoded it against the size its box came from. A file changed
@@ -136,7 +144,7 @@ class _Feed:
         changed = np.flatnonzero((sizes != fed.sizes).any(axis=1))
         for row in changed.tolist():
             sample = int(fed.plan[row, 0])
-            _warn_resized(self.file(sample), tuple(fed.sizes[row]), tuple(sizes[row]), "in this batch")
+            _warn_resized(self.location(sample).name, tuple(fed.sizes[row]), tuple(sizes[row]), "in this batch")
             self.sizes.correct(sample, tuple(sizes[row]))
 
     def reread_sizes(self, samples: np.ndarray) -> int:
@@ -147,9 +155,9 @@ class _Feed:
             return 0
         changed = 0
         for sample in np.unique(samples).tolist():
-            sizes = self.sizes.reread(sample, self.file(sample))
+            sizes = self.sizes.reread(sample, self.location(sample))
             if sizes is not None:
-                _warn_resized(self.file(sample), *sizes, "when it failed the pipeline")
+                _warn_resized(self.location(sample).name, *sizes, "when it failed the pipeline")
                 changed += 1
         return changed
 
@@ -221,7 +229,7 @@ class DaliLoader(Loader):
             self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
-            seed=self.config.seed, cached=self._feed.pixels is not None,
+            seed=self.config.seed, feed=self._feed.kind,
             check_sizes=self._feed.sizes is not None, augmenter=self.augmentation)
 
     def describe(self) -> dict:
@@ -293,7 +301,7 @@ class DaliLoader(Loader):
         probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None)
         culprits = {}
         for sample in samples.tolist():
-            problem = probe.problem(self._feed.file(sample))
+            problem = probe.problem(self._feed.location(sample))
             if problem:
                 culprits[sample] = problem
         self._epoch_open = False

@@ -135,13 +135,21 @@ def finish(images: DataNode, config: Config, split: SplitConfig, inputs: Inputs,
         mean=mean, std=std)
 
 
-def feed_layout(split: SplitConfig, cached: bool, augmenter: Augmenter | None) -> list[tuple[str, types.DALIDataType]]:
+FEEDS = ("paths", "bytes", "pixels")
+"""What a pipeline is fed per sample: a file's path (DALI's threads read it), its encoded bytes (a
+shard member, read by the feed), or the uint8 cache's decoded pixels."""
+
+
+def feed_layout(split: SplitConfig, feed: str,
+                augmenter: Augmenter | None) -> list[tuple[str, types.DALIDataType]]:
     """(name, DALI dtype) of the arrays the feed gives with each batch, in order: the encoded files'
-    paths (uint8 [n, width], one per row) and their lengths (int32 [n, 1]), or the cache's pixels
-    (a list of HWC uint8 arrays); then in eval mode the centre boxes (float32 [n, 4]: roi_start,
-    roi_end in (y, x), from centre_boxes), in train mode the crops, flips and ops the host drew
+    paths (uint8 [n, width], one per row) and their lengths (int32 [n, 1]), or the encoded bytes (a
+    list of uint8 arrays), or the cache's pixels (a list of HWC uint8 arrays); then in eval mode
+    the centre boxes (float32 [n, 4]: roi_start, roi_end in (y, x), from centre_boxes), in train mode the crops,
+    flips and ops the host drew
     (dali_loader.augment.feed_inputs)."""
-    layout = [("pixels", types.UINT8)] if cached else [("paths", types.UINT8), ("lengths", types.INT32)]
+    layout = {"pixels": [("pixels", types.UINT8)], "bytes": [("encoded", types.UINT8)],
+              "paths": [("paths", types.UINT8), ("lengths", types.INT32)]}[feed]
     if split.mode == "train":
         return layout + feed_inputs(augmenter)
     return layout + [("box", types.FLOAT)]
@@ -167,11 +175,12 @@ every pipeline instead, and exits without running destructors, as forked workers
 
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
-                   cached: bool = False, check_sizes: bool = False, augmenter: Augmenter | None = None) -> Pipeline:
+                   feed: str = "paths", check_sizes: bool = False, augmenter: Augmenter | None = None) -> Pipeline:
     """A built pipeline whose first output is the images of the batches it pulls from `source`, the
-    arrays of feed_layout. DALI's threads read the files (Python reading them costs 6% of
-    throughput). Every random choice was made on the host (fastloader.augment), so DALI draws
-    nothing and both backends, and a resumed run, apply the same crops, flips and ops; eval's box
+    arrays of feed_layout for `feed` (FEEDS). DALI's threads read the files (Python reading them
+    costs 6% of throughput); shard members come as bytes, read by the feed on the driver thread.
+    Every random choice was made on the host (fastloader.augment), so DALI draws nothing and both backends, and a
+    resumed run, apply the same crops, flips and ops; eval's box
     is host arithmetic on the image size, which as DALI operators halved the GPU eval rate. With
     `check_sizes` (files) the second output is each image's upright shape from its header, which the
     loader compares with the size its crop or box came from. Labels stay on the host.
@@ -182,19 +191,21 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     which only a @pipeline_def function gets.
     """
     gpu = device_id is not None
-    layout = feed_layout(split, cached, augmenter)
+    layout = feed_layout(split, feed, augmenter)
 
     def graph():
         arrays = fn.external_source(source=source, num_outputs=len(layout), batch=True,
                                     dtype=[dtype for _, dtype in layout],
                                     layout=["HWC" if name == "pixels" else "" for name, _ in layout])
         inputs = dict(zip((name for name, _ in layout), arrays))
-        if cached:
+        if feed == "pixels":
             return pixel_graph(inputs["pixels"], config, split, gpu, inputs, augmenter)
-        # each row of the path matrix cut to its length: one file name per sample
-        paths = fn.slice(inputs["paths"], start=types.Constant(np.zeros(1, dtype=np.int32)),
-                         shape=inputs["lengths"], axes=[0])
-        encoded = fn.io.file.read(paths)
+        if feed == "bytes":
+            encoded = inputs["encoded"]
+        else:  # each row of the path matrix cut to its length: one file name per sample
+            paths = fn.slice(inputs["paths"], start=types.Constant(np.zeros(1, dtype=np.int32)),
+                             shape=inputs["lengths"], axes=[0])
+            encoded = fn.io.file.read(paths)
         images = image_graph(encoded, config, split, gpu, inputs, augmenter)
         if not check_sizes:
             return images

@@ -8,7 +8,6 @@ by a one-sample pipeline with the same decoder on the same device. Those that fa
 from __future__ import annotations
 
 import logging
-import os
 import re
 
 import numpy as np
@@ -17,6 +16,7 @@ from nvidia.dali.pipeline import Pipeline
 
 from fastloader.imaging.screen import screen_file
 from fastloader.schema import Config
+from fastloader.sources.reading import Location, read_bytes
 
 from .pipeline import decoder_options
 
@@ -37,19 +37,24 @@ def dali_reason(error: Exception) -> str:
 
 
 class DecodeProbe:
-    """Decodes single files with the pipeline's decoder; `problem(path)` is None for a good file."""
+    """Decodes single files (or shard members) with the pipeline's decoder; `problem(where)` is None
+    for a good one. The probe is fed the encoded bytes, whatever the loader feeds."""
 
     def __init__(self, config: Config, device_id: int | None):
         self.config, self.device_id = config, device_id
         self._pipe: Pipeline | None = None
 
-    def problem(self, path: str) -> str | None:
-        screened = screen_file(path, self.config.dataset.max_pixels)
+    def problem(self, where: str | Location) -> str | None:
+        screened = screen_file(where, self.config.dataset.max_pixels)
         if screened.problem:
             return screened.problem
         if self._pipe is None:
             self._pipe = self._build()
-        self._pipe.feed_input("path", [np.frombuffer(os.fsencode(path), dtype=np.uint8)])
+        try:
+            encoded = np.frombuffer(read_bytes(where), dtype=np.uint8)
+        except OSError as error:
+            return f"unreadable: {error.strerror or error}"
+        self._pipe.feed_input("encoded", [encoded])
         try:
             self._pipe.run()
         except RuntimeError as error:
@@ -61,7 +66,7 @@ class DecodeProbe:
         gpu = self.device_id is not None
         pipe = Pipeline(batch_size=1, num_threads=1, device_id=self.device_id, prefetch_queue_depth=1)
         with pipe:
-            encoded = fn.io.file.read(fn.external_source(name="path", dtype=types.UINT8))
+            encoded = fn.external_source(name="encoded", dtype=types.UINT8)
             pipe.set_outputs(fn.decoders.image(encoded, output_type=types.RGB,
                                                adjust_orientation=self.config.dataset.exif_orientation,
                                                **decoder_options(gpu, self.config.dali.hw_decoder_load)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastloader.imaging.sizes import stored_size, upright
+from fastloader.sources.reading import Location
 
 
 class SizeTable:
@@ -27,14 +28,14 @@ class SizeTable:
         self.sizes = np.zeros((count, 2), dtype=np.int64) if stored is None else upright(stored, exif)
         """int64 [count, 2]; 0: not known yet (read on first use)."""
 
-    def of(self, samples: np.ndarray, path_of) -> np.ndarray:
-        """[len(samples), 2] sizes; `path_of(sample)` names the file DALI reads for a sample.
+    def of(self, samples: np.ndarray, location_of) -> np.ndarray:
+        """[len(samples), 2] sizes; `location_of(sample)`: where the bytes DALI decodes for a sample are.
         A file that cannot be read gets 1 x 1 for this batch (any box will do: DALI fails on it)."""
         sizes = self.sizes[samples]
         unknown = sizes[:, 0] == 0
         if unknown.any():
             for sample in samples[unknown].tolist():
-                stored = stored_size(path_of(sample))
+                stored = stored_size(location_of(sample))
                 if stored is not None:
                     self.sizes[sample] = upright(np.array([stored]), self.exif)[0]
             sizes = self.sizes[samples]
@@ -44,10 +45,10 @@ class SizeTable:
         """The decoder saw another size than the table held (the file changed): keep the new one."""
         self.sizes[sample] = size
 
-    def reread(self, sample: int, path: str) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    def reread(self, sample: int, where: str | Location) -> tuple[tuple[int, int], tuple[int, int]] | None:
         """Read the file's header again: (the size held, the size now) where they differ (the file
         changed since it was screened), after keeping the new one; else None."""
-        stored = stored_size(path)
+        stored = stored_size(where)
         if stored is None:
             return None
         now = tuple(upright(np.array([stored]), self.exif)[0].tolist())

@@ -17,6 +17,7 @@ from PIL import Image
 from fastloader.imaging.decode import to_rgb
 from fastloader.paths import transcode_folder
 from fastloader.samples import SampleIndex
+from fastloader.sources.reading import open_bytes
 
 log = logging.getLogger("fastloader")
 
@@ -32,7 +33,7 @@ def transcoded_for_dali(index: SampleIndex, formats: Mapping[int, str]) -> dict[
     for sample, fmt in formats.items():
         target = folder / f"{sample}.png"
         if not target.exists():
-            with Image.open(index.path(sample)) as image:
+            with open_bytes(index.location(sample)) as handle, Image.open(handle) as image:
                 partial = target.with_suffix(f".{os.getpid()}.tmp")
                 to_rgb(image).save(partial, format="PNG")
                 os.replace(partial, target)

@@ -202,11 +202,11 @@ def _match_files(index: SampleIndex, cached: SampleIndex, stale) -> np.ndarray:
 
 def _check_unchanged(index: SampleIndex, file_of_sample: np.ndarray, sizes: np.ndarray, mtimes: np.ndarray,
                      stale) -> None:
-    """Every source file still has the size and modification time it had when it was cached."""
+    """Every source file (or shard) still has the size and modification time it had when it was cached."""
     changed = []
     files, first_sample = np.unique(file_of_sample, return_index=True)
     for file, sample in zip(files.tolist(), first_sample.tolist()):
-        path = index.path(sample)
+        path = index.location(sample).file
         try:
             info = os.stat(path)
         except OSError as error:

@@ -19,6 +19,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Iterator
 
+from .sources.reading import Location, as_location
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -52,7 +54,7 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     progress = Progress(count, unit="images")
     try:
         with open(os.path.join(partial, PIXELS), "wb") as pixels:
-            paths = (index.path(int(sample)) for sample in files)
+            paths = (index.location(int(sample)) for sample in files)
             shrunk = decode_and_shrink_all(paths, short_side, config.dataset.exif_orientation,
                                            config.dataset.max_pixels, workers)
             for file, decoded in enumerate(shrunk):
@@ -146,8 +148,9 @@ def _decode_and_shrink_chunk(paths: list[str], short_side: int, exif_orientation
     return [decode_and_shrink(path, short_side, exif_orientation, max_pixels) for path in paths]
 
 
-def decode_and_shrink(path: str, short_side: int, exif_orientation: bool, max_pixels: int) -> ShrunkFile:
-    """The upright RGB image with its shorter side shrunk to at most short_side, or the problem.
+def decode_and_shrink(where: str | Location, short_side: int, exif_orientation: bool, max_pixels: int) -> ShrunkFile:
+    """The upright RGB image with its shorter side shrunk to at most short_side, or the problem; with
+    the size and mtime of the file that holds it (a shard's, for a shard member).
 
     The torch backend's own decoder and resize (libjpeg-turbo, torch's antialiased bilinear kernel)
     make the pixels, so the cache holds what that backend would have computed from the file.
@@ -155,26 +158,28 @@ def decode_and_shrink(path: str, short_side: int, exif_orientation: bool, max_pi
     from .errors import error_text
     from .imaging.screen import screen_file
 
+    location = as_location(where)
+    path = location.name
     try:
-        info = os.stat(path)
+        info = os.stat(location.file)
     except OSError as error:
         return ShrunkFile(path, problem=f"unreadable: {error.strerror or error}")
-    screened = screen_file(path, max_pixels)
+    screened = screen_file(location, max_pixels)
     if screened.problem:
         return ShrunkFile(path, info.st_size, info.st_mtime_ns, problem=screened.problem)
     try:
-        pixels = shrink(_decode(path, exif_orientation), short_side)
+        pixels = shrink(_decode(location, exif_orientation), short_side)
     except Exception as error:
         return ShrunkFile(path, info.st_size, info.st_mtime_ns, problem=f"decode failed: {error_text(error)}")
     height, width = pixels.shape[:2]
     return ShrunkFile(path, info.st_size, info.st_mtime_ns, (height, width), pixels.numpy().tobytes())
 
 
-def _decode(path: str, exif_orientation: bool):
+def _decode(where: str | Location, exif_orientation: bool):
     from .imaging.decode import load_region  # the torch backend's decoder: the same pixels
     from .imaging.geometry import Crop
 
-    pixels, _, _ = load_region(path, lambda w, h: Crop(0, 0, w, h), 1, exif_orientation=exif_orientation,
+    pixels, _, _ = load_region(where, lambda w, h: Crop(0, 0, w, h), 1, exif_orientation=exif_orientation,
                                use_draft=False)
     return pixels
 

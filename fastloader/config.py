@@ -77,6 +77,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
     for key, value in _parse_overrides(overrides):
         origins[key] = origin or f"override '{key}'"
         _set_dotted(raw, key, _resolve_override_path(key, value), origins[key], source)
+    _default_shard_root(raw, base_dir, origins)
     forced = os.environ.get(BACKEND_ENV)
     if forced:
         raw["backend"] = forced
@@ -164,10 +165,12 @@ DATASET_PATHS = ("root", "exclude", "cache")
 
 
 def _is_path_key(dotted: str) -> bool:
-    return dotted in {f"dataset.{key}" for key in DATASET_PATHS} or dotted.endswith(".file_list")
+    return dotted in {f"dataset.{key}" for key in DATASET_PATHS} or dotted.endswith((".file_list", ".shards"))
 
 
 def _resolve_one(value: Any, base_dir: Path) -> Any:
+    if isinstance(value, list):  # a split's shards
+        return [_resolve_one(item, base_dir) for item in value]
     if not isinstance(value, str) or value.startswith("builtin:"):
         return value
     expanded = os.path.expanduser(os.path.expandvars(value))
@@ -182,9 +185,19 @@ def _resolve_paths(raw: dict, base_dir: Path) -> dict:
             if key in dataset:
                 dataset[key] = _resolve_one(dataset[key], base_dir)
     for key, section in raw.items():
-        if key not in SECTIONS and isinstance(section, dict) and "file_list" in section:
-            section["file_list"] = _resolve_one(section["file_list"], base_dir)
+        for path_key in ("file_list", "shards"):
+            if key not in SECTIONS and isinstance(section, dict) and path_key in section:
+                section[path_key] = _resolve_one(section[path_key], base_dir)
     return raw
+
+
+def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> None:
+    """format: webdataset names its shards per split; dataset.root, which it does not need, defaults
+    to the config's folder."""
+    dataset = raw.get("dataset")
+    if isinstance(dataset, dict) and dataset.get("format") == "webdataset" and "root" not in dataset:
+        dataset["root"] = str(base_dir)
+        origins["dataset.root"] = "the config's folder (dataset.format: webdataset)"
 
 
 def _resolve_override_path(key: str, value: Any) -> Any:
@@ -333,11 +346,14 @@ class _Builder:
                     self.fail(f"{name}.{key}", f"applies only to train mode, and split '{name}' has mode: {mode}: eval "
                                                f"batches are never repeated, mixed or smoothed; remove {name}.{key}, "
                                                f"or set {name}.mode: train")
-        for key in ("batch_size", "shuffle", "drop_last", "folder", "file_list", "aug_repeats", "label_smoothing"):
+        for key in ("batch_size", "shuffle", "drop_last", "folder", "file_list", "shards", "aug_repeats",
+                    "label_smoothing"):
             if key in raw:
                 values[key] = self.coerce(raw[key], hints[key], f"{name}.{key}")
             elif key in defaults:
                 values[key] = defaults[key]
+        if isinstance(values.get("shards"), str):
+            values["shards"] = (values["shards"],)
         if mode == "eval" and values["drop_last"]:
             self.fail(f"{name}.drop_last", "must be false in eval mode, where every sample is read exactly once; "
                                            "set drop_last: false, or mode: train")

@@ -17,9 +17,9 @@ from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
 from .errors import ConfigError, error_text
 from .prepared import PreparedSplit, worker_count
-from .samples import build_index
 from .schema import Config, SplitConfig
 from .screening import screen_index
+from .sources.formats import build_index
 
 log = logging.getLogger("fastloader")
 
@@ -124,7 +124,7 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
     index = build_index(config, split)
     cache = open_split_cache(config, split, index)  # None: read the image files
     if cache is not None:
-        return PreparedSplit(cache.index, tuple(cache.bad), workers, pixels=cache.pixels)
+        return PreparedSplit(cache.index, index.unusable + tuple(cache.bad), workers, pixels=cache.pixels)
     screened = screen_index(config, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
-    return PreparedSplit(screened.index, tuple(screened.bad), workers, needs_substitute=screened.formats,
-                         sizes=screened.sizes)
+    return PreparedSplit(screened.index, index.unusable + tuple(screened.bad), workers,
+                         needs_substitute=screened.formats, sizes=screened.sizes)

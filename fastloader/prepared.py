@@ -40,7 +40,10 @@ class PreparedSplit:
     @property
     def pixels_from(self) -> str:
         """Where the pixels come from, in the words of the loader's repr and log line."""
-        return "the image files" if self.pixels is None else f"the cache {self.pixels.folder}"
+        if self.pixels is not None:
+            return f"the cache {self.pixels.folder}"
+        ranges = self.index.ranges
+        return "the image files" if ranges is None else f"{len(ranges.files)} tar shards"
 
 
 def worker_count(config: Config, backend: str, ranks: RankInfo) -> int:

@@ -50,7 +50,11 @@ def _jitter_ok(value) -> bool:
 @dataclass(frozen=True)
 class DatasetConfig:
     root: str = field(metadata=_check(lambda v: v != "", "a non-empty path"))
-    """Folder holding one sub-folder per split (root/<split>/<class>/<image>), or `builtin:sample`."""
+    """Folder holding one sub-folder per split (root/<split>/<class>/<image>), or `builtin:sample`.
+    With format: webdataset it may be left out (the config's folder)."""
+    format: Literal["folder", "webdataset"] = "folder"
+    """How the images are stored: folder (image files: ImageFolder trees, or a split's file_list) or
+    webdataset (tar shards of {key}.jpg + {key}.cls members, listed by each split's `shards`)."""
     classes: tuple[str, ...] | None = None
     """Class names in label order. Default: the sorted class folders of the split being read."""
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
@@ -163,6 +167,9 @@ class SplitConfig:
     """Sub-folder of dataset.root holding this split. Default: the split's name."""
     file_list: str | None = None
     """A text file of `relative/path label` lines to read instead of scanning folders."""
+    shards: str | tuple[str, ...] | None = None
+    """dataset.format: webdataset: the split's tar shards: a path, glob or brace range
+    (`train-{000000..000146}.tar`), or a list of them, relative to the config file's folder."""
     aug_repeats: int = field(default=1, metadata=_check(lambda v: v >= 1, "an integer >= 1 (1: no repeats)"))
     """train: repeated augmentation (DeiT's RASampler): each sample chosen K times in a row of the
     epoch's order, each copy with its own augmentation seed; the epoch keeps its length. 1: off."""

@@ -26,7 +26,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import BadImageError, refused_file
+from .bad_input import refuse
+from .errors import BadImageError
 from .imaging.screen import DALI_FORMATS, screen_files
 from .paths import screening_file
 from .progress import Progress
@@ -70,16 +71,11 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
         return ScreenedIndex(index, sizes=sizes)
     positions = {relpath: i for i, relpath in enumerate(_relpaths(index)) if relpath in problems or relpath in formats}
     bad = sorted((positions[relpath], reason) for relpath, reason in problems.items())
-    if bad and config.dataset.on_bad_image == "raise":
-        first, reason = bad[0]
-        more = f" ({len(bad) - 1} more files fail the same check)" if len(bad) > 1 else ""
-        raise BadImageError(refused_file(index.path(first), reason, config.source) + more)
-    if len(bad) == len(index):
+    if bad and len(bad) == len(index) and config.dataset.on_bad_image == "skip":
         first, reason = bad[0]
         raise BadImageError(f"none of the {len(index)} files in {index.root} can be decoded (the first, "
                             f"{index.path(first)!r}: {reason}); check dataset.root and the split's folder")
-    for position, reason in bad:
-        log.warning("left out %s: %s (dataset.on_bad_image: skip)", index.path(position), reason)
+    refuse(config, [(index.path(position), reason) for position, reason in bad])  # raises under raise
     if bad:
         log.warning("%d of %d files in %s cannot be decoded and are left out; they are listed in "
                     "loader.bad_samples", len(bad), len(index), index.root)
@@ -112,9 +108,9 @@ def _cached_screen(index: SampleIndex, max_pixels: int,
         progress = Progress(len(index), "files") if len(index) >= PROGRESS_FROM else None
         problems, formats = {}, {}
         sizes = np.zeros((len(index), 3), dtype=np.int32)
-        paths = index.paths()
-        results = screen_files(paths, workers=workers if len(index) > IN_PROCESS_UP_TO else 0, max_pixels=max_pixels,
-                               fork=False, on_progress=progress.update if progress else None)
+        locations = (index.location(i) for i in range(len(index)))
+        results = screen_files(locations, workers=workers if len(index) > IN_PROCESS_UP_TO else 0,
+                               max_pixels=max_pixels, fork=False, on_progress=progress.update if progress else None)
         for position, (relpath, result) in enumerate(zip(_relpaths(index), results)):
             if result.problem:
                 problems[relpath] = result.problem

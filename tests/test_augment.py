@@ -196,7 +196,7 @@ def assert_frequencies(values: np.ndarray, expected: dict[int, float]) -> None:
 def test_the_torch_worker_draws_a_batch_as_each_sample_alone_would(textured_root):
     """ImageDataset.__getitems__ draws the batch's ops at once; __getitem__ draws one sample's:
     the pixels are identical (and differ from the unaugmented ones)."""
-    from fastloader.samples import build_index
+    from fastloader.sources.formats import build_index
     from torch_loader.dataset import ImageDataset
     from torch_loader.transforms import SampleTransform
     config = load_config({"dataset": {"root": str(textured_root)}, "train": {"transform": {

@@ -20,7 +20,7 @@ from fastloader import build_loader, load_config
 from fastloader.cache import open_split_cache
 from fastloader.cache_write import build_split_cache
 from fastloader.errors import CacheError, ConfigError
-from fastloader.samples import build_index
+from fastloader.sources.formats import build_index
 
 SHORT = 40  # >= floor(32 / 0.875) = 36, what eval at size 32 needs
 

@@ -122,7 +122,7 @@ def test_dali_eval_from_the_cache_is_torchvisions_box_of_the_cached_pixels(tmp_p
     from fastloader import load_config
     from fastloader.cache import open_split_cache
     from fastloader.cache_write import build_split_cache
-    from fastloader.samples import build_index
+    from fastloader.sources.formats import build_index
     config = write_odd_sizes(tmp_path)
     config["dataset"]["cache"] = str(tmp_path / "cache")
     loaded = load_config(config)
@@ -162,8 +162,8 @@ def test_screening_keeps_each_files_size_as_dali_decodes_it(tmp_path):
     for every odd layout (EXIF turns, TIFF, PNG, CMYK) the size DALI's header read gives."""
     from fastloader import load_config
     from fastloader.imaging.sizes import upright
-    from fastloader.samples import build_index
     from fastloader.screening import screen_index
+    from fastloader.sources.formats import build_index
 
     folder = tmp_path / "data" / "val" / "odd"
     folder.mkdir(parents=True)

@@ -8,7 +8,7 @@ import torch
 from conftest import REALDATA, REALPHOTOS, REPO
 
 from fastloader import build_loader, load_config
-from fastloader.samples import build_index
+from fastloader.sources.formats import build_index
 from torch_loader.prefetch import Normalizer
 from torch_loader.transforms import SampleTransform
 

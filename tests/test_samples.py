@@ -10,8 +10,11 @@ from PIL import Image
 
 from fastloader import load_config
 from fastloader.errors import ConfigError
-from fastloader.samples import SampleIndex, build_index, read_file_list, scan_folder
+from fastloader.samples import SampleIndex
 from fastloader.schema import IMAGE_EXTENSIONS
+from fastloader.sources.file_list import read_file_list
+from fastloader.sources.folder import scan_folder
+from fastloader.sources.formats import build_index
 
 
 def touch_image(path, colour=(1, 2, 3)):

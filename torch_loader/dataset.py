@@ -45,7 +45,7 @@ class ImageDataset(torch.utils.data.Dataset):
         path = self.index.path(sample)
         try:
             if self.pixels is None:
-                image = self.transform(path, seed, ops)
+                image = self.transform(self.index.location(sample), seed, ops)
             else:
                 image = self.transform.from_pixels(self.pixels.image(sample), seed, ops)
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file

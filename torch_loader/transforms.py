@@ -22,6 +22,7 @@ from fastloader.imaging.decode import allow_pixels, load_region
 from fastloader.imaging.geometry import Crop, center_crop
 from fastloader.imaging.screen import BOMB_PIXELS
 from fastloader.schema import IMAGENET_MEAN, SplitConfig
+from fastloader.sources.reading import Location
 
 from .augment import Context, apply_ops
 
@@ -85,9 +86,10 @@ class SampleTransform:
             return Crop(*box, flip=ops.hflip)
         return center_crop(width, height, self.size, self.crop_pct)
 
-    def __call__(self, path: str, seed: int, ops: SampleOps | None = None) -> torch.Tensor:
+    def __call__(self, where: str | Location, seed: int, ops: SampleOps | None = None) -> torch.Tensor:
+        """The sample's crop, from its file's path or its Location (a shard member)."""
         ops = ops or self.sample_ops([seed])[0]
-        pixels, crop, _ = load_region(path, lambda w, h: self.crop_for(w, h, ops), self.size,
+        pixels, crop, _ = load_region(where, lambda w, h: self.crop_for(w, h, ops), self.size,
                                    exif_orientation=self.exif_orientation, use_draft=self.use_draft,
                                    max_pixels=self.max_pixels)
         return self.augment(self.resize(pixels, crop), ops)

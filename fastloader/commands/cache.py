@@ -34,7 +34,7 @@ def run(args) -> int:
     from ..cache_write import build_split_cache
     from ..config import load_config
     from ..errors import ConfigError
-    from ..samples import build_index
+    from ..sources.formats import build_index
 
     config = load_config(args.config, args.overrides)
     out = os.path.abspath(args.out) if args.out else config.dataset.cache

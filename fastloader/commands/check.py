@@ -11,6 +11,7 @@ module to build its parser.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 import os
 import platform
@@ -55,7 +56,7 @@ def run(args) -> int:
     from ..config import load_config
     from ..errors import ConfigError
     from ..imaging.screen import quiet_pillow
-    from ..samples import dataset_root
+    from ..sources.folder import dataset_root
 
     config = load_config(args.config, args.overrides)
     if not config.splits:
@@ -192,19 +193,25 @@ class Tally:
 
 def check_split(config: Config, split: SplitConfig, root: str, deep: bool, workers: int | None) -> Tally:
     """Index the split, screen its files with a progress line, print its summary."""
-    from ..imaging.screen import screen_files
+    from ..imaging.screen import Screened, screen_files
     from ..progress import Progress
-    from ..samples import build_index
+    from ..sources.formats import build_index
 
-    index = build_index(config, split)
+    # every problem is reported here, none raised: what indexing leaves out (shard members) too
+    reporting = dataclasses.replace(config, dataset=dataclasses.replace(config.dataset, on_bad_image="skip"))
+    index = build_index(reporting, split)
     progress = Progress(len(index), unit="files")
     tally = Tally()
+    for name, reason in index.unusable:
+        tally.add(Screened(name, problem=reason))
     started = time.perf_counter()
-    for screened in screen_files(index.paths(), deep=deep, workers=workers, on_progress=progress.update):
+    locations = (index.location(i) for i in range(len(index)))
+    for screened in screen_files(locations, deep=deep, workers=workers, on_progress=progress.update):
         tally.add(screened)
     progress.finish()
     elapsed = time.perf_counter() - started
-    where = f"file list {split.file_list}" if split.file_list else index.root
+    where = (f"file list {split.file_list}" if split.file_list else
+             f"{len(index.ranges.files)} shards in {index.root}" if index.ranges is not None else index.root)
     left_out = index.excluded
     print(f"split {split.name}: {_count(len(index), 'image')} in {_count(len(index.classes), 'class')} ({where})"
           f"{f', {left_out} more left out by dataset.exclude' if left_out else ''}")
@@ -313,7 +320,7 @@ def _count(number: int, noun: str) -> str:
 def _read_excluded(config: Config, root: str) -> frozenset[str]:
     if not config.dataset.exclude:
         return frozenset()
-    from ..samples import read_exclude_list
+    from ..sources.folder import read_exclude_list
     excluded = read_exclude_list(config.dataset.exclude, root)
     print(f"dataset.exclude: {_count(len(excluded), 'path')} listed in {config.dataset.exclude} are left out, "
           f"not checked")

@@ -33,6 +33,7 @@ from PIL import Image, ImageOps
 from fastloader.errors import ConfigError
 from fastloader.imaging.jpeg_header import ORIENTATION, JpegHeader, read_header
 from fastloader.imaging.screen import BOMB_PIXELS, bomb_problem
+from fastloader.sources.reading import Location, as_location, read_bytes
 
 from .geometry import Crop
 
@@ -198,16 +199,18 @@ ChooseCrop = Callable[[int, int], Crop]
 """(width, height) of the upright image -> the region to keep."""
 
 
-def load_region(path: str, choose_crop: ChooseCrop, size: int, *, exif_orientation: bool = True,
+def load_region(where: str | Location, choose_crop: ChooseCrop, size: int, *, exif_orientation: bool = True,
                 use_draft: bool = True, max_pixels: int = BOMB_PIXELS) -> Decoded:
     """The decoded pixels (uint8 [H, W, 3]), the chosen crop in their coordinates, and the decoder used.
 
     An image of more than `max_pixels` is refused from its header, before its pixels are allocated.
     A plain RGB or greyscale JPEG is read from its markers (jpeg_header.py, a sixth of Pillow's
     time) and goes straight to the fast decoders; anything else, and any JPEG the walk is not sure
-    of, is opened by Pillow first, which decides as it did before the walk.
+    of, is opened by Pillow first, which decides as it did before the walk. `where` is a file's path
+    or a sample's Location (a shard member).
     """
-    data = _read_file(path)
+    data = read_bytes(where)
+    path = as_location(where).name
     fast = decoder_choice() != "pillow"
     header = plain_jpeg_header(data, exif_orientation, max_pixels) if fast else None
     if header is not None:
@@ -218,17 +221,6 @@ def load_region(path: str, choose_crop: ChooseCrop, size: int, *, exif_orientati
                 return decoded
             fast = False  # Pillow decodes it, or says what is wrong with it
     return _with_pillow(path, data, choose_crop, size, exif_orientation, use_draft, max_pixels, fast)
-
-
-def _read_file(path: str) -> bytearray:
-    """The file's bytes, read straight into a writable buffer (torch.frombuffer wants one)."""
-    with open(path, "rb", buffering=0) as handle:
-        data = bytearray(os.fstat(handle.fileno()).st_size)
-        read = handle.readinto(data)
-        if read < len(data):  # the file shrank since fstat
-            del data[read:]
-        rest = handle.read()  # or grew
-    return data + rest if rest else data
 
 
 def plain_jpeg_header(data: bytes | bytearray, exif_orientation: bool = True,

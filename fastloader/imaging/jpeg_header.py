@@ -77,8 +77,12 @@ def read_header(data: bytes | bytearray) -> JpegHeader | None:
 
 
 def read_header_from(handle) -> JpegHeader | None:
-    """The header of an open JPEG file, reading only the header's bytes; None: ask Pillow."""
-    return _walk(_Source(handle.read(HEAD_BYTES), os.fstat(handle.fileno()).st_size, handle))
+    """The header of an open JPEG file (or an in-memory one: a shard member), reading only the
+    header's bytes; None: ask Pillow."""
+    start = handle.tell()
+    size = handle.seek(0, os.SEEK_END) - start
+    handle.seek(start)
+    return _walk(_Source(handle.read(HEAD_BYTES), size, handle))
 
 
 def _walk(source: _Source) -> JpegHeader | None:

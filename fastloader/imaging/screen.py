@@ -23,6 +23,7 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 
 from ..errors import error_text
 from ..parallel import available_cores, map_chunks
+from ..sources.reading import Location, as_location, open_bytes
 from .sizes import jpeg_stored_size, pillow_stored_size
 
 BOMB_PIXELS = 178_956_970
@@ -102,11 +103,14 @@ def bomb_problem(width: int, height: int, max_pixels: int) -> str:
             f"above dataset.max_pixels ({max_pixels:,})")
 
 
-def screen_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
-    """The header check: existence, permissions, size, format, dimensions and (JPEG, PNG) the end marker."""
+def screen_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screened:
+    """The header check: existence, permissions, size, format, dimensions and (JPEG, PNG) the end
+    marker, of a file or of a shard member (a Location)."""
+    location = as_location(where)
+    path = location.name
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
+        with open_bytes(location) as handle:
+            size = os.fstat(handle.fileno()).st_size if location.whole_file else location.length
             if size == 0:
                 return Screened(path, problem="empty file")
             head = handle.read(32)
@@ -133,6 +137,8 @@ def screen_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
                     return Screened(path, fmt, width, height, problem, turned)
             return Screened(path, fmt, width, height, turned=turned)
     except FileNotFoundError:
+        if not location.whole_file:
+            return Screened(path, problem=f"its shard {location.file} is missing")
         return Screened(path, problem="missing (no such file)" if not os.path.islink(path) else
                         "missing (broken symbolic link)")
     except PermissionError:
@@ -152,25 +158,25 @@ def _stored_size(handle, image: Image.Image, fmt: str | None) -> tuple[int, int,
     return pillow_stored_size(image)
 
 
-def decode_file(path: str, max_pixels: int = BOMB_PIXELS) -> Screened:
+def decode_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screened:
     """The header check, then a full decode to RGB, which also catches corrupt compressed data.
 
     Set `ImageFile.LOAD_TRUNCATED_IMAGES = False` (Pillow's default) in the calling process, else
     Pillow pads truncated files with grey instead of failing; `screen_files` does so in its workers.
     """
-    screened = screen_file(path, max_pixels)
+    screened = screen_file(where, max_pixels)
     if screened.problem:
         return screened
     try:
-        with Image.open(path) as image:
+        with open_bytes(where) as handle, Image.open(handle) as image:
             image.convert("RGB")
     except Exception as error:
-        return Screened(path, screened.format, screened.width, screened.height,
+        return Screened(screened.path, screened.format, screened.width, screened.height,
                         f"decode failed: {error_text(error)}")
     return screened
 
 
-def screen_files(paths: Iterable[str], *, deep: bool = False, workers: int | None = None,
+def screen_files(paths: Iterable[str | Location], *, deep: bool = False, workers: int | None = None,
                  max_pixels: int = BOMB_PIXELS, chunk: int = 64, fork: bool = True,
                  on_progress: Callable[[int], None] | None = None) -> Iterator[Screened]:
     """Screen many files in parallel processes (one per core by default; `workers=0`: in this
@@ -203,7 +209,7 @@ def init_pillow_worker() -> None:
     quiet_pillow()
 
 
-def _screen_chunk(paths: list[str], deep: bool, max_pixels: int) -> list[Screened]:
+def _screen_chunk(paths: list[str | Location], deep: bool, max_pixels: int) -> list[Screened]:
     check = decode_file if deep else screen_file
     return [check(path, max_pixels) for path in paths]
 

@@ -18,6 +18,7 @@ import struct
 import numpy as np
 from PIL import Image
 
+from ..sources.reading import Location, as_location, open_bytes
 from .jpeg_header import ORIENTATION, SWAPPED, read_header_from
 
 log = logging.getLogger("fastloader")
@@ -46,11 +47,11 @@ def pillow_stored_size(image: Image.Image) -> tuple[int, int, bool]:
     return height, width, turned
 
 
-def stored_size(path: str) -> tuple[int, int, bool] | None:
+def stored_size(where: str | Location) -> tuple[int, int, bool] | None:
     """(height, width, turned) of the file, any format; None when it cannot be read (the decoder
     then fails on it, and the loader names it)."""
     try:
-        with open(path, "rb") as handle:
+        with open_bytes(where) as handle:
             size = jpeg_stored_size(handle)
             if size is not None:
                 return size
@@ -58,7 +59,7 @@ def stored_size(path: str) -> tuple[int, int, bool] | None:
             with Image.open(handle) as image:
                 return pillow_stored_size(image)
     except (OSError, ValueError, struct.error, Image.DecompressionBombError) as error:
-        log.debug("cannot read the size of %s: %s", path, error)
+        log.debug("cannot read the size of %s: %s", as_location(where).name, error)
         return None
 
 
@@ -71,7 +72,7 @@ def upright(sizes: np.ndarray, exif: bool) -> np.ndarray:
     return np.where(sizes[:, 2:3] != 0, sizes[:, 1::-1], sizes[:, :2])
 
 
-def upright_size(path: str, exif: bool) -> tuple[int, int] | None:
+def upright_size(where: str | Location, exif: bool) -> tuple[int, int] | None:
     """(height, width) of the image as decoded with adjust_orientation=`exif`; None when unreadable."""
-    size = stored_size(path)
+    size = stored_size(where)
     return None if size is None else tuple(upright(np.array([size]), exif)[0].tolist())

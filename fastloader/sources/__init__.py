@@ -1,0 +1,13 @@
+"""The input formats behind one seam: each format's module says which samples a split has and where
+each one's bytes are (a SampleIndex with a Location per sample); `reading.py` reads them.
+
+  formats.py      dataset.format -> the module that indexes it; build_index
+  folder.py       ImageFolder trees, root/<split>/<class>/<image> (and the embedded demo, a folder)
+  file_list.py    a split's text file of `relative/path label` lines
+  webdataset.py   tar shards of `{key}.jpg` + `{key}.cls` members, indexed once and cached
+  tar_members.py  one tar shard's members and their byte offsets, from its headers
+  reading.py      Location, read_bytes / open_bytes: a whole file, or a byte range of a shard
+
+A new format is one module with `index_split(config, split) -> SampleIndex` and one line in
+formats.FORMATS.
+"""

@@ -1,0 +1,43 @@
+"""A split's file list: lines of `relative/path label`, relative to dataset.root."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Sequence
+
+from ..errors import ConfigError
+from ..samples import IndexBuilder, SampleIndex
+
+log = logging.getLogger("fastloader")
+
+
+def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = None,
+                   excluded: frozenset[str] = frozenset()) -> SampleIndex:
+    """Lines of `relative/path label` (label an integer; paths may hold spaces; '#' starts a comment)."""
+    if not os.path.isfile(list_path):
+        raise ConfigError(f"file list {list_path!r} does not exist; fix the split's file_list key")
+    builder = IndexBuilder()
+    skipped = 0
+    with open(list_path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.rsplit(None, 1)
+            if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+                raise ConfigError(f"{list_path}:{number}: expected 'relative/path label', got {line!r}")
+            label = int(parts[1])
+            if label < 0 or (classes is not None and label >= len(classes)):
+                limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
+                raise ConfigError(f"{list_path}:{number}: label {label} out of range{limit}")
+            if os.path.normpath(parts[0]) in excluded:
+                skipped += 1
+            else:
+                builder.add(parts[0], label)
+    if not len(builder):
+        raise ConfigError(f"file list {list_path!r} holds no samples")
+    if classes is None:
+        classes = [str(i) for i in range(int(builder.labels().max()) + 1)]
+    if skipped:
+        log.info("file list %s: %d samples, %d left out by dataset.exclude", list_path, len(builder), skipped)
+    return builder.build(root, classes, excluded=skipped)

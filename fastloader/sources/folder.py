@@ -1,0 +1,116 @@
+"""ImageFolder trees: root/<split>/<class>/<image>, sorted class folders -> labels 0..C-1; a split's
+file_list instead where it has one; `builtin:` roots are the embedded demo, made on first use."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Sequence
+
+from ..errors import ConfigError
+from ..samples import IndexBuilder, SampleIndex
+from ..schema import Config, SplitConfig
+from .file_list import read_file_list
+
+log = logging.getLogger("fastloader")
+
+
+def dataset_root(config: Config) -> str:
+    """dataset.root as a folder (a builtin dataset is generated on first use)."""
+    root = config.dataset.root
+    if root.startswith("builtin:"):
+        from ..demo import builtin_dataset_root
+        root = builtin_dataset_root(root, config.origin("dataset.root"))
+    return root
+
+
+def index_split(config: Config, split: SplitConfig) -> SampleIndex:
+    """The split's samples, from its file list or from root/<folder>/<class>/... folders."""
+    if split.shards:
+        raise ConfigError(f"{config.origin(f'{split.name}.shards')}: {split.name}.shards: tar shards need "
+                          f"dataset.format: webdataset (dataset.format is folder); set it, or remove the key")
+    root = dataset_root(config)
+    excluded = read_exclude_list(config.dataset.exclude, root) if config.dataset.exclude else frozenset()
+    if split.file_list:
+        return read_file_list(split.file_list, root, config.dataset.classes, excluded)
+    folder = os.path.normpath(split.folder or split.name)
+    skip = frozenset(path[len(folder) + 1:] for path in excluded if path.startswith(folder + os.sep))
+    # the folders' problems are blamed on what set dataset.root: the file, or an override
+    return scan_folder(os.path.join(root, folder), config.dataset.extensions, config.dataset.classes,
+                       config.origin("dataset.root"), key=f"{split.name}.folder", skip=skip)
+
+
+def read_exclude_list(list_path: str, root: str) -> frozenset[str]:
+    """dataset.exclude: image paths relative to dataset.root (or absolute), one per line, '#' comments."""
+    if not os.path.isfile(list_path):
+        raise ConfigError(f"dataset.exclude: file {list_path!r} does not exist; write it with "
+                          f"`fastloader check CONFIG --exclude-list {list_path}` or remove the key")
+    with open(list_path, encoding="utf-8", errors="surrogateescape") as handle:
+        lines = [line.strip() for line in handle]
+    return frozenset(os.path.normpath(os.path.relpath(line, root) if os.path.isabs(line) else line)
+                     for line in lines if line and not line.startswith("#"))
+
+
+def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str] | None = None,
+                source: str = "<dict>", key: str = "dataset.root", skip: frozenset[str] = frozenset()) -> SampleIndex:
+    """ImageFolder convention: sorted class folders -> labels 0..C-1; files in sorted order, recursively.
+
+    A class folder without images keeps its label (so labels stay aligned with other splits) and is
+    logged as a warning; a split without any image is an error. Paths in `skip` (relative to
+    split_dir, from dataset.exclude) are left out and counted in the log.
+    """
+    if not os.path.isdir(split_dir):
+        parent = os.path.dirname(split_dir.rstrip(os.sep))
+        if not os.path.isdir(parent):
+            raise ConfigError(f"{source}: dataset.root: folder {parent!r} does not exist; set dataset.root to the "
+                              f"folder that holds the split folders (or pass --set dataset.root=PATH)")
+        present = sorted(e.name for e in os.scandir(parent) if e.is_dir())
+        raise ConfigError(f"{source}: split folder {split_dir!r} does not exist (folders in dataset.root: "
+                          f"{', '.join(present) or 'none'}); set {key} to one of them")
+    found = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+    if classes is None:
+        classes = found
+        if not classes:
+            raise ConfigError(f"{source}: {split_dir!r} has no class folders; expected "
+                              f"{split_dir}/<class name>/<image files>")
+    else:
+        missing = [c for c in classes if c not in found]
+        extra = [c for c in found if c not in classes]
+        if extra:
+            raise ConfigError(f"{source}: dataset.classes: {split_dir!r} has class folders not in the list: "
+                              f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}; add them to dataset.classes")
+        for name in missing:
+            log.warning("%s: class %r has no folder in %s; its label is kept, with no samples", source, name, split_dir)
+
+    suffixes = tuple(e.lower() for e in extensions)
+    builder = IndexBuilder()
+    skipped = 0
+    started = last_report = time.monotonic()
+    for label, name in enumerate(classes):
+        class_dir = os.path.join(split_dir, name)
+        if not os.path.isdir(class_dir):
+            continue
+        before = len(builder)
+        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+            dirnames.sort()
+            rel_dir = os.path.relpath(dirpath, split_dir)
+            for filename in sorted(filenames):
+                if filename.lower().endswith(suffixes):
+                    relpath = os.path.normpath(os.path.join(rel_dir, filename))
+                    if relpath in skip:
+                        skipped += 1
+                    else:
+                        builder.add(relpath, label)
+        if len(builder) == before:
+            log.warning("class folder %s holds no image files (%s); its label %d is kept, with no samples",
+                        class_dir, "/".join(suffixes), label)
+        now = time.monotonic()
+        if now - last_report > 5:
+            log.info("scanning %s: %d/%d classes, %d images so far", split_dir, label + 1, len(classes), len(builder))
+            last_report = now
+    if not len(builder):
+        raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}); "
+                          f"check dataset.root and dataset.extensions")
+    log.info("indexed %s: %d images in %d classes (%.2fs)%s", split_dir, len(builder), len(classes),
+             time.monotonic() - started, f", {skipped} left out by dataset.exclude" if skipped else "")
+    return builder.build(split_dir, classes, excluded=skipped)

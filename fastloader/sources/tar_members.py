@@ -1,0 +1,140 @@
+"""One tar shard's samples: its members grouped by key, with each image's byte range and label text.
+
+Headers are read with Python's `tarfile` (ustar, PAX and GNU long names, all of them), without
+reading the images: a shard is one open and a seek per member. Only the label members (`.cls`,
+`.txt`, `.json`: a few bytes each) are read. What cannot become a sample is returned as a problem
+named by its member, never dropped silently.
+"""
+from __future__ import annotations
+
+import os
+import tarfile
+from dataclasses import dataclass, field
+
+COMPRESSIONS = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"BZh", "bzip2", "bunzip2 -k"),
+                (b"\xfd7zXZ\x00", "xz", "unxz -k"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"))
+"""(magic, name, the command that decompresses it): a compressed tar has no random access to its members."""
+LABEL_SUFFIXES = ("cls", "txt", "json")
+"""Members that may hold a sample's label, in the order they are preferred."""
+LABEL_BYTES = 4096
+"""A label member larger than this is not read (it is not a label)."""
+
+
+@dataclass
+class ShardSample:
+    key: str
+    member: str
+    """The image member's name: `{key}.{ext}`."""
+    start: int
+    length: int
+    label_kind: str | None = None
+    """Which member gave the label text: cls, txt, json; None: the sample has none."""
+    label_text: str | None = None
+
+
+@dataclass
+class ShardScan:
+    size: int
+    mtime_ns: int
+    samples: list[ShardSample] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    """(member, or '' for the whole shard; reason)."""
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """WebDataset's rule: the key is the name up to the first dot of its last path component, the
+    extension the rest (lowercased); None for a name without one."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, extension = base.partition(".")
+    if not dot or not stem:
+        return None
+    return (f"{folder}/{stem}" if folder else stem), extension.lower()
+
+
+def compression_problem(head: bytes, shard: str) -> str | None:
+    for magic, name, command in COMPRESSIONS:
+        if head.startswith(magic):
+            return (f"compressed with {name}: a compressed shard has no random access to its members; "
+                    f"decompress it to a plain .tar (`{command} {os.path.basename(shard)}`) or repack the images "
+                    f"with `fastloader pack`")
+    return None
+
+
+def scan_shard(path: str, image_extensions: tuple[str, ...]) -> ShardScan:
+    """The shard's samples and problems. `image_extensions` without dots, lowercase ("jpg", "png")."""
+    try:
+        with open(path, "rb") as handle:
+            stat = os.fstat(handle.fileno())
+            scan = ShardScan(stat.st_size, stat.st_mtime_ns)
+            problem = compression_problem(handle.read(8), path)
+            if problem:
+                scan.problems.append(("", problem))
+                return scan
+            handle.seek(0)
+            _read_members(handle, scan, image_extensions)
+    except FileNotFoundError:
+        return ShardScan(0, 0, problems=[("", "missing (no such file)")])
+    except PermissionError:
+        return ShardScan(0, 0, problems=[("", "unreadable: permission denied")])
+    except (OSError, tarfile.TarError) as error:
+        return ShardScan(0, 0, problems=[("", f"unreadable: {error}")])
+    return scan
+
+
+def _read_members(handle, scan: ShardScan, image_extensions: tuple[str, ...]) -> None:
+    samples: dict[str, ShardSample] = {}
+    labels: dict[str, dict[str, str]] = {}
+    seen: set[str] = set()
+    last = None
+    try:
+        archive = tarfile.open(fileobj=handle, mode="r:")
+    except tarfile.ReadError as error:
+        scan.problems.append(("", f"not a tar archive ({error}); a shard is a plain POSIX tar of {{key}}.jpg + "
+                                  f"{{key}}.cls members (`fastloader pack` writes them)"))
+        return
+    while True:
+        try:
+            info = archive.next()
+        except (tarfile.TarError, EOFError) as error:
+            after = f" after member {last!r}" if last else ""
+            scan.problems.append(("", f"damaged or truncated{after} ({error}); the members before it are read"))
+            break
+        if info is None:
+            break
+        if not info.isfile():
+            continue
+        last = info.name
+        if info.offset_data + info.size > scan.size:
+            scan.problems.append((info.name, f"truncated: the shard ends {info.offset_data + info.size - scan.size} "
+                                             f"bytes before this member does"))
+            break
+        parts = split_key(info.name)
+        if parts is None:
+            scan.problems.append((info.name, "not a sample's member: its name has no extension (webdataset "
+                                             "names members {key}.{ext})"))
+            continue
+        key, extension = parts
+        if info.name in seen:
+            scan.problems.append((info.name, "duplicate member: the name appears again in the shard; the first "
+                                             "is kept"))
+            continue
+        seen.add(info.name)
+        if extension in image_extensions:
+            if key in samples:
+                scan.problems.append((info.name, f"duplicate key: {key!r} already has the image "
+                                                 f"{samples[key].member!r}; the first is kept"))
+            else:
+                samples[key] = ShardSample(key, info.name, info.offset_data, info.size)
+        elif extension in LABEL_SUFFIXES and info.size <= LABEL_BYTES:
+            labels.setdefault(key, {})[extension] = os.pread(handle.fileno(), info.size, info.offset_data).decode(
+                "utf-8", "replace")
+    for key, sample in samples.items():
+        found = labels.pop(key, {})
+        for kind in LABEL_SUFFIXES:
+            if kind in found:
+                sample.label_kind, sample.label_text = kind, found[kind]
+                break
+        scan.samples.append(sample)
+    for key, found in labels.items():
+        names = ", ".join(f"{key}.{kind}" for kind in found)
+        scan.problems.append((f"{key}.{next(iter(found))}", f"no image member for key {key!r} (only {names})"))

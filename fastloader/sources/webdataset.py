@@ -1,0 +1,216 @@
+"""WebDataset tar shards: `<split>.shards` (paths, globs, brace ranges) -> the split's SampleIndex.
+
+A sample is a key's image member (`{key}.jpg`, or another of dataset.extensions) and its label:
+the `{key}.cls` member (an integer), else a `.txt` / `.json` member naming a class of
+dataset.classes. Samples are in shard order, then member order; names are `shard.tar:member`.
+
+Each shard's headers are read once (`tar_members.py`, shards in parallel processes, with a progress
+bar) and the result is kept in one cache file per split; a shard whose size or mtime changed since is
+read again. Reading is by byte range afterwards, so the sampler's permutation, exact-once eval,
+resume and the uint8 cache work on shards as on folders.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..bad_input import refuse
+from ..errors import BadImageError, ConfigError
+from ..parallel import available_cores, map_chunks
+from ..paths import cache_home
+from ..progress import Progress
+from ..samples import ByteRanges, IndexBuilder, SampleIndex
+from ..schema import Config, SplitConfig
+from .tar_members import ShardSample, ShardScan, scan_shard
+
+log = logging.getLogger("fastloader")
+
+INDEX_VERSION = 1
+"""Raised when a cached shard index would read otherwise."""
+IN_PROCESS_UP_TO = 16
+"""Up to this many shards to read are read in this process (tens of ms a shard), with no worker
+processes to start (about a second)."""
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar (zero padding kept); `{a,b}` -> each."""
+    match = _BRACES.search(pattern)
+    if not match:
+        return [pattern]
+    body = match.group(1)
+    numbers = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numbers:
+        first, last = numbers.groups()
+        width = len(first) if first.startswith("0") else 0
+        step = 1 if int(last) >= int(first) else -1
+        choices = [str(n).zfill(width) for n in range(int(first), int(last) + step, step)]
+    elif "," in body:
+        choices = body.split(",")
+    else:
+        return [pattern[:match.end()] + name for name in expand_braces(pattern[match.end():])]
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    return [expanded for choice in choices for expanded in expand_braces(head + choice + tail)]
+
+
+def shard_paths(patterns: Sequence[str], key: str, source: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """(the shards, in the order given, each once; (pattern, reason) of each that names no file)."""
+    shards, missing, seen = [], [], set()
+    for pattern in patterns:
+        for expanded in expand_braces(pattern):
+            found = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
+            if not found:
+                missing.append((expanded, "no file matches this pattern"))
+            for path in found:
+                if os.path.isdir(path):
+                    raise ConfigError(f"{source}: {key}: {path!r} is a folder; list the shard files, e.g. "
+                                      f"{os.path.join(path, 'train-{000000..000099}.tar')!r} or "
+                                      f"{os.path.join(path, '*.tar')!r}")
+                if path not in seen:
+                    seen.add(path)
+                    shards.append(path)
+    return shards, missing
+
+
+def index_split(config: Config, split: SplitConfig) -> SampleIndex:
+    """The split's samples from its shards; what cannot be a sample follows dataset.on_bad_image."""
+    key, source = f"{split.name}.shards", config.origin(f"{split.name}.shards")
+    if split.file_list or split.folder:
+        other = "file_list" if split.file_list else "folder"
+        raise ConfigError(f"{config.origin(f'{split.name}.{other}')}: {split.name}.{other}: dataset.format: "
+                          f"webdataset reads the split from {key}; remove {split.name}.{other}, or set "
+                          f"dataset.format: folder")
+    if not split.shards:
+        raise ConfigError(f"{source}: {key}: missing; dataset.format: webdataset reads each split from its tar "
+                          f"shards, e.g. {split.name}: {{shards: '{split.name}-{{000000..000009}}.tar'}}")
+    shards, missing = shard_paths(split.shards, key, source)
+    if not shards:
+        raise ConfigError(f"{source}: {key}: no shard found ({missing[0][0]!r}: {missing[0][1]}); "
+                          f"paths are relative to the config file's folder")
+    extensions = tuple(e.lower().lstrip(".") for e in config.dataset.extensions)
+    scans = _scans(shards, extensions)
+    root = os.path.commonpath([os.path.dirname(path) for path in shards])
+    problems = [(f"{path}", f"shard {reason}") for path, reason in missing]
+    builder = IndexBuilder()
+    file, start, length = [], [], []
+    classes = config.dataset.classes
+    for number, (path, scan) in enumerate(zip(shards, scans)):
+        name = os.path.relpath(path, root)
+        problems += [(f"{path}:{member}" if member else path, reason if member else f"shard {reason}")
+                     for member, reason in scan.problems]
+        for sample in scan.samples:
+            label, reason = _label(sample, classes)
+            if reason:
+                problems.append((f"{path}:{sample.member}", reason))
+                continue
+            builder.add(f"{name}:{sample.member}", label)
+            file.append(number)
+            start.append(sample.start)
+            length.append(sample.length)
+    if not len(builder):
+        first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
+        raise BadImageError(f"{source}: {key}: the {len(shards)} shards hold no usable sample{first}; a sample is "
+                            f"a {{key}}.jpg member with its {{key}}.cls label")
+    if classes is None:
+        classes = tuple(str(i) for i in range(int(builder.labels().max()) + 1))
+    unusable = refuse(config, problems, noun="shards or members")
+    ranges = ByteRanges(tuple(shards), np.array(file, dtype=np.int32), np.array(start, dtype=np.int64),
+                        np.array(length, dtype=np.int64))
+    log.info("indexed %d shards of split '%s': %d samples in %d classes%s", len(shards), split.name, len(builder),
+             len(classes), f", {len(unusable)} members left out" if unusable else "")
+    return builder.build(root, classes, ranges=ranges, unusable=unusable)
+
+
+def _label(sample: ShardSample, classes: Sequence[str] | None) -> tuple[int, str | None]:
+    """(label, None), or (-1, why the sample has none)."""
+    text, kind = sample.label_text, sample.label_kind
+    if kind is None:
+        return -1, f"no label: key {sample.key!r} has no .cls member (or .txt / .json with dataset.classes)"
+    value: object = text.strip() if text is not None else ""
+    if kind == "json":
+        try:
+            value = json.loads(text or "")
+        except ValueError:
+            return -1, f"label member {sample.key}.json is not JSON: {text[:40]!r}"
+        if isinstance(value, dict):
+            value = next((value[k] for k in ("cls", "label", "class") if k in value), None)
+    if kind == "cls" or isinstance(value, int):
+        try:
+            label = int(value)
+        except (TypeError, ValueError):
+            return -1, f"label member {sample.key}.{kind} holds {str(value)[:40]!r}, not an integer class number"
+        if label < 0 or (classes is not None and label >= len(classes)):
+            limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
+            return -1, f"label {label} of {sample.key}.{kind} is out of range{limit}"
+        return label, None
+    if classes is None:
+        return -1, (f"label member {sample.key}.{kind} names a class ({str(value)[:40]!r}); set dataset.classes to "
+                    f"the class names in label order to read it")
+    if value not in classes:
+        return -1, f"label member {sample.key}.{kind} names {str(value)[:40]!r}, which is not in dataset.classes"
+    return list(classes).index(value), None
+
+
+def _scans(shards: list[str], extensions: tuple[str, ...]) -> list[ShardScan]:
+    """Each shard's scan, from the split's cache file where the shard is unchanged, else read now."""
+    cache = cache_home() / "shards" / (hashlib.blake2b("\0".join([*extensions, *shards]).encode(
+        "utf-8", "surrogateescape"), digest_size=8).hexdigest() + ".json")
+    cached = _read_cache(cache)
+    scans: list[ShardScan | None] = []
+    for path in shards:
+        entry = cached.get(path)
+        try:
+            stat = os.stat(path)
+            fresh = entry is not None and (entry.size, entry.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            fresh = False
+        scans.append(entry if fresh else None)
+    stale = [path for path, scan in zip(shards, scans) if scan is None]
+    if stale:
+        started = time.perf_counter()
+        progress = Progress(len(stale), "shards") if len(stale) > IN_PROCESS_UP_TO else None
+        workers = min(available_cores(), len(stale)) if len(stale) > IN_PROCESS_UP_TO else 0
+        read = dict(zip(stale, map_chunks(_scan_chunk, stale, (extensions,), workers=workers, chunk=1, in_flight=2,
+                                          fork=False, on_progress=progress.update if progress else None)))
+        if progress:
+            progress.finish()
+        scans = [scan if scan is not None else read[path] for path, scan in zip(shards, scans)]
+        log.info("read the headers of %d shards in %.2fs (%d samples; cached in %s)", len(stale),
+                 time.perf_counter() - started, sum(len(read[path].samples) for path in stale), cache)
+        _write_cache(cache, {path: scan for path, scan in zip(shards, scans) if scan.size})
+    return scans
+
+
+def _scan_chunk(paths: list[str], extensions: tuple[str, ...]) -> list[ShardScan]:
+    return [scan_shard(path, extensions) for path in paths]
+
+
+def _read_cache(cache) -> dict[str, ShardScan]:
+    try:
+        data = json.loads(cache.read_text())
+        if data.get("version") != INDEX_VERSION:
+            return {}
+        return {path: ShardScan(entry["size"], entry["mtime_ns"], [ShardSample(*row) for row in entry["samples"]],
+                                [tuple(problem) for problem in entry["problems"]])
+                for path, entry in data["shards"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _write_cache(cache, scans: dict[str, ShardScan]) -> None:
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    shards = {path: {"size": scan.size, "mtime_ns": scan.mtime_ns, "problems": scan.problems,
+                     "samples": [[s.key, s.member, s.start, s.length, s.label_kind, s.label_text]
+                                 for s in scan.samples]}
+              for path, scan in scans.items()}
+    partial = cache.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps({"version": INDEX_VERSION, "shards": shards}, separators=(",", ":")))
+    os.replace(partial, cache)
