@@ -45,10 +45,12 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "trainer_thread": ["trainer_thread.py", "--device", "cpu", "--batch-size", "4", "--size", "32", "--workers", "1",
                        "--repeat-train", "1", "--repeat-val", "2", "--step-ms", "1", "--rounds", "1", "--mixing"],
     "mixing": ["mixing.py", "--step-ms", "1", *TINY, *ROUND],
+    "shards": ["shards.py", "--rounds", "1", "--batch-size", "4", "--size", "32", "--per-shard", "5",
+               "--members", "2000"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
-    ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread"),
+    ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "screening"),
 )
 
@@ -299,7 +301,7 @@ def test_trainer_thread_measures_each_peer_in_its_first_and_a_later_epoch(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 10
+    assert len(SCRIPTS) == 11
     for script in SCRIPTS:
         helped, refused = answers[f"{script} help"], answers[f"{script} no data"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -336,3 +338,21 @@ def test_mixing_times_the_mixing_call_and_next_with_and_without_it(run):
     total = {name: r["thread_ms"] + r["read_ms"] for name, r in report["next"].items()}
     assert report["added_ms"] == pytest.approx(total["DeiT mixing"] - total["off"])
     assert "mixing call alone, batch 4 x 3 x 32 x 32 float32 on cpu" in out and "mixing adds " in out
+
+
+@runs_for("shards")
+def test_shards_reads_the_photos_as_folders_and_as_shards_and_indexes_synthetic_shards(run):
+    out, report = run
+    for backend in ["torch"] + (["dali"] if HAS_DALI else []):
+        for split, samples in (("train", 12), ("val", 12)):  # 3 classes x 4 JPEGs, in shards of 5
+            result = report[f"{backend} {split}"]
+            assert result["shards"] == 3 and result["samples"] in (samples, 12 // 4 * 4)
+            assert all(r["images_per_s"] > 0 and r["thread_us_per_sample"] > 0
+                       for source in ("folder", "shards") for r in result["rounds"][source])
+            opens = result["opens"]
+            if opens["shards"] is not None:  # strace present: one open a shard, one a file
+                assert opens["shards"] <= 3 < opens["folder"], opens
+            assert f"{backend} {split} (" in out
+    assert out.count("shards / folder: ") == 4 if HAS_DALI else 2
+    index = report["index"]
+    assert index["members"] == 2000 and index["samples"] == 1000 and 0 < index["bytes_per_sample"] < 100

@@ -24,6 +24,7 @@ from fastloader.order import EpochOrder
 from fastloader.parallel import fork_context
 from fastloader.prepared import PreparedSplit
 from fastloader.schema import Config, SplitConfig
+from fastloader.sources.reading import keep_open
 
 from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
@@ -112,6 +113,8 @@ class TorchLoader(Loader):
                                                     (split.batch_size, 3, size, size), self._normalizer.dtype,
                                                     config.output.channels_last,
                                                     classes=self.num_classes if soft_targets else 0)
+        if prepared.index.ranges is not None and prepared.pixels is None:
+            keep_open(prepared.index.ranges.files)  # opened here, shared by the forked workers: one open a shard
         self._dataloader = torch.utils.data.DataLoader(
             ImageDataset(prepared.index, transform, prepared.pixels, skip_bad=config.dataset.on_bad_image == "skip",
                          source=config.source),

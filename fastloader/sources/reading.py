@@ -73,6 +73,16 @@ def byte_count(where: str | Location) -> int:
     return os.stat(location.file).st_size if location.whole_file else location.length
 
 
+def keep_open(files) -> None:
+    """Open these containers now (up to the cap): a process about to fork its readers (DataLoader
+    workers) opens each shard once, and the workers share the descriptors."""
+    for path in list(files)[:_open_containers.limit]:
+        try:
+            _open_containers.descriptor(path)
+        except OSError:
+            pass  # named when a sample of it is read
+
+
 class _OpenContainers:
     """Descriptors of the containers this process reads, the most recent `limit` kept open.
 
