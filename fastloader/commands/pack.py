@@ -1,0 +1,67 @@
+"""`fastloader pack`: write a split (folders, a file list, or shards) as WebDataset tar shards with
+`.cls` labels, for clusters whose filesystems are slow at millions of small files. The writing is
+fastloader/sources/pack.py; this module reads the command line and says how to read the shards.
+
+The module imports only the standard library at its top: the command line imports every command.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+HELP = "write a split as WebDataset tar shards ({key}.jpg + {key}.cls) that dataset.format: webdataset reads"
+EXAMPLES = """  fastloader pack configs/imagenette.yaml --split train --out /lustre/imagenette-wds
+  fastloader pack configs/imagenette.yaml --split val --out shards/ --shard-size 64MB --no-shuffle
+"""
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'256MB', '1G', '500k', '1048576' -> bytes (powers of 1024)."""
+    from ..errors import ConfigError
+
+    match = _SIZE.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ConfigError(f"--shard-size: expected a size such as 256MB, 1G or 500K, got {text!r}")
+    return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--split", required=True, metavar="NAME", help="the split to pack")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the shards (created if needed)")
+    parser.add_argument("--prefix", metavar="NAME", help="shard names: NAME-000000.tar ... (default: the split)")
+    parser.add_argument("--shard-size", default="256MB", metavar="SIZE",
+                        help="image bytes per shard at most, e.g. 256MB or 1G (default: 256MB)")
+    parser.add_argument("--per-shard", type=int, metavar="N", help="samples per shard at most")
+    parser.add_argument("--no-shuffle", action="store_true",
+                        help="keep the index's order (default: a seeded shuffle, so each shard mixes classes)")
+    parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed (default: 0)")
+
+
+def run(args) -> int:
+    from ..config import load_config
+    from ..errors import ConfigError
+    from ..sources.formats import build_index
+    from ..sources.pack import pack_index, shard_pattern
+
+    config = load_config(args.config, args.overrides)
+    if args.split not in config.splits:
+        raise ConfigError(f"--split: {config.source} has no split {args.split!r}; its splits: "
+                          f"{', '.join(config.splits) or 'none'}")
+    if args.per_shard is not None and args.per_shard < 1:
+        raise ConfigError(f"--per-shard: must be 1 or more, got {args.per_shard}")
+    max_bytes = parse_size(args.shard_size)
+    out = os.path.abspath(args.out)
+    index = build_index(config, config.split(args.split))
+    packed = pack_index(config, index, out, args.prefix or args.split, max_bytes=max_bytes,
+                        max_count=args.per_shard, shuffle_seed=None if args.no_shuffle else args.seed)
+    if not packed.shards:
+        raise ConfigError(f"split {args.split!r}: no sample could be read, so no shard was written")
+    skipped = f"; {len(packed.skipped)} unreadable files left out" if packed.skipped else ""
+    print(f"split {args.split}: {packed.samples} samples, {packed.bytes / 1e9:.2f} GB in {len(packed.shards)} "
+          f"shards -> {out}{skipped}")
+    classes = os.path.join(out, f"{args.prefix or args.split}-classes.txt")
+    print(f"to read them (class names in label order: {classes}):\n"
+          f"  dataset: {{format: webdataset}}\n"
+          f"  {args.split}: {{shards: {os.path.join(out, shard_pattern(packed.shards))}}}")
+    return 0
