@@ -143,6 +143,26 @@ def write_file_list(index: SampleIndex, repeat: int, list_path: Path) -> None:
     list_path.write_text("".join(lines * repeat), encoding="utf-8")
 
 
+def write_shards(paths: list[str], labels: list[int], folder: Path, prefix: str, per_shard: int) -> list[str]:
+    """The listed samples, in this order, as WebDataset shards of `per_shard` samples: `{n}.{ext}` (the
+    file's bytes; n its position, so a file listed twice is two samples) and `{n}.cls`."""
+    import io
+    import tarfile
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for number, first in enumerate(range(0, len(paths), per_shard)):
+        shard = folder / f"{prefix}-{number:06d}.tar"
+        with tarfile.open(shard, "w") as archive:
+            for position in range(first, min(len(paths), first + per_shard)):
+                archive.add(paths[position], arcname=f"{position:08d}{Path(paths[position]).suffix.lower()}")
+                info = tarfile.TarInfo(f"{position:08d}.cls")
+                data = str(labels[position]).encode()
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+        shards.append(str(shard))
+    return shards
+
+
 def decode_whole_file(path: str) -> torch.Tensor:
     """The decode_jpeg limit's work for one file: read it and decode all of it (RGB), no transform."""
     from torchvision.io import ImageReadMode, decode_jpeg, read_file

@@ -30,8 +30,9 @@ from pathlib import Path
 import harness
 
 import fastloader
-from fastloader.config import config_to_dict
+from fastloader.config import IMAGE_EXTENSIONS, config_to_dict
 from fastloader.parallel import available_cores
+from fastloader.sources.folder import scan_folder
 
 SOURCES = ("folder", "shards")
 COUNT_OPENS = r"""
@@ -44,22 +45,9 @@ print(sum(len(labels) for _, labels in loader))
 def pack_in_index_order(split_dir: Path, out: Path, per_shard: int) -> list[str]:
     """The split's images in the folder index's order as shards of `per_shard` samples, so that both
     sources hold the same samples in the same order (the same batches)."""
-    classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
-    samples = [(path, label) for label, name in enumerate(classes) for path in sorted((split_dir / name).iterdir())]
-    out.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for number, first in enumerate(range(0, len(samples), per_shard)):
-        shard = out / f"{split_dir.name}-{number:06d}.tar"
-        with tarfile.open(shard, "w") as archive:
-            for path, label in samples[first:first + per_shard]:
-                key = f"{path.parent.name}/{path.stem}"
-                archive.add(path, arcname=f"{key}{path.suffix.lower()}")
-                info = tarfile.TarInfo(f"{key}.cls")
-                data = str(label).encode()
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
-        shards.append(str(shard))
-    return shards
+    index = scan_folder(str(split_dir), IMAGE_EXTENSIONS)
+    paths, labels = harness.listed_files(index, 1)
+    return harness.write_shards(paths, labels, out, split_dir.name, per_shard)
 
 
 def config_for(source: str, backend: str, data: Path, shards: dict[str, list[str]], batch: int,

@@ -11,7 +11,9 @@ Peers, each built fresh per round and run for two epochs (the first and a later 
 rows, since a loader may do work in its first epoch that it keeps for the next):
 - NVIDIA's ResNet-50 example pipeline (fn.readers.file, DALIClassificationIterator), the reference;
 - fastloader's DALI backend (CPU flavour here, GPU flavour with --device gpu: the same feed);
-- fastloader's torch backend.
+- fastloader's torch backend;
+- with --shards, both backends again on the same listed samples packed as WebDataset tar shards
+  (the DALI feed then reads the members' bytes itself, on its driver thread).
 
     python benchmarks/trainer_thread.py --data ../shared/data/realphotos
 """
@@ -37,6 +39,7 @@ from fastloader.sources.folder import scan_folder
 
 NVIDIA, DALI, TORCH = "NVIDIA RN50 example", "fastloader dali", "fastloader torch"
 MIXED = " + mixing"
+SHARDS = " shards"
 DEIT_MIXING = {"train.mixup.mixup_alpha": 0.8, "train.mixup.cutmix_alpha": 1.0, "train.mixup.switch_prob": 0.5,
                "train.mixup.mode": "batch", "train.label_smoothing": 0.1, "train.transform.erase_prob": 0.25,
                "train.transform.erase_mode": "pixel"}
@@ -108,6 +111,12 @@ def run_split(split: str, args, workdir: Path) -> dict:
     for name, overrides in ours.items():
         if name.split()[-1] in args.peers:
             runs[name] = lambda overrides=overrides: fastloader_run(split, overrides, args.epochs, step)
+    if args.shards:  # each backend again, on the listed samples as tar shards
+        shards = harness.write_shards(paths, labels, workdir / f"{split}-shards", split, 256)
+        sharded = {"dataset.format": "webdataset", f"{split}.file_list": None, f"{split}.shards": shards}
+        for name, overrides in ours.items():
+            if name.split()[-1] in args.peers:
+                runs[name + SHARDS] = lambda o={**overrides, **sharded}: fastloader_run(split, o, args.epochs, step)
     if args.mixing and split == "train":  # each backend again, with DeiT's mixing and erasing
         for name, overrides in ours.items():
             if name in runs:
@@ -192,6 +201,8 @@ def main() -> int:
     parser.add_argument("--mixing", action="store_true",
                         help="train split: also each backend with DeiT's mixup, cutmix, label smoothing and random "
                              "erasing, and the ratio to it without them")
+    parser.add_argument("--shards", action="store_true",
+                        help="also each backend reading the same listed samples packed as WebDataset tar shards")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value,
                         help="a config override for fastloader's loaders, e.g. dataset.screen=false (repeatable)")
     parser.add_argument("--json", type=Path, help="write every measurement to this file")

@@ -1,9 +1,11 @@
 """dataset.on_bad_image, decided in one place: what a file or shard member that cannot be used does
-when it is found before any batch (indexing, screening, a cache's list of bad files).
+when it is found before any batch: while indexing shards, screening, building the uint8 cache, or
+opening a cache that lists bad files.
 
 raise: a BadImageError naming the first one (and how many more) and the ways on; skip: each one
 logged once, in one wording, and handed back to be listed in loader.bad_samples. What a backend
-finds while decoding goes through the same wording (`errors.refused_file`, `contract._skip_sample`).
+finds while decoding raises the same error with the same wording (`errors.refused_file`) or is
+skipped through `contract._skip_sample`, which logs it once.
 """
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CacheError, refused_file
+from .bad_input import refuse
+from .errors import CacheError
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
 
@@ -220,16 +221,11 @@ def _check_unchanged(index: SampleIndex, file_of_sample: np.ndarray, sizes: np.n
 
 def _bad_files(config: Config, index: SampleIndex, bad_samples: np.ndarray, reasons: dict[str, str],
                folder: str) -> list[tuple[str, str]]:
-    """(path, reason) of each bad file once: warned about under on_bad_image: skip, else an error."""
-    bad, seen = [], set()
+    """(path, reason) of each bad file once, through dataset.on_bad_image (bad_input.refuse)."""
+    found, seen = [], set()
     for sample in bad_samples:
         relpath = index.relpath(int(sample))
-        if relpath in seen:
-            continue
-        seen.add(relpath)
-        path, reason = index.path(int(sample)), reasons.get(relpath, "unusable when the cache was built")
-        if config.dataset.on_bad_image == "raise":
-            raise CacheError(refused_file(path, reason, config.source, f"listed as bad in the cache {folder}"))
-        log.warning("skipping %s: %s (listed as bad in the cache %s)", path, reason, folder)
-        bad.append((path, reason))
-    return bad
+        if relpath not in seen:
+            seen.add(relpath)
+            found.append((index.path(int(sample)), reasons.get(relpath, "unusable when the cache was built")))
+    return refuse(config, found, f"listed as bad in the cache {folder}")

@@ -37,8 +37,8 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     """Decode the split's distinct files into cache_dir/<split>; returns what was written."""
     import numpy as np
 
+    from .bad_input import refuse
     from .cache import FILES, FORMAT, LABELS, MANIFEST, OFFSETS, PARTIAL, PIXELS, SHAPES, VERSION, split_folder
-    from .errors import ConfigError, refused_file
     from .progress import Progress
 
     started = time.perf_counter()
@@ -59,12 +59,9 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
                                            config.dataset.max_pixels, workers)
             for file, decoded in enumerate(shrunk):
                 sizes[file], mtimes[file] = decoded.size, decoded.mtime_ns
-                if decoded.problem:
-                    relpath = index.relpath(int(files[file]))
-                    if config.dataset.on_bad_image == "raise":
-                        raise ConfigError(refused_file(decoded.path, decoded.problem, config.source,
-                                                       "the cache was not built"))
-                    bad.append((relpath, decoded.problem))
+                if decoded.problem:  # raises under dataset.on_bad_image: raise, and nothing is kept
+                    refuse(config, [(decoded.path, decoded.problem)], "found while building the cache")
+                    bad.append((index.relpath(int(files[file])), decoded.problem))
                 else:
                     pixels.write(decoded.pixels)
                     rows[file] = len(shapes)

@@ -43,7 +43,8 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "first_batch": ["first_batch.py", "--device", "cpu", "--tries", "1", "--batch-size", "4", "--threads", "1"],
     "screening": ["screening.py", "--split", "train", "--workers", "1", "--batch-size", "4"],
     "trainer_thread": ["trainer_thread.py", "--device", "cpu", "--batch-size", "4", "--size", "32", "--workers", "1",
-                       "--repeat-train", "1", "--repeat-val", "2", "--step-ms", "1", "--rounds", "1", "--mixing"],
+                       "--repeat-train", "1", "--repeat-val", "2", "--step-ms", "1", "--rounds", "1", "--mixing",
+                       "--shards"],
     "mixing": ["mixing.py", "--step-ms", "1", *TINY, *ROUND],
     "shards": ["shards.py", "--rounds", "1", "--batch-size", "4", "--size", "32", "--per-shard", "5",
                "--members", "2000"],
@@ -283,9 +284,10 @@ def test_trainer_thread_measures_each_peer_in_its_first_and_a_later_epoch(run):
     for split, batches in (("train", 3), ("val", 6)):  # 12 files x 1 in batches of 4 (drop_last); 3 x 2, eval
         result = report["splits"][split]
         mixed = [f"{p} + mixing" for p in peers if p.startswith("fastloader")] if split == "train" else []
-        assert sorted(result["measurements"]) == sorted(peers + mixed)
-        peers_here = peers + mixed
-        for peer in ("fastloader torch", "fastloader dali"):
+        sharded = [f"{p} shards" for p in peers if p.startswith("fastloader")]
+        assert sorted(result["measurements"]) == sorted(peers + mixed + sharded)
+        peers_here = peers + mixed + sharded
+        for peer in ("fastloader torch", "fastloader dali", "fastloader torch shards", "fastloader dali shards"):
             if peer in peers:  # fastloader's loaders: the split's batches in each of the two epochs
                 (epochs,) = result["measurements"][peer]
                 assert [e["batches"] for e in epochs] == [batches, batches], (split, peer)

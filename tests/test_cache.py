@@ -19,7 +19,7 @@ from torchvision.transforms.v2 import functional as F
 from fastloader import build_loader, load_config
 from fastloader.cache import open_split_cache
 from fastloader.cache_write import build_split_cache
-from fastloader.errors import CacheError, ConfigError
+from fastloader.errors import BadImageError, CacheError
 from fastloader.sources.formats import build_index
 
 SHORT = 40  # >= floor(32 / 0.875) = 36, what eval at size 32 needs
@@ -169,14 +169,16 @@ def write_bad_file(root: Path) -> Path:
 def test_bad_files_skip_is_listed_and_dropped_raise_names_the_file(tmp_path, caplog):
     root = write_numbered_dataset(tmp_path / "data", per_class=3, splits=("train",))
     bad = write_bad_file(root)
-    refused = r"broken.png': not an image.*\(the cache was not built\)\. Set dataset.on_bad_image: skip"
-    with pytest.raises(ConfigError, match=refused):
+    refused = r"broken.png': not an image.*\(found while building the cache\)\. Set dataset.on_bad_image: skip"
+    with pytest.raises(BadImageError, match=refused):
         build(root, tmp_path / "cache", on_bad_image="raise")
     assert not os.listdir(tmp_path / "cache")  # nothing half-written left behind
     report = build(root, tmp_path / "cache")
     assert report["images"] == 9 and report["bad"] == [("b_green/broken.png", report["bad"][0][1])]
     manifest = json.loads((tmp_path / "cache" / "train" / "manifest.json").read_text())
     assert manifest["bad"][0][0] == "b_green/broken.png" and "not an image" in manifest["bad"][0][1]
+    assert "left out" in caplog.text and "found while building the cache" in caplog.text  # the build named it
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fastloader"):
         with build_loader(cached_config(root, tmp_path / "cache", train={"drop_last": False}), "train") as loader:
             assert loader.num_samples == 9 and [path for path, _ in loader.bad_samples] == [str(bad)]
@@ -184,7 +186,7 @@ def test_bad_files_skip_is_listed_and_dropped_raise_names_the_file(tmp_path, cap
     assert caplog.text.count("broken.png") == 1
     config = cached_config(root, tmp_path / "cache")
     config["dataset"]["on_bad_image"] = "raise"
-    with pytest.raises(CacheError, match=r"broken.png': not an image.*\(listed as bad in the cache .*\)\. Set"):
+    with pytest.raises(BadImageError, match=r"broken.png': not an image.*\(listed as bad in the cache .*\)\. Set"):
         build_loader(config, "train")
 
 
