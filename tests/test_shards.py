@@ -165,13 +165,22 @@ def test_check_lists_the_bad_members_and_shards(tmp_path):
     patterns, bad, good = write_bad_corpus(tmp_path / "corpus")
     config = tmp_path / "shards.yaml"
     config.write_text("dataset: {format: webdataset}\nval: {shards: [%s]}\n" % ", ".join(f"'{p}'" for p in patterns))
-    result = subprocess.run([sys.executable, "-m", "fastloader.cli", "check", str(config)], cwd=REPO,
-                            env=cpu_only_env(tmp_path / "cache"), capture_output=True, text=True, timeout=120)
+    exclude = tmp_path / "exclude.txt"
+    result = subprocess.run([sys.executable, "-m", "fastloader.cli", "check", str(config), "--exclude-list",
+                             str(exclude)], cwd=REPO, env=cpu_only_env(tmp_path / "cache"), capture_output=True,
+                            text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert f"split val: {good + 1} images" in result.stdout  # page.jpg is indexed, then refused by the header check
     assert f"problems: {len(bad)} of {good + len(bad)} files" in result.stdout
     for name in bad:
         assert os.path.relpath(name, tmp_path) in result.stdout or name in result.stdout, name
+    # the list check wrote leaves every bad shard and member out, quietly, and nothing else
+    config = shard_config(patterns, dataset={"exclude": str(exclude), "root": str(tmp_path)})
+    loader = build_loader(config, "val")
+    # counted as left out: the 3 members that became samples and the 2 shards not read; the duplicate
+    # and the truncated member never became samples
+    assert loader.bad_samples == [] and loader.index.excluded == 5, loader.index.excluded
+    assert sum(len(labels) for _, labels in loader) == good
 
 
 def test_the_uint8_cache_is_built_from_shards_and_serves_their_samples(tmp_path):

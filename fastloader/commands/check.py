@@ -320,7 +320,7 @@ def _count(number: int, noun: str) -> str:
 def _read_excluded(config: Config, root: str) -> frozenset[str]:
     if not config.dataset.exclude:
         return frozenset()
-    from ..sources.folder import read_exclude_list
+    from ..sources.exclude import read_exclude_list
     excluded = read_exclude_list(config.dataset.exclude, root)
     print(f"dataset.exclude: {_count(len(excluded), 'path')} listed in {config.dataset.exclude} are left out, "
           f"not checked")

@@ -4,9 +4,11 @@ each one's bytes are (a SampleIndex with a Location per sample); `reading.py` re
   formats.py      dataset.format -> the module that indexes it; build_index
   folder.py       ImageFolder trees, root/<split>/<class>/<image> (and the embedded demo, a folder)
   file_list.py    a split's text file of `relative/path label` lines
+  exclude.py      dataset.exclude: the names every split leaves out
   webdataset.py   tar shards of `{key}.jpg` + `{key}.cls` members, indexed once and cached
   tar_members.py  one tar shard's members and their byte offsets, from its headers
   reading.py      Location, read_bytes / open_bytes: a whole file, or a byte range of a shard
+  pack.py         writes a split as tar shards (`fastloader pack`)
 
 A new format is one module with `index_split(config, split) -> SampleIndex` and one line in
 formats.FORMATS.

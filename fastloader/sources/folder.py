@@ -10,6 +10,7 @@ from typing import Sequence
 from ..errors import ConfigError
 from ..samples import IndexBuilder, SampleIndex
 from ..schema import Config, SplitConfig
+from .exclude import read_exclude_list
 from .file_list import read_file_list
 
 log = logging.getLogger("fastloader")
@@ -38,17 +39,6 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     # the folders' problems are blamed on what set dataset.root: the file, or an override
     return scan_folder(os.path.join(root, folder), config.dataset.extensions, config.dataset.classes,
                        config.origin("dataset.root"), key=f"{split.name}.folder", skip=skip)
-
-
-def read_exclude_list(list_path: str, root: str) -> frozenset[str]:
-    """dataset.exclude: image paths relative to dataset.root (or absolute), one per line, '#' comments."""
-    if not os.path.isfile(list_path):
-        raise ConfigError(f"dataset.exclude: file {list_path!r} does not exist; write it with "
-                          f"`fastloader check CONFIG --exclude-list {list_path}` or remove the key")
-    with open(list_path, encoding="utf-8", errors="surrogateescape") as handle:
-        lines = [line.strip() for line in handle]
-    return frozenset(os.path.normpath(os.path.relpath(line, root) if os.path.isabs(line) else line)
-                     for line in lines if line and not line.startswith("#"))
 
 
 def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str] | None = None,

@@ -29,6 +29,7 @@ from ..paths import cache_home
 from ..progress import Progress
 from ..samples import ByteRanges, IndexBuilder, SampleIndex
 from ..schema import Config, SplitConfig
+from .exclude import read_exclude_list
 from .tar_members import ShardSample, ShardScan, scan_shard
 
 log = logging.getLogger("fastloader")
@@ -96,17 +97,28 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
         raise ConfigError(f"{source}: {key}: no shard found ({missing[0][0]!r}: {missing[0][1]}); "
                           f"paths are relative to the config file's folder")
     extensions = tuple(e.lower().lstrip(".") for e in config.dataset.extensions)
+    excluded = (read_exclude_list(config.dataset.exclude, config.dataset.root) if config.dataset.exclude
+                else frozenset())
+    left_out = 0
+    if excluded:  # a whole shard in dataset.exclude is not read at all
+        kept = [path for path in shards if _relative(path, config.dataset.root) not in excluded]
+        left_out, shards = len(shards) - len(kept), kept
     scans = _scans(shards, extensions)
     root = os.path.commonpath([os.path.dirname(path) for path in shards])
-    problems = [(f"{path}", f"shard {reason}") for path, reason in missing]
+    problems = [(path, f"shard {reason}") for path, reason in missing
+                if not excluded or _relative(path, config.dataset.root) not in excluded]
     builder = IndexBuilder()
     file, start, length = [], [], []
     classes = config.dataset.classes
     for number, (path, scan) in enumerate(zip(shards, scans)):
         name = os.path.relpath(path, root)
         problems += [(f"{path}:{member}" if member else path, reason if member else f"shard {reason}")
-                     for member, reason in scan.problems]
+                     for member, reason in scan.problems
+                     if not excluded or _relative(f"{path}:{member}", config.dataset.root) not in excluded]
         for sample in scan.samples:
+            if excluded and _relative(f"{path}:{sample.member}", config.dataset.root) in excluded:
+                left_out += 1
+                continue
             label, reason = _label(sample, classes)
             if reason:
                 problems.append((f"{path}:{sample.member}", reason))
@@ -124,9 +136,15 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     unusable = refuse(config, problems, noun="shards or members")
     ranges = ByteRanges(tuple(shards), np.array(file, dtype=np.int32), np.array(start, dtype=np.int64),
                         np.array(length, dtype=np.int64))
-    log.info("indexed %d shards of split '%s': %d samples in %d classes%s", len(shards), split.name, len(builder),
-             len(classes), f", {len(unusable)} members left out" if unusable else "")
-    return builder.build(root, classes, ranges=ranges, unusable=unusable)
+    log.info("indexed %d shards of split '%s': %d samples in %d classes%s%s", len(shards), split.name, len(builder),
+             len(classes), f", {len(unusable)} members left out" if unusable else "",
+             f", {left_out} left out by dataset.exclude" if left_out else "")
+    return builder.build(root, classes, excluded=left_out, ranges=ranges, unusable=unusable)
+
+
+def _relative(name: str, root: str) -> str:
+    """A shard's or member's name as dataset.exclude lists it: relative to dataset.root."""
+    return os.path.normpath(os.path.relpath(name, root))
 
 
 def _label(sample: ShardSample, classes: Sequence[str] | None) -> tuple[int, str | None]:
