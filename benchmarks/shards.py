@@ -4,9 +4,11 @@ in one run, and what the shard index costs at ImageNet scale.
 1. Per (backend, source, split), fresh loaders in interleaved rounds: images/s over an epoch, and
    the training thread's CPU time per sample inside next() (time.thread_time(), the measure of
    benchmarks/trainer_thread.py), then the ratio shards / folder.
-2. The files a fresh loader opens in one epoch, counted with `strace -f -e trace=open,openat` in a
+2. The torch backend's worker path (read + decode + crop + resize) per image on one core, in this
+   process, in interleaved rounds: what differs between the sources without the loaders' noise.
+3. The files a fresh loader opens in one epoch, counted with `strace -f -e trace=open,openat` in a
    child process (image files or shards under the data folders; skipped where strace is absent).
-3. --members N: N synthesised tar members (N / 2 samples of a tiny image + a .cls), indexed cold with
+4. --members N: N synthesised tar members (N / 2 samples of a tiny image + a .cls), indexed cold with
    every core, then again from its cache; seconds per 100k members per core, and the index's bytes
    per sample (what every DataLoader worker holds).
 
@@ -86,6 +88,35 @@ def one_epoch(config: dict, split: str) -> dict:
         samples += len(labels)
     elapsed = time.perf_counter() - started
     return {"images_per_s": samples / elapsed, "thread_us_per_sample": cpu / samples * 1e6, "samples": samples}
+
+
+def worker_path(data: Path, split: str, shards: list[str], rounds: int, size: int | None) -> dict:
+    """ms of CPU per image of the torch workers' per-sample work, for each source, median of rounds."""
+    import numpy as np
+    import torch
+
+    from fastloader.sources.formats import build_index
+    from torch_loader.transforms import SampleTransform
+    torch.set_num_threads(1)
+    indexes = {}
+    for source in SOURCES:
+        transform = {"transform": {"size": size}} if size else {}
+        raw = {"dataset": {"root": str(data)}, split: transform}
+        if source == "shards":
+            raw = {"dataset": {"format": "webdataset", "root": str(data)}, split: {"shards": shards, **transform}}
+        config = fastloader.load_config(raw)
+        indexes[source] = build_index(config, config.split(split))
+    transform = SampleTransform(config.split(split))
+    seeds = np.arange(len(indexes["folder"]))
+    ops = transform.sample_ops(seeds)
+    times: dict[str, list[float]] = {source: [] for source in SOURCES}
+    for _ in range(rounds):
+        for source, index in indexes.items():
+            started = time.process_time()
+            for i in range(len(index)):
+                transform(index.location(i), int(seeds[i]), ops[i])
+            times[source].append((time.process_time() - started) / len(index) * 1e3)
+    return {source: statistics.median(values) for source, values in times.items()}
 
 
 def count_opens(config: dict, split: str, roots: list[str]) -> int | None:
@@ -170,6 +201,11 @@ def main() -> None:
                 results[f"{backend} {split}"] = {"rounds": rows, "opens": opens,
                                                  "shards": len(shards[split]), "samples": rows["folder"][0]["samples"]}
                 show(backend, split, rows, opens, len(shards[split]))
+            if "torch" in backends:
+                path = worker_path(data, split, shards[split], args.rounds, args.size)
+                results[f"worker path {split}"] = path
+                print(f"\ntorch worker path, {split}, per image on one core: folder {path['folder']:.3f} ms, shards "
+                      f"{path['shards']:.3f} ms: shards take {path['shards'] / path['folder']:.2f}x the folder's time")
         if args.members:
             with tempfile.TemporaryDirectory(dir=work) as folder:
                 scale = index_at_scale(args.members, Path(folder))

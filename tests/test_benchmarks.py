@@ -355,6 +355,8 @@ def test_shards_reads_the_photos_as_folders_and_as_shards_and_indexes_synthetic_
             if opens["shards"] is not None:  # strace present: one open a shard, one a file
                 assert opens["shards"] <= 3 < opens["folder"], opens
             assert f"{backend} {split} (" in out
-    assert out.count("shards / folder: ") == 4 if HAS_DALI else 2
+    assert out.count("shards / folder: ") == (4 if HAS_DALI else 2)
+    assert all(report[f"worker path {split}"]["shards"] > 0 for split in ("train", "val"))
+    assert out.count("torch worker path, ") == 2
     index = report["index"]
     assert index["members"] == 2000 and index["samples"] == 1000 and 0 < index["bytes_per_sample"] < 100
