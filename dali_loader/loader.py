@@ -101,14 +101,16 @@ class _Feed:
                 bad = np.isin(batch[:, 0], list(self.known_bad))
                 self.skipped += batch[bad, 0].tolist()
                 batch = batch[~bad]
+            if len(batch) and self.kind == "bytes":
+                batch, encoded = self.read_members(batch)
             if len(batch):
                 break
         indices = batch[:, 0]
         if self.pixels is not None:
             data = ([self.pixels.image(i) for i in indices],)
             sizes = self.pixels.shapes[self.pixels.rows[indices]]
-        elif self.index.ranges is not None:
-            data = ([np.frombuffer(read_bytes(self.location(i)), dtype=np.uint8) for i in indices.tolist()],)
+        elif self.kind == "bytes":
+            data = (encoded,)
             sizes = self.sizes.of(indices, self.location)
         else:
             data = self.path_rows(indices)
@@ -120,6 +122,20 @@ class _Feed:
         self.fed.append(Fed(batch, sizes, self.skipped))
         self.skipped = []
         return data
+
+    def read_members(self, batch: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The batch's shard members' bytes; a member that cannot be read (its shard cut short or
+        gone since it was indexed) is left out as known-bad, with the reason, like a file that broke
+        the pipeline."""
+        kept, encoded = [], []
+        for row, sample in enumerate(batch[:, 0].tolist()):
+            try:
+                encoded.append(np.frombuffer(read_bytes(self.location(sample)), dtype=np.uint8))
+                kept.append(row)
+            except OSError as error:
+                self.known_bad[sample] = f"unreadable: {error.strerror or error}"
+                self.skipped.append(sample)
+        return batch[kept], encoded
 
     def path_rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The files DALI reads for these samples: (uint8 [n, width] paths, int32 [n, 1] lengths)."""
@@ -287,7 +303,12 @@ class DaliLoader(Loader):
         """Known-bad samples the feed left out (it holds no reference back to the loader, so that a
         dropped loader frees its pipeline at once rather than at the next garbage collection)."""
         for sample in samples:
-            self._skip_sample(self.index.path(sample), self._feed.known_bad[sample])
+            path, reason = self.index.path(sample), self._feed.known_bad[sample]
+            if self.config.dataset.on_bad_image == "raise":  # found by the feed (a shard member cut short)
+                self._broken = refused_file(path, reason, self.config.source)
+                self._end_epoch()  # the driver stops; the pipeline rewinds
+                raise BadImageError(self._broken)
+            self._skip_sample(path, reason)
 
     def _recover(self, error: RuntimeError, number: int) -> None:
         """After DALI failed: find the files that broke it, then go on without them in a new pipeline

@@ -203,3 +203,21 @@ def test_the_uint8_cache_is_built_from_shards_and_serves_their_samples(tmp_path)
     assert cached_labels == direct_labels
     for ours, theirs in zip(cached_images, direct, strict=True):
         assert (ours - theirs).abs().max() < 0.05  # one colour per image, resized twice: the same colour
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_shard_cut_short_after_indexing_names_its_members_and_the_rest_is_read(tmp_path, backend):
+    """The index says where each member is; a shard truncated afterwards (a copy still running, a
+    quota hit) is found when a member is read: named and skipped, or raised, on both backends."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=4, splits=("val",))
+    shards = [str(p) for p in pack_folder_split(root / "val", tmp_path / "s", "val", per_shard=6)]
+    loader = build_loader(shard_config(shards, backend=backend), "val")
+    strict = build_loader(shard_config(shards, backend=backend, dataset={"on_bad_image": "raise"}), "val")
+    data = open(shards[1], "rb").read()
+    with open(shards[1], "wb") as handle:
+        handle.write(data[:len(data) // 2])
+    delivered = sum(len(labels) for _, labels in loader)
+    assert loader.bad_samples and delivered + len(loader.bad_samples) == 12
+    assert all(name.startswith(f"{shards[1]}:") and "cut short" in reason for name, reason in loader.bad_samples)
+    with pytest.raises(BadImageError, match=r"val-000001\.tar:.*cut short"):
+        sum(len(labels) for _, labels in strict)
