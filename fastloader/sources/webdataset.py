@@ -103,6 +103,9 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     if excluded:  # a whole shard in dataset.exclude is not read at all
         kept = [path for path in shards if _relative(path, config.dataset.root) not in excluded]
         left_out, shards = len(shards) - len(kept), kept
+        if not shards:
+            raise ConfigError(f"{source}: {key}: every shard is listed in dataset.exclude "
+                              f"({config.dataset.exclude}); remove them from the list or from {key}")
     scans = _scans(shards, extensions)
     root = os.path.commonpath([os.path.dirname(path) for path in shards])
     problems = [(path, f"shard {reason}") for path, reason in missing
