@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import time
+from array import array
 from typing import Sequence
 
 import numpy as np
@@ -84,6 +85,36 @@ def shard_paths(patterns: Sequence[str], key: str, source: str) -> tuple[list[st
 def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     """The split's samples from its shards; what cannot be a sample follows dataset.on_bad_image."""
     key, source = f"{split.name}.shards", config.origin(f"{split.name}.shards")
+    _check_split_keys(config, split, key, source)
+    shards, missing = shard_paths(split.shards, key, source)
+    if not shards:
+        raise ConfigError(f"{source}: {key}: no shard found ({missing[0][0]!r}: {missing[0][1]}); "
+                          f"paths are relative to the config file's folder")
+    excluded = _Excluded(config)
+    kept = [path for path in shards if not excluded(path)]  # a whole shard in dataset.exclude is not read
+    if not kept:
+        raise ConfigError(f"{source}: {key}: every shard is listed in dataset.exclude "
+                          f"({config.dataset.exclude}); remove them from the list or from {key}")
+    excluded.count += len(shards) - len(kept)
+    shards = kept
+    scans = _scans(shards, tuple(e.lower().lstrip(".") for e in config.dataset.extensions))
+    root = os.path.commonpath([os.path.dirname(path) for path in shards])
+    problems = [(path, f"shard {reason}") for path, reason in missing if not excluded(path)]
+    builder, ranges, found = _samples(shards, scans, root, config.dataset.classes, excluded)
+    problems += found
+    if not len(builder):
+        first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
+        raise BadImageError(f"{source}: {key}: the {len(shards)} shards hold no usable sample{first}; a sample is "
+                            f"a {{key}}.jpg member with its {{key}}.cls label")
+    classes = config.dataset.classes or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
+    unusable = refuse(config, problems, noun="shards or members")
+    log.info("indexed %d shards of split '%s': %d samples in %d classes%s%s", len(shards), split.name, len(builder),
+             len(classes), f", {len(unusable)} members left out" if unusable else "",
+             f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
+    return builder.build(root, classes, excluded=excluded.count, ranges=ranges, unusable=unusable)
+
+
+def _check_split_keys(config: Config, split: SplitConfig, key: str, source: str) -> None:
     if split.file_list or split.folder:
         other = "file_list" if split.file_list else "folder"
         raise ConfigError(f"{config.origin(f'{split.name}.{other}')}: {split.name}.{other}: dataset.format: "
@@ -92,35 +123,34 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     if not split.shards:
         raise ConfigError(f"{source}: {key}: missing; dataset.format: webdataset reads each split from its tar "
                           f"shards, e.g. {split.name}: {{shards: '{split.name}-{{000000..000009}}.tar'}}")
-    shards, missing = shard_paths(split.shards, key, source)
-    if not shards:
-        raise ConfigError(f"{source}: {key}: no shard found ({missing[0][0]!r}: {missing[0][1]}); "
-                          f"paths are relative to the config file's folder")
-    extensions = tuple(e.lower().lstrip(".") for e in config.dataset.extensions)
-    excluded = (read_exclude_list(config.dataset.exclude, config.dataset.root) if config.dataset.exclude
-                else frozenset())
-    left_out = 0
-    if excluded:  # a whole shard in dataset.exclude is not read at all
-        kept = [path for path in shards if _relative(path, config.dataset.root) not in excluded]
-        left_out, shards = len(shards) - len(kept), kept
-        if not shards:
-            raise ConfigError(f"{source}: {key}: every shard is listed in dataset.exclude "
-                              f"({config.dataset.exclude}); remove them from the list or from {key}")
-    scans = _scans(shards, extensions)
-    root = os.path.commonpath([os.path.dirname(path) for path in shards])
-    problems = [(path, f"shard {reason}") for path, reason in missing
-                if not excluded or _relative(path, config.dataset.root) not in excluded]
-    builder = IndexBuilder()
-    file, start, length = [], [], []
-    classes = config.dataset.classes
+
+
+class _Excluded:
+    """dataset.exclude for shards: whether a shard or `shard.tar:member` is listed (relative to
+    dataset.root, as `check --exclude-list` writes it), and how many were left out."""
+
+    def __init__(self, config: Config):
+        self.root = config.dataset.root
+        self.names = read_exclude_list(config.dataset.exclude, self.root) if config.dataset.exclude else frozenset()
+        self.count = 0
+
+    def __call__(self, name: str) -> bool:
+        return bool(self.names) and os.path.normpath(os.path.relpath(name, self.root)) in self.names
+
+
+def _samples(shards: list[str], scans: list[ShardScan], root: str, classes: Sequence[str] | None,
+             excluded: _Excluded) -> tuple[IndexBuilder, ByteRanges, list[tuple[str, str]]]:
+    """The shards' samples as index rows (`shard.tar:member` names relative to root, labels) and
+    byte ranges; and (name, reason) of each shard or member that cannot be a sample."""
+    builder, problems = IndexBuilder(), []
+    file, start, length = array("i"), array("q"), array("q")
     for number, (path, scan) in enumerate(zip(shards, scans)):
         name = os.path.relpath(path, root)
         problems += [(f"{path}:{member}" if member else path, reason if member else f"shard {reason}")
-                     for member, reason in scan.problems
-                     if not excluded or _relative(f"{path}:{member}", config.dataset.root) not in excluded]
+                     for member, reason in scan.problems if not excluded(f"{path}:{member}" if member else path)]
         for sample in scan.samples:
-            if excluded and _relative(f"{path}:{sample.member}", config.dataset.root) in excluded:
-                left_out += 1
+            if excluded(f"{path}:{sample.member}"):
+                excluded.count += 1
                 continue
             label, reason = _label(sample, classes)
             if reason:
@@ -130,24 +160,9 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
             file.append(number)
             start.append(sample.start)
             length.append(sample.length)
-    if not len(builder):
-        first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
-        raise BadImageError(f"{source}: {key}: the {len(shards)} shards hold no usable sample{first}; a sample is "
-                            f"a {{key}}.jpg member with its {{key}}.cls label")
-    if classes is None:
-        classes = tuple(str(i) for i in range(int(builder.labels().max()) + 1))
-    unusable = refuse(config, problems, noun="shards or members")
     ranges = ByteRanges(tuple(shards), np.array(file, dtype=np.int32), np.array(start, dtype=np.int64),
                         np.array(length, dtype=np.int64))
-    log.info("indexed %d shards of split '%s': %d samples in %d classes%s%s", len(shards), split.name, len(builder),
-             len(classes), f", {len(unusable)} members left out" if unusable else "",
-             f", {left_out} left out by dataset.exclude" if left_out else "")
-    return builder.build(root, classes, excluded=left_out, ranges=ranges, unusable=unusable)
-
-
-def _relative(name: str, root: str) -> str:
-    """A shard's or member's name as dataset.exclude lists it: relative to dataset.root."""
-    return os.path.normpath(os.path.relpath(name, root))
+    return builder, ranges, problems
 
 
 def _label(sample: ShardSample, classes: Sequence[str] | None) -> tuple[int, str | None]:
