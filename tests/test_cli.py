@@ -73,12 +73,14 @@ def test_version_and_help(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 COMMAND_ARGS = {"bench": ["--batches", "1", "--seconds", "0", "--rounds", "1"], "show": ["--out", "{tmp}/grid.png"],
-                "check": ["--workers", "0"], "cache": ["--out", "{tmp}/cache", "--workers", "0"]}
+                "check": ["--workers", "0"], "cache": ["--out", "{tmp}/cache", "--workers", "0"],
+                "pack": ["--split", "val", "--out", "{tmp}/shards"]}
 """What each command needs besides its config, to run quickly on the small dataset."""
 BAD_OPTION = {"bench": (["--rounds", "0"], "--rounds must be >= 1, got 0"),
               "show": (["--n", "0"], "argument --n: must be a positive integer, got 0"),
               "check": (["--workers", "-1"], "--workers: must be 0 or more, got -1"),
-              "cache": (["--short-side", "0"], "--short-side: must be a positive number of pixels, got 0")}
+              "cache": (["--short-side", "0"], "--short-side: must be a positive number of pixels, got 0"),
+              "pack": (["--shard-size", "lots"], "--shard-size: expected a size such as 256MB, 1G or 500K, got 'lots'")}
 """Per command, an option value it refuses (argparse's check or the command's own) and the message."""
 
 
@@ -104,7 +106,8 @@ def test_every_command_exits_0_when_done_and_2_on_each_error_the_user_can_fix(co
                                                                                capsys):
     assert call(command, small_config, tmp_path=tmp_path) == 0
     done = {"bench": "round 1/1 torch: 4 images in 1 batches", "show": "wrote {tmp}/grid.png: 12 samples",
-            "check": "no problems in 30 files", "cache": "split val: 15 images"}[command]
+            "check": "no problems in 30 files", "cache": "split val: 15 images",
+            "pack": "split val: 15 samples"}[command]
     assert done.format(tmp=tmp_path) in capsys.readouterr().out
     cases = {"an unknown key": (["--set", "train.bach_size=3"], "override 'train.bach_size': unknown key "
                                                                "'train.bach_size'; did you mean 'train.batch_size'?"),
