@@ -80,7 +80,7 @@ BAD_OPTION = {"bench": (["--rounds", "0"], "--rounds must be >= 1, got 0"),
               "show": (["--n", "0"], "argument --n: must be a positive integer, got 0"),
               "check": (["--workers", "-1"], "--workers: must be 0 or more, got -1"),
               "cache": (["--short-side", "0"], "--short-side: must be a positive number of pixels, got 0"),
-              "pack": (["--shard-size", "lots"], "--shard-size: expected a size such as 256MB, 1G or 500K, got 'lots'")}
+              "pack": (["--per-shard", "0"], "--per-shard: must be 1 or more, got 0")}
 """Per command, an option value it refuses (argparse's check or the command's own) and the message."""
 
 
