@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -270,7 +272,7 @@ class _Builder:
 
     def where(self, path: str) -> str:
         """The file, or the override / environment variable that set this key or one of its parents."""
-        parts = path.split(".")
+        parts = re.sub(r"\[\d+\]", "", path).split(".")  # an item of a list is set with its list
         for depth in range(len(parts), 0, -1):
             origin = self.origins.get(".".join(parts[:depth]))
             if origin:
@@ -406,11 +408,15 @@ class _Builder:
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
         if origin in (Union, types.UnionType):
+            refusals = []
             for option in args:
                 try:
                     return self.coerce(value, option, path)
-                except ConfigError:
-                    continue
+                except ConfigError as error:
+                    refusals.append(error)
+            not_finite = [error for error in refusals if "expected a finite number" in str(error)]
+            if not_finite:  # the type fits, the value does not: say so rather than "expected a number"
+                raise not_finite[0]
             self.fail(path, f"expected {_describe_type(hint)}, got {_show(value)}")
         if origin is Literal:
             if value in args and type(value) is type(args[args.index(value)]):
@@ -438,7 +444,10 @@ class _Builder:
                 return value
         elif hint is float:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
+                number = float(value) if isinstance(value, float) or abs(value) < 2**1023 else math.inf
+                if not math.isfinite(number):  # .inf / .nan would poison every batch (NaN targets)
+                    self.fail(path, f"expected a finite number, got {_show(value)}")
+                return number
         elif hint is str:
             if isinstance(value, str):
                 return value

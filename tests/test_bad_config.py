@@ -58,8 +58,9 @@ CASES = {
                           "none of the 2 files in .* can be decoded \\(the first, "
                           ".*x.jpg': not an image: text starting '<html>404</html>'"),
     "batch_size 0": (None, {"val": {"batch_size": 0}}, ConfigError,
-                     "val.batch_size: must be a positive integer, got 0"),
-    "batch_size -3": (None, {"val": {"batch_size": -3}}, ConfigError, "val.batch_size: must be a positive integer"),
+                     "val.batch_size: must be an integer in \\[1, 65536\\], got 0"),
+    "batch_size -3": (None, {"val": {"batch_size": -3}}, ConfigError,
+                      "val.batch_size: must be an integer in \\[1, 65536\\], got -3"),
     "unknown backend": (None, {"backend": "tensorrt"}, ConfigError, "backend: expected one of 'auto', 'dali', 'torch', "
                                                                      "got 'tensorrt'"),
     "wrong type": (None, {"val": {"batch_size": "large"}}, ConfigError,
@@ -97,7 +98,8 @@ TRAIN_CASES = {  # the train split's keys, the message fragment
     "cutmix_minmax reversed": ({"mixup": {"cutmix_minmax": [0.8, 0.2]}},
                                "train.mixup.cutmix_minmax: must be null or 0 < min < max <= 1, got \\[0.8, 0.2\\]"),
     "label smoothing of 1": ({"label_smoothing": 1.0}, "train.label_smoothing: must be in \\[0, 1\\), got 1.0"),
-    "aug_repeats 0": ({"aug_repeats": 0}, "train.aug_repeats: must be an integer >= 1 \\(1: no repeats\\), got 0"),
+    "aug_repeats 0": ({"aug_repeats": 0},
+                      "train.aug_repeats: must be an integer in \\[1, 1024\\] \\(1: no repeats\\), got 0"),
     "unknown mixup key": ({"mixup": {"alpha": 0.2}}, "unknown key 'train.mixup.alpha'; did you mean"),
 }
 

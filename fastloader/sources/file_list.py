@@ -6,7 +6,7 @@ import os
 from typing import Sequence
 
 from ..errors import ConfigError
-from ..samples import IndexBuilder, SampleIndex
+from ..samples import IndexBuilder, SampleIndex, label_problem
 
 log = logging.getLogger("fastloader")
 
@@ -27,9 +27,9 @@ def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = No
             if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
                 raise ConfigError(f"{list_path}:{number}: expected 'relative/path label', got {line!r}")
             label = int(parts[1])
-            if label < 0 or (classes is not None and label >= len(classes)):
-                limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
-                raise ConfigError(f"{list_path}:{number}: label {label} out of range{limit}")
+            problem = label_problem(label, classes)
+            if problem:
+                raise ConfigError(f"{list_path}:{number}: {problem}")
             if os.path.normpath(parts[0]) in excluded:
                 skipped += 1
             else:

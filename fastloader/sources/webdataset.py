@@ -28,7 +28,7 @@ from ..errors import BadImageError, ConfigError
 from ..parallel import available_cores, map_chunks
 from ..paths import cache_home
 from ..progress import Progress
-from ..samples import ByteRanges, IndexBuilder, SampleIndex
+from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
 from .exclude import read_exclude_list
 from .tar_members import ShardSample, ShardScan, scan_shard
@@ -183,10 +183,7 @@ def _label(sample: ShardSample, classes: Sequence[str] | None) -> tuple[int, str
             label = int(value)
         except (TypeError, ValueError):
             return -1, f"label member {sample.key}.{kind} holds {str(value)[:40]!r}, not an integer class number"
-        if label < 0 or (classes is not None and label >= len(classes)):
-            limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
-            return -1, f"label {label} of {sample.key}.{kind} is out of range{limit}"
-        return label, None
+        return label, label_problem(label, classes, f"{sample.key}.{kind}")
     if classes is None:
         return -1, (f"label member {sample.key}.{kind} names a class ({str(value)[:40]!r}); set dataset.classes to "
                     f"the class names in label order to read it")
