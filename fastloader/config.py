@@ -64,6 +64,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         raw, source, base_dir = _config_to_raw(config), config.source, Path.cwd()
         origins.update(config.origins)
     elif isinstance(config, Mapping):
+        _check_size(config, "<dict>")
         raw, source, base_dir = _deep_copy(config), "<dict>", Path.cwd()
     else:
         path = Path(config)
@@ -71,6 +72,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
             raw = yaml.safe_load(_read_config_text(path)) or {}
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        _check_size(raw, str(path))
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
         source, base_dir = str(path), path.resolve().parent
@@ -78,6 +80,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
 
     for key, value in _parse_overrides(overrides):
         origins[key] = origin or f"override '{key}'"
+        _check_size(value, origins[key])
         _set_dotted(raw, key, _resolve_override_path(key, value), origins[key], source)
     _default_shard_root(raw, base_dir, origins)
     forced = os.environ.get(BACKEND_ENV)
@@ -85,6 +88,33 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         raw["backend"] = forced
         origins["backend"] = f"environment variable {BACKEND_ENV}"
     return _Builder(source, origins).config(raw)
+
+
+MAX_CONFIG_BYTES = 4 << 20
+"""The largest config file read (4 MiB): a config is a page of keys, and its shards are patterns."""
+MAX_CONFIG_VALUES = 100_000
+"""The most values (keys, list items, scalars) a config may hold once its YAML aliases are expanded:
+nine nested aliases of nine items each are 387 million, which took 289 s and 2.9 GB to refuse."""
+
+
+def _check_size(raw: Any, source: str) -> None:
+    """Count the values of a loaded config, each alias as often as it is used, and stop at
+    MAX_CONFIG_VALUES: an alias bomb fails here in milliseconds, before anything walks it whole."""
+    count, stack = 0, [(raw, "")]
+    while stack:
+        value, path = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            key = path[:path.find("[", path.find("[") + 1)] if path.count("[") > 1 else path
+            where = f" (at {key}...)" if key else ""
+            raise ConfigError(f"{source}: the config holds more than {MAX_CONFIG_VALUES:,} values once its YAML "
+                              f"aliases are expanded{where}; each `*alias` repeats its anchor's whole value, so "
+                              f"nested aliases multiply. List shards as patterns (`train-{{000000..000146}}.tar`), "
+                              f"not one by one, and use no nested aliases")
+        if isinstance(value, Mapping):
+            stack += [(child, f"{path}.{key}" if path else str(key)) for key, child in value.items()]
+        elif isinstance(value, (list, tuple)):
+            stack += [(child, f"{path}[{i}]") for i, child in reversed(list(enumerate(value)))]
 
 
 BINARY_SIGNATURES = ((b"\x1f\x8b", "a gzip archive"), (b"PK\x03\x04", "a zip archive"), (b"%PDF", "a PDF document"),
@@ -107,9 +137,13 @@ def _read_config_text(path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found (working directory: {Path.cwd()}). {fix}")
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {error.strerror or error}. {fix}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {str(path)!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB; a config is a page "
+                          f"of keys: list shards as patterns (`train-{{000000..000146}}.tar`), not one by one. {fix}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

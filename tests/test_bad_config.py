@@ -204,3 +204,52 @@ def test_a_dataset_root_set_by_an_override_is_blamed_on_the_override(tmp_path):
     with pytest.raises(ConfigError, match=f"^override 'dataset.cache': dataset.cache: folder "
                                           f"'{re.escape(str(tmp_path / 'nope'))}' does not exist"):
         build_loader(path, "val", overrides=[f"dataset.cache={tmp_path / 'nope'}"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Exponential configs (issue 33, item 10): a YAML alias bomb and a brace range past the limit fail
+# in seconds, naming the key, instead of expanding for minutes. Real files, the real command.
+# ---------------------------------------------------------------------------------------------
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """train.shards as nine nested aliases of nine items each: 9**9 (387 million) shard names."""
+    anchors = ["&a0 [" + ", ".join(["x.tar"] * 9) + "]"]
+    anchors += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels + 1)]
+    return "dataset: {format: webdataset}\ntrain:\n  shards: [" + ", ".join(anchors) + "]\n"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bomb", ["aliases", "braces"])
+def test_an_exponential_config_fails_in_seconds_naming_the_key(tmp_path, bomb):
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, cpu_only_env
+    config = tmp_path / "bomb.yaml"
+    config.write_text(alias_bomb() if bomb == "aliases" else
+                      "dataset: {format: webdataset}\ntrain: {shards: 'x-{0..99999999}{0..99999999}.tar'}\n")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "fastloader.cli", "check", str(config)], cwd=REPO,
+                            capture_output=True, text=True, env=cpu_only_env(tmp_path / "cache"), timeout=60)
+    assert time.monotonic() - started < 30  # the process starts torch in about 5 s; the bomb took 289 s
+    assert result.returncode == 2, result.stderr[-2000:]
+    if bomb == "aliases":
+        assert (f"fastloader: error: {config}: the config holds more than 100,000 values once its YAML aliases are "
+                f"expanded (at train.shards[") in result.stderr
+    else:
+        assert (f"fastloader: error: {config}: train.shards: '{tmp_path}/x-{{0..99999999}}{{0..99999999}}.tar' "
+                f"expands to 10,000,000,000,000,000 paths, more than 1,000,000; a split takes at most 1,000,000 "
+                f"shards") in result.stderr
+
+
+def test_aliases_shared_by_a_dict_config_and_an_override_are_bounded_too(tmp_path):
+    items: list = ["x.tar"] * 9
+    for _ in range(9):
+        items = [items] * 9  # shared references: cheap in memory, 387 million values walked whole
+    with pytest.raises(ConfigError, match="<dict>: the config holds more than 100,000 values"):
+        build_loader({"dataset": {"format": "webdataset"}, "train": {"shards": items}})
+    override = "train.shards=" + alias_bomb().split("shards: ", 1)[1].strip()  # `--set` parses YAML too
+    with pytest.raises(ConfigError, match="override 'train.shards': the config holds more than 100,000 values"):
+        build_loader({"dataset": {"format": "webdataset"}}, overrides=[override])

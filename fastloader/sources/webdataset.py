@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import itertools
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -43,31 +45,111 @@ processes to start (about a second)."""
 _BRACES = re.compile(r"\{([^{}]*)\}")
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar (zero padding kept); `{a,b}` -> each."""
-    match = _BRACES.search(pattern)
-    if not match:
-        return [pattern]
+MAX_SHARDS = 1_000_000
+"""The most shard paths a split's patterns may expand to: `{0..99999999999}` is refused at once, with
+its key, instead of filling the memory with names."""
+
+
+class _Numbers:
+    """The words of a numeric range, counted without being made (`{0..99999999999}` has a length at once)."""
+
+    def __init__(self, span: range, width: int):
+        self.span, self.width = span, width
+
+    def __len__(self) -> int:
+        return len(self.span)
+
+    def __iter__(self):
+        return (str(n).zfill(self.width) for n in self.span)
+
+
+def _group_choices(match: re.Match) -> _Numbers | list[str] | None:
+    """A brace group's words: a range of numbers (zero padding kept) or the comma alternatives; None
+    for a group that is neither (`{abc}`, kept as written)."""
     body = match.group(1)
     numbers = re.fullmatch(r"(\d+)\.\.(\d+)", body)
     if numbers:
-        first, last = numbers.groups()
-        width = len(first) if first.startswith("0") else 0
-        step = 1 if int(last) >= int(first) else -1
-        choices = [str(n).zfill(width) for n in range(int(first), int(last) + step, step)]
-    elif "," in body:
-        choices = body.split(",")
-    else:
-        return [pattern[:match.end()] + name for name in expand_braces(pattern[match.end():])]
-    head, tail = pattern[:match.start()], pattern[match.end():]
-    return [expanded for choice in choices for expanded in expand_braces(head + choice + tail)]
+        first, last = (int(n) for n in numbers.groups())
+        width = len(numbers.group(1)) if body.startswith("0") else 0
+        span = range(first, last + 1) if last >= first else range(first, last - 1, -1)
+        return _Numbers(span, width)
+    return body.split(",") if "," in body else None
+
+
+def expand_braces(pattern: str, limit: int = MAX_SHARDS) -> list[str]:
+    """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar (zero padding kept); `{a,b}` -> each.
+
+    The names are counted before any is made (the product of the groups' sizes; nested groups, one
+    step at a time): past `limit`, a ValueError says how many, so a pattern never expands beyond it."""
+    pieces, at = [], 0
+    for match in _BRACES.finditer(pattern):
+        words = _group_choices(match)
+        pieces += [[pattern[at:match.start()]], words if words is not None else [match.group(0)]]
+        at = match.end()
+    pieces.append([pattern[at:]])
+    if any("{" in piece[0] or "}" in piece[0] for piece in pieces[::2]):
+        return _expand_nested(pattern, limit)
+    total = math.prod(len(words) for words in pieces)
+    if total > limit:
+        raise ValueError(f"{pattern!r} expands to {total:,} paths, more than {limit:,}")
+    return ["".join(parts) for parts in itertools.product(*pieces)]
+
+
+def _expand_nested(pattern: str, limit: int) -> list[str]:
+    """Braces within braces (`{x{1..2},y}`): the innermost group first, then the pattern again, one
+    step at a time, each step counted before it is made; first, the product of every group's size
+    (what the steps multiply to) refuses a pattern past the limit at once."""
+    bound = math.prod(_nested_sizes(pattern))
+    if bound > limit:
+        raise ValueError(f"{pattern!r} expands to up to {bound:,} paths, more than {limit:,}")
+    pending: list[tuple[str, int | None]] = [(pattern, 0)]  # (text, where its next group may start; None: done)
+    while any(start is not None for _, start in pending):
+        steps = []
+        for text, start in pending:
+            match = _BRACES.search(text, start) if start is not None else None
+            steps.append((match, _group_choices(match) if match else None))
+        total = sum(len(words) if words is not None else 1 for _, words in steps)
+        if total > limit:
+            raise ValueError(f"{pattern!r} expands to more than {limit:,} paths (at least {total:,})")
+        following: list[tuple[str, int | None]] = []
+        for (text, _), (match, words) in zip(pending, steps):
+            if match is None:
+                following.append((text, None))
+            elif words is None:  # `{abc}` is kept as written; look past it
+                following.append((text, match.end()))
+            else:
+                head, tail = text[:match.start()], text[match.end():]
+                following += [(head + word + tail, 0) for word in words]
+        pending = following
+    return [text for text, _ in pending]
+
+
+def _nested_sizes(pattern: str) -> list[int]:
+    """Each brace pair's number of words, read from the raw text: a range's length, else its commas
+    outside inner pairs plus one."""
+    sizes, opened = [], []  # opened: [start, commas at its level] of each pair not yet closed
+    for at, char in enumerate(pattern):
+        if char == "{":
+            opened.append([at, 0])
+        elif char == "," and opened:
+            opened[-1][1] += 1
+        elif char == "}" and opened:
+            start, commas = opened.pop()
+            numbers = re.fullmatch(r"(\d+)\.\.(\d+)", pattern[start + 1:at])
+            sizes.append(abs(int(numbers.group(2)) - int(numbers.group(1))) + 1 if numbers else commas + 1)
+    return sizes
 
 
 def shard_paths(patterns: Sequence[str], key: str, source: str) -> tuple[list[str], list[tuple[str, str]]]:
     """(the shards, in the order given, each once; (pattern, reason) of each that names no file)."""
     shards, missing, seen = [], [], set()
     for pattern in patterns:
-        for expanded in expand_braces(pattern):
+        try:
+            expansions = expand_braces(pattern, MAX_SHARDS - len(shards) - len(missing))
+        except ValueError as error:
+            raise ConfigError(f"{source}: {key}: {error}; a split takes at most {MAX_SHARDS:,} shards. Check the "
+                              f"brace range (`train-{{000000..000146}}.tar`)") from None
+        for expanded in expansions:
             found = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
             if not found:
                 missing.append((expanded, "no file matches this pattern"))
