@@ -82,6 +82,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         origins[key] = origin or f"override '{key}'"
         _check_size(value, origins[key])
         _set_dotted(raw, key, _resolve_override_path(key, value), origins[key], source)
+    _resolve_shards(raw, base_dir, origins)
     _default_shard_root(raw, base_dir, origins)
     forced = os.environ.get(BACKEND_ENV)
     if forced:
@@ -196,12 +197,16 @@ def _set_dotted(raw: dict, key: str, value: Any, origin: str, source: str) -> No
     node[parts[-1]] = value
 
 
+DEFAULT_SHARD_ROOT = "the config's folder (dataset.format: webdataset)"
+"""Where dataset.root came from when a webdataset config leaves it out (its origin, in messages)."""
 DATASET_PATHS = ("root", "exclude", "cache")
 """dataset keys that hold paths: relative ones are resolved against the config file's folder."""
 
 
 def _is_path_key(dotted: str) -> bool:
-    return dotted in {f"dataset.{key}" for key in DATASET_PATHS} or dotted.endswith((".file_list", ".shards"))
+    """A key whose relative path an override gives relative to the working directory (shards: see
+    _resolve_shards)."""
+    return dotted in {f"dataset.{key}" for key in DATASET_PATHS} or dotted.endswith(".file_list")
 
 
 def _resolve_one(value: Any, base_dir: Path) -> Any:
@@ -221,10 +226,24 @@ def _resolve_paths(raw: dict, base_dir: Path) -> dict:
             if key in dataset:
                 dataset[key] = _resolve_one(dataset[key], base_dir)
     for key, section in raw.items():
-        for path_key in ("file_list", "shards"):
-            if key not in SECTIONS and isinstance(section, dict) and path_key in section:
-                section[path_key] = _resolve_one(section[path_key], base_dir)
+        if key not in SECTIONS and isinstance(section, dict) and "file_list" in section:
+            section["file_list"] = _resolve_one(section["file_list"], base_dir)
     return raw
+
+
+def _resolve_shards(raw: dict, base_dir: Path, origins: Mapping[str, str]) -> None:
+    """A split's relative shard paths are relative to dataset.root when it is set (in the file or an
+    override), else to the config file's folder (in an override or a dict: the working directory)."""
+    dataset = raw.get("dataset")
+    root = dataset.get("root") if isinstance(dataset, dict) else None
+    given = isinstance(root, str) and root != "" and not root.startswith("builtin:")
+    for name, section in raw.items():
+        if name in SECTIONS or not isinstance(section, dict) or "shards" not in section:
+            continue
+        overridden = any(key in origins for key in (name, f"{name}.shards"))
+        base = Path(os.path.expanduser(os.path.expandvars(root))).absolute() if given else \
+            Path.cwd() if overridden else base_dir
+        section["shards"] = _resolve_one(section["shards"], base)
 
 
 def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> None:
@@ -233,7 +252,7 @@ def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> N
     dataset = raw.get("dataset")
     if isinstance(dataset, dict) and dataset.get("format") == "webdataset" and "root" not in dataset:
         dataset["root"] = str(base_dir)
-        origins["dataset.root"] = "the config's folder (dataset.format: webdataset)"
+        origins["dataset.root"] = DEFAULT_SHARD_ROOT
 
 
 def _resolve_override_path(key: str, value: Any) -> Any:

@@ -190,7 +190,8 @@ class SplitConfig:
     """A text file of `relative/path label` lines to read instead of scanning folders."""
     shards: str | tuple[str, ...] | None = None
     """dataset.format: webdataset: the split's tar shards: a path, glob or brace range
-    (`train-{000000..000146}.tar`), or a list of them, relative to the config file's folder."""
+    (`train-{000000..000146}.tar`), or a list of them, relative to dataset.root when it is set, else to
+    the config file's folder."""
     aug_repeats: int = field(default=1, metadata=_check(lambda v: 1 <= v <= MAX_PROCESSES,
                                                         f"an integer in [1, {MAX_PROCESSES}] (1: no repeats)"))
     """train: repeated augmentation (DeiT's RASampler): each sample chosen K times in a row of the

@@ -26,12 +26,14 @@ from typing import Sequence
 import numpy as np
 
 from ..bad_input import refuse
+from ..config import DEFAULT_SHARD_ROOT
 from ..errors import BadImageError, ConfigError
 from ..parallel import available_cores, map_chunks
 from ..paths import cache_home
 from ..progress import Progress
 from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
+from ..words import plural
 from .exclude import read_exclude_list
 from .tar_members import ShardSample, ShardScan, scan_shard
 
@@ -150,9 +152,14 @@ def shard_paths(patterns: Sequence[str], key: str, source: str) -> tuple[list[st
             raise ConfigError(f"{source}: {key}: {error}; a split takes at most {MAX_SHARDS:,} shards. Check the "
                               f"brace range (`train-{{000000..000146}}.tar`)") from None
         for expanded in expansions:
-            found = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
-            if not found:
-                missing.append((expanded, "no file matches this pattern"))
+            if not glob.has_magic(expanded):  # a missing shard is named, never read nor indexed
+                found = [expanded] if os.path.lexists(expanded) else []
+                if not found:
+                    missing.append((expanded, "missing (no such file)"))
+            else:
+                found = sorted(glob.glob(expanded))
+                if not found:
+                    missing.append((expanded, "no file matches this pattern"))
             for path in found:
                 if os.path.isdir(path):
                     raise ConfigError(f"{source}: {key}: {path!r} is a folder; list the shard files, e.g. "
@@ -171,29 +178,37 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     shards, missing = shard_paths(split.shards, key, source)
     if not shards:
         raise ConfigError(f"{source}: {key}: no shard found ({missing[0][0]!r}: {missing[0][1]}); "
-                          f"paths are relative to the config file's folder")
+                          f"{_relative_to(config)}")
     excluded = _Excluded(config)
     kept = [path for path in shards if not excluded(path)]  # a whole shard in dataset.exclude is not read
     if not kept:
         raise ConfigError(f"{source}: {key}: every shard is listed in dataset.exclude "
                           f"({config.dataset.exclude}); remove them from the list or from {key}")
-    excluded.count += len(shards) - len(kept)
+    excluded.count += len(shards) - len(kept) + sum(1 for path, _ in missing if excluded(path))
     shards = kept
     scans = _scans(shards, tuple(e.lower().lstrip(".") for e in config.dataset.extensions))
     root = os.path.commonpath([os.path.dirname(path) for path in shards])
-    problems = [(path, f"shard {reason}") for path, reason in missing if not excluded(path)]
-    builder, ranges, found = _samples(shards, scans, root, config.dataset.classes, excluded)
-    problems += found
+    builder, ranges, problems = _samples(shards, scans, root, config.dataset.classes, excluded)
+    problems += [(path, f"shard {reason}") for path, reason in missing if not excluded(path)]
     if not len(builder):
         first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
-        raise BadImageError(f"{source}: {key}: the {len(shards)} shards hold no usable sample{first}; a sample is "
-                            f"a {{key}}.jpg member with its {{key}}.cls label")
+        raise BadImageError(f"{source}: {key}: no usable sample in {plural(len(shards), 'shard')}{first}; a "
+                            f"sample is a {{key}}.jpg member with its {{key}}.cls label")
     classes = config.dataset.classes or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
     unusable = refuse(config, problems, noun="shards or members")
-    log.info("indexed %d shards of split '%s': %d samples in %d classes%s%s", len(shards), split.name, len(builder),
-             len(classes), f", {len(unusable)} members left out" if unusable else "",
+    log.info("indexed %s of split '%s': %s in %s%s%s", plural(len(shards), "shard"), split.name,
+             plural(len(builder), "sample"), plural(len(classes), "class"),
+             f", {plural(len(unusable), 'member')} left out" if unusable else "",
              f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
     return builder.build(root, classes, excluded=excluded.count, ranges=ranges, unusable=unusable)
+
+
+def _relative_to(config: Config) -> str:
+    """What relative shard paths were read against, for a message."""
+    if config.origin("dataset.root") == DEFAULT_SHARD_ROOT:
+        return "relative shard paths are relative to the config file's folder, or to dataset.root when it is set"
+    return (f"relative shard paths are relative to dataset.root ({config.dataset.root}, from "
+            f"{config.origin('dataset.root')})")
 
 
 def _check_split_keys(config: Config, split: SplitConfig, key: str, source: str) -> None:
@@ -298,8 +313,9 @@ def _scans(shards: list[str], extensions: tuple[str, ...]) -> list[ShardScan]:
         if progress:
             progress.finish()
         scans = [scan if scan is not None else read[path] for path, scan in zip(shards, scans)]
-        log.info("read the headers of %d shards in %.2fs (%d samples; cached in %s)", len(stale),
-                 time.perf_counter() - started, sum(len(read[path].samples) for path in stale), cache)
+        log.info("read the headers of %s in %.2fs (%s; cached in %s)", plural(len(stale), "shard"),
+                 time.perf_counter() - started, plural(sum(len(read[path].samples) for path in stale), "sample"),
+                 cache)
         _write_cache(cache, {path: scan for path, scan in zip(shards, scans) if scan.size})
     return scans
 
