@@ -84,6 +84,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         _set_dotted(raw, key, _resolve_override_path(key, value), origins[key], source)
     _resolve_shards(raw, base_dir, origins)
     _default_shard_root(raw, base_dir, origins)
+    _read_classes_file(raw, origins, source)
     forced = os.environ.get(BACKEND_ENV)
     if forced:
         raw["backend"] = forced
@@ -225,6 +226,8 @@ def _resolve_paths(raw: dict, base_dir: Path) -> dict:
         for key in DATASET_PATHS:
             if key in dataset:
                 dataset[key] = _resolve_one(dataset[key], base_dir)
+        if isinstance(dataset.get("classes"), str):  # a file of class names; a list is the names themselves
+            dataset["classes"] = _resolve_one(dataset["classes"], base_dir)
     for key, section in raw.items():
         if key not in SECTIONS and isinstance(section, dict) and "file_list" in section:
             section["file_list"] = _resolve_one(section["file_list"], base_dir)
@@ -256,7 +259,39 @@ def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> N
 
 
 def _resolve_override_path(key: str, value: Any) -> Any:
-    return _resolve_one(value, Path.cwd()) if _is_path_key(key) else value
+    return _resolve_one(value, Path.cwd()) if _is_path_key(key) or (key == "dataset.classes" and
+                                                                   isinstance(value, str)) else value
+
+
+def read_class_names(path: str) -> tuple[str, ...]:
+    """A file of class names in label order, one a line (as `fastloader pack` writes `<split>-classes.txt`);
+    blank lines and the spaces around a name are left out. OSError or ValueError say what is wrong."""
+    with open(path, encoding="utf-8") as handle:
+        names = tuple(line.strip() for line in handle if line.strip())
+    if not names:
+        raise ValueError("it holds no class name (one a line)")
+    repeated = sorted({name for name in names if names.count(name) > 1}) if len(set(names)) < len(names) else []
+    if repeated:
+        raise ValueError(f"it names {repeated[0]!r} twice; each class once, in label order")
+    return names
+
+
+def _read_classes_file(raw: dict, origins: Mapping[str, str], source: str) -> None:
+    """dataset.classes given as a file (a path, resolved like the other paths): its names, read now, so
+    that every reader sees a list."""
+    dataset = raw.get("dataset")
+    path = dataset.get("classes") if isinstance(dataset, dict) else None
+    if not isinstance(path, str):
+        return
+    where = origins.get("dataset.classes") or origins.get("dataset") or source
+    try:
+        dataset["classes"] = list(read_class_names(path))
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: dataset.classes: {path!r} does not exist; give the class names as a list, or "
+                          f"the file of them (one a line, as `fastloader pack` writes <split>-classes.txt)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        why = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ConfigError(f"{where}: dataset.classes: the file {path!r} cannot serve as class names: {why}") from None
 
 
 def _deep_copy(value: Any) -> Any:

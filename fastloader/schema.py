@@ -75,8 +75,12 @@ class DatasetConfig:
     format: Literal["folder", "webdataset"] = "folder"
     """How the images are stored: folder (image files: ImageFolder trees, or a split's file_list) or
     webdataset (tar shards of {key}.jpg + {key}.cls members, listed by each split's `shards`)."""
-    classes: tuple[str, ...] | None = None
-    """Class names in label order. Default: the sorted class folders of the split being read."""
+    classes: tuple[str, ...] | None = field(default=None, metadata=_check(
+        lambda v: v is None or (len(v) > 0 and len(set(v)) == len(v) and all(v)),
+        "a list of distinct, non-empty class names (or the path of a file of them, one a line)"))
+    """Class names in label order, or a file of them, one a line (read when the config is loaded; `fastloader
+    pack` writes `<split>-classes.txt`). Default: the sorted class folders of the split being read; for shards,
+    the `<prefix>-classes.txt` beside them when there is one, else 0 .. the largest label."""
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     """File suffixes taken as images (compared case-insensitively)."""
     exif_orientation: bool = True

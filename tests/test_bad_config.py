@@ -56,7 +56,7 @@ CASES = {
                                                                    "dataset.extensions"),
     "every file broken": (every_file_broken, {}, BadImageError,
                           "none of the 2 files in .* can be decoded \\(the first, "
-                          ".*x.jpg': not an image: text starting '<html>404</html>'"),
+                          ".*x.jpg': not an image: an HTML or XML page"),
     "batch_size 0": (None, {"val": {"batch_size": 0}}, ConfigError,
                      "val.batch_size: must be an integer in \\[1, 65536\\], got 0"),
     "batch_size -3": (None, {"val": {"batch_size": -3}}, ConfigError,

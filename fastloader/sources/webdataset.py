@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from ..bad_input import refuse
-from ..config import DEFAULT_SHARD_ROOT
+from ..config import DEFAULT_SHARD_ROOT, read_class_names
 from ..errors import BadImageError, ConfigError
 from ..parallel import available_cores, map_chunks
 from ..paths import cache_home
@@ -188,19 +188,51 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     shards = kept
     scans = _scans(shards, tuple(e.lower().lstrip(".") for e in config.dataset.extensions))
     root = os.path.commonpath([os.path.dirname(path) for path in shards])
-    builder, ranges, problems = _samples(shards, scans, root, config.dataset.classes, excluded)
+    names = config.dataset.classes or _classes_beside(shards)
+    builder, ranges, problems = _samples(shards, scans, root, names, excluded)
     problems += [(path, f"shard {reason}") for path, reason in missing if not excluded(path)]
     if not len(builder):
         first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
         raise BadImageError(f"{source}: {key}: no usable sample in {plural(len(shards), 'shard')}{first}; a "
                             f"sample is a {{key}}.jpg member with its {{key}}.cls label")
-    classes = config.dataset.classes or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
+    classes = names or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
     unusable = refuse(config, problems, noun="shards or members")
     log.info("indexed %s of split '%s': %s in %s%s%s", plural(len(shards), "shard"), split.name,
              plural(len(builder), "sample"), plural(len(classes), "class"),
              f", {plural(len(unusable), 'member')} left out" if unusable else "",
              f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
     return builder.build(root, classes, excluded=excluded.count, ranges=ranges, unusable=unusable)
+
+
+CLASSES_FILE = "{prefix}-classes.txt"
+"""The class names of shards `{prefix}-000000.tar` ..., in label order, one a line, beside them: what
+`fastloader pack` writes and the loader reads when dataset.classes is not set."""
+_NUMBERED = re.compile(r"-\d+\.tar$")
+
+
+def classes_file(shard: str) -> str:
+    """Where the class names of a shard `dir/{prefix}-000000.tar` are: `dir/{prefix}-classes.txt`."""
+    prefix = _NUMBERED.sub("", os.path.basename(shard))
+    return os.path.join(os.path.dirname(shard), CLASSES_FILE.format(prefix=prefix))
+
+
+def _classes_beside(shards: list[str]) -> tuple[str, ...] | None:
+    """The class names in the one classes file beside every shard of the split, or None."""
+    files = {classes_file(shard) for shard in shards if _NUMBERED.search(shard)}
+    if len(files) != 1 or not all(_NUMBERED.search(shard) for shard in shards):
+        return None
+    path = files.pop()
+    try:
+        names = read_class_names(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        log.warning("%s beside the shards cannot serve as class names (%s); the classes are the labels' numbers. "
+                    "Set dataset.classes to name them", path, error)
+        return None
+    log.info("class names from %s (beside the shards, as fastloader pack writes them): %s", path,
+             ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
+    return names
 
 
 def _relative_to(config: Config) -> str:
