@@ -253,3 +253,22 @@ def test_aliases_shared_by_a_dict_config_and_an_override_are_bounded_too(tmp_pat
     override = "train.shards=" + alias_bomb().split("shards: ", 1)[1].strip()  # `--set` parses YAML too
     with pytest.raises(ConfigError, match="override 'train.shards': the config holds more than 100,000 values"):
         build_loader({"dataset": {"format": "webdataset"}}, overrides=[override])
+
+
+def test_dataset_classes_takes_a_file_of_names_relative_to_the_config(tmp_path):
+    """Item 14 of issue 33: `dataset.classes` refused the path of the classes file `fastloader pack` writes."""
+    root = write_solid_dataset(tmp_path / "data", per_class=1, splits=("val",))
+    (tmp_path / "names.txt").write_text("a_red\nb_green\n\nc_blue\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"dataset: {{root: {root}, classes: names.txt}}\nbackend: torch\noutput: {{device: cpu}}\n"
+                      "val: {}\n")
+    assert build_loader(config, "val").classes == ("a_red", "b_green", "c_blue")
+    (tmp_path / "twice.txt").write_text("a_red\na_red\n")
+    for value, message in (("nope.txt", f"override 'dataset.classes': dataset.classes: '{tmp_path / 'nope.txt'}' "
+                                        f"does not exist; give the class names as a list, or the file of them"),
+                           ("twice.txt", "the file '.*twice.txt' cannot serve as class names: it names 'a_red' "
+                                         "twice; each class once, in label order")):
+        with pytest.raises(ConfigError, match=message):
+            build_loader(config, "val", overrides=[f"dataset.classes={tmp_path / value}"])
+    with pytest.raises(ConfigError, match="dataset.classes: must be a list of distinct, non-empty class names"):
+        build_loader(config, "val", overrides=["dataset.classes=[a_red, a_red]"])
