@@ -11,6 +11,7 @@ import difflib
 import math
 import os
 import re
+import shlex
 import types
 import typing
 from pathlib import Path
@@ -79,7 +80,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         raw = _resolve_paths(raw, base_dir)
 
     for key, value in _parse_overrides(overrides):
-        origins[key] = origin or f"override '{key}'"
+        origins[key] = origin or OVERRIDE.format(key=key)
         _check_size(value, origins[key])
         _set_dotted(raw, key, _resolve_override_path(key, value), origins[key], source)
     _resolve_shards(raw, base_dir, origins)
@@ -326,6 +327,25 @@ def _config_to_raw(config: Config) -> dict:
 def config_to_dict(config: Config) -> dict:
     """The resolved config as plain data (for logs, JSON reports and round trips)."""
     return _config_to_raw(config)
+
+
+OVERRIDE = "override '{key}'"
+"""The origin of a key set by an override (`--set KEY=VALUE`, or load_config's overrides)."""
+
+
+def override_options(config: Config) -> list[str]:
+    """The `--set KEY=VALUE` options that give this config its overrides' values again (resolved, so
+    they work from any folder): what a command that a message suggests must keep."""
+    raw, options = _config_to_raw(config), []
+    for key, origin in config.origins.items():
+        if origin != OVERRIDE.format(key=key):
+            continue
+        value: Any = raw
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip().removesuffix("...").strip()
+        options.append(f"--set {shlex.quote(f'{key}={text}')}")
+    return options
 
 
 # ---------------------------------------------------------------------------------------------

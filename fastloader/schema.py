@@ -309,9 +309,11 @@ class Config:
         known = ", ".join(sorted(self.splits)) or "none"
         hint = difflib.get_close_matches(name, list(self.splits), n=1)
         suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
+        mode = "" if name in NAMED_SPLITS else "mode: eval, "  # other splits must state their mode
         raise ConfigError(
             f"{self.source}: no split '{name}' (splits defined: {known}){suggestion} "
-            f"Add a top-level '{name}:' section, e.g. '{name}: {{batch_size: 64}}'.")
+            f"Add a top-level '{name}:' section, e.g. '{name}: {{{mode}batch_size: 64}}'"
+            f"{' (or mode: train)' if mode else ''}.")
 
 
 SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,

@@ -5,7 +5,7 @@ Only the standard library: the command line's modules import it at their top.
 """
 from __future__ import annotations
 
-_IRREGULAR = {"was": "were", "is": "are", "has": "have", "this": "these"}
+_IRREGULAR = {"is": "are", "was": "were", "has": "have"}
 
 
 def plural_of(noun: str) -> str:
