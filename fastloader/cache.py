@@ -157,9 +157,9 @@ def open_split_cache(config: Config, split: SplitConfig, index: SampleIndex) -> 
         return None
     started = time.perf_counter()
     opened = _check_and_open(config, split, index, folder, cache_dir)
-    log.info("split '%s' reads decoded pixels from the cache %s: %d images, %.1f GB, short side %d "
-             "(checked against %d files in %.2f s)", split.name, folder, len(opened.index),
-             opened.pixels.nbytes / 1e9, opened.short_side, len(index), time.perf_counter() - started)
+    log.info("split '%s' reads decoded pixels from the cache %s: %s, %.1f GB, short side %d "
+             "(checked against %s in %.2f s)", split.name, folder, plural(len(opened.index), "image"),
+             opened.pixels.nbytes / 1e9, opened.short_side, plural(len(index), "file"), time.perf_counter() - started)
     return opened
 
 

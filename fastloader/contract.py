@@ -23,6 +23,7 @@ from .order import EpochOrder
 from .prepared import PreparedSplit
 from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
 from .stats import LOG_LEVELS, LoaderStats
+from .words import plural
 
 log = logging.getLogger("fastloader")
 
@@ -79,8 +80,8 @@ class Loader(abc.ABC):
                         config.source, split.name, ranks.rank, len(index), split.batch_size,
                         ranks.world_size, split.name, split.name)
         if self.order.padded:
-            log.info("split '%s': %d samples repeated per epoch so that %d ranks yield equal batches",
-                     split.name, self.order.padded, ranks.world_size)
+            log.info("split '%s': %s repeated per epoch so that %d ranks yield equal batches",
+                     split.name, plural(self.order.padded, "sample"), ranks.world_size)
 
     # -- the contract ----------------------------------------------------------------------------
 
@@ -178,7 +179,7 @@ class Loader(abc.ABC):
         words = [mixer.describe()] if mixer is not None else []
         if self.order.repeats > 1:
             words.append(f"repeated augmentation x{self.order.repeats} ({self.order.epoch_length} positions "
-                         f"per epoch over {self.ranks.world_size} ranks)")
+                         f"per epoch over {plural(self.ranks.world_size, 'rank')})")
         return "".join(f"; {w}" for w in words)
 
     def state_dict(self) -> dict:
@@ -213,10 +214,10 @@ class Loader(abc.ABC):
         if self.order.shared_after(position) == 0:  # saved at the end of an epoch: go on with the next
             epoch, position = epoch + 1, 0
         elif (state["world_size"], state["batch_size"]) != (self.ranks.world_size, self.batch_size):
-            log.info("split '%s': resuming epoch %d at sample %d of %d with %d ranks x batch %d; the state was "
-                     "saved by %d ranks x batch %d, so the rest of the epoch is re-sharded", self.split.name, epoch,
-                     position, self.order.epoch_length, self.ranks.world_size, self.batch_size, state["world_size"],
-                     state["batch_size"])
+            log.info("split '%s': resuming epoch %d at sample %d of %d with %s x batch %d; the state was "
+                     "saved by %s x batch %d, so the rest of the epoch is re-sharded", self.split.name, epoch,
+                     position, self.order.epoch_length, plural(self.ranks.world_size, "rank"), self.batch_size,
+                     plural(state["world_size"], "rank"), state["batch_size"])
         self._epoch, self._epoch_set = epoch, True
         self._resume_position = self._position = position
 

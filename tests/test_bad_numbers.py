@@ -131,3 +131,11 @@ def test_a_loader_state_is_checked_field_by_field_against_the_loader(tmp_path, b
         loader.load_state_dict({**state, "epoch": 2 ** 64})
     loader.load_state_dict({**state, "position": 8})  # a good state still resumes: 8 of 15 consumed, 1 batch left
     assert [len(labels) for _, labels in loader] == [4]
+
+
+def test_counts_of_one_are_singular():
+    """'1 shards', '1 ranks' (issue 33, item 18): one helper words every count."""
+    from fastloader.words import plural
+    assert [plural(1, "shard"), plural(2, "shard"), plural(1, "rank"), plural(3, "class"), plural(1, "batch"),
+            plural(2, "batch"), plural(0, "problem", zero="no")] == [
+        "1 shard", "2 shards", "1 rank", "3 classes", "1 batch", "2 batches", "no problems"]

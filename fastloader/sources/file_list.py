@@ -7,6 +7,7 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from ..samples import IndexBuilder, SampleIndex, label_problem
+from ..words import plural
 
 log = logging.getLogger("fastloader")
 
@@ -39,5 +40,5 @@ def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = No
     if classes is None:
         classes = [str(i) for i in range(int(builder.labels().max()) + 1)]
     if skipped:
-        log.info("file list %s: %d samples, %d left out by dataset.exclude", list_path, len(builder), skipped)
+        log.info("file list %s: %s, %d left out by dataset.exclude", list_path, plural(len(builder), "sample"), skipped)
     return builder.build(root, classes, excluded=skipped)

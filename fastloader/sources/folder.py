@@ -11,6 +11,7 @@ from typing import Sequence
 from ..errors import ConfigError
 from ..samples import IndexBuilder, SampleIndex
 from ..schema import IMAGE_EXTENSIONS, Config, SplitConfig
+from ..words import plural
 from .exclude import read_exclude_list
 from .file_list import read_file_list
 
@@ -136,6 +137,6 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
     if not len(builder):
         raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}); "
                           f"check dataset.root and dataset.extensions")
-    log.info("indexed %s: %d images in %d classes (%.2fs)%s", split_dir, len(builder), len(classes),
+    log.info("indexed %s: %s in %s (%.2fs)%s", split_dir, plural(len(builder), "image"), plural(len(classes), "class"),
              time.monotonic() - started, f", {skipped} left out by dataset.exclude" if skipped else "")
     return builder.build(split_dir, classes, excluded=skipped)
