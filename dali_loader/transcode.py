@@ -18,6 +18,7 @@ from fastloader.imaging.decode import to_rgb
 from fastloader.paths import transcode_folder
 from fastloader.samples import SampleIndex
 from fastloader.sources.reading import open_bytes
+from fastloader.words import plural
 
 log = logging.getLogger("fastloader")
 
@@ -38,6 +39,7 @@ def transcoded_for_dali(index: SampleIndex, formats: Mapping[int, str]) -> dict[
                 to_rgb(image).save(partial, format="PNG")
                 os.replace(partial, target)
         copies[sample] = str(target)
-    log.info("%d files of %s are in formats DALI cannot decode (%s): DALI reads PNG copies in %s",
-             len(copies), index.root, ", ".join(sorted(set(formats.values()))), folder)
+    log.info("%s of %s %s in formats DALI cannot decode (%s): DALI reads PNG copies in %s",
+             plural(len(copies), "file"), index.root, "is" if len(copies) == 1 else "are",
+             ", ".join(sorted(set(formats.values()))), folder)
     return copies

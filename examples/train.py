@@ -8,15 +8,19 @@ targets, float [B, num_classes], and the loss is the soft-target cross entropy; 
 class indices and the loss is plain cross entropy: the loss follows the targets' dtype.
 
 With --checkpoint, rank 0 saves the model, the optimizer and the train loader's state every
---save-every steps and at the end of each epoch; starting again with the same command resumes
-exactly where the checkpoint left off, mid-epoch included. The loader does the sharding; this
-script only wraps the model in DDP. Works on CPU (gloo) and GPU (nccl, one GPU per local rank).
+--save-every steps, at the end of each epoch and on Ctrl-C (after the step under way: press it twice
+to stop at once); starting again with the same command resumes exactly where the checkpoint left
+off, mid-epoch included. The loader does the sharding; this script only wraps the model in DDP.
+Works on CPU (gloo) and GPU (nccl, one GPU per local rank). A config error prints its message and
+exits with status 2; Ctrl-C exits with 130.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import signal
+import sys
 import time
 
 import torch
@@ -24,6 +28,10 @@ import torch.distributed as dist
 import torchvision
 
 from fastloader import build_loader
+from fastloader.errors import BadImageError, ConfigError
+
+INTERRUPTED = 130
+"""The exit status after Ctrl-C, as a shell gives it (128 + SIGINT)."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,6 +75,44 @@ def save(path: str, model, optimizer, train, step: int) -> None:
     os.replace(path + ".tmp", path)  # a job killed while saving keeps the previous checkpoint
 
 
+class CtrlC:
+    """Ctrl-C asks the run to stop after the step under way (a second one stops it at once). Every rank
+    of a DDP job agrees on the step, so that they all save the same state and leave together."""
+
+    def __init__(self):
+        self.asked = False
+        signal.signal(signal.SIGINT, self._ask)
+
+    def _ask(self, number, frame) -> None:
+        self.asked = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the second Ctrl-C: KeyboardInterrupt
+        say("Ctrl-C: stopping after this step (Ctrl-C again to stop at once)")
+
+    def agreed(self) -> bool:
+        """Whether any rank was asked to stop (a collective in DDP: every rank calls it after each step)."""
+        if not dist.is_initialized():
+            return self.asked
+        flag = torch.tensor([int(self.asked)], dtype=torch.int32, device="cpu")  # gloo: no wait for the GPU
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.asked = bool(flag.item())  # a rank that was not asked stops too
+        return self.asked
+
+    def batches(self, loader):
+        """The loader's batches; after Ctrl-C, a loader whose worker processes the same Ctrl-C ended
+        ends the loop instead of failing (its state still counts only the batches trained on)."""
+        batches = iter(loader)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except Exception:
+                if self.asked:
+                    return
+                raise
+            yield batch
+
+
 def evaluate(model, val) -> tuple[float, int]:
     """Accuracy over the whole val split: each rank scores its shard, the sums are all-reduced.
 
@@ -88,9 +134,21 @@ def evaluate(model, val) -> tuple[float, int]:
     return float(totals[0] / totals[1]), int(totals[1])
 
 
-def main() -> None:
+def main() -> int:
+    """Train; the exit status: 0 done, 2 a config or data error (its message, no traceback), 130 Ctrl-C."""
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # the loaders' lines
+    try:
+        return train(args)
+    except (ConfigError, BadImageError) as error:  # errors that name the key or file and the fix
+        print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the second Ctrl-C
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def train(args) -> int:
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:  # torchrun (or srun with its variables)
         # gloo for CPU tensors and NCCL for CUDA ones, both named: a run whose output.device is cpu
         # must work on a GPU machine too, and torch 2.11 with no backend named gives CPU tensors none
@@ -112,8 +170,9 @@ def main() -> None:
         optimizer.load_state_dict(saved["optimizer"])
         train.load_state_dict(saved["train_loader"])  # the next loop continues the saved epoch
         step = saved["step"]
-        say(f"resumed from {args.checkpoint}: step {step}, epoch {train.epoch}, "
-            f"sample {saved['train_loader']['position']} of {train.num_samples}")
+        resumed = train.state_dict()  # where the next loop starts: a saved end of epoch is the next one's start
+        say(f"resumed from {args.checkpoint}: step {step}, epoch {resumed['epoch']}, "
+            f"sample {resumed['position']} of {train.num_samples}")
     if dist.is_initialized():
         device_ids = [device.index] if device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
@@ -121,9 +180,10 @@ def main() -> None:
         f"{train.batch_size * world}, {len(train)} steps per epoch")
 
     steps_this_run = 0
+    ctrl_c = CtrlC()
     for epoch in range(train.epoch, args.epochs):
         started, images_seen, loss = time.perf_counter(), 0, torch.tensor(float("nan"), device=device)
-        for images, labels in train:  # after a resume, the first loop is the rest of the saved epoch
+        for images, labels in ctrl_c.batches(train):  # after a resume, the first loop is the rest of the saved epoch
             if steps_this_run == 0:
                 soft = labels.is_floating_point()
                 say("targets: " + ("soft, float [B, num_classes]: soft-target cross entropy" if soft
@@ -144,22 +204,33 @@ def main() -> None:
                     save(args.checkpoint, model, optimizer, train, step)
                 say(f"stopped after {steps_this_run} steps (--max-steps) at epoch {epoch}, step {step}")
                 return finish(train, val)
+            if ctrl_c.agreed():
+                break
+        if ctrl_c.asked:
+            if args.checkpoint:
+                save(args.checkpoint, model, optimizer, train, step)
+            say(f"interrupted at epoch {epoch}, step {step}: " + (
+                f"saved {args.checkpoint}; the same command resumes from it" if args.checkpoint else
+                "nothing saved (no --checkpoint)"))
+            finish(train, val)
+            return INTERRUPTED
         seconds = time.perf_counter() - started
         accuracy, scored = evaluate(model, val)
         say(f"epoch {epoch} done: loss {loss.item():.3f}, val accuracy {accuracy:.3f} on {scored} images, "
             f"{images_seen / seconds:.0f} images/s")
         if args.checkpoint:
             save(args.checkpoint, model, optimizer, train, step)
-    finish(train, val)
+    return finish(train, val)
 
 
-def finish(*loaders) -> None:
+def finish(*loaders) -> int:
     for loader in loaders:
         loader.close()
     if dist.is_initialized():
         dist.barrier()  # leave together: gloo may abort a rank whose peers already closed their sockets
         dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -30,7 +30,8 @@ def refuse(config: Config, found: Sequence[tuple[str, str]], context: str = "",
         return found
     if config.dataset.on_bad_image == "raise":
         name, reason = found[0]
-        more = f" ({len(found) - 1} more {noun} fail the same check)" if len(found) > 1 else ""
+        more = f" ({len(found) - 1} more {noun} fail the same check)" if len(found) > 2 else \
+            " (1 more fails the same check)" if len(found) == 2 else ""
         raise BadImageError(refused_file(name, reason, config.source, context) + more)
     where = f"; {context}" if context else ""
     for name, reason in found[:LOGGED_EACH]:

@@ -26,15 +26,19 @@ import glob
 import json
 import logging
 import os
+import shlex
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from .bad_input import refuse
+from .cache_write import DEFAULT_SHORT_SIDE
+from .config import override_options
 from .errors import CacheError
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
+from .words import plural
 
 log = logging.getLogger("fastloader")
 
@@ -52,8 +56,12 @@ def split_folder(cache_dir: str, split: str) -> str:
 
 
 def rebuild_command(config: Config, split: str, short_side: int, cache_dir: str) -> str:
-    source = config.source if config.source != "<dict>" else "CONFIG"
-    return f"fastloader cache {source} --split {split} --short-side {short_side} --out {cache_dir}"
+    """The `fastloader cache` command that builds this split's cache for this config: its overrides
+    kept (`--set`), and `--short-side` only where it is not the command's default."""
+    source = shlex.quote(config.source) if config.source != "<dict>" else "CONFIG"
+    side = f" --short-side {short_side}" if short_side != DEFAULT_SHORT_SIDE else ""
+    overrides = "".join(f" {option}" for option in override_options(config))
+    return f"fastloader cache {source} --split {split}{side} --out {shlex.quote(cache_dir)}{overrides}"
 
 
 def required_short_side(split: SplitConfig) -> int:
@@ -61,6 +69,11 @@ def required_short_side(split: SplitConfig) -> int:
     resizes the shorter side to floor(size / crop_pct); train crops at most the whole image."""
     t = split.transform
     return int(t.size // t.crop_pct) if split.mode == "eval" else t.size
+
+
+def suggested_short_side(split: SplitConfig) -> int:
+    """The --short-side a build for this split should use: the command's default where it is enough."""
+    return max(required_short_side(split), DEFAULT_SHORT_SIDE)
 
 
 @dataclass(frozen=True)
@@ -128,13 +141,13 @@ def open_split_cache(config: Config, split: SplitConfig, index: SampleIndex) -> 
     if not cache_dir:
         return None
     if not os.path.isdir(cache_dir):
-        build = rebuild_command(config, split.name, required_short_side(split), cache_dir)
+        build = rebuild_command(config, split.name, suggested_short_side(split), cache_dir)
         raise CacheError(f"{config.origin('dataset.cache')}: dataset.cache: folder {cache_dir!r} does not exist; "
                          f"build it with `{build}` or remove the key")
     folder = split_folder(cache_dir, split.name)
     if not os.path.isdir(folder):
         unfinished = glob.glob(os.path.join(cache_dir, PARTIAL.format(split=split.name) + "*"))
-        command = rebuild_command(config, split.name, required_short_side(split), cache_dir)
+        command = rebuild_command(config, split.name, suggested_short_side(split), cache_dir)
         if unfinished:
             raise CacheError(f"dataset.cache: the cache of split '{split.name}' in {cache_dir} was never finished "
                              f"({unfinished[0]} is a build that was killed or is still running); "
@@ -144,9 +157,9 @@ def open_split_cache(config: Config, split: SplitConfig, index: SampleIndex) -> 
         return None
     started = time.perf_counter()
     opened = _check_and_open(config, split, index, folder, cache_dir)
-    log.info("split '%s' reads decoded pixels from the cache %s: %d images, %.1f GB, short side %d "
-             "(checked against %d files in %.2f s)", split.name, folder, len(opened.index),
-             opened.pixels.nbytes / 1e9, opened.short_side, len(index), time.perf_counter() - started)
+    log.info("split '%s' reads decoded pixels from the cache %s: %s, %.1f GB, short side %d "
+             "(checked against %s in %.2f s)", split.name, folder, plural(len(opened.index), "image"),
+             opened.pixels.nbytes / 1e9, opened.short_side, plural(len(index), "file"), time.perf_counter() - started)
     return opened
 
 
@@ -154,7 +167,7 @@ def _check_and_open(config: Config, split: SplitConfig, index: SampleIndex, fold
                     cache_dir: str) -> OpenedCache:
     manifest = Manifest.read(folder)
     data = manifest.data
-    command = rebuild_command(config, split.name, int(data.get("short_side") or required_short_side(split)), cache_dir)
+    command = rebuild_command(config, split.name, int(data.get("short_side") or suggested_short_side(split)), cache_dir)
 
     def stale(reason: str) -> CacheError:
         return CacheError(f"dataset.cache: the cache {folder} does not match split '{split.name}' of the dataset "
@@ -167,7 +180,7 @@ def _check_and_open(config: Config, split: SplitConfig, index: SampleIndex, fold
         raise stale(f"classes {data['classes'][:5]} then, {list(index.classes[:5])} now")
     needed = required_short_side(split)
     if manifest.short_side < needed:
-        command = rebuild_command(config, split.name, needed, cache_dir)
+        command = rebuild_command(config, split.name, suggested_short_side(split), cache_dir)
         raise stale(f"it was built with --short-side {manifest.short_side}, and split '{split.name}' "
                     f"({split.mode}, size {split.transform.size}) needs at least {needed} not to enlarge images")
     with np.load(os.path.join(folder, FILES)) as files:
@@ -194,10 +207,12 @@ def _match_files(index: SampleIndex, cached: SampleIndex, stale) -> np.ndarray:
     added = [index.relpath(i) for i in np.flatnonzero(found < 0)]
     removed = np.setdiff1d(np.arange(len(cached)), found)
     if added:
-        raise stale(f"{len(added)} files are not in the cache, e.g. {', '.join(added[:EXAMPLES_SHOWN])}")
+        raise stale(f"{plural(len(added), 'file')} {'are' if len(added) > 1 else 'is'} not in the cache, e.g. "
+                    f"{', '.join(added[:EXAMPLES_SHOWN])}")
     if len(removed):
         names = [cached.relpath(int(i)) for i in removed[:EXAMPLES_SHOWN]]
-        raise stale(f"{len(removed)} cached files are no longer in the split, e.g. {', '.join(names)}")
+        raise stale(f"{plural(len(removed), 'cached file')} {'are' if len(removed) > 1 else 'is'} no longer in the "
+                    f"split, e.g. {', '.join(names)}")
     return found
 
 
@@ -215,7 +230,7 @@ def _check_unchanged(index: SampleIndex, file_of_sample: np.ndarray, sizes: np.n
         if info.st_size != sizes[file] or info.st_mtime_ns != mtimes[file]:
             changed.append(index.relpath(sample))
     if changed:
-        raise stale(f"{len(changed)} files changed (size or modification time) since the build, "
+        raise stale(f"{plural(len(changed), 'file')} changed (size or modification time) since the build, "
                     f"e.g. {', '.join(changed[:EXAMPLES_SHOWN])}")
 
 

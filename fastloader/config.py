@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
+import re
+import shlex
 import types
 import typing
 from pathlib import Path
@@ -62,6 +65,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         raw, source, base_dir = _config_to_raw(config), config.source, Path.cwd()
         origins.update(config.origins)
     elif isinstance(config, Mapping):
+        _check_size(config, "<dict>")
         raw, source, base_dir = _deep_copy(config), "<dict>", Path.cwd()
     else:
         path = Path(config)
@@ -69,20 +73,51 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
             raw = yaml.safe_load(_read_config_text(path)) or {}
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        _check_size(raw, str(path))
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
         source, base_dir = str(path), path.resolve().parent
         raw = _resolve_paths(raw, base_dir)
 
     for key, value in _parse_overrides(overrides):
-        origins[key] = origin or f"override '{key}'"
+        origins[key] = origin or OVERRIDE.format(key=key)
+        _check_size(value, origins[key])
         _set_dotted(raw, key, _resolve_override_path(key, value), origins[key], source)
+    _resolve_shards(raw, base_dir, origins)
     _default_shard_root(raw, base_dir, origins)
+    _read_classes_file(raw, origins, source)
     forced = os.environ.get(BACKEND_ENV)
     if forced:
         raw["backend"] = forced
         origins["backend"] = f"environment variable {BACKEND_ENV}"
     return _Builder(source, origins).config(raw)
+
+
+MAX_CONFIG_BYTES = 4 << 20
+"""The largest config file read (4 MiB): a config is a page of keys, and its shards are patterns."""
+MAX_CONFIG_VALUES = 100_000
+"""The most values (keys, list items, scalars) a config may hold once its YAML aliases are expanded:
+nine nested aliases of nine items each are 387 million, which took 289 s and 2.9 GB to refuse."""
+
+
+def _check_size(raw: Any, source: str) -> None:
+    """Count the values of a loaded config, each alias as often as it is used, and stop at
+    MAX_CONFIG_VALUES: an alias bomb fails here in milliseconds, before anything walks it whole."""
+    count, stack = 0, [(raw, "")]
+    while stack:
+        value, path = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            key = path[:path.find("[", path.find("[") + 1)] if path.count("[") > 1 else path
+            where = f" (at {key}...)" if key else ""
+            raise ConfigError(f"{source}: the config holds more than {MAX_CONFIG_VALUES:,} values once its YAML "
+                              f"aliases are expanded{where}; each `*alias` repeats its anchor's whole value, so "
+                              f"nested aliases multiply. List shards as patterns (`train-{{000000..000146}}.tar`), "
+                              f"not one by one, and use no nested aliases")
+        if isinstance(value, Mapping):
+            stack += [(child, f"{path}.{key}" if path else str(key)) for key, child in value.items()]
+        elif isinstance(value, (list, tuple)):
+            stack += [(child, f"{path}[{i}]") for i, child in reversed(list(enumerate(value)))]
 
 
 BINARY_SIGNATURES = ((b"\x1f\x8b", "a gzip archive"), (b"PK\x03\x04", "a zip archive"), (b"%PDF", "a PDF document"),
@@ -105,9 +140,13 @@ def _read_config_text(path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found (working directory: {Path.cwd()}). {fix}")
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {error.strerror or error}. {fix}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {str(path)!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB; a config is a page "
+                          f"of keys: list shards as patterns (`train-{{000000..000146}}.tar`), not one by one. {fix}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -160,12 +199,16 @@ def _set_dotted(raw: dict, key: str, value: Any, origin: str, source: str) -> No
     node[parts[-1]] = value
 
 
+DEFAULT_SHARD_ROOT = "the config's folder (dataset.format: webdataset)"
+"""Where dataset.root came from when a webdataset config leaves it out (its origin, in messages)."""
 DATASET_PATHS = ("root", "exclude", "cache")
 """dataset keys that hold paths: relative ones are resolved against the config file's folder."""
 
 
 def _is_path_key(dotted: str) -> bool:
-    return dotted in {f"dataset.{key}" for key in DATASET_PATHS} or dotted.endswith((".file_list", ".shards"))
+    """A key whose relative path an override gives relative to the working directory (shards: see
+    _resolve_shards)."""
+    return dotted in {f"dataset.{key}" for key in DATASET_PATHS} or dotted.endswith(".file_list")
 
 
 def _resolve_one(value: Any, base_dir: Path) -> Any:
@@ -184,11 +227,27 @@ def _resolve_paths(raw: dict, base_dir: Path) -> dict:
         for key in DATASET_PATHS:
             if key in dataset:
                 dataset[key] = _resolve_one(dataset[key], base_dir)
+        if isinstance(dataset.get("classes"), str):  # a file of class names; a list is the names themselves
+            dataset["classes"] = _resolve_one(dataset["classes"], base_dir)
     for key, section in raw.items():
-        for path_key in ("file_list", "shards"):
-            if key not in SECTIONS and isinstance(section, dict) and path_key in section:
-                section[path_key] = _resolve_one(section[path_key], base_dir)
+        if key not in SECTIONS and isinstance(section, dict) and "file_list" in section:
+            section["file_list"] = _resolve_one(section["file_list"], base_dir)
     return raw
+
+
+def _resolve_shards(raw: dict, base_dir: Path, origins: Mapping[str, str]) -> None:
+    """A split's relative shard paths are relative to dataset.root when it is set (in the file or an
+    override), else to the config file's folder (in an override or a dict: the working directory)."""
+    dataset = raw.get("dataset")
+    root = dataset.get("root") if isinstance(dataset, dict) else None
+    given = isinstance(root, str) and root != "" and not root.startswith("builtin:")
+    for name, section in raw.items():
+        if name in SECTIONS or not isinstance(section, dict) or "shards" not in section:
+            continue
+        overridden = any(key in origins for key in (name, f"{name}.shards"))
+        base = Path(os.path.expanduser(os.path.expandvars(root))).absolute() if given else \
+            Path.cwd() if overridden else base_dir
+        section["shards"] = _resolve_one(section["shards"], base)
 
 
 def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> None:
@@ -197,11 +256,43 @@ def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> N
     dataset = raw.get("dataset")
     if isinstance(dataset, dict) and dataset.get("format") == "webdataset" and "root" not in dataset:
         dataset["root"] = str(base_dir)
-        origins["dataset.root"] = "the config's folder (dataset.format: webdataset)"
+        origins["dataset.root"] = DEFAULT_SHARD_ROOT
 
 
 def _resolve_override_path(key: str, value: Any) -> Any:
-    return _resolve_one(value, Path.cwd()) if _is_path_key(key) else value
+    return _resolve_one(value, Path.cwd()) if _is_path_key(key) or (key == "dataset.classes" and
+                                                                   isinstance(value, str)) else value
+
+
+def read_class_names(path: str) -> tuple[str, ...]:
+    """A file of class names in label order, one a line (as `fastloader pack` writes `<split>-classes.txt`);
+    blank lines and the spaces around a name are left out. OSError or ValueError say what is wrong."""
+    with open(path, encoding="utf-8") as handle:
+        names = tuple(line.strip() for line in handle if line.strip())
+    if not names:
+        raise ValueError("it holds no class name (one a line)")
+    repeated = sorted({name for name in names if names.count(name) > 1}) if len(set(names)) < len(names) else []
+    if repeated:
+        raise ValueError(f"it names {repeated[0]!r} twice; each class once, in label order")
+    return names
+
+
+def _read_classes_file(raw: dict, origins: Mapping[str, str], source: str) -> None:
+    """dataset.classes given as a file (a path, resolved like the other paths): its names, read now, so
+    that every reader sees a list."""
+    dataset = raw.get("dataset")
+    path = dataset.get("classes") if isinstance(dataset, dict) else None
+    if not isinstance(path, str):
+        return
+    where = origins.get("dataset.classes") or origins.get("dataset") or source
+    try:
+        dataset["classes"] = list(read_class_names(path))
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: dataset.classes: {path!r} does not exist; give the class names as a list, or "
+                          f"the file of them (one a line, as `fastloader pack` writes <split>-classes.txt)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        why = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ConfigError(f"{where}: dataset.classes: the file {path!r} cannot serve as class names: {why}") from None
 
 
 def _deep_copy(value: Any) -> Any:
@@ -238,6 +329,25 @@ def config_to_dict(config: Config) -> dict:
     return _config_to_raw(config)
 
 
+OVERRIDE = "override '{key}'"
+"""The origin of a key set by an override (`--set KEY=VALUE`, or load_config's overrides)."""
+
+
+def override_options(config: Config) -> list[str]:
+    """The `--set KEY=VALUE` options that give this config its overrides' values again (resolved, so
+    they work from any folder): what a command that a message suggests must keep."""
+    raw, options = _config_to_raw(config), []
+    for key, origin in config.origins.items():
+        if origin != OVERRIDE.format(key=key):
+            continue
+        value: Any = raw
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip().removesuffix("...").strip()
+        options.append(f"--set {shlex.quote(f'{key}={text}')}")
+    return options
+
+
 # ---------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +380,7 @@ class _Builder:
 
     def where(self, path: str) -> str:
         """The file, or the override / environment variable that set this key or one of its parents."""
-        parts = path.split(".")
+        parts = re.sub(r"\[\d+\]", "", path).split(".")  # an item of a list is set with its list
         for depth in range(len(parts), 0, -1):
             origin = self.origins.get(".".join(parts[:depth]))
             if origin:
@@ -406,11 +516,15 @@ class _Builder:
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
         if origin in (Union, types.UnionType):
+            refusals = []
             for option in args:
                 try:
                     return self.coerce(value, option, path)
-                except ConfigError:
-                    continue
+                except ConfigError as error:
+                    refusals.append(error)
+            not_finite = [error for error in refusals if "expected a finite number" in str(error)]
+            if not_finite:  # the type fits, the value does not: say so rather than "expected a number"
+                raise not_finite[0]
             self.fail(path, f"expected {_describe_type(hint)}, got {_show(value)}")
         if origin is Literal:
             if value in args and type(value) is type(args[args.index(value)]):
@@ -438,7 +552,10 @@ class _Builder:
                 return value
         elif hint is float:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
+                number = float(value) if isinstance(value, float) or abs(value) < 2**1023 else math.inf
+                if not math.isfinite(number):  # .inf / .nan would poison every batch (NaN targets)
+                    self.fail(path, f"expected a finite number, got {_show(value)}")
+                return number
         elif hint is str:
             if isinstance(value, str):
                 return value

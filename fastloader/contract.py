@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import numbers
 import time
 from typing import Iterator
 
@@ -20,8 +21,9 @@ from .device_ops import BatchFinisher
 from .distributed import RankInfo
 from .order import EpochOrder
 from .prepared import PreparedSplit
-from .schema import Config, SplitConfig
+from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
 from .stats import LOG_LEVELS, LoaderStats
+from .words import plural
 
 log = logging.getLogger("fastloader")
 
@@ -78,8 +80,8 @@ class Loader(abc.ABC):
                         config.source, split.name, ranks.rank, len(index), split.batch_size,
                         ranks.world_size, split.name, split.name)
         if self.order.padded:
-            log.info("split '%s': %d samples repeated per epoch so that %d ranks yield equal batches",
-                     split.name, self.order.padded, ranks.world_size)
+            log.info("split '%s': %s repeated per epoch so that %d ranks yield equal batches",
+                     split.name, plural(self.order.padded, "sample"), ranks.world_size)
 
     # -- the contract ----------------------------------------------------------------------------
 
@@ -111,8 +113,8 @@ class Loader(abc.ABC):
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next `for` loop run this epoch (its order is a function of seed and epoch)."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or not 0 <= epoch <= INT64_MAX:
+            raise ValueError(f"epoch must be an integer in [0, 2**63 - 1], got {epoch!r}")
         self._epoch, self._epoch_set = int(epoch), True
         self._resume_position = self._position = 0
 
@@ -177,7 +179,7 @@ class Loader(abc.ABC):
         words = [mixer.describe()] if mixer is not None else []
         if self.order.repeats > 1:
             words.append(f"repeated augmentation x{self.order.repeats} ({self.order.epoch_length} positions "
-                         f"per epoch over {self.ranks.world_size} ranks)")
+                         f"per epoch over {plural(self.ranks.world_size, 'rank')})")
         return "".join(f"; {w}" for w in words)
 
     def state_dict(self) -> dict:
@@ -203,6 +205,7 @@ class Loader(abc.ABC):
             raise ValueError(f"loader state version {found!r} is not {STATE_VERSION}: pass the dict that "
                              f"loader.state_dict() returned, saved by this fastloader version")
         self._refuse_other(state)
+        self._refuse_out_of_range(state)
         if state["backend"] != self.backend:
             log.info("split '%s': resuming a state the %s backend saved on the %s backend: the same samples, crops, "
                      "flips and ops (drawn from each sample's seed), with pixels within the backends' tolerance "
@@ -211,10 +214,10 @@ class Loader(abc.ABC):
         if self.order.shared_after(position) == 0:  # saved at the end of an epoch: go on with the next
             epoch, position = epoch + 1, 0
         elif (state["world_size"], state["batch_size"]) != (self.ranks.world_size, self.batch_size):
-            log.info("split '%s': resuming epoch %d at sample %d of %d with %d ranks x batch %d; the state was "
-                     "saved by %d ranks x batch %d, so the rest of the epoch is re-sharded", self.split.name, epoch,
-                     position, self.order.epoch_length, self.ranks.world_size, self.batch_size, state["world_size"],
-                     state["batch_size"])
+            log.info("split '%s': resuming epoch %d at sample %d of %d with %s x batch %d; the state was "
+                     "saved by %s x batch %d, so the rest of the epoch is re-sharded", self.split.name, epoch,
+                     position, self.order.epoch_length, plural(self.ranks.world_size, "rank"), self.batch_size,
+                     plural(state["world_size"], "rank"), state["batch_size"])
         self._epoch, self._epoch_set = epoch, True
         self._resume_position = self._position = position
 
@@ -241,6 +244,31 @@ class Loader(abc.ABC):
                 raise ValueError(f"loader state was saved with {config_key}: {saved_order.get(key)!r}, this loader has "
                                  f"{config_key}: {mine[key]!r} (from {self.config.source}); set it back to "
                                  f"resume the same order")
+
+    def _refuse_out_of_range(self, state: dict) -> None:
+        """Every number of the state, checked against this loader: a position of -8 would deliver 8
+        samples twice, an epoch past int64 fails deep in numpy. A ValueError names the field and its range."""
+        epoch_length = self.order.epoch_length
+        ranges = {"epoch": (0, INT64_MAX, "epochs count from 0"),
+                  "position": (0, epoch_length, f"samples of the epoch's order consumed by all ranks; split "
+                                                f"'{self.split.name}' has {epoch_length} per epoch"),
+                  "batch_size": (1, MAX_BATCH, "samples per batch on each rank"),
+                  "world_size": (1, MAX_RANKS, "ranks"),
+                  "num_samples": (0, INT64_MAX, "samples in the split"),
+                  "seed": (0, INT64_MAX, "the config's seed"),
+                  "aug_repeats": (1, MAX_PROCESSES, f"{self.split.name}.aug_repeats")}
+        if not isinstance(state.get("shuffle"), bool):
+            raise ValueError(f"loader state: shuffle must be true or false ({self.split.name}.shuffle), got "
+                             f"{state.get('shuffle')!r}; pass the dict that loader.state_dict() returned")
+        for key, (low, high, meaning) in ranges.items():
+            value = state.get(key, 1 if key == "aug_repeats" else None)  # states before repeats: 1
+            if value is None or isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                found = "no such field" if value is None else f"{type(value).__name__} {value!r}"
+                raise ValueError(f"loader state: {key} must be an integer in [{low}, {high}] ({meaning}), got "
+                                 f"{found}; pass the dict that loader.state_dict() returned")
+            if not low <= value <= high:
+                raise ValueError(f"loader state: {key} {value} is not in [{low}, {high}] ({meaning}); pass the "
+                                 f"dict that loader.state_dict() returned")
 
     def close(self) -> None:
         """Stop workers / free the pipeline. Iterating afterwards raises an error."""

@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .schema import MAX_CLASSES_WITHOUT_NAMES
 from .sources.reading import Location
 
 
@@ -157,6 +158,20 @@ class SampleIndex:
         for part in (self.path_bytes, self.offsets, self.labels):
             digest.update(np.ascontiguousarray(part).data)
         return digest.hexdigest()
+
+
+def label_problem(label: int, classes: Sequence[str] | None, where: str = "") -> str | None:
+    """Why an integer label cannot be used, or None: below 0, past dataset.classes, or (without
+    dataset.classes, where the classes are 0 .. the largest label) past MAX_CLASSES_WITHOUT_NAMES."""
+    of = f" of {where}" if where else ""
+    if label < 0 or (classes is not None and label >= len(classes)):
+        limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
+        return f"label {label}{of} out of range{limit}"
+    if classes is None and label >= MAX_CLASSES_WITHOUT_NAMES:
+        return (f"label {label}{of} is above {MAX_CLASSES_WITHOUT_NAMES - 1:,}, the largest label read without "
+                f"dataset.classes (the classes would be 0 .. {label}); set dataset.classes to the class names in "
+                f"label order, or fix the label")
+    return None
 
 
 class IndexBuilder:

@@ -22,6 +22,21 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
+INT64_MAX = 2**63 - 1
+"""The largest integer a config key takes (numpy's int64, the sampler's seeds and states): a larger
+one fails at load with its key, not deep inside numpy."""
+MAX_BATCH = 65_536
+"""The largest batch_size: a batch's buffers are allocated whole (65,536 x 3 x 224 x 224 bytes is 9.9 GB)."""
+MAX_SIZE = 8192
+"""The largest transform.size, in pixels."""
+MAX_PROCESSES = 1024
+"""The most workers, DALI threads or batches ahead a rank may ask for."""
+MAX_RANKS = 1 << 20
+"""The largest world size (and rank, local rank) a config may name."""
+MAX_CLASSES_WITHOUT_NAMES = 100_000
+"""Without dataset.classes, a label of a shard member or a file list is at most this minus 1: the classes
+are then 0 .. the largest label, and one stray `.cls` of 20000000 must not make 20 million classes."""
+
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
 Auto = Literal["auto"]
 
@@ -30,6 +45,11 @@ def _check(predicate, message):
     """Field metadata: a range check whose message completes 'KEY: must be ...' (a string, or a
     function of the value for checks that can say more, such as the closest valid form)."""
     return {"check": (predicate, message)}
+
+
+def _in_range(low: int, high: int):
+    """The check of an integer in [low, high], and its message."""
+    return _check(lambda v: low <= v <= high, f"an integer in [{low}, {high}]")
 
 
 def _policy_message(value) -> str:
@@ -55,8 +75,12 @@ class DatasetConfig:
     format: Literal["folder", "webdataset"] = "folder"
     """How the images are stored: folder (image files: ImageFolder trees, or a split's file_list) or
     webdataset (tar shards of {key}.jpg + {key}.cls members, listed by each split's `shards`)."""
-    classes: tuple[str, ...] | None = None
-    """Class names in label order. Default: the sorted class folders of the split being read."""
+    classes: tuple[str, ...] | None = field(default=None, metadata=_check(
+        lambda v: v is None or (len(v) > 0 and len(set(v)) == len(v) and all(v)),
+        "a list of distinct, non-empty class names (or the path of a file of them, one a line)"))
+    """Class names in label order, or a file of them, one a line (read when the config is loaded; `fastloader
+    pack` writes `<split>-classes.txt`). Default: the sorted class folders of the split being read; for shards,
+    the `<prefix>-classes.txt` beside them when there is one, else 0 .. the largest label."""
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     """File suffixes taken as images (compared case-insensitively)."""
     exif_orientation: bool = True
@@ -70,7 +94,8 @@ class DatasetConfig:
     screen: bool = True
     """Check every file's header when a loader is built (cached per dataset) and leave out the files
     that cannot be decoded, before a decoder sees them."""
-    max_pixels: int = field(default=BOMB_PIXELS, metadata=_check(lambda v: v > 0, "a positive integer"))
+    max_pixels: int = field(default=BOMB_PIXELS, metadata=_check(lambda v: 0 < v <= INT64_MAX,
+                                                                 "a positive integer, at most 2**63 - 1"))
     """Width x height above which an image counts as a decompression bomb and is refused before
     its pixels are allocated (default: Pillow's own error threshold, fastloader.imaging.screen.BOMB_PIXELS)."""
     cache: str | None = None
@@ -80,7 +105,7 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class TransformConfig:
-    size: int = field(default=224, metadata=_check(lambda v: v > 0, "a positive integer"))
+    size: int = field(default=224, metadata=_in_range(1, MAX_SIZE))
     """Output height and width in pixels."""
     scale: tuple[float, float] = field(
         default=(0.08, 1.0), metadata=_check(lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"))
@@ -156,7 +181,7 @@ class SplitConfig:
     """train: random-resized-crop + flip, every rank the same number of batches.
     eval: resize + centre crop, every sample exactly once across ranks.
     Default: train for a split named `train`, eval for any other."""
-    batch_size: int = field(default=64, metadata=_check(lambda v: v > 0, "a positive integer"))
+    batch_size: int = field(default=64, metadata=_in_range(1, MAX_BATCH))
     """Samples per batch on each rank."""
     shuffle: bool = True
     """A new seeded permutation every epoch. Default: true in train mode, false in eval mode."""
@@ -169,8 +194,10 @@ class SplitConfig:
     """A text file of `relative/path label` lines to read instead of scanning folders."""
     shards: str | tuple[str, ...] | None = None
     """dataset.format: webdataset: the split's tar shards: a path, glob or brace range
-    (`train-{000000..000146}.tar`), or a list of them, relative to the config file's folder."""
-    aug_repeats: int = field(default=1, metadata=_check(lambda v: v >= 1, "an integer >= 1 (1: no repeats)"))
+    (`train-{000000..000146}.tar`), or a list of them, relative to dataset.root when it is set, else to
+    the config file's folder."""
+    aug_repeats: int = field(default=1, metadata=_check(lambda v: 1 <= v <= MAX_PROCESSES,
+                                                        f"an integer in [1, {MAX_PROCESSES}] (1: no repeats)"))
     """train: repeated augmentation (DeiT's RASampler): each sample chosen K times in a row of the
     epoch's order, each copy with its own augmentation seed; the epoch keeps its length. 1: off."""
     label_smoothing: float = field(default=0.0, metadata=_check(lambda v: 0 <= v < 1, "in [0, 1)"))
@@ -206,11 +233,12 @@ class OutputConfig:
 @dataclass(frozen=True)
 class WorkersConfig:
     num_workers: int | Auto = field(
-        default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or an integer >= 0"))
+        default="auto", metadata=_check(lambda v: v == "auto" or 0 <= v <= MAX_PROCESSES,
+                                        f"'auto' or an integer in [0, {MAX_PROCESSES}]"))
     """Decoding processes per rank. auto: the CPU cores available to this local rank, capped by max_workers."""
-    max_workers: int = field(default=16, metadata=_check(lambda v: v > 0, "a positive integer"))
+    max_workers: int = field(default=16, metadata=_in_range(1, MAX_PROCESSES))
     """Cap on num_workers: auto."""
-    prefetch_factor: int = field(default=2, metadata=_check(lambda v: v > 0, "a positive integer"))
+    prefetch_factor: int = field(default=2, metadata=_in_range(1, MAX_PROCESSES))
     """Batches each worker prepares ahead."""
     persistent: bool = True
     """Keep workers alive between epochs (no restart cost at each epoch boundary)."""
@@ -223,18 +251,22 @@ class DaliConfig:
     hw_decoder_load: float = field(default=0.65, metadata=_check(lambda v: 0 <= v <= 1, "a fraction in [0, 1]"))
     """GPU flavour: share of each batch sent to the GPU's hardware JPEG decoder where it has one (A100,
     H100, H200); the rest goes to nvJPEG's CUDA decoder. 0.65 is NVIDIA's ResNet-50 example value."""
-    threads: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v > 0, "'auto' or > 0"))
+    threads: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or 1 <= v <= MAX_PROCESSES,
+                                                                 f"'auto' or an integer in [1, {MAX_PROCESSES}]"))
     """DALI's CPU threads per rank. auto: workers.num_workers when set, else the CPU cores available to this
     local rank, capped by workers.max_workers."""
 
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or >= 0"))
+    rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or 0 <= v < MAX_RANKS,
+                                                             f"'auto' or an integer in [0, {MAX_RANKS - 1}]"))
     """This process's rank. auto: torch.distributed, else torchrun's RANK, else SLURM_PROCID, else 0."""
-    world_size: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v > 0, "'auto' or > 0"))
+    world_size: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or 0 < v <= MAX_RANKS,
+                                                                   f"'auto' or an integer in [1, {MAX_RANKS}]"))
     """Number of ranks. auto: torch.distributed, else WORLD_SIZE, else SLURM_NTASKS, else 1."""
-    local_rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or v >= 0, "'auto' or >= 0"))
+    local_rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or 0 <= v < MAX_RANKS,
+                                                                   f"'auto' or an integer in [0, {MAX_RANKS - 1}]"))
     """Rank on this node; picks the GPU cuda:LOCAL_RANK. auto: LOCAL_RANK, else SLURM_LOCALID, else 0."""
 
 
@@ -249,7 +281,7 @@ class Config:
     dataset: DatasetConfig
     backend: Literal["auto", "dali", "torch"] = "auto"
     """auto: DALI when it imports and a GPU is present, else torch. Forced by $FASTLOADER_BACKEND."""
-    seed: int = field(default=0, metadata=_check(lambda v: v >= 0, "an integer >= 0"))
+    seed: int = field(default=0, metadata=_check(lambda v: 0 <= v <= INT64_MAX, "an integer in [0, 2**63 - 1]"))
     """Seeds the epoch permutations and every random augmentation."""
     normalize: NormalizeConfig = NormalizeConfig()
     output: OutputConfig = OutputConfig()
@@ -277,9 +309,11 @@ class Config:
         known = ", ".join(sorted(self.splits)) or "none"
         hint = difflib.get_close_matches(name, list(self.splits), n=1)
         suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
+        mode = "" if name in NAMED_SPLITS else "mode: eval, "  # other splits must state their mode
         raise ConfigError(
             f"{self.source}: no split '{name}' (splits defined: {known}){suggestion} "
-            f"Add a top-level '{name}:' section, e.g. '{name}: {{batch_size: 64}}'.")
+            f"Add a top-level '{name}:' section, e.g. '{name}: {{{mode}batch_size: 64}}'"
+            f"{' (or mode: train)' if mode else ''}.")
 
 
 SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,

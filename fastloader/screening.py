@@ -33,6 +33,7 @@ from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
 from .schema import Config
+from .words import plural
 
 log = logging.getLogger("fastloader")
 
@@ -77,8 +78,9 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
                             f"{index.path(first)!r}: {reason}); check dataset.root and the split's folder")
     refuse(config, [(index.path(position), reason) for position, reason in bad])  # raises under raise
     if bad:
-        log.warning("%d of %d files in %s cannot be decoded and are left out; they are listed in "
-                    "loader.bad_samples", len(bad), len(index), index.root)
+        log.warning("%d of %s in %s cannot be decoded and %s left out; %s listed in loader.bad_samples",
+                    len(bad), plural(len(index), "file"), index.root, *(("is", "it is") if len(bad) == 1 else
+                                                                         ("are", "they are")))
     dropped = [position for position, _ in bad]
     keep = np.ones(len(index), dtype=bool)
     keep[dropped] = False
@@ -120,8 +122,8 @@ def _cached_screen(index: SampleIndex, max_pixels: int,
                 formats[relpath] = result.format or "unknown"
         if progress:
             progress.finish()
-        log.info("screened %d files of %s in %.2fs: %d cannot be decoded (cached in %s)", len(index), index.root,
-                 time.perf_counter() - started, len(problems), cache)
+        log.info("screened %s of %s in %.2fs: %d cannot be decoded (cached in %s)", plural(len(index), "file"),
+                 index.root, time.perf_counter() - started, len(problems), cache)
         partial = cache.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps({"version": SCREEN_VERSION, "root": index.root, "files": len(index),
                                        "problems": problems, "formats": formats,

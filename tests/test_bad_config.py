@@ -56,10 +56,11 @@ CASES = {
                                                                    "dataset.extensions"),
     "every file broken": (every_file_broken, {}, BadImageError,
                           "none of the 2 files in .* can be decoded \\(the first, "
-                          ".*x.jpg': not an image: text starting '<html>404</html>'"),
+                          ".*x.jpg': not an image: an HTML or XML page"),
     "batch_size 0": (None, {"val": {"batch_size": 0}}, ConfigError,
-                     "val.batch_size: must be a positive integer, got 0"),
-    "batch_size -3": (None, {"val": {"batch_size": -3}}, ConfigError, "val.batch_size: must be a positive integer"),
+                     "val.batch_size: must be an integer in \\[1, 65536\\], got 0"),
+    "batch_size -3": (None, {"val": {"batch_size": -3}}, ConfigError,
+                      "val.batch_size: must be an integer in \\[1, 65536\\], got -3"),
     "unknown backend": (None, {"backend": "tensorrt"}, ConfigError, "backend: expected one of 'auto', 'dali', 'torch', "
                                                                      "got 'tensorrt'"),
     "wrong type": (None, {"val": {"batch_size": "large"}}, ConfigError,
@@ -97,7 +98,8 @@ TRAIN_CASES = {  # the train split's keys, the message fragment
     "cutmix_minmax reversed": ({"mixup": {"cutmix_minmax": [0.8, 0.2]}},
                                "train.mixup.cutmix_minmax: must be null or 0 < min < max <= 1, got \\[0.8, 0.2\\]"),
     "label smoothing of 1": ({"label_smoothing": 1.0}, "train.label_smoothing: must be in \\[0, 1\\), got 1.0"),
-    "aug_repeats 0": ({"aug_repeats": 0}, "train.aug_repeats: must be an integer >= 1 \\(1: no repeats\\), got 0"),
+    "aug_repeats 0": ({"aug_repeats": 0},
+                      "train.aug_repeats: must be an integer in \\[1, 1024\\] \\(1: no repeats\\), got 0"),
     "unknown mixup key": ({"mixup": {"alpha": 0.2}}, "unknown key 'train.mixup.alpha'; did you mean"),
 }
 
@@ -202,3 +204,71 @@ def test_a_dataset_root_set_by_an_override_is_blamed_on_the_override(tmp_path):
     with pytest.raises(ConfigError, match=f"^override 'dataset.cache': dataset.cache: folder "
                                           f"'{re.escape(str(tmp_path / 'nope'))}' does not exist"):
         build_loader(path, "val", overrides=[f"dataset.cache={tmp_path / 'nope'}"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Exponential configs (issue 33, item 10): a YAML alias bomb and a brace range past the limit fail
+# in seconds, naming the key, instead of expanding for minutes. Real files, the real command.
+# ---------------------------------------------------------------------------------------------
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """train.shards as nine nested aliases of nine items each: 9**9 (387 million) shard names."""
+    anchors = ["&a0 [" + ", ".join(["x.tar"] * 9) + "]"]
+    anchors += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels + 1)]
+    return "dataset: {format: webdataset}\ntrain:\n  shards: [" + ", ".join(anchors) + "]\n"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bomb", ["aliases", "braces"])
+def test_an_exponential_config_fails_in_seconds_naming_the_key(tmp_path, bomb):
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, cpu_only_env
+    config = tmp_path / "bomb.yaml"
+    config.write_text(alias_bomb() if bomb == "aliases" else
+                      "dataset: {format: webdataset}\ntrain: {shards: 'x-{0..99999999}{0..99999999}.tar'}\n")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "fastloader.cli", "check", str(config)], cwd=REPO,
+                            capture_output=True, text=True, env=cpu_only_env(tmp_path / "cache"), timeout=60)
+    assert time.monotonic() - started < 30  # the process starts torch in about 5 s; the bomb took 289 s
+    assert result.returncode == 2, result.stderr[-2000:]
+    if bomb == "aliases":
+        assert (f"fastloader: error: {config}: the config holds more than 100,000 values once its YAML aliases are "
+                f"expanded (at train.shards[") in result.stderr
+    else:
+        assert (f"fastloader: error: {config}: train.shards: '{tmp_path}/x-{{0..99999999}}{{0..99999999}}.tar' "
+                f"expands to 10,000,000,000,000,000 paths, more than 1,000,000; a split takes at most 1,000,000 "
+                f"shards") in result.stderr
+
+
+def test_aliases_shared_by_a_dict_config_and_an_override_are_bounded_too(tmp_path):
+    items: list = ["x.tar"] * 9
+    for _ in range(9):
+        items = [items] * 9  # shared references: cheap in memory, 387 million values walked whole
+    with pytest.raises(ConfigError, match="<dict>: the config holds more than 100,000 values"):
+        build_loader({"dataset": {"format": "webdataset"}, "train": {"shards": items}})
+    override = "train.shards=" + alias_bomb().split("shards: ", 1)[1].strip()  # `--set` parses YAML too
+    with pytest.raises(ConfigError, match="override 'train.shards': the config holds more than 100,000 values"):
+        build_loader({"dataset": {"format": "webdataset"}}, overrides=[override])
+
+
+def test_dataset_classes_takes_a_file_of_names_relative_to_the_config(tmp_path):
+    """Item 14 of issue 33: `dataset.classes` refused the path of the classes file `fastloader pack` writes."""
+    root = write_solid_dataset(tmp_path / "data", per_class=1, splits=("val",))
+    (tmp_path / "names.txt").write_text("a_red\nb_green\n\nc_blue\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"dataset: {{root: {root}, classes: names.txt}}\nbackend: torch\noutput: {{device: cpu}}\n"
+                      "val: {}\n")
+    assert build_loader(config, "val").classes == ("a_red", "b_green", "c_blue")
+    (tmp_path / "twice.txt").write_text("a_red\na_red\n")
+    for value, message in (("nope.txt", f"override 'dataset.classes': dataset.classes: '{tmp_path / 'nope.txt'}' "
+                                        f"does not exist; give the class names as a list, or the file of them"),
+                           ("twice.txt", "the file '.*twice.txt' cannot serve as class names: it names 'a_red' "
+                                         "twice; each class once, in label order")):
+        with pytest.raises(ConfigError, match=message):
+            build_loader(config, "val", overrides=[f"dataset.classes={tmp_path / value}"])
+    with pytest.raises(ConfigError, match="dataset.classes: must be a list of distinct, non-empty class names"):
+        build_loader(config, "val", overrides=["dataset.classes=[a_red, a_red]"])

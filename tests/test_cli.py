@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +107,7 @@ def call(command: str, config, *extra: str, tmp_path, debug: str = "") -> int:
 def test_every_command_exits_0_when_done_and_2_on_each_error_the_user_can_fix(command, small_config, tmp_path,
                                                                                capsys):
     assert call(command, small_config, tmp_path=tmp_path) == 0
-    done = {"bench": "round 1/1 torch: 4 images in 1 batches", "show": "wrote {tmp}/grid.png: 12 samples",
+    done = {"bench": "round 1/1 torch: 4 images in 1 batch ", "show": "wrote {tmp}/grid.png: 12 samples",
             "check": "no problems in 30 files", "cache": "split val: 15 images",
             "pack": "split val: 15 samples"}[command]
     assert done.format(tmp=tmp_path) in capsys.readouterr().out
@@ -180,3 +182,92 @@ def test_debug_before_and_after_the_command_shows_debug_logs_and_the_traceback_a
         assert "DEBUG fastloader: screening of" in result.stderr, debug
         assert "Traceback" in result.stderr and "fastloader.errors.ConfigError" in result.stderr, debug
         assert result.stderr.rstrip().splitlines()[-1].startswith("fastloader: error: override 'train.batch_size'")
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages whose fix must work (issue 33, item 17): each runs the real command, applies the fix the
+# message gives, and runs it again. The CPU, a small dataset, no workers. (pack's --out and
+# --shard-size: tests/test_pack.py.)
+# ---------------------------------------------------------------------------------------------
+
+QUICK = {"bench": ["--batches", "1", "--seconds", "0", "--rounds", "1"], "check": ["--workers", "0"]}
+
+
+def quick(command: str, config, *extra: str) -> int:
+    return main([command, str(config), *QUICK[command], *extra])
+
+
+def test_a_dataset_root_one_level_too_deep_says_to_set_its_parent_which_works(small_config, tmp_path, capsys):
+    too_deep = tmp_path / "data" / "train"
+    assert quick("check", small_config, "--set", f"dataset.root={too_deep}") == 2
+    err = capsys.readouterr().err
+    assert (f"dataset.root '{too_deep}' is a split folder itself, one level too deep: its folders (a_red, b_green, "
+            f"c_blue) hold images, and 'train' is beside it; set dataset.root to '{tmp_path / 'data'}'") in err
+    fix = re.search(r"\(--set (dataset\.root=\S+)\)", err).group(1)
+    assert quick("check", small_config, "--set", fix) == 0
+
+
+def test_a_missing_splits_suggested_section_is_valid_as_given(small_config, tmp_path, capsys):
+    (tmp_path / "data" / "val").rename(tmp_path / "data" / "valid")
+    assert quick("bench", small_config, "--split", "valid") == 2
+    err = capsys.readouterr().err
+    assert "no split 'valid' (splits defined: train, val); did you mean 'val'?" in err
+    section = re.search(r"e\.g\. '(valid: \{.*?\})'", err).group(1)
+    assert section == "valid: {mode: eval, batch_size: 64}"
+    small_config.write_text(small_config.read_text() + section + "\n")
+    assert quick("bench", small_config, "--split", "valid") == 0
+
+
+def test_cache_rebuild_commands_keep_the_overrides_and_the_real_default_short_side(small_config, tmp_path, capsys,
+                                                                                   caplog):
+    data = tmp_path / "data"
+    small_config.write_text(small_config.read_text().replace(str(data), str(tmp_path / "moved")))
+    cache = tmp_path / "cache"
+    mine = ["--set", f"dataset.root={data}", "--set", f"dataset.cache={cache}", "--set", "val.transform.size=40"]
+
+    def suggested(err: str) -> list[str]:
+        command = shlex.split(re.search(r"`(fastloader cache [^`]*)`", err).group(1))
+        assert "--short-side" not in command  # 48 needed (40 / 0.875); the command's default, 256, serves
+        assert command[command.index("--set") + 1] == f"dataset.root={data}"
+        return command[1:]
+
+    assert quick("bench", small_config, "--split", "val", *mine) == 2
+    assert main(suggested(capsys.readouterr().err)) == 0  # the command the error gave, as given
+    caplog.set_level(logging.INFO, logger="fastloader")
+    assert quick("bench", small_config, "--split", "val", *mine) == 0
+    assert f"split 'val' reads decoded pixels from the cache {cache / 'val'}" in caplog.text
+    assert main(["cache", str(small_config), "--split", "val", "--short-side", "16", "--out", str(cache),
+                 "--set", f"dataset.root={data}"]) == 0
+    assert quick("bench", small_config, "--split", "val", *mine) == 2
+    err = capsys.readouterr().err
+    assert "it was built with --short-side 16, and split 'val' (eval, size 40) needs at least 45" in err
+    assert main(suggested(err)) == 0
+    assert quick("bench", small_config, "--split", "val", *mine) == 0
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_a_dataset_root_that_is_a_file_or_a_fifo_says_what_it_is(small_config, tmp_path, capsys, kind):
+    odd = tmp_path / "root"
+    odd.write_text("not a folder") if kind == "file" else os.mkfifo(odd)
+    assert quick("check", small_config, "--set", f"dataset.root={odd}") == 2
+    err = capsys.readouterr().err
+    what = "a file" if kind == "file" else "a FIFO (named pipe)"
+    assert (f"dataset.root: '{odd}' is {what}, not a folder; set dataset.root to the folder that holds the split "
+            f"folders (or pass --set dataset.root=PATH)") in err
+    assert quick("check", small_config, "--set", f"dataset.root={tmp_path / 'data'}") == 0
+
+
+def test_check_counts_a_broken_torchvision_as_a_problem_and_the_fix_clears_it(small_config, tmp_path):
+    """A torchvision that does not import was reported, then 'no problems', exit 0. A real broken
+    package: a `torchvision` folder first on sys.path whose import fails as a mismatched build's does."""
+    shadow = tmp_path / "shadow" / "torchvision"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('libtorchvision.so: undefined symbol: _ZN3c10')\n")
+    broken = run("check", str(small_config), "--workers", "0", cache_dir=tmp_path / "c",
+                 PYTHONPATH=os.pathsep.join([str(shadow.parent), str(REPO)]))
+    assert broken.returncode == 1, broken.stderr[-2000:]
+    assert (f"problem: torchvision at {shadow} does not import (ImportError: libtorchvision.so: undefined symbol: "
+            f"_ZN3c10): reinstall it (pip install --force-reinstall torchvision), or remove what shadows it on "
+            f"sys.path") in broken.stdout
+    fixed = run("check", str(small_config), "--workers", "0", cache_dir=tmp_path / "c", PYTHONPATH=str(REPO))
+    assert fixed.returncode == 0 and "problem" not in fixed.stdout.replace("no problems", ""), fixed.stdout

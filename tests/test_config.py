@@ -66,7 +66,7 @@ def test_misspelled_section_is_not_taken_for_a_split(tmp_path):
 @pytest.mark.parametrize("key, value, expected", [
     ("train.batch_size", "big", "train.batch_size: expected an integer, got 'big'"),
     ("train.batch_size", True, "train.batch_size: expected an integer, got true"),
-    ("train.batch_size", 0, "train.batch_size: must be a positive integer, got 0"),
+    ("train.batch_size", 0, "train.batch_size: must be an integer in [1, 65536], got 0"),
     ("train.transform.scale", [0.9, 0.1], "train.transform.scale: must be 0 < min <= max <= 1, got [0.9, 0.1]"),
     ("train.transform.scale", [0.5], "train.transform.scale: expected a list of 2 numbers, got 1 values"),
     ("train.transform.hflip", 1.5, "train.transform.hflip: must be a probability in [0, 1], got 1.5"),
@@ -74,7 +74,7 @@ def test_misspelled_section_is_not_taken_for_a_split(tmp_path):
     ("normalize.std", [0.2, 0.2], "normalize.std: expected a list of 3 numbers, got 2 values"),
     ("output.dtype", "bfloat", "output.dtype: expected one of 'float32', 'float16', 'bfloat16', got 'bfloat'; "
                                "did you mean 'bfloat16'?"),
-    ("workers.num_workers", -1, "workers.num_workers: must be 'auto' or an integer >= 0, got -1"),
+    ("workers.num_workers", -1, "workers.num_workers: must be 'auto' or an integer in [0, 1024], got -1"),
     ("workers.num_workers", "many", "workers.num_workers: expected an integer or one of 'auto', got 'many'"),
     ("backend", "jax", "backend: expected one of 'auto', 'dali', 'torch', got 'jax'"),
 ])

@@ -54,3 +54,57 @@ def test_every_tensor_the_example_creates_names_its_device():
                  and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
                  and node.func.attr in factories and not any(k.arg == "device" for k in node.keywords)]
     assert undevised == [], "tensors created on the CPU whatever the run's device: " + ", ".join(undevised)
+
+
+def example(*args: str, cwd, **popen) -> subprocess.Popen:
+    """examples/train.py in one process on the CPU (2 DataLoader workers, from the sample config)."""
+    return subprocess.Popen([sys.executable, str(REPO / "examples" / "train.py"), str(REPO / "configs" / "sample.yaml"),
+                             *SMALL, *ON_CPU, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+def test_a_config_error_prints_its_message_and_exits_2(tmp_path):
+    out, err = (proc := example("--set", "train.bach_size=3", cwd=tmp_path)).communicate(timeout=120)
+    assert proc.returncode == 2, err[-2000:]
+    assert "train.py: error: override 'train.bach_size': unknown key 'train.bach_size'; did you mean " \
+           "'train.batch_size'?" in err and "Traceback" not in err
+
+
+def test_ctrl_c_saves_a_checkpoint_that_the_same_command_resumes_exactly(tmp_path):
+    """Ctrl-C, as a terminal sends it to the whole process group (the DataLoader workers too): the step
+    under way ends, the checkpoint is saved, exit 130; the same command resumes at the next step with
+    nothing replayed or lost; a checkpoint saved at the end of an epoch resumes at the next one's start."""
+    import os
+    import signal
+    checkpoint = tmp_path / "ckpt.pt"
+    command = ["--epochs", "1", "--log-every", "1", "--checkpoint", str(checkpoint)]
+    first = example(*command, cwd=tmp_path, start_new_session=True)
+    lines = []
+    try:
+        for line in first.stdout:
+            lines.append(line)
+            if line.startswith("epoch 0 step 2 "):
+                os.killpg(first.pid, signal.SIGINT)
+                break
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    out = "".join(lines) + out
+    assert first.returncode == 130, err[-3000:]
+    stopped = re.search(r"interrupted at epoch 0, step (\d+): saved .*ckpt.pt; the same command resumes from it", out)
+    assert stopped and "Traceback" not in err, out + err[-3000:]
+    step = int(stopped.group(1))
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["step"] == step and saved["train_loader"]["position"] == step * 16  # what was trained on
+    second = example(*command, cwd=tmp_path)
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err[-3000:]
+    assert f"resumed from {checkpoint}: step {step}, epoch 0, sample {step * 16} of 240" in out
+    assert [int(s) for s in re.findall(r"epoch 0 step (\d+) loss", out)] == list(range(step + 1, 16))
+    third = example("--epochs", "2", "--max-steps", "1", "--log-every", "1", "--checkpoint", str(checkpoint),
+                    cwd=tmp_path)
+    out, err = third.communicate(timeout=300)
+    assert third.returncode == 0, err[-3000:]
+    assert f"resumed from {checkpoint}: step 15, epoch 1, sample 0 of 240" in out  # not "epoch 1, sample 240"
+    assert "epoch 1 step 16 loss" in out

@@ -188,7 +188,7 @@ def test_both_backends_mix_the_same_batches_and_say_so(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if "epoch 0, rank 0:" in r.getMessage()]
     assert len(lines) == 2 and all(
         "mixup 0.8 + cutmix 1 (mode elem, prob 0.8, switch 0.5), label smoothing 0.1; "
-        "repeated augmentation x2 (12 positions per epoch over 1 ranks)" in line for line in lines)
+        "repeated augmentation x2 (12 positions per epoch over 1 rank)" in line for line in lines)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

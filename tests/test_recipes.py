@@ -45,4 +45,4 @@ def test_a_recipe_names_its_source_and_trains_with_soft_targets_and_repeats(tmp_
     assert re.search(r"epoch 0 done: loss \d+\.\d+, val accuracy \d\.\d+ on 18 images", out)
     epoch_line = next(r.getMessage() for r in caplog.records if "split 'train', epoch 0, rank 0:" in r.getMessage())
     assert f"mixup {mixup:g} + cutmix {cutmix:g} (mode batch, prob 1, switch 0.5)" in epoch_line
-    assert f"repeated augmentation x{repeats} (18 positions per epoch over 1 ranks)" in epoch_line
+    assert f"repeated augmentation x{repeats} (18 positions per epoch over 1 rank)" in epoch_line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -105,7 +106,7 @@ def test_the_shard_index_is_cached_and_read_again_when_a_shard_changes(tmp_path,
     caplog.clear()
     index = build_loader(config, "val").index
     assert len(index) == 10 and index.path(9).endswith("train-000002.tar:extra.png")
-    assert "read the headers of 1 shards" in caplog.text
+    assert "read the headers of 1 shard in" in caplog.text
 
 
 def test_labels_from_txt_and_json_members_name_classes(tmp_path):
@@ -135,6 +136,38 @@ def test_shard_keys_and_patterns_that_cannot_work_are_config_errors(tmp_path):
     folder_config = base_config(tmp_path, val={"shards": "x.tar"})
     with pytest.raises(ConfigError, match=r"need dataset\.format: webdataset"):
         build_loader(folder_config, "val")
+
+
+def test_relative_shards_resolve_against_dataset_root_when_it_is_set_and_missing_ones_are_never_indexed(
+        tmp_path, monkeypatch):
+    """Item 16 of issue 33: `dataset.root` with shards was ignored (the shards were looked for beside the
+    config). In the file or by an override, dataset.root is where relative shard paths are read; without
+    it, the config's folder. A split whose shards are all missing writes no shard index."""
+    monkeypatch.setenv("FASTLOADER_CACHE_DIR", str(tmp_path / "cache"))
+    root = write_numbered_dataset(tmp_path / "d", per_class=2, splits=("val",))
+    pack_folder_split(root / "val", tmp_path / "data" / "wds", "val", per_shard=4)
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    with_root = configs / "root.yaml"
+    with_root.write_text("dataset: {format: webdataset, root: ../data/wds}\n"
+                         "val: {shards: 'val-{000000..000001}.tar'}\n")
+    loader = build_loader(with_root, "val", overrides={"backend": "torch", "output.device": "cpu"})
+    assert len(loader.index) == 6 and loader.index.ranges.files[0] == str(tmp_path / "data" / "wds" / "val-000000.tar")
+    without_root = configs / "beside.yaml"
+    without_root.write_text("dataset: {format: webdataset}\nval: {shards: 'val-{000000..000001}.tar'}\n")
+    indexes = set((tmp_path / "cache").rglob("*.json"))
+    with pytest.raises(ConfigError, match=re.escape(
+            f"{without_root}: val.shards: no shard found ('{configs}/val-000000.tar': missing (no such file)); "
+            f"relative shard paths are relative to the config file's folder, or to dataset.root when it is set")):
+        build_loader(without_root, "val")
+    assert set((tmp_path / "cache").rglob("*.json")) == indexes  # no index of shards that are not there
+    moved = build_loader(without_root, "val", overrides=[f"dataset.root={tmp_path / 'data' / 'wds'}", "backend=torch",
+                                                          "output.device=cpu"])
+    assert len(moved.index) == 6
+    with pytest.raises(ConfigError, match=re.escape(
+            f"relative shard paths are relative to dataset.root ({tmp_path / 'nowhere'}, from override "
+            f"'dataset.root')")):
+        build_loader(without_root, "val", overrides=[f"dataset.root={tmp_path / 'nowhere'}"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..machine import hardware, tree_memory
 from ..progress import Progress
 from ..schema import BACKEND_ENV
+from ..words import plural
 from . import no_batch_error
 
 HELP = "iterate a split and report images/s, stall, time to first batch and memory"
@@ -121,9 +122,10 @@ class Round:
         return self.wait_s / self.seconds if self.seconds else float("nan")
 
     def summary(self) -> str:
-        return (f"{self.images} images in {self.batches} batches ({self.batches / self.epoch_batches:.1f} epochs), "
-                f"{self.seconds:.2f} s: {self.images_per_second:.0f} images/s, waited for data "
-                f"{self.stall_fraction:.1%} of the time; {self.drained} batches drained untimed first")
+        return (f"{plural(self.images, 'image')} in {plural(self.batches, 'batch')} "
+                f"({self.batches / self.epoch_batches:.1f} epochs), {self.seconds:.2f} s: "
+                f"{self.images_per_second:.0f} images/s, waited for data {self.stall_fraction:.1%} of the time; "
+                f"{plural(self.drained, 'batch')} drained untimed first")
 
     def as_dict(self) -> dict:
         return {"drained": self.drained, "images": self.images, "batches": self.batches, "seconds": self.seconds,
@@ -210,11 +212,13 @@ class Run:
 def report(runs: list[Run], args) -> None:
     results = [r.result() for r in runs]
     first = runs[0].loader
-    print(f"split {args.split}: {first.num_samples} samples, {len(first)} batches/epoch of {first.batch_size}, "
+    print(f"split {args.split}: {plural(first.num_samples, 'sample')}, {len(first)} "
+          f"{'batch' if len(first) == 1 else 'batches'}/epoch of {first.batch_size}, "
           f"batches {results[0]['batch_shape']} {results[0]['dtype']}, classes: {', '.join(first.classes[:8])}"
           f"{' ...' if len(first.classes) > 8 else ''}")
-    print(f"{args.rounds} rounds per backend, each timing at least {args.seconds:g} s and "
-          f"{args.batches or '10 x prefetch depth'} batches after draining the prefetched ones; "
+    print(f"{plural(args.rounds, 'round')} per backend, each timing at least {args.seconds:g} s and "
+          f"{plural(args.batches, 'batch') if args.batches else '10 x prefetch depth batches'} after draining the "
+          f"prefetched ones; "
           f"model step {args.step_ms:g} ms; the table gives the median round")
     header = ("backend", "device", "parallelism", "images/s", "rounds", "batches/s", "stall", "first batch",
               "peak memory")

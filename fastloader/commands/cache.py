@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from ..cache_write import DEFAULT_SHORT_SIDE
+from ..words import plural
 
 HELP = "decode a split once into a uint8 cache that dataset.cache reads through memmap"
 EXAMPLES = """  fastloader cache configs/sample.yaml --split train --out /scratch/sample-cache
@@ -52,8 +53,9 @@ def run(args) -> int:
     for name in names:
         split = config.split(name)
         report = build_split_cache(config, split, build_index(config, split), out, args.short_side, args.workers)
-        bad = f"; {len(report['bad'])} bad files listed in its manifest" if report["bad"] else ""
-        print(f"split {name}: {report['images']} images, {report['bytes'] / 1e9:.2f} GB in {report['seconds']:.1f} s "
+        bad = f"; {plural(len(report['bad']), 'bad file')} listed in its manifest" if report["bad"] else ""
+        print(f"split {name}: {plural(report['images'], 'image')}, {report['bytes'] / 1e9:.2f} GB in "
+              f"{report['seconds']:.1f} s "
               f"({report['images'] / max(report['seconds'], 1e-9):.0f} images/s) -> {report['folder']}{bad}")
     if out != config.dataset.cache:
         print(f"to read it, set dataset.cache in the config\n  dataset: {{cache: {out}}}\n"

@@ -5,20 +5,23 @@ holds a tenth of the images of the others without anyone noticing. The header ch
 per file (fast enough for ImageNet in minutes); `--deep` decodes every file. `--exclude-list` writes
 the bad files to a list that `dataset.exclude` leaves out of every split.
 
-The module imports only the standard library at its top: the command line imports every command
-module to build its parser.
+The module imports only the standard library (and fastloader.words, which does too) at its top: the
+command line imports every command module to build its parser.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import importlib
+import importlib.util
 import os
 import platform
 import statistics
 import time
 from array import array
 from typing import TYPE_CHECKING, Sequence
+
+from ..words import plural
 
 if TYPE_CHECKING:
     from ..imaging.screen import Screened
@@ -33,7 +36,7 @@ EXAMPLES = """  fastloader check configs/sample.yaml
 FOUND_PROBLEMS = 1
 """The exit status when some files cannot be read: a finding, as a linter's 1, not an error."""
 FINDINGS = {FOUND_PROBLEMS: "some files cannot be read (listed; --exclude-list FILE writes them for "
-                            "dataset.exclude)"}
+                            "dataset.exclude), or a package the loaders need does not import"}
 """Exit statuses of results, for the help (the rule for the others: fastloader/cli.py)."""
 LISTED = 20
 """Problem files printed before '... and N more' (the exclude list holds them all)."""
@@ -82,7 +85,10 @@ def run(args) -> int:
     elif problems:
         print("to leave them out of every split: run again with --exclude-list FILE, and set dataset.exclude "
               "to that FILE")
-    return FOUND_PROBLEMS if problems else 0
+    broken = environment_problems()
+    for line in broken:
+        print(f"problem: {line}")
+    return FOUND_PROBLEMS if problems or broken else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,6 +119,31 @@ def versions() -> list[str]:
     turbo = features.check_feature("libjpeg_turbo")
     found.append(f"Pillow {pillow} ({'with' if turbo else 'without'} libjpeg-turbo"
                  f"{'' if turbo else ': JPEG decoding on the torch backend is slower'})")
+    return found
+
+
+PACKAGES = {"torch": ("torch", "torch"), "torchvision": ("torchvision", "torchvision"),
+            "nvidia.dali": ("DALI", "nvidia-dali-cuda120")}
+"""Module -> (its name in messages, the pip package that installs it)."""
+REQUIRED = ("torch", "torchvision")
+"""Modules without which no loader runs (DALI is optional: the torch backend serves without it)."""
+
+
+def environment_problems() -> list[str]:
+    """A package the loaders need that is missing, or one that is installed and does not import (a
+    broken install, a library of the wrong version, a folder that shadows it): each with the fix."""
+    found = []
+    for module, (label, package) in PACKAGES.items():
+        version = _module_version(module)
+        if version.startswith("does not import") or (version == "not installed" and module in REQUIRED):
+            try:
+                spec = importlib.util.find_spec(module)
+            except Exception:  # a parent package that does not import either
+                spec = None
+            where = f" at {os.path.dirname(spec.origin)}" if spec is not None and spec.origin else ""
+            fix = f"install it (pip install {package})" if version == "not installed" else \
+                f"reinstall it (pip install --force-reinstall {package}), or remove what shadows it on sys.path"
+            found.append(f"{label}{where} {version}: {fix}")
     return found
 
 
@@ -211,7 +242,7 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
     progress.finish()
     elapsed = time.perf_counter() - started
     where = (f"file list {split.file_list}" if split.file_list else
-             f"{len(index.ranges.files)} shards in {index.root}" if index.ranges is not None else index.root)
+             f"{_count(len(index.ranges.files), 'shard')} in {index.root}" if index.ranges is not None else index.root)
     left_out = index.excluded
     print(f"split {split.name}: {_count(len(index), 'image')} in {_count(len(index.classes), 'class')} ({where})"
           f"{f', {left_out} more left out by dataset.exclude' if left_out else ''}")
@@ -313,8 +344,7 @@ def write_exclude_list(path: str, problems: dict[str, Screened], excluded: froze
 
 def _count(number: int, noun: str) -> str:
     """'1 file', '3 files', 'no problems', '2 classes'."""
-    plural = noun + ("es" if noun.endswith("s") else "s")
-    return f"{number or 'no'} {noun if number == 1 else plural}"
+    return plural(number, noun, zero="no")
 
 
 def _read_excluded(config: Config, root: str) -> frozenset[str]:

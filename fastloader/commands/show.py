@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..words import plural
+
 HELP = "save a grid of augmented samples, de-normalized and captioned with their classes"
 EXAMPLES = """  fastloader show configs/sample.yaml --out grid.png
   fastloader show configs/sample.yaml --out val.png --split val --n 25 --backend dali
@@ -142,10 +144,10 @@ def run(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(out, format="PNG", optimize=True)
     if len(captions) < args.n:
-        print(f"split '{args.split}' yields {len(captions)} samples in epoch {args.epoch} "
+        print(f"split '{args.split}' yields {plural(len(captions), 'sample')} in epoch {args.epoch} "
               f"({available} in the split), fewer than --n {args.n}: showing them all")
     soft_words = ", captioned with their soft targets' top-2 classes" if soft else ""
-    print(f"wrote {args.out}: {len(captions)} samples of split '{args.split}' (backend {backend}), "
+    print(f"wrote {args.out}: {plural(len(captions), 'sample')} of split '{args.split}' (backend {backend}), "
           f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px{soft_words}")
     return 0
 

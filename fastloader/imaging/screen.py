@@ -12,6 +12,7 @@ Worker processes are forked (see parallel.py), so they start without importing a
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -111,31 +112,7 @@ def screen_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screene
     try:
         with open_bytes(location) as handle:
             size = os.fstat(handle.fileno()).st_size if location.whole_file else location.length
-            if size == 0:
-                return Screened(path, problem="empty file")
-            head = handle.read(32)
-            found = sniff(head)
-            handle.seek(0)
-            try:
-                with Image.open(handle) as image:
-                    fmt = found or _PILLOW_ALIASES.get(image.format or "", image.format)
-                    height, width, turned = _stored_size(handle, image, fmt)
-            except UnidentifiedImageError:
-                return Screened(path, found, problem=_unidentified(found, head))
-            except Image.DecompressionBombError as error:
-                pixels = _BOMB_MESSAGE.search(str(error))
-                count = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
-                return Screened(path, found, problem=f"decompression bomb: {count}, Pillow refuses it")
-            except Exception as error:  # a plugin that chokes on a damaged header
-                return Screened(path, found, problem=f"{found or 'image'} header does not parse: {error_text(error)}")
-            if width * height > max_pixels:
-                return Screened(path, fmt, width, height, bomb_problem(width, height, max_pixels))
-            if fmt in ("JPEG", "PNG"):
-                handle.seek(max(0, size - TAIL_BYTES))
-                problem = _tail_problem(fmt, handle.read())
-                if problem:
-                    return Screened(path, fmt, width, height, problem, turned)
-            return Screened(path, fmt, width, height, turned=turned)
+            return _screen_open(path, handle, size, max_pixels)
     except FileNotFoundError:
         if not location.whole_file:
             return Screened(path, problem=f"its shard {location.file} is missing")
@@ -145,6 +122,41 @@ def screen_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screene
         return Screened(path, problem="unreadable: permission denied")
     except OSError as error:
         return Screened(path, problem=f"unreadable: {error.strerror or error}")
+
+
+def screen_bytes(name: str, data: bytes, max_pixels: int = BOMB_PIXELS) -> Screened:
+    """The header check of bytes already read (what `fastloader pack` is about to write): the same
+    checks as screen_file, on exactly those bytes."""
+    return _screen_open(name, io.BytesIO(data), len(data), max_pixels)
+
+
+def _screen_open(path: str, handle, size: int, max_pixels: int) -> Screened:
+    """The header check of an open file of `size` bytes: format, dimensions and the end marker."""
+    if size == 0:
+        return Screened(path, problem="empty file")
+    head = handle.read(32)
+    found = sniff(head)
+    handle.seek(0)
+    try:
+        with Image.open(handle) as image:
+            fmt = found or _PILLOW_ALIASES.get(image.format or "", image.format)
+            height, width, turned = _stored_size(handle, image, fmt)
+    except UnidentifiedImageError:
+        return Screened(path, found, problem=_unidentified(found, head))
+    except Image.DecompressionBombError as error:
+        pixels = _BOMB_MESSAGE.search(str(error))
+        count = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
+        return Screened(path, found, problem=f"decompression bomb: {count}, Pillow refuses it")
+    except Exception as error:  # a plugin that chokes on a damaged header
+        return Screened(path, found, problem=f"{found or 'image'} header does not parse: {error_text(error)}")
+    if width * height > max_pixels:
+        return Screened(path, fmt, width, height, bomb_problem(width, height, max_pixels))
+    if fmt in ("JPEG", "PNG"):
+        handle.seek(max(0, size - TAIL_BYTES))
+        problem = _tail_problem(fmt, handle.read())
+        if problem:
+            return Screened(path, fmt, width, height, problem, turned)
+    return Screened(path, fmt, width, height, turned=turned)
 
 
 def _stored_size(handle, image: Image.Image, fmt: str | None) -> tuple[int, int, bool]:
@@ -226,10 +238,12 @@ def _tail_problem(fmt: str, tail: bytes) -> str | None:
 
 def _unidentified(found: str | None, head: bytes) -> str:
     """Why Pillow could not identify a file: a damaged header of a known format, or no image at all
-    (often an HTML error page saved under an image's name)."""
+    (often an HTML error page saved under an image's name). It says what the file is, never what it
+    holds: a report must not print the contents of a file that may be private (a `passwd` named .jpg)."""
     if found:
         return f"{found} header does not parse (Pillow cannot identify the file)"
     start = head[:16]
     if start.strip() and all(32 <= byte < 127 or byte in b"\t\r\n" for byte in start):
-        return f"not an image: text starting {start.decode('ascii').strip()!r}"
-    return f"not an image: unknown format (starts with {head[:8].hex(' ')})"
+        html = start.lstrip().lower().startswith((b"<!doctype html", b"<html", b"<head", b"<body", b"<?xml"))
+        return f"not an image: {'an HTML or XML page' if html else 'text'}"
+    return "not an image: unknown format"

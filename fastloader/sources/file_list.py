@@ -6,7 +6,8 @@ import os
 from typing import Sequence
 
 from ..errors import ConfigError
-from ..samples import IndexBuilder, SampleIndex
+from ..samples import IndexBuilder, SampleIndex, label_problem
+from ..words import plural
 
 log = logging.getLogger("fastloader")
 
@@ -27,9 +28,9 @@ def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = No
             if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
                 raise ConfigError(f"{list_path}:{number}: expected 'relative/path label', got {line!r}")
             label = int(parts[1])
-            if label < 0 or (classes is not None and label >= len(classes)):
-                limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
-                raise ConfigError(f"{list_path}:{number}: label {label} out of range{limit}")
+            problem = label_problem(label, classes)
+            if problem:
+                raise ConfigError(f"{list_path}:{number}: {problem}")
             if os.path.normpath(parts[0]) in excluded:
                 skipped += 1
             else:
@@ -39,5 +40,5 @@ def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = No
     if classes is None:
         classes = [str(i) for i in range(int(builder.labels().max()) + 1)]
     if skipped:
-        log.info("file list %s: %d samples, %d left out by dataset.exclude", list_path, len(builder), skipped)
+        log.info("file list %s: %s, %d left out by dataset.exclude", list_path, plural(len(builder), "sample"), skipped)
     return builder.build(root, classes, excluded=skipped)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from typing import Sequence
 
 from ..errors import ConfigError
 from ..samples import IndexBuilder, SampleIndex
-from ..schema import Config, SplitConfig
+from ..schema import IMAGE_EXTENSIONS, Config, SplitConfig
+from ..words import plural
 from .exclude import read_exclude_list
 from .file_list import read_file_list
 
@@ -41,6 +43,33 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
                        config.origin("dataset.root"), key=f"{split.name}.folder", skip=skip)
 
 
+def _not_a_folder(path: str) -> str:
+    """What a path that should be a folder is instead: missing, a file, a FIFO, a broken link ..."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"{path!r} is a symbolic link to nothing" if os.path.islink(path) else \
+            f"folder {path!r} does not exist"
+    except OSError as error:
+        return f"{path!r} cannot be read ({error.strerror or error})"
+    kinds = ((stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    kind = next((name for test, name in kinds if test(mode)), "not a folder")
+    return f"{path!r} is {kind}, not a folder"
+
+
+def _holds_images(folder: str, names: Sequence[str], looked_at: int = 3) -> bool:
+    """Whether the first few sub-folders hold image files themselves (class folders, not split folders)."""
+    for name in names[:looked_at]:
+        try:
+            with os.scandir(os.path.join(folder, name)) as entries:
+                if any(entry.name.lower().endswith(IMAGE_EXTENSIONS) for entry in entries):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str] | None = None,
                 source: str = "<dict>", key: str = "dataset.root", skip: frozenset[str] = frozenset()) -> SampleIndex:
     """ImageFolder convention: sorted class folders -> labels 0..C-1; files in sorted order, recursively.
@@ -52,9 +81,16 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
     if not os.path.isdir(split_dir):
         parent = os.path.dirname(split_dir.rstrip(os.sep))
         if not os.path.isdir(parent):
-            raise ConfigError(f"{source}: dataset.root: folder {parent!r} does not exist; set dataset.root to the "
-                              f"folder that holds the split folders (or pass --set dataset.root=PATH)")
+            raise ConfigError(f"{source}: dataset.root: {_not_a_folder(parent)}; set dataset.root to the folder that "
+                              f"holds the split folders (or pass --set dataset.root=PATH)")
         present = sorted(e.name for e in os.scandir(parent) if e.is_dir())
+        above = os.path.dirname(parent)
+        split = os.path.basename(split_dir.rstrip(os.sep))
+        if present and os.path.isdir(os.path.join(above, split)) and _holds_images(parent, present):
+            raise ConfigError(f"{source}: dataset.root {parent!r} is a split folder itself, one level too deep: its "
+                              f"folders ({', '.join(present[:3])}{' ...' if len(present) > 3 else ''}) hold images, "
+                              f"and {split!r} is beside it; set dataset.root to {above!r} (--set "
+                              f"dataset.root={above}), the folder that holds the split folders")
         raise ConfigError(f"{source}: split folder {split_dir!r} does not exist (folders in dataset.root: "
                           f"{', '.join(present) or 'none'}); set {key} to one of them")
     found = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
@@ -101,6 +137,6 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
     if not len(builder):
         raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}); "
                           f"check dataset.root and dataset.extensions")
-    log.info("indexed %s: %d images in %d classes (%.2fs)%s", split_dir, len(builder), len(classes),
+    log.info("indexed %s: %s in %s (%.2fs)%s", split_dir, plural(len(builder), "image"), plural(len(classes), "class"),
              time.monotonic() - started, f", {skipped} left out by dataset.exclude" if skipped else "")
     return builder.build(split_dir, classes, excluded=skipped)

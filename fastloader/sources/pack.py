@@ -1,12 +1,18 @@
-"""Write a split's samples as WebDataset tar shards: `{key}.{ext}` (the image's own bytes) and
-`{key}.cls` (its label), in plain POSIX tar that webdataset, timm, DALI's `readers.webdataset` and
-`dataset.format: webdataset` all read.
+"""Write a split's samples as WebDataset tar shards: `{key}.{ext}` (the image's own bytes; `.jpg` for
+every JPEG, as `.to_tuple("jpg", "cls")` expects) and `{key}.cls` (its label), in plain POSIX tar that
+webdataset, timm, DALI's `readers.webdataset` and `dataset.format: webdataset` all read, and the class
+names beside them in `{prefix}-classes.txt`, which the loader reads.
 
 Keys come from the sample's name, its dots replaced (webdataset splits a key at the first dot of a
 name) and a clash numbered, never dropped. Samples go in a seeded shuffled order by default:
 streaming readers read shards in sequence, so each shard should hold a mix of classes. Shards are
 written under a temporary name and renamed when complete, and their bytes depend only on the
 samples and the seed (mtime 0, no owner), so packing twice gives the same shards.
+
+What is packed is checked first: the header check of `fastloader check` on the very bytes written (a
+`passwd` named .jpg is not an image), and no link out of the dataset is followed unless asked. Every
+file is created new (mkstemp in the output folder) and renamed over its name, so a link planted in the
+output folder is replaced, never written through.
 """
 from __future__ import annotations
 
@@ -14,15 +20,23 @@ import io
 import os
 import re
 import tarfile
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..bad_input import refuse
+from ..errors import ConfigError
+from ..imaging.screen import screen_bytes
 from ..progress import Progress
 from ..samples import SampleIndex
 from ..schema import Config
-from .reading import read_bytes
+from .reading import Location, read_bytes
+from .webdataset import CLASSES_FILE
+
+MEMBER_EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "GIF": ".gif", "WEBP": ".webp", "BMP": ".bmp"}
+"""The member suffix of each format, whatever the file's own suffix (`.JPEG`, `.jpeg` and a PNG named
+`.jpg` alike); other formats keep their file's suffix."""
 
 _NOT_KEY = re.compile(r"[^\w/-]")
 
@@ -52,45 +66,43 @@ def sample_keys(index: SampleIndex) -> list[str]:
 
 
 def pack_index(config: Config, index: SampleIndex, out_dir: str, prefix: str, *, max_bytes: int = 256 << 20,
-               max_count: int | None = None, shuffle_seed: int | None = 0) -> Packed:
+               max_count: int | None = None, shuffle_seed: int | None = 0, inside: str | None = None) -> Packed:
     """The samples of `index` as `{prefix}-{n:06d}.tar` shards in out_dir, a new shard before the
-    next sample would pass max_bytes (of image data) or max_count samples. A sample that cannot be
-    read follows dataset.on_bad_image."""
-    os.makedirs(out_dir, exist_ok=True)
+    next sample would pass max_bytes (of image data) or max_count samples, and the class names in
+    `{prefix}-classes.txt`. A sample that cannot be read, is not an image, or (with `inside`, a folder)
+    is reached through a link to a file outside that folder follows dataset.on_bad_image."""
+    output_folder(out_dir)
     order = np.arange(len(index))
     if shuffle_seed is not None:
         order = np.random.default_rng(shuffle_seed).permutation(len(index))
     keys = sample_keys(index)
     packed = Packed()
-    archive, partial, in_shard, shard_bytes = None, "", 0, 0
+    shard: _NewFile | None = None
+    archive, in_shard, shard_bytes = None, 0, 0
     progress = Progress(len(index), "images")
+    inside = os.path.realpath(inside) if inside else None
 
     def close() -> None:
-        nonlocal archive
+        nonlocal archive, shard
         if archive is not None:
             archive.close()
-            final = partial[:-len(".partial")]
-            os.replace(partial, final)
-            packed.shards.append(final)
-            archive = None
+            packed.shards.append(shard.commit())
+            archive = shard = None
 
     try:
         for done, sample in enumerate(order.tolist(), 1):
             location = index.location(sample)
-            try:
-                data = bytes(read_bytes(location))
-            except OSError as error:
-                packed.skipped += refuse(config, [(location.name, f"unreadable: {error.strerror or error}")],
-                                         "not packed")
+            data, extension, problem = _checked_bytes(location, config.dataset.max_pixels, inside)
+            if problem:
+                packed.skipped += refuse(config, [(location.name, problem)], "not packed")
                 progress.advance()
                 continue
             if archive is not None and (shard_bytes + len(data) > max_bytes or (max_count and in_shard >= max_count)):
                 close()
             if archive is None:
-                partial = os.path.join(out_dir, f"{prefix}-{len(packed.shards):06d}.tar.partial")
-                archive = tarfile.open(partial, "w", format=tarfile.PAX_FORMAT)
+                shard = _NewFile(out_dir, f"{prefix}-{len(packed.shards):06d}.tar")
+                archive = tarfile.open(fileobj=shard.file, mode="w", format=tarfile.PAX_FORMAT)
                 in_shard = shard_bytes = 0
-            extension = os.path.splitext(location.name)[1].lower() or ".jpg"
             _add(archive, f"{keys[sample]}{extension}", data)
             _add(archive, f"{keys[sample]}.cls", b"%d" % index.label(sample))
             in_shard += 1
@@ -101,13 +113,66 @@ def pack_index(config: Config, index: SampleIndex, out_dir: str, prefix: str, *,
                 progress.update(done)
         close()
     finally:
-        if archive is not None:  # interrupted: no partial shard is left looking whole
-            archive.close()
-            os.unlink(partial)
+        if shard is not None:  # interrupted: no partial shard is left looking whole
+            shard.discard()
         progress.finish()
-    with open(os.path.join(out_dir, f"{prefix}-classes.txt"), "w", encoding="utf-8") as handle:
-        handle.write("".join(f"{name}\n" for name in index.classes))
+    names = _NewFile(out_dir, CLASSES_FILE.format(prefix=prefix))
+    names.file.write("".join(f"{name}\n" for name in index.classes).encode("utf-8"))
+    names.commit()
     return packed
+
+
+def output_folder(out_dir: str) -> None:
+    """Make the shards' folder, or say why it cannot be one (a file of that name: not [Errno 17])."""
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        what = "a symbolic link to nothing" if os.path.islink(out_dir) else "a file, not a folder"
+        raise ConfigError(f"--out: {out_dir} is {what}; pass a folder for the shards (created if needed), e.g. "
+                          f"{os.path.splitext(out_dir)[0]}-shards")
+    os.makedirs(out_dir, exist_ok=True)
+
+
+def _checked_bytes(location: Location, max_pixels: int, inside: str | None) -> tuple[bytes, str, str | None]:
+    """(the sample's bytes, its member suffix, None), or (b"", "", why it is not packed)."""
+    if inside is not None and location.whole_file:  # reached through a link, and out of the dataset
+        real = os.path.realpath(location.file)
+        if real != os.path.abspath(location.file) and os.path.commonpath([real, inside]) != inside:
+            return b"", "", (f"a symbolic link to {real}, outside the dataset ({inside}); pack reads only files "
+                             f"inside it (--follow-links packs such files too)")
+    try:
+        data = bytes(read_bytes(location))
+    except OSError as error:
+        return b"", "", f"unreadable: {error.strerror or error}"
+    screened = screen_bytes(location.name, data, max_pixels)
+    if screened.problem:
+        return b"", "", screened.problem
+    own = os.path.splitext(location.name)[1].lower()
+    return data, MEMBER_EXTENSIONS.get(screened.format or "", own or ".jpg"), None
+
+
+class _NewFile:
+    """A file written under a new, unique name in its folder (mkstemp: O_EXCL, so never through a
+    planted link), then renamed over `name` when complete (a link of that name is replaced, not
+    followed), or removed."""
+
+    def __init__(self, folder: str, name: str):
+        self.final = os.path.join(folder, name)
+        descriptor, self.temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(descriptor, 0o666 & ~umask)
+        self.file = os.fdopen(descriptor, "wb")
+
+    def commit(self) -> str:
+        self.file.close()
+        os.replace(self.temporary, self.final)
+        return self.final
+
+    def discard(self) -> None:
+        self.file.close()
+        try:
+            os.unlink(self.temporary)
+        except FileNotFoundError:
+            pass
 
 
 def _add(archive: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import itertools
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -24,12 +26,14 @@ from typing import Sequence
 import numpy as np
 
 from ..bad_input import refuse
+from ..config import DEFAULT_SHARD_ROOT, read_class_names
 from ..errors import BadImageError, ConfigError
 from ..parallel import available_cores, map_chunks
 from ..paths import cache_home
 from ..progress import Progress
-from ..samples import ByteRanges, IndexBuilder, SampleIndex
+from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
+from ..words import plural
 from .exclude import read_exclude_list
 from .tar_members import ShardSample, ShardScan, scan_shard
 
@@ -43,34 +47,119 @@ processes to start (about a second)."""
 _BRACES = re.compile(r"\{([^{}]*)\}")
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar (zero padding kept); `{a,b}` -> each."""
-    match = _BRACES.search(pattern)
-    if not match:
-        return [pattern]
+MAX_SHARDS = 1_000_000
+"""The most shard paths a split's patterns may expand to: `{0..99999999999}` is refused at once, with
+its key, instead of filling the memory with names."""
+
+
+class _Numbers:
+    """The words of a numeric range, counted without being made (`{0..99999999999}` has a length at once)."""
+
+    def __init__(self, span: range, width: int):
+        self.span, self.width = span, width
+
+    def __len__(self) -> int:
+        return len(self.span)
+
+    def __iter__(self):
+        return (str(n).zfill(self.width) for n in self.span)
+
+
+def _group_choices(match: re.Match) -> _Numbers | list[str] | None:
+    """A brace group's words: a range of numbers (zero padding kept) or the comma alternatives; None
+    for a group that is neither (`{abc}`, kept as written)."""
     body = match.group(1)
     numbers = re.fullmatch(r"(\d+)\.\.(\d+)", body)
     if numbers:
-        first, last = numbers.groups()
-        width = len(first) if first.startswith("0") else 0
-        step = 1 if int(last) >= int(first) else -1
-        choices = [str(n).zfill(width) for n in range(int(first), int(last) + step, step)]
-    elif "," in body:
-        choices = body.split(",")
-    else:
-        return [pattern[:match.end()] + name for name in expand_braces(pattern[match.end():])]
-    head, tail = pattern[:match.start()], pattern[match.end():]
-    return [expanded for choice in choices for expanded in expand_braces(head + choice + tail)]
+        first, last = (int(n) for n in numbers.groups())
+        width = len(numbers.group(1)) if body.startswith("0") else 0
+        span = range(first, last + 1) if last >= first else range(first, last - 1, -1)
+        return _Numbers(span, width)
+    return body.split(",") if "," in body else None
+
+
+def expand_braces(pattern: str, limit: int = MAX_SHARDS) -> list[str]:
+    """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar (zero padding kept); `{a,b}` -> each.
+
+    The names are counted before any is made (the product of the groups' sizes; nested groups, one
+    step at a time): past `limit`, a ValueError says how many, so a pattern never expands beyond it."""
+    pieces, at = [], 0
+    for match in _BRACES.finditer(pattern):
+        words = _group_choices(match)
+        pieces += [[pattern[at:match.start()]], words if words is not None else [match.group(0)]]
+        at = match.end()
+    pieces.append([pattern[at:]])
+    if any("{" in piece[0] or "}" in piece[0] for piece in pieces[::2]):
+        return _expand_nested(pattern, limit)
+    total = math.prod(len(words) for words in pieces)
+    if total > limit:
+        raise ValueError(f"{pattern!r} expands to {total:,} paths, more than {limit:,}")
+    return ["".join(parts) for parts in itertools.product(*pieces)]
+
+
+def _expand_nested(pattern: str, limit: int) -> list[str]:
+    """Braces within braces (`{x{1..2},y}`): the innermost group first, then the pattern again, one
+    step at a time, each step counted before it is made; first, the product of every group's size
+    (what the steps multiply to) refuses a pattern past the limit at once."""
+    bound = math.prod(_nested_sizes(pattern))
+    if bound > limit:
+        raise ValueError(f"{pattern!r} expands to up to {bound:,} paths, more than {limit:,}")
+    pending: list[tuple[str, int | None]] = [(pattern, 0)]  # (text, where its next group may start; None: done)
+    while any(start is not None for _, start in pending):
+        steps = []
+        for text, start in pending:
+            match = _BRACES.search(text, start) if start is not None else None
+            steps.append((match, _group_choices(match) if match else None))
+        total = sum(len(words) if words is not None else 1 for _, words in steps)
+        if total > limit:
+            raise ValueError(f"{pattern!r} expands to more than {limit:,} paths (at least {total:,})")
+        following: list[tuple[str, int | None]] = []
+        for (text, _), (match, words) in zip(pending, steps):
+            if match is None:
+                following.append((text, None))
+            elif words is None:  # `{abc}` is kept as written; look past it
+                following.append((text, match.end()))
+            else:
+                head, tail = text[:match.start()], text[match.end():]
+                following += [(head + word + tail, 0) for word in words]
+        pending = following
+    return [text for text, _ in pending]
+
+
+def _nested_sizes(pattern: str) -> list[int]:
+    """Each brace pair's number of words, read from the raw text: a range's length, else its commas
+    outside inner pairs plus one."""
+    sizes, opened = [], []  # opened: [start, commas at its level] of each pair not yet closed
+    for at, char in enumerate(pattern):
+        if char == "{":
+            opened.append([at, 0])
+        elif char == "," and opened:
+            opened[-1][1] += 1
+        elif char == "}" and opened:
+            start, commas = opened.pop()
+            numbers = re.fullmatch(r"(\d+)\.\.(\d+)", pattern[start + 1:at])
+            sizes.append(abs(int(numbers.group(2)) - int(numbers.group(1))) + 1 if numbers else commas + 1)
+    return sizes
 
 
 def shard_paths(patterns: Sequence[str], key: str, source: str) -> tuple[list[str], list[tuple[str, str]]]:
     """(the shards, in the order given, each once; (pattern, reason) of each that names no file)."""
     shards, missing, seen = [], [], set()
     for pattern in patterns:
-        for expanded in expand_braces(pattern):
-            found = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
-            if not found:
-                missing.append((expanded, "no file matches this pattern"))
+        try:
+            expansions = expand_braces(pattern, MAX_SHARDS - len(shards) - len(missing))
+        except ValueError as error:
+            raise ConfigError(f"{source}: {key}: {error}; a split takes at most {MAX_SHARDS:,} shards. Check the "
+                              f"brace range (`train-{{000000..000146}}.tar`)") from None
+        for expanded in expansions:
+            if not glob.has_magic(expanded):  # a missing shard is named, never read nor indexed
+                found = [expanded] if os.path.lexists(expanded) else []
+                if not found:
+                    missing.append((expanded, "missing (no such file)"))
+            else:
+                found = sorted(glob.glob(expanded))
+                if not found:
+                    missing.append((expanded, "no file matches this pattern"))
             for path in found:
                 if os.path.isdir(path):
                     raise ConfigError(f"{source}: {key}: {path!r} is a folder; list the shard files, e.g. "
@@ -89,29 +178,69 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     shards, missing = shard_paths(split.shards, key, source)
     if not shards:
         raise ConfigError(f"{source}: {key}: no shard found ({missing[0][0]!r}: {missing[0][1]}); "
-                          f"paths are relative to the config file's folder")
+                          f"{_relative_to(config)}")
     excluded = _Excluded(config)
     kept = [path for path in shards if not excluded(path)]  # a whole shard in dataset.exclude is not read
     if not kept:
         raise ConfigError(f"{source}: {key}: every shard is listed in dataset.exclude "
                           f"({config.dataset.exclude}); remove them from the list or from {key}")
-    excluded.count += len(shards) - len(kept)
+    excluded.count += len(shards) - len(kept) + sum(1 for path, _ in missing if excluded(path))
     shards = kept
     scans = _scans(shards, tuple(e.lower().lstrip(".") for e in config.dataset.extensions))
     root = os.path.commonpath([os.path.dirname(path) for path in shards])
-    problems = [(path, f"shard {reason}") for path, reason in missing if not excluded(path)]
-    builder, ranges, found = _samples(shards, scans, root, config.dataset.classes, excluded)
-    problems += found
+    names = config.dataset.classes or _classes_beside(shards)
+    builder, ranges, problems = _samples(shards, scans, root, names, excluded)
+    problems += [(path, f"shard {reason}") for path, reason in missing if not excluded(path)]
     if not len(builder):
         first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
-        raise BadImageError(f"{source}: {key}: the {len(shards)} shards hold no usable sample{first}; a sample is "
-                            f"a {{key}}.jpg member with its {{key}}.cls label")
-    classes = config.dataset.classes or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
+        raise BadImageError(f"{source}: {key}: no usable sample in {plural(len(shards), 'shard')}{first}; a "
+                            f"sample is a {{key}}.jpg member with its {{key}}.cls label")
+    classes = names or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
     unusable = refuse(config, problems, noun="shards or members")
-    log.info("indexed %d shards of split '%s': %d samples in %d classes%s%s", len(shards), split.name, len(builder),
-             len(classes), f", {len(unusable)} members left out" if unusable else "",
+    log.info("indexed %s of split '%s': %s in %s%s%s", plural(len(shards), "shard"), split.name,
+             plural(len(builder), "sample"), plural(len(classes), "class"),
+             f", {plural(len(unusable), 'member')} left out" if unusable else "",
              f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
     return builder.build(root, classes, excluded=excluded.count, ranges=ranges, unusable=unusable)
+
+
+CLASSES_FILE = "{prefix}-classes.txt"
+"""The class names of shards `{prefix}-000000.tar` ..., in label order, one a line, beside them: what
+`fastloader pack` writes and the loader reads when dataset.classes is not set."""
+_NUMBERED = re.compile(r"-\d+\.tar$")
+
+
+def classes_file(shard: str) -> str:
+    """Where the class names of a shard `dir/{prefix}-000000.tar` are: `dir/{prefix}-classes.txt`."""
+    prefix = _NUMBERED.sub("", os.path.basename(shard))
+    return os.path.join(os.path.dirname(shard), CLASSES_FILE.format(prefix=prefix))
+
+
+def _classes_beside(shards: list[str]) -> tuple[str, ...] | None:
+    """The class names in the one classes file beside every shard of the split, or None."""
+    files = {classes_file(shard) for shard in shards if _NUMBERED.search(shard)}
+    if len(files) != 1 or not all(_NUMBERED.search(shard) for shard in shards):
+        return None
+    path = files.pop()
+    try:
+        names = read_class_names(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        log.warning("%s beside the shards cannot serve as class names (%s); the classes are the labels' numbers. "
+                    "Set dataset.classes to name them", path, error)
+        return None
+    log.info("class names from %s (beside the shards, as fastloader pack writes them): %s", path,
+             ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
+    return names
+
+
+def _relative_to(config: Config) -> str:
+    """What relative shard paths were read against, for a message."""
+    if config.origin("dataset.root") == DEFAULT_SHARD_ROOT:
+        return "relative shard paths are relative to the config file's folder, or to dataset.root when it is set"
+    return (f"relative shard paths are relative to dataset.root ({config.dataset.root}, from "
+            f"{config.origin('dataset.root')})")
 
 
 def _check_split_keys(config: Config, split: SplitConfig, key: str, source: str) -> None:
@@ -183,10 +312,7 @@ def _label(sample: ShardSample, classes: Sequence[str] | None) -> tuple[int, str
             label = int(value)
         except (TypeError, ValueError):
             return -1, f"label member {sample.key}.{kind} holds {str(value)[:40]!r}, not an integer class number"
-        if label < 0 or (classes is not None and label >= len(classes)):
-            limit = f" (dataset.classes has {len(classes)} names)" if classes is not None else ""
-            return -1, f"label {label} of {sample.key}.{kind} is out of range{limit}"
-        return label, None
+        return label, label_problem(label, classes, f"{sample.key}.{kind}")
     if classes is None:
         return -1, (f"label member {sample.key}.{kind} names a class ({str(value)[:40]!r}); set dataset.classes to "
                     f"the class names in label order to read it")
@@ -219,8 +345,9 @@ def _scans(shards: list[str], extensions: tuple[str, ...]) -> list[ShardScan]:
         if progress:
             progress.finish()
         scans = [scan if scan is not None else read[path] for path, scan in zip(shards, scans)]
-        log.info("read the headers of %d shards in %.2fs (%d samples; cached in %s)", len(stale),
-                 time.perf_counter() - started, sum(len(read[path].samples) for path in stale), cache)
+        log.info("read the headers of %s in %.2fs (%s; cached in %s)", plural(len(stale), "shard"),
+                 time.perf_counter() - started, plural(sum(len(read[path].samples) for path in stale), "sample"),
+                 cache)
         _write_cache(cache, {path: scan for path, scan in zip(shards, scans) if scan.size})
     return scans
 
