@@ -14,7 +14,7 @@ import torch
 
 from .cache import open_split_cache
 from .contract import Loader
-from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
+from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
 from .errors import ConfigError, error_text
 from .prepared import PreparedSplit, worker_count
 from .schema import Config, SplitConfig
@@ -67,31 +67,16 @@ def _origin(config: Config) -> str:
 
 
 def choose_device(config: Config, ranks: RankInfo) -> torch.device:
-    """output.device as a torch device: auto and cuda give cuda:LOCAL_RANK, cuda:N that GPU, each
-    checked against the GPUs torch sees; an error names where the value came from (file or override)."""
-    wanted = config.output.device
-    if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = int(wanted.removeprefix("cuda:")) if wanted.startswith("cuda:") else None
-    if count == 0 or (index is not None and index >= count):
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        limit = f" (CUDA_VISIBLE_DEVICES={visible!r} limits them)" if visible is not None else ""
-        fix = ("set output.device: auto or cpu" if count == 0 else
-               f"set output.device to {'cuda:0' if count == 1 else f'cuda:0 to cuda:{count - 1}'}, cuda (the local "
-               f"rank's GPU) or auto")
-        raise ConfigError(f"{config.origin('output.device')}: output.device: {wanted}, but torch sees {count} CUDA "
-                          f"GPU{'' if count == 1 else 's'}{limit}; {fix}")
-    if index is not None:
-        if ranks.local_world_size > 1:
-            log.warning("output.device: %s (%s): all %d ranks of this node put their batches on that one GPU; "
-                        "set output.device: cuda for one GPU per local rank", wanted,
-                        config.origin("output.device"), ranks.local_world_size)
-        return torch.device("cuda", index)
-    if ranks.local_rank >= count:
-        raise ConfigError(f"local rank {ranks.local_rank} (from {ranks.source}) has no GPU: this node has {count}; "
-                          f"launch at most {count} processes per node")
-    return torch.device("cuda", ranks.local_rank)
+    """output.device as a torch device, the local rank's GPU by distributed.local_gpu (checked
+    against the GPUs torch sees; an error names where the value came from), and why, logged."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    choice = local_gpu(ranks.local_rank, ranks.local_world_size, visible, config.output.device,
+                       origin=config.origin("output.device"), ranks_from=ranks.source,
+                       visible_env=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    device = torch.device("cpu") if choice.index is None else torch.device("cuda", choice.index)
+    if choice.reason:
+        log.log(logging.WARNING if choice.warning else logging.INFO, "device %s: %s", device, choice.reason)
+    return device
 
 
 def create_loader(config: Config, split_name: str) -> Loader:
