@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 
 import torch
 
@@ -27,6 +28,10 @@ BACKENDS = {"torch": ("torch_loader.loader", "TorchLoader"), "dali": ("dali_load
 """Backend -> (module, Loader class), imported only when the backend is chosen."""
 
 DALI_INSTALL_HINT = "pip install nvidia-dali-cuda120 (Linux x86_64 / aarch64)"
+DALI_MIN_VERSION = (2, 0)
+"""The oldest DALI whose API the DALI backend's graph uses: fn.filter and fn.equalize out of
+fn.experimental (DALI PR #6134, first released in 2.0.0), and exec_dynamic by name (1.44). The
+floor in pyproject.toml (tests/test_packaging.py holds them equal)."""
 
 
 def choose_backend(config: Config, device: torch.device) -> tuple[str, str]:
@@ -35,30 +40,42 @@ def choose_backend(config: Config, device: torch.device) -> tuple[str, str]:
     if config.backend == "torch":
         return "torch", f"backend: torch ({_origin(config)})"
     if config.backend == "dali":
-        problem = _dali_import_problem()
+        problem = _dali_problem()
         if problem:
-            raise ConfigError(f"{config.source}: backend: dali ({_origin(config)}), but NVIDIA DALI does not "
-                              f"import: {problem}. Install it with: {DALI_INSTALL_HINT}; or set backend: torch")
+            raise ConfigError(f"{config.source}: backend: dali ({_origin(config)}), but {problem}; or set backend: "
+                              f"torch")
         return "dali", f"backend: dali ({_origin(config)})"
     if not torch.cuda.is_available():
         return "torch", "backend: auto and no CUDA GPU is available"
     if device.type != "cuda":
         return "torch", (f"backend: auto and output.device: {config.output.device} "
                          "(on the CPU the torch backend is the faster)")
-    problem = _dali_import_problem()
+    problem = _dali_problem()
     if problem:
-        return "torch", (f"backend: auto and NVIDIA DALI does not import, though a CUDA GPU is present, so the "
-                         f"torch backend decodes on the CPU ({problem}; {DALI_INSTALL_HINT})")
+        return "torch", (f"backend: auto, a CUDA GPU is present, but {problem}; so the torch backend decodes on the "
+                         f"CPU")
     return "dali", "backend: auto, a CUDA GPU is present and NVIDIA DALI imports"
 
 
-def _dali_import_problem() -> str | None:
-    """None when `nvidia.dali` imports, else why not (not installed, or a broken install)."""
+def _dali_problem() -> str | None:
+    """None when `nvidia.dali` imports and is recent enough, else why not and the fix (not
+    installed, a broken install, too old)."""
     try:
-        import nvidia.dali  # noqa: F401  (only here: `import fastloader` must not need DALI)
+        import nvidia.dali  # (only here: `import fastloader` must not need DALI)
     except ImportError as error:
-        return error_text(error)
-    return None
+        return f"NVIDIA DALI does not import: {error_text(error)}. Install it with: {DALI_INSTALL_HINT}"
+    return dali_version_problem(getattr(nvidia.dali, "__version__", "0"))
+
+
+def dali_version_problem(version: str) -> str | None:
+    """None for a DALI version the DALI backend runs on, else what is wrong and the fix."""
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if release >= DALI_MIN_VERSION:
+        return None
+    floor = ".".join(map(str, DALI_MIN_VERSION))
+    return (f"NVIDIA DALI {version} is older than {floor}, the first with the operators the DALI backend uses "
+            f"(fn.filter and fn.equalize out of fn.experimental). Upgrade it: pip install -U "
+            f"'nvidia-dali-cuda120>={floor}'")
 
 
 def _origin(config: Config) -> str:
