@@ -1,11 +1,11 @@
-"""Small host arrays to the device without a hidden synchronization.
+"""Small host arrays to the device, asynchronously as documented.
 
-`tensor.to("cuda", non_blocking=True)` from pageable memory is not asynchronous: CUDA first stages
-the bytes through a pinned buffer of its own, and the calling thread waits for that (PyTorch's
-and CUDA's documented semantics; only a copy from pinned memory overlaps). The labels, erasing
-boxes and mixing weights a loader sends with each batch are a few KB, so they are pinned first:
-torch's caching host allocator reuses the pinned block, and keeps it until the copy that reads it
-has run, so the source may be dropped or overwritten at once.
+PyTorch documents `tensor.to("cuda", non_blocking=True)` as asynchronous only from pinned memory;
+from pageable memory CUDA first stages the bytes through a driver buffer of its own before the call
+returns (CUDA's API synchronization behaviour), a copy the caller cannot overlap or see. The
+labels, erasing boxes and mixing weights a loader sends with each batch are a few KB, so they are
+pinned first: torch's caching host allocator reuses the pinned block and keeps it until the copy
+that reads it has run, so the source may be dropped or overwritten at once.
 """
 from __future__ import annotations
 
