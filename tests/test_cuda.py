@@ -341,7 +341,7 @@ def test_a_cuda_graph_captured_while_the_dali_driver_runs_with_thread_local_mode
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            (static_in * weight).sum()  # warm up on a side stream, as torch.cuda.graphs asks
+            (static_in * weight).sum(dim=(1, 2, 3))  # warm up on a side stream, as torch.cuda.graph asks
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
