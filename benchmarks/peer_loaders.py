@@ -62,12 +62,14 @@ def torchvision_factory(split: str, split_dir: Path, repeat: int, batch_size: in
 def nvidia_example_pipeline(files: list[str], labels: list[int], train: bool, gpu: bool, crop: int, size: int,
                             batch_size: int, threads: int) -> Pipeline:
     """create_dali_pipeline of NVIDIA's example (its current revision adds the preallocation hints
-    and hw_decoder_load to the mixed decoder), one shard."""
+    and hw_decoder_load to the mixed train decoder), one shard."""
     pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=EXAMPLE_SEED)
     with pipe:
         images, label = fn.readers.file(files=files, labels=labels, shard_id=0, num_shards=1,
                                         random_shuffle=train, pad_last_batch=True, name="Reader")
-        decoder = decoder_options(gpu, hw_decoder_load=0.65)
+        # as the example runs: its train decoder's nvJPEG hints per thread, its val decoder's DALI defaults,
+        # nvJPEG's default chroma upsampling
+        decoder = {**decoder_options(gpu, hw_decoder_load=0.65, train=train), "jpeg_fancy_upsampling": False}
         if train:
             images = fn.decoders.image_random_crop(images, output_type=types.RGB, random_aspect_ratio=[0.8, 1.25],
                                                    random_area=[0.1, 1.0], num_attempts=100, **decoder)
@@ -102,7 +104,8 @@ def our_graph_on_dali_reader(files: list[str], labels: list[int], split: str, gp
         arrays = fn.external_source(source=inputs_in_order(files, config, split_config, augmenter, batch_size),
                                     num_outputs=len(layout), batch=True, dtype=[dtype for _, dtype in layout])
         inputs = dict(zip((name for name, _ in layout), arrays))
-        return image_graph(encoded, config, split_config, gpu, inputs, augmenter), label.gpu() if gpu else label
+        images = image_graph(encoded, config, split_config, gpu, inputs, augmenter, threads=threads)
+        return images, label.gpu() if gpu else label
 
     conditionals = bool(augmenter and augmenter.slots)
     pipe = pipeline_def(graph, enable_conditionals=conditionals)(

@@ -7,7 +7,10 @@ DALI does not draw anything here: the host draws every parameter from the sample
 (fastloader.augment.draws, the torch backend's draws) and the feed passes them in as argument
 inputs, so both backends apply the same crop, flips, ops and magnitudes to a sample, and a resumed
 run replays them. Each slot picks its op per sample with auto_aug's `select`, a tree of `if`s on
-the op id: the pipeline must be built with `enable_conditionals=True` (@pipeline_def).
+a branch number: the pipeline must be built with `enable_conditionals=True` (@pipeline_def). A
+slot has a branch only for the kinds its policy can draw (Augmenter.slot_kinds), one per function
+(shear_x and shear_y share one): colour jitter's 4 slots hold 5 branches each, not all 17 kinds, so
+DALI builds, schedules and holds buffers for a third of the operators.
 
 auto_aug's ops take a magnitude bin; we call the operation under each (`.op`) with the exact
 parameter instead, which the host encodes per kind in the unit the DALI operator wants
@@ -15,6 +18,9 @@ parameter instead, which the host encodes per kind in the unit the DALI operator
 image with the fill colour and warp it with the edge clamped (_warped), as the torch ops do.
 """
 from __future__ import annotations
+
+import functools
+from typing import Callable
 
 import numpy as np
 from nvidia.dali import fn, types
@@ -30,7 +36,8 @@ CROP_INPUTS = [("crop_anchor", types.FLOAT), ("crop_shape", types.FLOAT), ("hfli
 """Per-sample inputs of every train batch: the crop box's (x, y) corner and (width, height) in
 upright source pixels (fn.decoders.image_slice / fn.slice with axis_names="WH"), and the flips."""
 OP_INPUTS = [("aug_op", types.INT32), ("aug_param", types.FLOAT)]
-"""Per-sample inputs when the split has ops: int32 [slots] kind ids, float32 [slots, 2] parameters."""
+"""Per-sample inputs when the split has ops: int32 [slots] branch numbers (slot_branches), float32
+[slots, 2] parameters."""
 
 
 def feed_inputs(augmenter: Augmenter) -> list[tuple[str, types.DALIDataType]]:
@@ -52,7 +59,30 @@ def dali_arrays(draws: Draws, augmenter: Augmenter) -> tuple[np.ndarray, ...]:
               .astype(np.float32), draws.hflip.astype(np.int32), draws.vflip.astype(np.int32))
     if not augmenter.slots:
         return arrays
-    return (*arrays, draws.op.astype(np.int32), dali_params(draws.op, draws.param, augmenter.size))
+    _, branch_of = slot_branches(augmenter.slot_kinds)
+    branches = branch_of[np.arange(augmenter.slots), draws.op]
+    if (branches < 0).any():  # a draw the graph has no branch for: never route it to another op
+        row, slot = np.argwhere(branches < 0)[0]
+        raise ValueError(f"slot {slot} drew {KINDS[draws.op[row, slot]].name}, which its policy cannot draw "
+                         f"(Augmenter.slot_kinds)")
+    return (*arrays, branches, dali_params(draws.op, draws.param, augmenter.size))
+
+
+@functools.lru_cache(maxsize=32)
+def slot_branches(slot_kinds: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[Callable, ...], ...], np.ndarray]:
+    """Per slot, the DALI functions of the kinds it can draw, each function once (shear_x and
+    shear_y are one); and int32 [slots, len(KINDS)]: each kind's branch in its slot, -1 where the
+    slot cannot draw it."""
+    functions, branch_of = [], np.full((len(slot_kinds), len(KINDS)), -1, np.int32)
+    for slot, kinds in enumerate(slot_kinds):
+        unique: list[Callable] = []
+        for kind in kinds:
+            function = DALI_OPS[KINDS[kind].name]
+            if function not in unique:
+                unique.append(function)
+            branch_of[slot, kind] = unique.index(function)
+        functions.append(tuple(unique))
+    return tuple(functions), branch_of
 
 
 def dali_params(op: np.ndarray, param: np.ndarray, size: int) -> np.ndarray:
@@ -193,7 +223,7 @@ def augment_images(images: DataNode, inputs: dict[str, DataNode], augmenter: Aug
     if not augmenter.slots:
         return images
     settings = Settings(augmenter.fill, nearest, augmenter.size)
-    functions = [DALI_OPS[kind.name] for kind in KINDS]
-    for slot in range(augmenter.slots):
-        images = select(functions, inputs["aug_op"][slot], images, inputs["aug_param"][slot], settings)
+    functions, _ = slot_branches(augmenter.slot_kinds)
+    for slot, branches in enumerate(functions):
+        images = select(list(branches), inputs["aug_op"][slot], images, inputs["aug_param"][slot], settings)
     return images

@@ -35,6 +35,7 @@ from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
 from fastloader.schema import Config, SplitConfig
 from fastloader.sources.reading import Location, read_bytes
+from fastloader.transfer import to_device
 
 from .augment import feed_arrays
 from .driver import Driver, Ended
@@ -214,7 +215,7 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
             images = images.permute(0, 3, 1, 2)  # NHWC memory seen as a channels_last NCHW tensor
         if bfloat16:
             images = images.to(torch.bfloat16)
-        batch_labels = torch.from_numpy(labels[fed.plan[:, 0]]).to(device, non_blocking=True)
+        batch_labels = to_device(torch.from_numpy(labels[fed.plan[:, 0]]), device)
         if finisher is not None:
             images, batch_labels = finisher(images, batch_labels, fed.plan[:, 1])
         return images, batch_labels, fed

@@ -7,6 +7,10 @@ flips and ops (train) -> normalize; or, from the uint8 cache, decoded pixels -> 
 - cpu: the same operators with device="cpu" and no device_id, which DALI runs without any GPU.
   CI runs this flavour, so the two differ in the devices and the decoder's memory hints only.
 
+The pipeline runs DALI's dynamic executor (exec_dynamic: DALI's default execution model, asked for
+by name rather than relied on): an output lives in buffers of its own until it is released, so the
+CPU flavour hands it to torch without a copy (loader.converter).
+
 Every transform key means what it means for the torch backend, because every random parameter of a
 sample (its crop box, flips, ops and their magnitudes) is drawn on the host from its seed by
 fastloader.augment, which the torch workers use too, and fed in with the batch: `crop_pct` gives
@@ -35,25 +39,47 @@ OUTPUT_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": ty
 Inputs = dict[str, DataNode]
 """The feed's per-sample arrays of a batch, by name (feed_layout)."""
 
-# nvJPEG buffer hints from NVIDIA's ResNet-50 example: sized for the largest ImageNet image, so
-# that decoding never reallocates mid-epoch.
-DEVICE_MEMORY_PADDING = 211025920
-HOST_MEMORY_PADDING = 140544512
-PREALLOCATE_WIDTH_HINT = 5980
+# nvJPEG's memory hints. DALI preallocates them per DALI thread: one device buffer of
+# device_memory_padding and two pinned host buffers of host_memory_padding (double buffering) each
+# (fn.decoders.image's documentation); nvJPEG adds the padding to any later reallocation too.
+# NVIDIA's ResNet-50 example sizes its train decoder's for the largest ImageNet image at its default
+# 4 threads (`-j 4`) and leaves its val decoder at DALI's defaults.
+NVIDIA_DEVICE_PADDING = 211025920
+NVIDIA_HOST_PADDING = 140544512
+NVIDIA_THREADS = 4
+DALI_DEVICE_PADDING = 16 << 20
+DALI_HOST_PADDING = 8 << 20
+PREALLOCATE_WIDTH_HINT = 5980  # the hardware decoder's pool, for round(hw_decoder_load x batch) images
 PREALLOCATE_HEIGHT_HINT = 6430
 
 
-def decoder_options(gpu: bool, hw_decoder_load: float) -> dict:
-    """The decoder's device and, for nvJPEG, its memory hints and hardware decoder share."""
+def nvjpeg_padding(threads: int, train: bool) -> tuple[int, int]:
+    """(device, host) bytes of padding for each of `threads` DALI threads. Train: NVIDIA's example's
+    total at its 4 threads, spread over more threads (never more per thread than NVIDIA's), so 16
+    threads per rank cost what 4 do: 0.8 GiB of device and 1.0 GiB of pinned memory, not 3.1 and
+    4.2 (docs/performance.md#device-and-pinned-memory). Eval: DALI's defaults, as NVIDIA's val."""
+    if not train:
+        return DALI_DEVICE_PADDING, DALI_HOST_PADDING
+    share = min(NVIDIA_THREADS, threads) / threads
+    return int(NVIDIA_DEVICE_PADDING * share), int(NVIDIA_HOST_PADDING * share)
+
+
+def decoder_options(gpu: bool, hw_decoder_load: float, threads: int = NVIDIA_THREADS, train: bool = True) -> dict:
+    """The decoder's device and, for nvJPEG, its memory hints and hardware decoder share. Both
+    flavours upsample JPEG chroma as libjpeg-turbo does ("fancy" upsampling; nvJPEG's default
+    duplicates the 4:2:0 chroma pixels), so that the GPU flavour's pixels are the CPU's and the
+    torch backend's (docs/semantics.md#pixels); the cpu decoder does so anyway. The defaults are
+    NVIDIA's example's train decoder (benchmarks/)."""
     if not gpu:
-        return {"device": "cpu"}
-    return {"device": "mixed", "device_memory_padding": DEVICE_MEMORY_PADDING,
-            "host_memory_padding": HOST_MEMORY_PADDING, "preallocate_width_hint": PREALLOCATE_WIDTH_HINT,
-            "preallocate_height_hint": PREALLOCATE_HEIGHT_HINT, "hw_decoder_load": hw_decoder_load}
+        return {"device": "cpu", "jpeg_fancy_upsampling": True}
+    device_padding, host_padding = nvjpeg_padding(threads, train)
+    hints = {"preallocate_width_hint": PREALLOCATE_WIDTH_HINT, "preallocate_height_hint": PREALLOCATE_HEIGHT_HINT}
+    return {"device": "mixed", "jpeg_fancy_upsampling": True, "device_memory_padding": device_padding,
+            "host_memory_padding": host_padding, **(hints if train else {}), "hw_decoder_load": hw_decoder_load}
 
 
 def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
-                augmenter: Augmenter | None = None) -> DataNode:
+                augmenter: Augmenter | None = None, threads: int = NVIDIA_THREADS) -> DataNode:
     """The images DataNode of one split's graph, from an encoded-file DataNode and the feed's
     per-sample `inputs` (feed_layout's names).
 
@@ -61,7 +87,7 @@ def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool
     resizes it; eval decodes the whole image and resizes the centre `box` the host computed. Then
     the steps shared with the cache's graph (finish).
     """
-    decoder = decoder_options(gpu, config.dali.hw_decoder_load)
+    decoder = decoder_options(gpu, config.dali.hw_decoder_load, threads, train=split.mode == "train")
     exif = config.dataset.exif_orientation
     if split.mode == "train":
         # A crop drawn for the size a file had when screened and out of its bounds now fails the
@@ -206,7 +232,7 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
             paths = fn.slice(inputs["paths"], start=types.Constant(np.zeros(1, dtype=np.int32)),
                              shape=inputs["lengths"], axes=[0])
             encoded = fn.io.file.read(paths)
-        images = image_graph(encoded, config, split, gpu, inputs, augmenter)
+        images = image_graph(encoded, config, split, gpu, inputs, augmenter, threads=num_threads)
         if not check_sizes:
             return images
         return images, fn.peek_image_shape(encoded, adjust_orientation=config.dataset.exif_orientation)
@@ -214,7 +240,7 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     conditionals = bool(split.mode == "train" and augmenter is not None and augmenter.slots)
     pipe = pipeline_def(graph, enable_conditionals=conditionals)(
         batch_size=batch_size, num_threads=num_threads, device_id=device_id,
-        prefetch_queue_depth=prefetch_queue_depth, seed=seed)
+        prefetch_queue_depth=prefetch_queue_depth, seed=seed, exec_dynamic=True)
     pipe.build()
     _BUILT.add(pipe)
     return pipe

@@ -3,8 +3,9 @@ random erasing, then mixing (fastloader/mixing.py), composed by BatchFinisher.
 
 Where they run is the backend's choice, off the training thread where it can be: the DALI backend's
 driver thread (dali_loader/driver.py), the torch backend's workers for CPU output (in the collate,
-right after the normalize), its CUDA prefetcher for GPU output. Every draw comes from the samples'
-seeds, so the place does not change a pixel.
+right after the normalize); for GPU output, its CUDA prefetcher launches it from the training
+thread onto a side stream. Every draw comes from the samples' seeds, so the place does not change
+a pixel.
 
 Random erasing follows timm's RandomErasing (Zhong et al.): with probability `erase_prob` an image
 gets between erase_count[0] and erase_count[1] boxes, each of area uniform(erase_area) x image area /
@@ -24,6 +25,7 @@ import torch
 from .mixing import BatchMixer
 from .order import seeded_uniform
 from .schema import SplitConfig, TransformConfig
+from .transfer import to_device
 
 _ATTEMPTS = 10
 _ERASE_SALT = 0xE7A5E
@@ -67,7 +69,7 @@ def random_erasing(images: torch.Tensor, seeds: np.ndarray, transform: Transform
     if not boxes[..., 2].any():
         return images
     device = images.device
-    box = torch.from_numpy(boxes).to(device, non_blocking=True)
+    box = to_device(torch.from_numpy(boxes), device)
     rows = torch.arange(height, device=device).view(1, 1, height, 1)
     cols = torch.arange(width, device=device).view(1, 1, 1, width)
     top, left, box_h, box_w = (box[..., i].view(*box.shape[:2], 1, 1) for i in range(4))

@@ -9,12 +9,13 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 
 import torch
 
 from .cache import open_split_cache
 from .contract import Loader
-from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks
+from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
 from .errors import ConfigError, error_text
 from .prepared import PreparedSplit, worker_count
 from .schema import Config, SplitConfig
@@ -27,6 +28,10 @@ BACKENDS = {"torch": ("torch_loader.loader", "TorchLoader"), "dali": ("dali_load
 """Backend -> (module, Loader class), imported only when the backend is chosen."""
 
 DALI_INSTALL_HINT = "pip install nvidia-dali-cuda120 (Linux x86_64 / aarch64)"
+DALI_MIN_VERSION = (2, 0)
+"""The oldest DALI whose API the DALI backend's graph uses: fn.filter and fn.equalize out of
+fn.experimental (DALI PR #6134, first released in 2.0.0), and exec_dynamic by name (1.44). The
+floor in pyproject.toml (tests/test_packaging.py holds them equal)."""
 
 
 def choose_backend(config: Config, device: torch.device) -> tuple[str, str]:
@@ -35,30 +40,42 @@ def choose_backend(config: Config, device: torch.device) -> tuple[str, str]:
     if config.backend == "torch":
         return "torch", f"backend: torch ({_origin(config)})"
     if config.backend == "dali":
-        problem = _dali_import_problem()
+        problem = _dali_problem()
         if problem:
-            raise ConfigError(f"{config.source}: backend: dali ({_origin(config)}), but NVIDIA DALI does not "
-                              f"import: {problem}. Install it with: {DALI_INSTALL_HINT}; or set backend: torch")
+            raise ConfigError(f"{config.source}: backend: dali ({_origin(config)}), but {problem}; or set backend: "
+                              f"torch")
         return "dali", f"backend: dali ({_origin(config)})"
     if not torch.cuda.is_available():
         return "torch", "backend: auto and no CUDA GPU is available"
     if device.type != "cuda":
         return "torch", (f"backend: auto and output.device: {config.output.device} "
                          "(on the CPU the torch backend is the faster)")
-    problem = _dali_import_problem()
+    problem = _dali_problem()
     if problem:
-        return "torch", (f"backend: auto and NVIDIA DALI does not import, though a CUDA GPU is present, so the "
-                         f"torch backend decodes on the CPU ({problem}; {DALI_INSTALL_HINT})")
+        return "torch", (f"backend: auto, a CUDA GPU is present, but {problem}; so the torch backend decodes on the "
+                         f"CPU")
     return "dali", "backend: auto, a CUDA GPU is present and NVIDIA DALI imports"
 
 
-def _dali_import_problem() -> str | None:
-    """None when `nvidia.dali` imports, else why not (not installed, or a broken install)."""
+def _dali_problem() -> str | None:
+    """None when `nvidia.dali` imports and is recent enough, else why not and the fix (not
+    installed, a broken install, too old)."""
     try:
-        import nvidia.dali  # noqa: F401  (only here: `import fastloader` must not need DALI)
+        import nvidia.dali  # (only here: `import fastloader` must not need DALI)
     except ImportError as error:
-        return error_text(error)
-    return None
+        return f"NVIDIA DALI does not import: {error_text(error)}. Install it with: {DALI_INSTALL_HINT}"
+    return dali_version_problem(getattr(nvidia.dali, "__version__", "0"))
+
+
+def dali_version_problem(version: str) -> str | None:
+    """None for a DALI version the DALI backend runs on, else what is wrong and the fix."""
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if release >= DALI_MIN_VERSION:
+        return None
+    floor = ".".join(map(str, DALI_MIN_VERSION))
+    return (f"NVIDIA DALI {version} is older than {floor}, the first with the operators the DALI backend uses "
+            f"(fn.filter and fn.equalize out of fn.experimental). Upgrade it: pip install -U "
+            f"'nvidia-dali-cuda120>={floor}'")
 
 
 def _origin(config: Config) -> str:
@@ -67,31 +84,16 @@ def _origin(config: Config) -> str:
 
 
 def choose_device(config: Config, ranks: RankInfo) -> torch.device:
-    """output.device as a torch device: auto and cuda give cuda:LOCAL_RANK, cuda:N that GPU, each
-    checked against the GPUs torch sees; an error names where the value came from (file or override)."""
-    wanted = config.output.device
-    if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = int(wanted.removeprefix("cuda:")) if wanted.startswith("cuda:") else None
-    if count == 0 or (index is not None and index >= count):
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        limit = f" (CUDA_VISIBLE_DEVICES={visible!r} limits them)" if visible is not None else ""
-        fix = ("set output.device: auto or cpu" if count == 0 else
-               f"set output.device to {'cuda:0' if count == 1 else f'cuda:0 to cuda:{count - 1}'}, cuda (the local "
-               f"rank's GPU) or auto")
-        raise ConfigError(f"{config.origin('output.device')}: output.device: {wanted}, but torch sees {count} CUDA "
-                          f"GPU{'' if count == 1 else 's'}{limit}; {fix}")
-    if index is not None:
-        if ranks.local_world_size > 1:
-            log.warning("output.device: %s (%s): all %d ranks of this node put their batches on that one GPU; "
-                        "set output.device: cuda for one GPU per local rank", wanted,
-                        config.origin("output.device"), ranks.local_world_size)
-        return torch.device("cuda", index)
-    if ranks.local_rank >= count:
-        raise ConfigError(f"local rank {ranks.local_rank} (from {ranks.source}) has no GPU: this node has {count}; "
-                          f"launch at most {count} processes per node")
-    return torch.device("cuda", ranks.local_rank)
+    """output.device as a torch device, the local rank's GPU by distributed.local_gpu (checked
+    against the GPUs torch sees; an error names where the value came from), and why, logged."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    choice = local_gpu(ranks.local_rank, ranks.local_world_size, visible, config.output.device,
+                       origin=config.origin("output.device"), ranks_from=ranks.source,
+                       visible_env=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    device = torch.device("cpu") if choice.index is None else torch.device("cuda", choice.index)
+    if choice.reason:
+        log.log(logging.WARNING if choice.warning else logging.INFO, "device %s: %s", device, choice.reason)
+    return device
 
 
 def create_loader(config: Config, split_name: str) -> Loader:

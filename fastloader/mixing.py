@@ -34,6 +34,7 @@ import torch
 
 from .order import seeded_uniform
 from .schema import MixupConfig, SplitConfig
+from .transfer import to_device
 
 _MIX_SALT = 0x31C_5EED
 _GAMMA_TRIES = 8
@@ -171,7 +172,7 @@ def mix_images(images: torch.Tensor, plan: MixPlan, pairwise: bool | None = None
     device = images.device
     blend = torch.from_numpy(np.where(plan.cutmix, 0.0, 1.0 - plan.lam).astype(np.float32))
     box = torch.from_numpy(plan.boxes)
-    blend, box = blend.to(device, non_blocking=True), box.to(device, non_blocking=True)
+    blend, box = to_device(blend, device), to_device(box, device)
     rows = torch.arange(height, device=device).view(1, 1, height, 1)
     cols = torch.arange(width, device=device).view(1, 1, 1, width)
     top, bottom, left, right = (box[:, i].view(-1, 1, 1, 1) for i in range(4))

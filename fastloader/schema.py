@@ -226,8 +226,9 @@ class OutputConfig:
     device: str = field(default="auto", metadata=_check(
         lambda v: v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isascii() and v[5:].isdigit()),
         "auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1)"))
-    """auto: cuda:LOCAL_RANK when CUDA is available, else cpu. cuda: cuda:LOCAL_RANK. cuda:N: GPU N
-    whatever the local rank (checked against the GPUs torch sees when a loader is built)."""
+    """auto: the local rank's GPU when CUDA is available (cuda:LOCAL_RANK, or cuda:0 where each rank
+    sees only its own), else cpu. cuda: that GPU. cuda:N: GPU N whatever the local rank (checked
+    against the GPUs torch sees when a loader is built)."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +268,8 @@ class DistributedConfig:
     """Number of ranks. auto: torch.distributed, else WORLD_SIZE, else SLURM_NTASKS, else 1."""
     local_rank: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or 0 <= v < MAX_RANKS,
                                                                    f"'auto' or an integer in [0, {MAX_RANKS - 1}]"))
-    """Rank on this node; picks the GPU cuda:LOCAL_RANK. auto: LOCAL_RANK, else SLURM_LOCALID, else 0."""
+    """Rank on this node; picks the GPU (cuda:LOCAL_RANK where a rank sees all of the node's GPUs).
+    auto: LOCAL_RANK, else SLURM_LOCALID, else 0."""
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,20 @@ def test_every_parameter_lies_in_its_kinds_valid_range(text):
             assert (values == np.round(values)).all()
 
 
+@pytest.mark.parametrize("keys", [{"auto_augment": text} for text in ISSUE_STRINGS + EXTREME_STRINGS]
+                         + [{"color_jitter": [0.4, 0.4, 0.4, 0.1]}, {"color_jitter": [0.4, 0.0, 0.4]}])
+def test_each_slot_draws_only_the_kinds_it_declares_and_every_one_of_them(keys):
+    """slot_kinds is what a backend builds a branch for (DALI's graph): a draw outside it would have
+    none; a kind in it that is never drawn is a wasted branch (4000 samples draw every kind here)."""
+    spec = augmenter(**keys)
+    _, _, op, _ = spec.draw_ops(SEEDS)
+    assert len(spec.slot_kinds) == spec.slots == op.shape[1]
+    for slot, kinds in enumerate(spec.slot_kinds):
+        drawn = set(op[:, slot].tolist())
+        assert drawn == set(kinds), (slot, drawn ^ set(kinds))
+    assert len(augmenter(color_jitter=[0.4, 0.4, 0.4, 0.1]).slot_kinds[0]) == 4  # of 17 kinds
+
+
 def test_the_level_mapping_is_timms():
     """A few of timm's LEVEL_TO_ARG values, written out (timm/data/auto_augment.py, level 9)."""
     level, plus = np.array([9.0]), np.array([1.0])

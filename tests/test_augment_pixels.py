@@ -5,6 +5,9 @@ drawn from the shared spec. Device: CPU (DALI's CPU flavour; the GPU flavour run
 """
 from __future__ import annotations
 
+import collections
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -45,14 +48,10 @@ def photos(count: int = 6) -> np.ndarray:
     return np.stack(images)
 
 
-def dali_runner(augmenter: Augmenter, images: np.ndarray, batches, nearest: bool = False):
-    """Run augment_images in a CPU pipeline over `batches` of feed arrays (one per run): the outputs."""
+def augment_pipeline(augmenter: Augmenter, source, batch_size: int, nearest: bool = False):
+    """augment_images in a built CPU pipeline, fed (images, *feed arrays but the crop) by `source`."""
     inputs = feed_inputs(augmenter)[2:]  # the flips and ops; the crop inputs are the decoder's
     names = [name for name, _ in inputs]
-    feed = iter(batches)
-
-    def source():
-        return (images, *next(feed)[2:])
 
     @pipeline_def(enable_conditionals=True)
     def graph():
@@ -61,8 +60,15 @@ def dali_runner(augmenter: Augmenter, images: np.ndarray, batches, nearest: bool
                                    dtype=[types.UINT8] + [dtype for _, dtype in inputs])
         return augment_images(nodes[0], dict(zip(names, nodes[1:])), augmenter, nearest)
 
-    pipe = graph(batch_size=len(images), num_threads=1, device_id=None, seed=1)
+    pipe = graph(batch_size=batch_size, num_threads=1, device_id=None, seed=1)
     pipe.build()
+    return pipe
+
+
+def dali_runner(augmenter: Augmenter, images: np.ndarray, batches, nearest: bool = False):
+    """Run augment_images in a CPU pipeline over `batches` of feed arrays (one per run): the outputs."""
+    feed = iter(batches)
+    pipe = augment_pipeline(augmenter, lambda: (images, *next(feed)[2:]), len(images), nearest)
     return lambda: np.array(pipe.run()[0].as_tensor())
 
 
@@ -90,6 +96,14 @@ def augmenter(**keys) -> Augmenter:
     return Augmenter(t, (0.485, 0.456, 0.406))
 
 
+def every_kind(**keys) -> Augmenter:
+    """A one-slot spec whose graph has a branch for every kind, so that each op can be fed alone,
+    whichever policy draws it (no single policy draws them all: hue is colour jitter's)."""
+    spec = augmenter(auto_augment="rand-m9-n1", **keys)
+    spec.slot_kinds = (tuple(range(len(KINDS))),)
+    return spec
+
+
 def test_every_kind_has_one_function_on_each_backend():
     assert list(TORCH_OPS) == list(DALI_OPS) == [kind.name for kind in KINDS]
 
@@ -97,7 +111,7 @@ def test_every_kind_has_one_function_on_each_backend():
 def test_each_op_gives_the_same_pixels_on_torch_and_dali_cpu():
     """Per op at fixed magnitudes, on the same images: within OP_TOLERANCE (the mean is of all pixels)."""
     images = photos()
-    spec = augmenter(auto_augment="rand-m9-n1")
+    spec = every_kind()
     batch = len(images)
 
     cases = [one_op(batch, kind, param) for kind, param in OP_CASES]
@@ -116,7 +130,7 @@ def test_nearest_sampling_warps_the_same_on_torch_and_dali_cpu():
     """interpolation: nearest: a source point on a pixel boundary takes the same pixel on both;
     near-ties in a rotation may pick the neighbour in at most 0.1% of pixels."""
     images = photos()
-    spec = augmenter(auto_augment="rand-m9-n1", interpolation="nearest")
+    spec = every_kind(interpolation="nearest")
     cases = [("rotate", 20.0), ("shear_x", 0.2), ("shear_y", -0.3), ("translate_x", 0.3)]
     draws = [one_op(len(images), kind, param) for kind, param in cases]
     run = dali_runner(spec, images, [dali_arrays(d, spec) for d in draws], nearest=True)
@@ -142,6 +156,36 @@ def test_every_policy_gives_the_same_pixels_on_torch_and_dali_cpu(text):
     assert difference.mean(axis=1).max() <= 0.5, draws.op
     assert ((difference > 2).mean(axis=1) <= 0.05).all()
     assert len({tuple(row) for row in draws.op.tolist()}) > 3  # the batch mixes ops
+
+
+def operators(pipe) -> collections.Counter:
+    """How many operators of each type a built pipeline holds (DALI names them __Type_N)."""
+    return collections.Counter(re.sub(r"^_+|_\d+$", "", op.name) for op in pipe._ops)
+
+
+@pytest.mark.parametrize("keys, absent", [
+    ({"color_jitter": [0.4, 0.4, 0.4, 0.1]}, ("WarpAffine", "Equalize", "Filter")),
+    ({"auto_augment": "original"}, ("Hue",))])
+def test_each_slot_of_the_graph_holds_only_the_ops_its_policy_can_draw(keys, absent):
+    """Colour jitter's 4 slots draw brightness, contrast, colour and hue: no warp, equalize or
+    sharpness filter in the graph (with all 17 kinds per slot it held 738 operators, 20 warps, and
+    took 4.5 s to build here); AutoAugment's slots only their sub-policies' ops. Device: CPU
+    flavour (the GPU flavour builds the same graph)."""
+    spec = augmenter(**keys)
+    held = operators(augment_pipeline(spec, lambda: None, 4))
+    assert not any(held[name] for name in absent), held
+    assert sum(held.values()) < 200, sum(held.values())
+    everything = augmenter(**keys)
+    everything.slot_kinds = (tuple(range(len(KINDS))),) * everything.slots
+    assert sum(operators(augment_pipeline(everything, lambda: None, 4)).values()) > 1.8 * sum(held.values())
+
+
+def test_a_draw_the_graph_has_no_branch_for_is_refused_not_routed_to_another_op():
+    spec = augmenter(color_jitter=[0.4, 0.4, 0.4, 0.1])
+    draws = spec.draw(np.arange(4), np.full((4, 2), SIZE))
+    draws.op[2, 1] = KIND_IDS["rotate"]
+    with pytest.raises(ValueError, match="slot 1 drew rotate, which its policy cannot draw"):
+        dali_arrays(draws, spec)
 
 
 def test_the_feed_arrays_match_the_declared_inputs_and_the_crop_they_encode():

@@ -1,5 +1,8 @@
 """The GPU path, on a CUDA GPU (skipped without one): both backends' output against their CPU path,
-whole epochs, the commands and the example as a user runs them there.
+whole epochs, the commands and the example as a user runs them there; the DALI GPU flavour's JPEG
+pixels against its CPU flavour and the torch backend (docs/semantics.md's bounds), its train graph
+with policies and mixing; a second GPU; the torch prefetcher's one side stream; CUDA graph capture
+beside the DALI driver thread.
 
 Other files run their device-sensitive tests here too, through `DEVICES` (conftest.py): the folder
 of bad input under skip (test_bad_input.py), the uint8 cache (test_cache.py) and resume from a
@@ -11,13 +14,23 @@ import logging
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
-from conftest import REPO, base_config, env_without, requires_cuda, write_numbered_dataset
+from conftest import (
+    REALPHOTOS,
+    REPO,
+    base_config,
+    env_without,
+    requires_cuda,
+    requires_realphotos,
+    write_numbered_dataset,
+)
 from test_resume import BACKENDS
 
 from fastloader import build_loader
+from fastloader.transfer import to_device
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 
@@ -159,3 +172,181 @@ def test_output_device_cuda_n_puts_the_batches_on_gpu_n(textured_root, backend, 
         assert shared.device == torch.device("cuda", last)
     assert f"output.device: cuda:{last} (<dict>): all 2 ranks of this node put their batches on that one GPU" \
            in caplog.text
+
+
+# -- the DALI GPU flavour's pixels (docs/semantics.md#pixels) ---------------------------------------
+
+PHOTOS_CONFIG = REPO / "configs" / "imagenette.yaml"
+GPU_AGAINST_CPU_FLAVOUR = {"val": 0.035, "train": 0.09}
+"""Per image, mean absolute difference in normalized units (docs/semantics.md: nvJPEG with fancy
+upsampling against libjpeg-turbo, DALI's 1 level, or 4 for region decodes before nvJPEG 13.3; plus 1
+for the two flavours' resize)."""
+GPU_AGAINST_TORCH = {"val": 0.19, "train": 0.24}
+"""The CPU flavour's 0.15 against the torch backend, plus the above."""
+
+
+def photo_epoch(split: str, **overrides) -> tuple[torch.Tensor, torch.Tensor]:
+    """One epoch of the real photos' split (JPEGs, a quarter of them 4:2:0), on the CPU."""
+    overrides = {"dataset.root": str(REALPHOTOS), "workers.num_workers": 4, "train.batch_size": 50,
+                 "val.batch_size": 50, **overrides}
+    with build_loader(PHOTOS_CONFIG, split=split, overrides=overrides) as loader:
+        batches = [(x.float().cpu(), y.cpu()) for x, y in loader]
+    return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+
+
+@requires_realphotos
+@pytest.mark.parametrize("split", ["val", "train"])
+def test_dali_gpu_flavour_decodes_real_jpegs_as_its_cpu_flavour_and_the_torch_backend(split):
+    """Eval and train (the same crops and flips: every draw comes from the seeds), per image."""
+    _dali_or_skip()
+    gpu_x, gpu_y = photo_epoch(split, backend="dali", **{"output.device": "cuda"})
+    cpu_x, cpu_y = photo_epoch(split, backend="dali", **{"output.device": "cpu"})
+    torch_x, torch_y = photo_epoch(split, backend="torch", **{"output.device": "cpu"})
+    assert len(gpu_x) == (100 if split == "val" else 400) and torch.equal(gpu_y, cpu_y) and torch.equal(gpu_y, torch_y)
+    against_cpu = (gpu_x - cpu_x).abs().mean(dim=(1, 2, 3))
+    against_torch = (gpu_x - torch_x).abs().mean(dim=(1, 2, 3))
+    measured = (f"GPU - CPU flavour: mean {against_cpu.mean():.4f}, worst {against_cpu.max():.4f}; "
+                f"GPU - torch: mean {against_torch.mean():.4f}, worst {against_torch.max():.4f}")
+    print(f"{split}: {measured}")  # the figures docs/semantics.md will quote (pytest -s)
+    assert against_cpu.max() <= GPU_AGAINST_CPU_FLAVOUR[split], measured
+    assert against_torch.max() <= GPU_AGAINST_TORCH[split], measured
+
+
+# -- the DALI GPU flavour's train graph: policies, mixing -------------------------------------------
+
+POLICIES = [{"auto_augment": "rand-m9-mstd0.5-inc1"}, {"auto_augment": "original"}, {"auto_augment": "ta_wide"},
+            {"color_jitter": [0.4, 0.4, 0.4, 0.1]}]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: str(next(iter(p.values()))))
+def test_dali_gpu_flavour_applies_each_policy_as_its_cpu_flavour(textured_root, policy):
+    """The same ops on the same samples (PNGs, decoded alike): DALI's GPU kernels of the warps,
+    blends and lookups within 3 grey levels per image of its CPU kernels; and the ops did something."""
+    _dali_or_skip()
+    train = {"batch_size": 6, "transform": {"size": 64, **policy}}
+    runs = {}
+    for name, device, transform in (("gpu", "cuda", policy), ("cpu", "cpu", policy), ("plain", "cuda", {})):
+        config = base_config(textured_root, backend="dali", output={"device": device},
+                             train={**train, "transform": {"size": 64, **transform}})
+        with build_loader(config, "train") as loader:
+            assert loader.flavour == ("gpu" if device == "cuda" else "cpu")
+            runs[name] = torch.cat([x.float().cpu() for x, _ in loader])
+    per_image = (runs["gpu"] - runs["cpu"]).abs().mean(dim=(1, 2, 3))
+    assert len(per_image) == 24 and per_image.max() < 0.05, per_image
+    assert (runs["gpu"] - runs["plain"]).abs().mean(dim=(1, 2, 3)).max() > 0.05  # the policy changed images
+
+
+def test_dali_gpu_flavour_mixes_deits_batches_on_its_driver_as_its_cpu_flavour(tmp_path):
+    """DeiT's batch augmentations (mixup 0.8, cutmix 1.0, mode batch: the whole-batch kernels;
+    smoothing 0.1; erasing 0.25) finished on the driver thread, on the GPU: the CPU flavour's
+    soft targets, and its pixels (one solid colour per image: decoded and resized alike)."""
+    _dali_or_skip()
+    root = write_numbered_dataset(tmp_path / "d", per_class=8, splits=("train",))
+    train = {"batch_size": 8, "label_smoothing": 0.1, "transform": {"size": 32, "erase_prob": 0.25},
+             "mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "mode": "batch"}}
+    runs = {}
+    for device in ("cuda", "cpu"):
+        with build_loader(base_config(root, backend="dali", output={"device": device}, train=train), "train") as loader:
+            runs[device] = [(x, y) for x, y in loader]
+    assert len(runs["cuda"]) == len(runs["cpu"]) == 3
+    for (x_gpu, y_gpu), (x_cpu, y_cpu) in zip(runs["cuda"], runs["cpu"]):
+        assert x_gpu.is_cuda and y_gpu.is_cuda and y_gpu.shape == (8, 3) and y_gpu.dtype == torch.float32
+        assert torch.allclose(y_gpu.cpu(), y_cpu, atol=1e-6)
+        assert torch.allclose(x_gpu.cpu(), x_cpu, atol=1e-4)
+    one_hot = 1 - 0.1 + 0.1 / 3
+    assert any((y.max(dim=1).values < one_hot - 1e-4).any() for _, y in runs["cuda"])  # really mixed
+
+
+# -- a second GPU -----------------------------------------------------------------------------------
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2,
+                              reason=f"needs two CUDA GPUs (torch sees {torch.cuda.device_count()})")
+
+
+@two_gpus
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_loader_on_cuda_1_works_there_and_leaves_the_current_device_alone(textured_root, backend):
+    """Batches, the driver's or prefetcher's stream and their events all on cuda:1, while the
+    training thread's current device stays cuda:0."""
+    if backend == "dali":
+        _dali_or_skip()
+    train = {"batch_size": 4, "transform": {"size": 32, "erase_prob": 0.5},
+             "mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}, "label_smoothing": 0.1}
+    config = base_config(textured_root, backend=backend, output={"device": "cuda:1"},
+                         workers={"num_workers": 2}, train=train)
+    torch.cuda.set_device(0)
+    with build_loader(config, "train") as loader, build_loader(config, "val") as val:
+        for _ in range(2):
+            batches = list(loader) + list(val)
+            assert batches and all(x.device == y.device == torch.device("cuda", 1) for x, y in batches)
+            assert all(torch.isfinite(x).all() for x, _ in batches)
+    assert torch.cuda.current_device() == 0
+
+
+@two_gpus
+def test_bench_simulated_step_keeps_cuda_1_busy_not_the_current_device():
+    from fastloader.commands.bench import simulated_step
+    torch.cuda.set_device(0)
+    step = simulated_step(torch.device("cuda", 1), 50.0)
+    started = time.perf_counter()
+    step(None)  # sleeps on cuda:1's stream and waits for it; on cuda:0 the wait would return at once
+    assert time.perf_counter() - started >= 0.04
+
+
+# -- the torch backend's CUDA prefetcher, small copies -------------------------------------------
+
+
+def test_the_torch_prefetcher_keeps_one_side_stream_for_the_loaders_life(textured_root):
+    """A new stream each epoch stranded the caching allocator's freed blocks on the old one: the
+    memory torch reserves grew each epoch. One stream: flat after the first epochs."""
+    config = base_config(textured_root, output={"device": "cuda"}, workers={"num_workers": 2},
+                         train={"batch_size": 4, "transform": {"size": 32, "erase_prob": 0.5}})
+    with build_loader(config, "train") as loader:
+        stream = loader._side_stream
+        reserved = []
+        for _ in range(6):
+            assert len(list(loader)) == 6
+            torch.cuda.synchronize()
+            reserved.append(torch.cuda.memory_reserved(loader.device))
+        assert loader._side_stream is stream
+    assert reserved[-1] == reserved[1], reserved
+
+
+def test_small_host_arrays_reach_the_gpu_intact_and_without_waiting_for_a_busy_stream():
+    """fastloader.transfer pins, then copies asynchronously: the call returns while the stream is
+    still busy, and the source may be overwritten the moment it returns."""
+    source = torch.arange(4096, dtype=torch.int64)
+    torch.cuda._sleep(400_000_000)  # some 0.2 s of GPU time ahead of the copy on the current stream
+    started = time.perf_counter()
+    copy = to_device(source, torch.device("cuda", 0))
+    returned = time.perf_counter() - started
+    source.fill_(-1)
+    assert torch.equal(copy.cpu(), torch.arange(4096)) and returned < 0.05, returned
+
+
+# -- CUDA graph capture beside the DALI driver thread (docs/performance.md#cuda-graphs-on-the-training-thread)
+
+
+def test_a_cuda_graph_captured_while_the_dali_driver_runs_with_thread_local_mode(textured_root):
+    """The driver thread copies and finishes batches (CUDA calls) while the training thread
+    captures; capture_error_mode="thread_local" keeps the capture to the capturing thread."""
+    _dali_or_skip()
+    config = base_config(textured_root, backend="dali", output={"device": "cuda"},
+                         train={"batch_size": 4, "transform": {"size": 32, "erase_prob": 0.5}})
+    static_in = torch.zeros(4, 3, 32, 32, device="cuda")
+    weight = torch.full((3, 1, 1), 2.0, device="cuda")
+    with build_loader(config, "train") as loader:
+        batches = iter(loader)
+        first, _ = next(batches)  # the driver now runs ahead
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            (static_in * weight).sum(dim=(1, 2, 3))  # warm up on a side stream, as torch.cuda.graph asks
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            static_out = (static_in * weight).sum(dim=(1, 2, 3))
+        for images, _ in batches:
+            static_in.copy_(images)
+            graph.replay()
+            assert torch.allclose(static_out, (images * 2).sum(dim=(1, 2, 3)), rtol=1e-4, atol=1e-3)

@@ -28,7 +28,7 @@ from fastloader.sources.reading import keep_open
 
 from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
-from .prefetch import Normalizer, prefetch_to_cuda
+from .prefetch import Normalizer, prefetch_stream, prefetch_to_cuda
 from .transforms import SampleTransform
 
 log = logging.getLogger("fastloader")
@@ -105,6 +105,7 @@ class TorchLoader(Loader):
                                     max_pixels=config.dataset.max_pixels, mean=config.normalize.mean)
         self._normalizer = Normalizer(config.normalize, config.output, device)
         on_cuda = device.type == "cuda"
+        self._side_stream = prefetch_stream(device) if on_cuda else None  # one for the loader's life
         # CPU output: float batches, written into buffers the main process dropped (see collate.py).
         # A worker's buffers: those in flight (prefetch_factor), the trainer's, one not yet swept.
         size = split.transform.size
@@ -156,7 +157,7 @@ class TorchLoader(Loader):
         if self.device.type == "cuda":  # workers give uint8; the GPU normalizes and finishes on a side stream
             if self.finisher is not None:  # launched from the training thread: what can be drawn, drawn now
                 self.finisher.start_epoch(batches)
-            return prefetch_to_cuda(delivered, self._normalizer, self.finisher)
+            return prefetch_to_cuda(delivered, self._normalizer, self._side_stream, self.finisher)
         # on the CPU the workers normalized and finished the batches already (NormalizingCollate)
         return ((images, labels) for images, labels, _ in delivered)
 

@@ -2,7 +2,12 @@
 
 CUDA: the copy and conversion of batch i+1 run on a side stream while the trainer works on batch i;
 the trainer's stream waits for it before the batch is handed over, and `record_stream` tells the
-caching allocator that the trainer's stream uses the memory.
+caching allocator that the trainer's stream uses the memory. One side stream serves a loader for
+its life (prefetch_stream): the caching allocator keeps freed blocks per stream, so a new stream
+each epoch would strand the last epoch's blocks on a stream nobody allocates from any more. The
+copy is asynchronous from pinned memory (workers.pin_memory); the labels are pinned here if the
+DataLoader did not (fastloader.transfer). The kernels, the finisher's included, are launched from
+the thread that iterates (the training thread) and run on the side stream.
 CPU: the same arithmetic runs per image in the workers' collate (see collate.py), while the pixels
 are in cache: 0.08 ms per 224 px image here, against 0.27-0.55 ms per image for a whole batch in
 the main process, which would also serialize it with the trainer.
@@ -15,6 +20,7 @@ import torch
 
 from fastloader.device_ops import BatchFinisher
 from fastloader.schema import NormalizeConfig, OutputConfig
+from fastloader.transfer import to_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -33,8 +39,10 @@ class Normalizer:
         self.bias = (-mean / std).to(device)
 
     def batch(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 [B, 3, H, W] (any memory format, any device) -> normalized on self.device, one kernel."""
-        images = images.to(self.device, non_blocking=True)
+        """uint8 [B, 3, H, W] (any memory format, any device) -> normalized on self.device, one kernel.
+        From pinned memory the copy is asynchronous; from pageable memory (workers.pin_memory:
+        false) it is what CUDA makes of it, a copy the calling thread waits for."""
+        images = images.to(self.device, non_blocking=images.is_pinned())
         out = torch.empty(images.shape, dtype=torch.float32, device=self.device, memory_format=self.memory_format)
         torch.addcmul(self.bias, images, self.scale, out=out)
         return out if self.dtype == torch.float32 else out.to(self.dtype, memory_format=self.memory_format)
@@ -48,16 +56,21 @@ class Normalizer:
             slot.copy_(image.contiguous().float().mul_(self.scale).add_(self.bias))
 
 
-def prefetch_to_cuda(batches: Iterable[tuple], normalizer: Normalizer,
+def prefetch_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream a loader's prefetcher uses for its whole life."""
+    return torch.cuda.Stream(device=device)
+
+
+def prefetch_to_cuda(batches: Iterable[tuple], normalizer: Normalizer, stream: torch.cuda.Stream,
                      finisher: BatchFinisher | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Copy, convert and finish (erasing, mixing, soft targets) one batch ahead on a side stream;
-    hand it over once the stream is done. Items are (images, labels, seeds, ...)."""
-    stream = torch.cuda.Stream(device=normalizer.device)
+    """Copy, convert and finish (erasing, mixing, soft targets) one batch ahead on the side
+    `stream` (prefetch_stream, the loader's); hand it over once the stream is done. Items are
+    (images, labels, seeds, ...)."""
     ready = None
     for images, labels, seeds, *_ in batches:
         with torch.cuda.stream(stream):
             next_images = normalizer.batch(images)
-            next_labels = labels.to(normalizer.device, non_blocking=True)
+            next_labels = to_device(labels, normalizer.device)
             if finisher is not None:
                 next_images, next_labels = finisher(next_images, next_labels, seeds)
         if ready is not None:

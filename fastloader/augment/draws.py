@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -90,6 +91,25 @@ class Augmenter:
             return (f"colour jitter: brightness x[{b[0]:g}, {b[1]:g}], contrast x[{c[0]:g}, {c[1]:g}], "
                     f"saturation x[{s[0]:g}, {s[1]:g}], hue {h[1]:g} turn, in random order")
         return "none"
+
+    @cached_property
+    def slot_kinds(self) -> tuple[tuple[int, ...], ...]:
+        """Per slot, the kind ids (ops.KINDS) its draws can hold, sorted, the identity among them
+        where an op's coin can say no (or a jitter component is off): what a backend's graph needs
+        a branch for, and no more."""
+        if self.policy is None:
+            on = [KIND_IDS[name] for name, (low, high) in zip(JITTER_KINDS, self.jitter or ()) if low != high]
+            kinds = [set(on) | ({IDENTITY} if len(on) < len(JITTER_KINDS) else set())] * self.slots
+        elif self.policy.family == "rand":
+            kinds = [{TIMM_OPS[name].kind_id for name in self.policy.ops}
+                     | ({IDENTITY} if self.policy.prob < 1 else set())] * self.slots
+        elif self.policy.family == "auto":
+            subs = self.policy.sub_policies
+            kinds = [{TIMM_OPS[sub[slot][0]].kind_id for sub in subs}
+                     | ({IDENTITY} if any(sub[slot][1] < 1 for sub in subs) else set()) for slot in range(self.slots)]
+        else:
+            kinds = [{op.kind_id for op in TRIVIAL_OPS}]
+        return tuple(tuple(sorted(slot)) for slot in kinds)
 
     # -- the draws ---------------------------------------------------------------------------------
 

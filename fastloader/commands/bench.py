@@ -301,7 +301,8 @@ def plot(results: list[dict], args, path: str) -> None:
 
 
 def simulated_step(device, ms: float):
-    """A stand-in for the model: busy for `ms` on the device, the host waiting as for `loss.item()`."""
+    """A stand-in for the model: busy for `ms` on the loader's device (cuda:N, not whichever GPU is
+    current: torch.cuda._sleep runs on the current device), the host waiting as for `loss.item()`."""
     if ms <= 0:
         return lambda images: None
     import torch
@@ -309,7 +310,8 @@ def simulated_step(device, ms: float):
         cycles = _cuda_cycles_per_ms(device) * ms
 
         def step(images):
-            torch.cuda._sleep(int(cycles))
+            with torch.cuda.device(device):
+                torch.cuda._sleep(int(cycles))
             torch.cuda.current_stream(device).synchronize()
         return step
 
@@ -322,11 +324,12 @@ def simulated_step(device, ms: float):
 
 def _cuda_cycles_per_ms(device) -> float:
     import torch
-    torch.cuda._sleep(1_000_000)  # warm up
-    torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    torch.cuda._sleep(10_000_000)
-    torch.cuda.synchronize(device)
+    with torch.cuda.device(device):
+        torch.cuda._sleep(1_000_000)  # warm up
+        torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        torch.cuda._sleep(10_000_000)
+        torch.cuda.synchronize(device)
     return 10_000_000 / ((time.perf_counter() - started) * 1000)
 
 
