@@ -10,6 +10,7 @@ samples and the seed (mtime 0, no owner), so packing twice gives the same shards
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -102,7 +103,8 @@ def pack_index(config: Config, index: SampleIndex, out_dir: str, prefix: str, *,
         close()
     finally:
         if archive is not None:  # interrupted: no partial shard is left looking whole
-            archive.close()
+            with contextlib.suppress(OSError):  # fails as the write did, on a full disk
+                archive.close()
             os.unlink(partial)
         progress.finish()
     with open(os.path.join(out_dir, f"{prefix}-classes.txt"), "w", encoding="utf-8") as handle:
