@@ -16,7 +16,7 @@ Layout of `dataset.cache: DIR` (one folder per split, so that one key serves eve
     DIR/<split>/labels.npy      int64 [rows]: its label when built (the loaders use the index's)
     DIR/<split>/pixels.u8       every image's HWC uint8 pixels, back to back
 
-A build writes `DIR/.<split>.partial-<pid>` and renames it to `DIR/<split>` only when complete, so
+A build writes `DIR/.<split>.partial-<host>-<pid>` and renames it to `DIR/<split>` only when complete, so
 a folder named after the split is always a finished cache. Nothing here writes: the cache may sit
 on a read-only file system, shared by all ranks.
 """

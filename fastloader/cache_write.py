@@ -5,20 +5,29 @@ Why a separate step: building takes a full decode of the split (about a core-sec
 ImageNet JPEGs), which belongs in a job that runs once before training, not in every rank's first
 epoch. Images are decoded in forked processes, in order, and appended to one file by this process;
 the folder gets its final name only when everything is written, so a killed build leaves a
-`.<split>.partial-<pid>` folder that no loader reads.
+`.<split>.partial-<host>-<pid>` folder that no loader reads, and the next build on that host removes
+it (a build on another host may be running: the folder may sit on storage that hosts share). The decoding
+processes die with the build (parallel.die_with), and a build stopped by an error, Ctrl-C or
+SIGTERM (`fastloader cache`) removes its partial folder itself. Free space is checked before
+writing, and a disk that fills up while writing stops the build with a DiskFullError.
 
 numpy, torch and the decoders are imported where they are used, so that the command line, which
 imports this module's defaults, starts without them.
 """
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import re
 import shutil
+import socket
 import sys
 import time
 from typing import TYPE_CHECKING, Iterator
 
+from .errors import DiskFullError
 from .sources.reading import Location, as_location
 
 if TYPE_CHECKING:
@@ -27,9 +36,14 @@ if TYPE_CHECKING:
     from .samples import SampleIndex
     from .schema import Config, SplitConfig
 
+log = logging.getLogger("fastloader")
+
 DEFAULT_SHORT_SIDE = 256
 CHUNK = 16
 """Images per task sent to a worker: large enough to amortize the pipe, small enough to stream."""
+SPACE_SAMPLE = 256
+"""Files whose headers estimate the size of a cache before it is written (every file of a smaller split)."""
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, cache_dir: str, short_side: int,
@@ -44,7 +58,12 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     started = time.perf_counter()
     files = _distinct_files(index)
     os.makedirs(cache_dir, exist_ok=True)
-    partial = os.path.join(cache_dir, PARTIAL.format(split=split.name) + str(os.getpid()))
+    remove_stale_partials(cache_dir)
+    needed, estimate = space_needed(index, files, short_side)
+    disk = shutil.disk_usage(cache_dir)
+    if disk.total and needed > disk.free:  # a file system that reports no size at all (some FUSE) is not judged
+        raise DiskFullError(_no_space(cache_dir, split.name, needed, estimate))
+    partial = os.path.join(cache_dir, PARTIAL.format(split=split.name) + f"{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
     count = len(files)
@@ -84,11 +103,80 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
         with open(os.path.join(partial, MANIFEST), "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=1)
         _replace(partial, split_folder(cache_dir, split.name))
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            raise DiskFullError(_no_space(cache_dir, split.name, needed, estimate, error)) from error
         raise
     return {"folder": split_folder(cache_dir, split.name), "images": len(shapes), "bytes": offsets[-1],
             "bad": bad, "seconds": time.perf_counter() - started}
+
+
+def space_needed(index: SampleIndex, files: np.ndarray, short_side: int) -> tuple[int, str]:
+    """(bytes, how they were found): the cache's size from the stored sizes in the headers of the
+    files (an even sample of SPACE_SAMPLE of them in a larger split; a file whose header cannot be
+    read counts as the others), plus the index arrays and the manifest."""
+    from .imaging.sizes import stored_size
+
+    sample = files[::max(1, len(files) // SPACE_SAMPLE)][:SPACE_SAMPLE]
+    sizes = [size for size in (stored_size(index.location(int(file))) for file in sample) if size is not None]
+    pixels = [3 * height * width for height, width in (_shrunk(h, w, short_side) for h, w, _ in sizes)]
+    per_file = sum(pixels) / len(pixels) if pixels else 0
+    how = "from the headers of its files" if len(sample) == len(files) else \
+        f"from the headers of {len(sample)} of its {len(files)} files"
+    return int(per_file * len(files)) + 96 * len(files) + index.path_bytes.nbytes + 2 ** 16, how
+
+
+def _shrunk(height: int, width: int, short_side: int) -> tuple[int, int]:
+    """The size `shrink` gives an image (torchvision's Resize(int) rounding)."""
+    short, long = sorted((height, width))
+    if short <= short_side:
+        return height, width
+    long = int(short_side * long / short)
+    return (short_side, long) if height <= width else (long, short_side)
+
+
+def _no_space(cache_dir: str, split: str, needed: int, estimate: str, error: OSError | None = None) -> str:
+    """Where, how much is needed and how much is free, what to do; `error`: the disk filled up while writing."""
+    from .cache import split_folder
+    from .machine import human_bytes
+
+    free = human_bytes(shutil.disk_usage(cache_dir).free)
+    if error is None:
+        what = f"no room for the cache of split '{split}' in {cache_dir}"
+        free = f"{free} are free"
+    else:
+        full = "the disk quota" if error.errno == errno.EDQUOT else "the disk"
+        what = f"{full} filled up while the cache of split '{split}' was written to {cache_dir} ({error.strerror})"
+        free = f"{free} are free now that the unfinished cache is removed (another process may be writing there)"
+    old = split_folder(cache_dir, split)
+    replaced = ""
+    if os.path.isdir(old):
+        size = sum(entry.stat().st_size for entry in os.scandir(old) if entry.is_file())
+        replaced = (f"; the present cache of the split ({human_bytes(size)}) is replaced only once the new one is "
+                    f"complete: delete {old} first to reuse its space")
+    return (f"{what}: it needs about {human_bytes(needed)} ({estimate}) and {free}{replaced}. Nothing was "
+            f"{'written' if error is None else 'kept'}. Free space there, write the cache elsewhere (--out DIR), or "
+            f"make it smaller (a lower --short-side)")
+
+
+def remove_stale_partials(cache_dir: str) -> None:
+    """Remove the unfinished folders of this host's builds that were killed (their pid no longer runs),
+    logged: a killed build cannot clean up after itself. Another host's are left alone."""
+    from .cache import PARTIAL
+    from .machine import human_bytes
+    from .parallel import running
+
+    pattern = re.compile(re.escape(PARTIAL).replace(r"\{split\}", ".+") + r"(?:(.+)-)?(\d+)(\.old)?")
+    for entry in os.scandir(cache_dir):
+        found = pattern.fullmatch(entry.name)
+        if found is None or found.group(1) not in (None, socket.gethostname()) or \
+                not entry.is_dir(follow_symlinks=False) or running(int(found.group(2))):
+            continue
+        size = sum(file.stat().st_size for file in os.scandir(entry.path) if file.is_file(follow_symlinks=False))
+        shutil.rmtree(entry.path, ignore_errors=True)
+        log.warning("removed %s (%s): an unfinished cache left by a build (pid %s) that was killed",
+                    entry.path, human_bytes(size), found.group(2))
 
 
 def _distinct_files(index: SampleIndex) -> np.ndarray:

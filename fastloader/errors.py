@@ -19,6 +19,11 @@ class BadImageError(RuntimeError):
     """A file that cannot be decoded, under dataset.on_bad_image: raise."""
 
 
+class DiskFullError(OSError):
+    """No room to write (ENOSPC, EDQUOT), found before writing or while writing; the message names
+    the folder, the space needed and free, and nothing half-written is left."""
+
+
 def error_text(error: BaseException) -> str:
     """An exception's message, or its type's name where it has none (`str(KeyError())` is '')."""
     return str(error) or type(error).__name__

@@ -91,3 +91,12 @@ def tree_memory(pid: int | None = None, include_root: bool = True) -> Memory:
         except psutil.Error:  # gone meanwhile, or not ours to read
             continue
     return total
+
+
+def human_bytes(count: int) -> str:
+    """1536 -> '1.5 KiB': a size as people read it."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)

@@ -7,16 +7,23 @@ traceback per worker, and a caller that stops early drops the queued chunks.
 
 No pool here ever runs the user's script again: a training script without an
 `if __name__ == "__main__":` guard, `python -c` and a notebook must all work (see
-`script_safe_forkserver`). A worker that dies breaks the pool with an error, never a wait.
+`script_safe_forkserver`). A worker that dies breaks the pool with an error, never a wait, and
+a worker dies with the process it works for (`die_with`): a killed build leaves no process behind.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
+import functools
 import multiprocessing
 import multiprocessing.context
 import os
+import select
+import signal
 import sys
+import threading
+import time
 import types
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable, Iterable, Iterator
@@ -42,7 +49,9 @@ def map_chunks(function: Callable[..., list], items: Iterable, args: tuple = (),
                 on_progress(done)
         return
     context = fork_context() if fork else script_safe_forkserver()
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=initializer)
+    start = functools.partial(_start_worker, os.getpid(), fork and context is not None and in_main_thread(),
+                              initializer)
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=start)
     pending: collections.deque[Future] = collections.deque()
     try:
         for part in chunks(items, chunk):
@@ -53,6 +62,70 @@ def map_chunks(function: Callable[..., list], items: Iterable, args: tuple = (),
             done = yield from _drain(pending.popleft(), done, on_progress)
     finally:  # also when the caller stops early: drop the queued chunks rather than finish them
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(owner: int, forked_by_main_thread: bool, initializer: Callable[[], None] | None) -> None:
+    die_with(owner, forked_by_main_thread=forked_by_main_thread)
+    if initializer is not None:
+        initializer()
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal the kernel sends this process when the thread that forked it ends."""
+
+
+def die_with(owner: int, *_, forked_by_main_thread: bool = True) -> None:
+    """The first call in a worker process: it dies when `owner`, the process it works for, dies, even
+    by SIGKILL, where it would otherwise live on, orphaned (a pool's worker), or for seconds until it
+    notices (torch's watchdog polls every 5 s). SIGTERM kills it again (a fork inherits its parent's
+    handler). Linux only; elsewhere only SIGTERM changes.
+
+    A worker forked by the owner's main thread asks the kernel (PR_SET_PDEATHSIG, sent when the
+    forking *thread* ends, so only the main thread, which ends with the process, will do) and checks
+    that the owner did not die before that. Any other (forked from another thread, or the child of
+    a forkserver, which lives as long as any of its workers) runs a thread that waits for the owner's
+    end. As a DataLoader's worker_init_fn:
+    `functools.partial(die_with, os.getpid(), forked_by_main_thread=in_main_thread())`.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform != "linux":
+        return
+    if not forked_by_main_thread:
+        threading.Thread(target=_wait_for_end, args=(owner,), name="fastloader-die-with", daemon=True).start()
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != owner:  # it died before the kernel was asked
+        os._exit(1)
+
+
+def in_main_thread() -> bool:
+    """Whether this is the main thread, which ends only with the process (see die_with)."""
+    return threading.current_thread() is threading.main_thread()
+
+
+def _wait_for_end(pid: int) -> None:
+    """Wait for process `pid` to end (its pidfd becomes readable), then end this process."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (OSError, AttributeError):  # a kernel before 5.3: look every second
+        while running(pid):
+            time.sleep(1)
+        os._exit(1)
+    select.select([handle], [], [])
+    os._exit(1)
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (signal 0: a check, nothing sent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def available_cores() -> int:

@@ -245,6 +245,10 @@ class WorkersConfig:
     """Keep workers alive between epochs (no restart cost at each epoch boundary)."""
     pin_memory: bool | Auto = "auto"
     """Pin host batches for asynchronous copies. auto: when the output device is CUDA."""
+    timeout: float = field(default=120.0, metadata=_check(lambda v: 0 < v < float("inf"),
+                                                          "a positive number of seconds"))
+    """torch backend: seconds a batch may take before the loader names the worker that does not answer
+    (stopped, or alive but silent) and stops; the first batch after the workers start may take 3x that."""
 
 
 @dataclass(frozen=True)

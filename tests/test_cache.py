@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -223,3 +225,179 @@ def test_a_cached_loaders_repr_names_the_cache_as_its_pixel_source(numbered, bac
     with build_loader(cached_config(root, cache, backend=backend, output={"device": "cpu"}), "train") as loader:
         assert repr(loader).endswith(f"pixels from the cache {cache / 'train'})")
         assert f"backend='{backend}'" in repr(loader)
+
+
+# -- killed builds and full disks: real `fastloader cache` processes, real signals, real file systems --------------
+
+
+def write_slow_dataset(root: Path, count: int = 400) -> Path:
+    """Noise JPEGs whose build takes long enough (a second or more, even on many fast cores) for a
+    test to act while it runs."""
+    rng = np.random.default_rng(0)
+    for name in ("a_red", "b_green"):
+        (root / "train" / name).mkdir(parents=True)
+        for i in range(count // 2):
+            pixels = rng.integers(0, 255, (240, 320, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / "train" / name / f"n_{i:03d}.jpg", quality=90)
+    return root
+
+
+def start_cache_build(root: Path, out: Path, short_side: int = 100) -> subprocess.Popen:
+    """`fastloader cache` in a process of its own; its output goes to files (out + .stdout, .stderr),
+    which a process it leaves behind cannot hold open."""
+    config = out.parent / "config.yaml"
+    config.write_text(f"dataset: {{root: {root}}}\ntrain: {{transform: {{size: 32}}}}\n")
+    command = [sys.executable, "-m", "fastloader.cli", "cache", str(config), "--out", str(out), "--workers", "2",
+               "--short-side", str(short_side)]
+    with open(f"{out}.stdout", "w") as stdout, open(f"{out}.stderr", "w") as stderr:
+        return subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def finished(build: subprocess.Popen, out: Path, timeout: float = 120) -> tuple[int, str]:
+    """The build's exit status and what it wrote on stderr."""
+    code = build.wait(timeout=timeout)
+    return code, Path(f"{out}.stderr").read_text()
+
+
+def wait_mid_build(build: subprocess.Popen, out: Path) -> tuple[Path, list]:
+    """The partial folder and the decoding processes of a build, once it writes pixels."""
+    import psutil
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and build.poll() is None:
+        partials = list(out.glob(".train.partial-*/pixels.u8")) if out.is_dir() else []
+        workers = psutil.Process(build.pid).children(recursive=True)
+        if partials and partials[0].stat().st_size and len(workers) >= 2:
+            return partials[0].parent, workers
+        time.sleep(0.005)
+    raise AssertionError(f"the build never got going: {finished(build, out, 60)}")
+
+
+def survivors(workers: list, within: float) -> list[int]:
+    """The pids of `workers` still running after `within` seconds; those are then killed."""
+    import psutil
+
+    _, alive = psutil.wait_procs(workers, timeout=within)
+    left = [worker for worker in alive if worker.status() != psutil.STATUS_ZOMBIE]
+    for worker in left:
+        worker.kill()
+    return [worker.pid for worker in left]
+
+
+@pytest.mark.timeout(240)
+def test_a_cache_build_killed_leaves_no_process_and_the_next_build_removes_its_partial(tmp_path):
+    """SIGKILL cannot be handled: the decoding processes die with the build (the kernel kills them),
+    and the next build removes the unfinished folder, saying so."""
+    root = write_slow_dataset(tmp_path / "data")
+    out = tmp_path / "cache"
+    build = start_cache_build(root, out)
+    partial, workers = wait_mid_build(build, out)
+    build.kill()
+    build.wait(timeout=30)
+    assert survivors(workers, within=2) == []
+    assert partial.is_dir(), "the build ended before it was killed; give it more images"
+    assert partial.name == f".train.partial-{socket.gethostname()}-{build.pid}"
+    elsewhere = out / ".val.partial-another-host-999999"  # on storage hosts share: that build may be running
+    elsewhere.mkdir()
+    for image in sorted((root / "train").rglob("*.jpg"))[8:]:  # the next build: a quick one
+        image.unlink()
+    code, stderr = finished(start_cache_build(root, out), out)
+    assert code == 0, stderr
+    assert f"removed {partial}" in stderr and f"(pid {build.pid}) that was killed" in stderr, stderr
+    assert sorted(os.listdir(out)) == [elsewhere.name, "train"]
+
+
+@pytest.mark.timeout(240)
+def test_a_cache_build_stopped_by_sigterm_removes_its_partial_and_its_processes(tmp_path):
+    """SIGTERM (a scheduler's stop, `kill`) stops the build as Ctrl-C does: exit status 143, nothing
+    half-written left, no process behind."""
+    root = write_slow_dataset(tmp_path / "data")
+    out = tmp_path / "cache"
+    build = start_cache_build(root, out)
+    partial, workers = wait_mid_build(build, out)
+    build.terminate()
+    code, stderr = finished(build, out, timeout=60)
+    assert survivors(workers, within=2) == []
+    assert code == 143 and "terminated (SIGTERM)" in stderr, stderr
+    assert not partial.exists() and os.listdir(out) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount(size) -> a folder on a real file system of that size (tmpfs), to fill; a skip where this
+    process may not mount (not root: CI runs as root, where it can)."""
+    mounted = []
+
+    def mount(size: str) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        try:
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                                  capture_output=True, text=True, timeout=30)
+        except FileNotFoundError as error:
+            pytest.skip(f"no mount command to make a small file system to fill: {error}")
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs to fill here ({done.stderr.strip()}); root can, as in CI")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_cache_that_does_not_fit_is_refused_before_a_byte_is_written(tmp_path, small_disk):
+    """A real 1 MB file system: the build says where, how much is needed and free (exit 2), and
+    writes nothing."""
+    root = write_slow_dataset(tmp_path / "data", count=40)  # 40 x 133 x 100 x 3 bytes: 1.5 MiB
+    out = small_disk("1m")
+    code, stderr = finished(start_cache_build(root, out), out)
+    assert code == 2, stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith(f"fastloader: error: no room for the cache of split 'train' in {out}: it needs about "
+                           f"1.6 MiB (from the headers of its files) and 1.0 MiB are free. Nothing was written"), line
+    assert "--out DIR" in line and "--short-side" in line
+    assert os.listdir(out) == []
+
+
+@pytest.mark.timeout(240)
+def test_a_disk_that_fills_up_while_the_cache_is_written_stops_the_build_cleanly(tmp_path, small_disk):
+    """A real file system filled by another writer in the middle of a build: exit 2 with the words,
+    the partial folder removed, no process left behind."""
+    import psutil
+
+    root = write_slow_dataset(tmp_path / "data")  # 400 x 133 x 100 x 3 bytes: 15 MiB
+    out = small_disk("24m")
+    build = start_cache_build(root, out)
+    partial, workers = wait_mid_build(build, out)
+    psutil.Process(build.pid).suspend()  # SIGSTOP: the build waits while another writer fills the disk
+    with open(out / "filler", "wb") as filler:
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+    psutil.Process(build.pid).resume()
+    code, stderr = finished(build, out)
+    assert survivors(workers, within=2) == []
+    assert code == 2, stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith(f"fastloader: error: the disk filled up while the cache of split 'train' was written to "
+                           f"{out} (No space left on device): it needs about 15.3 MiB"), line
+    assert sorted(os.listdir(out)) == ["filler"] and not partial.exists()
+
+
+@pytest.mark.timeout(240)
+def test_pack_on_a_full_disk_says_so_and_leaves_no_partial_shard(tmp_path, small_disk):
+    """`fastloader pack` writes its own way (tar shards), on the same full 1 MB file system."""
+    root = write_slow_dataset(tmp_path / "data", count=40)
+    out = small_disk("1m")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"dataset: {{root: {root}}}\ntrain: {{transform: {{size: 32}}}}\n")
+    done = subprocess.run([sys.executable, "-m", "fastloader.cli", "pack", str(config), "--split", "train", "--out",
+                           str(out)], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2, done.stderr
+    assert f"fastloader: error: the disk holding {out} is full (No space left on device;" in done.stderr
+    assert not [name for name in os.listdir(out) if name.endswith(".partial")]

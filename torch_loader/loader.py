@@ -4,10 +4,13 @@ copies and normalizes on the device. Wired into the shared Loader contract.
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import logging
 import multiprocessing.connection
+import os
 import signal
+import time
 import weakref
 from collections import deque
 from typing import Iterator
@@ -21,7 +24,7 @@ from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError
 from fastloader.imaging.decode import describe as describe_decoders
 from fastloader.order import EpochOrder
-from fastloader.parallel import fork_context
+from fastloader.parallel import die_with, fork_context, in_main_thread
 from fastloader.prepared import PreparedSplit
 from fastloader.schema import Config, SplitConfig
 from fastloader.sources.reading import keep_open
@@ -32,6 +35,13 @@ from .prefetch import Normalizer, prefetch_stream, prefetch_to_cuda
 from .transforms import SampleTransform
 
 log = logging.getLogger("fastloader")
+
+POLL_S = 5.0
+"""How often a wait for a batch looks at the workers (one that died is named within this): torch's own
+interval. Each look costs the training thread some 0.4 ms, while it waits for a batch anyway."""
+FIRST_BATCH_TIMES = 3
+"""The first batch after the workers start may take this many times workers.timeout: they fork,
+open their decoders and read files no cache holds yet, on a machine whose other ranks do the same."""
 
 
 def _epochs_after(order: EpochOrder, epoch: int) -> Iterator:
@@ -125,7 +135,9 @@ class TorchLoader(Loader):
             pin_memory=pin and torch.cuda.is_available(),
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
             multiprocessing_context=fork_context() if num_workers > 0 else None,  # never re-runs the script
+            timeout=min(POLL_S, workers.timeout) if num_workers > 0 else 0,  # a wait is a loop (_next_batch)
         )
+        self._fresh = False  # the workers have just started: the next batch may take longer
         self._announce()
         if prepared.pixels is None:
             log.info("torch loader decoders: %s", describe_decoders())
@@ -179,10 +191,20 @@ class TorchLoader(Loader):
             yield images, labels, seeds
 
     def _start_workers(self, batches: list) -> None:
-        """A new live DataLoader iterator: its workers fork and start on these batches."""
+        """A new live DataLoader iterator: its workers fork and start on these batches. Each dies with
+        this process (fastloader.parallel.die_with). torch's SIGCHLD handler is told to leave them
+        alone: it would raise its bare error wherever the trainer is when one dies (in the middle of
+        its own code); the loader names a dead worker, and what to do, when the trainer next asks for
+        a batch (_receive), or when the next loop starts (_stream)."""
         self._feed.sent.clear()
         self._feed.upcoming = itertools.chain(batches, self._next_epochs())
+        self._dataloader.worker_init_fn = functools.partial(die_with, os.getpid(),
+                                                            forked_by_main_thread=in_main_thread())
         self._live = iter(self._dataloader)
+        self._fresh = True
+        if getattr(self._live, "_worker_pids_set", False):
+            torch.utils.data._utils.signal_handling._remove_worker_pids(id(self._live))
+            self._live._worker_pids_set = False
 
     def _next_epochs(self) -> Iterator:
         """What the next loops will most likely ask for: the epochs after this one, from their start."""
@@ -197,7 +219,8 @@ class TorchLoader(Loader):
         them too."""
         feed, loop = self._feed, object()
         self._newest = loop
-        if self._live is not None and not self._workers_alive():  # one died between loops: start afresh
+        if self._live is not None and (died := self._dead_worker(grace=0)) is not None:  # between loops
+            log.warning("%s; starting new workers", self._worker_died(died))
             self._shutdown()
         if self._live is None or not self._persistent:
             self._start_workers(batches)
@@ -221,7 +244,7 @@ class TorchLoader(Loader):
         received = None
         try:
             for _ in range(count):
-                images, labels, skipped, slot, targets = next(self._live)
+                images, labels, skipped, slot, targets = self._next_batch()
                 self._feed.sent.popleft()
                 labels = torch.from_numpy(labels if targets is None else targets)
                 if slot >= 0:
@@ -230,18 +253,61 @@ class TorchLoader(Loader):
                 received = images, labels, skipped
         except BaseException as error:
             # A worker killed while it hands over a batch's shared memory breaks that hand-over
-            # (EOFError, connection reset) before torch's own check names the dead worker.
-            died = self._dead_worker() if isinstance(error, (EOFError, ConnectionError)) else None
+            # (EOFError, connection reset) before torch's own check names the dead worker; torch's
+            # check says "exited unexpectedly", the worker's exit status says how.
+            died = None
+            if isinstance(error, (EOFError, ConnectionError)) or (
+                    isinstance(error, RuntimeError) and not isinstance(error, BadImageError) and
+                    "DataLoader worker (pid" in str(error)):
+                died = self._dead_worker() or error
             self._shutdown()
             if died is not None:
                 raise self._worker_died(died) from error
-            if isinstance(error, RuntimeError) and not isinstance(error, BadImageError) and \
-                    "DataLoader worker (pid" in str(error):
-                raise self._worker_died(error) from error
             raise
         return received
 
-    def _worker_died(self, error: RuntimeError) -> RuntimeError:
+    def _next_batch(self) -> tuple:
+        """The live iterator's next batch. torch waits POLL_S at a time (and names a worker that
+        died); a worker that is alive but sends nothing for workers.timeout is named and killed."""
+        timeout = self.config.workers.timeout * (FIRST_BATCH_TIMES if self._fresh else 1)
+        started = time.monotonic()
+        while True:
+            try:
+                batch = next(self._live)
+            except RuntimeError as error:
+                if not str(error).startswith("DataLoader timed out"):
+                    raise
+                if time.monotonic() - started >= timeout:
+                    raise self._silent_worker(time.monotonic() - started) from None
+                continue
+            self._fresh = False
+            return batch
+
+    def _silent_worker(self, waited: float) -> RuntimeError:
+        """The worker whose batch the trainer waits for, killed (SIGTERM cannot end a stopped process),
+        as an error that names it, its state and what to do."""
+        live = self._live
+        try:  # torch's bookkeeping: the batch awaited, and the worker it went to
+            workers = [live._workers[live._task_info[live._rcvd_idx][0]]]
+        except (AttributeError, KeyError, IndexError, TypeError):
+            workers = list(getattr(live, "_workers", ()))
+        states = {worker.pid: _state(worker.pid) for worker in workers}
+        for worker in workers:
+            if worker.is_alive():
+                os.kill(worker.pid, signal.SIGKILL)
+        batch = self._feed.sent[0] if self._feed.sent else ()
+        files = ", ".join(self.index.relpath(int(sample)) for sample in batch[:3, 0]) if len(batch) else ""
+        files += ", ..." if len(batch) > 3 else ""
+        timeout = self.config.workers.timeout
+        return RuntimeError(
+            f"the torch loader for split '{self.split.name}' waited {waited:.0f} s for a batch from "
+            + "; ".join(f"its decoding worker (pid {pid}), which {state}" for pid, state in states.items())
+            + (f". That batch holds {len(batch)} samples: {files}" if files else "")
+            + f". The workers were stopped; the next loop starts new ones. A batch may take workers.timeout "
+            f"({timeout:g} s; the first after the workers start {FIRST_BATCH_TIMES}x that): raise it if batches are "
+            f"this slow")
+
+    def _worker_died(self, error: BaseException) -> RuntimeError:
         """A worker that died (the DataLoader notices within seconds) as an error that says what to do;
         the next loop starts new workers."""
         return RuntimeError(
@@ -262,9 +328,6 @@ class TorchLoader(Loader):
             return RuntimeError(f"DataLoader worker (pid {worker.pid}) {how}")
         return None
 
-    def _workers_alive(self) -> bool:
-        return all(worker.is_alive() for worker in getattr(self._live, "_workers", ()))
-
     def _shutdown(self) -> None:
         if self._live is not None and hasattr(self._live, "_shutdown_workers"):
             self._live._shutdown_workers()
@@ -276,3 +339,23 @@ class TorchLoader(Loader):
     def _close(self) -> None:
         self._shutdown()
         self._dataloader = None
+
+
+def _state(pid: int) -> str:
+    """What a silent worker is doing, from its process state, and what to do about it."""
+    import psutil
+
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.Error:
+        return "is no longer running"
+    if status == psutil.STATUS_STOPPED:
+        return (f"is stopped (SIGSTOP: job control or a tool aimed at that process alone; a SIGCONT, "
+                f"`kill -CONT {pid}`, would have resumed it)")
+    if status == psutil.STATUS_TRACING_STOP:
+        return "is stopped by a debugger attached to it; detach it, or raise workers.timeout while you debug"
+    if status == psutil.STATUS_DISK_SLEEP:
+        return ("is alive but silent, waiting on storage (state D): the file system holding the dataset stopped "
+                "answering or is this slow")
+    return (f"is alive but silent ({status}): a decoder stuck on a file of that batch, or a machine too loaded "
+            f"to decode a batch in time; `py-spy dump --pid {pid}` shows where it is")

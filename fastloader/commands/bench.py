@@ -19,7 +19,7 @@ import time
 from array import array
 
 from ..errors import ConfigError
-from ..machine import hardware, tree_memory
+from ..machine import hardware, human_bytes, tree_memory
 from ..progress import Progress
 from ..schema import BACKEND_ENV
 from ..words import plural
@@ -344,14 +344,6 @@ def peak_gpu_bytes(device) -> int | None:
         return None
     import torch
     return torch.cuda.max_memory_allocated(device)
-
-
-def human_bytes(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return str(count)
 
 
 def parallelism(info: dict) -> str:

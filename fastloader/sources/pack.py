@@ -16,6 +16,7 @@ output folder is replaced, never written through.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -114,6 +115,9 @@ def pack_index(config: Config, index: SampleIndex, out_dir: str, prefix: str, *,
         close()
     finally:
         if shard is not None:  # interrupted: no partial shard is left looking whole
+            if archive is not None:
+                with contextlib.suppress(OSError):  # fails as the write did, on a full disk
+                    archive.close()
             shard.discard()
         progress.finish()
     names = _NewFile(out_dir, CLASSES_FILE.format(prefix=prefix))
@@ -168,7 +172,8 @@ class _NewFile:
         return self.final
 
     def discard(self) -> None:
-        self.file.close()
+        with contextlib.suppress(OSError):  # closing flushes, and fails as the write did on a full disk
+            self.file.close()
         try:
             os.unlink(self.temporary)
         except FileNotFoundError:
