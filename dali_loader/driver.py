@@ -10,17 +10,35 @@ spends most of its time inside DALI, which releases the GIL, so it rarely holds 
 
 The thread holds no reference to the loader (only the pipeline, the feed and a converter), so a
 dropped loader is collected, and its `close` stops the thread. Errors are passed to the trainer's
-thread, which recovers (dali_loader/loader.py) while the driver is stopped.
+thread, which recovers from a bad file (dali_loader/loader.py) while the driver is stopped.
+
+Never a hang: whatever ends the thread (an error in its set-up, in DALI, in the hand-over or the
+finisher, a failed hand-over of its own end) reaches the trainer's `get()` within POLL_S, which
+also notices a thread gone without a word. Nothing waits on the thread where it cannot end: on the
+thread itself (a finalizer run there by the cycle collector), in a forked child (the thread did not
+come along), during interpreter shutdown (daemon threads no longer run), or from a finalizer.
 """
 from __future__ import annotations
 
 import atexit
+import os
 import queue
+import sys
 import threading
+import time
 import weakref
 from typing import Callable, NamedTuple
 
 import torch
+
+POLL_S = 1.0
+"""How often a trainer waiting for a batch checks that the driver thread still lives: each check
+wakes the training thread (0.2 s cost it 1-2 us a sample on a loaded 2-core machine), so not often."""
+JOIN_S = 60.0
+"""The longest wait for a stopped thread to end: its current DALI call (one batch) and the batches
+DALI prefetched. A thread that takes longer is stuck inside DALI, and its loader says so."""
+EXIT_S = 1.0
+"""The longest the exit hook waits, for all drivers together, for a thread inside DALI to return."""
 
 
 class Delivered(NamedTuple):
@@ -34,8 +52,11 @@ class Delivered(NamedTuple):
 
 
 class Ended(NamedTuple):
-    """The epoch ended (StopIteration), or the pipeline failed (`error`)."""
+    """The epoch ended (StopIteration), or the driver failed (`error`)."""
     error: BaseException | None = None
+    in_pipeline: bool = False
+    """The error came out of `pipe.run()` (DALI's operators, or the feed DALI calls), not from the
+    set-up, the hand-over to torch or the finisher: only such an error can be a bad file's."""
 
 
 _RUNNING: weakref.WeakSet = weakref.WeakSet()
@@ -44,11 +65,15 @@ _RUNNING: weakref.WeakSet = weakref.WeakSet()
 
 @atexit.register
 def _stop_running_drivers() -> None:
-    """Stop every driver thread before the interpreter finalizes: after that a daemon thread can no
-    longer run, so a loader closed from a finalizer (a script interrupted by Ctrl-C) would wait for
-    it forever. One hook for all drivers."""
-    for driver in list(_RUNNING):
-        driver.close()
+    """Stop every driver thread before the interpreter finalizes (after that a daemon thread no
+    longer runs, and DALI should not be decoding while the process exits): each is told to stop at
+    once, and all together get at most EXIT_S to return from DALI. One hook for all drivers."""
+    drivers = list(_RUNNING)
+    for driver in drivers:
+        driver.close(wait=False)
+    deadline = time.monotonic() + EXIT_S
+    for driver in drivers:
+        driver.join(max(0.0, deadline - time.monotonic()))
 
 
 class Driver:
@@ -57,57 +82,77 @@ class Driver:
 
     `stop()` (the feed's) makes the pipeline's next call for data end the epoch. `ahead` bounds the
     converted batches waiting in the queue (DALI's own prefetch queue holds more). On a GPU,
-    `device` names it: the conversion runs on a stream of the driver's own, and each batch carries
-    an event that the consumer's stream waits for.
+    `stream` is the loader's side stream (one for the loader's life, so that the caching allocator's
+    blocks stay on one stream): the conversion runs there, and each batch carries an event that the
+    consumer's stream waits for.
     """
 
-    def __init__(self, pipe, convert: Callable, stop: Callable[[], None], device: torch.device, ahead: int = 1):
+    def __init__(self, pipe, convert: Callable, stop: Callable[[], None], device: torch.device,
+                 stream: torch.cuda.Stream | None = None, ahead: int = 1):
         self.queue: queue.Queue = queue.Queue(maxsize=ahead)
         self.device = device
         self._stop = stop
-        self._end: Ended | None = None
-        self._thread = threading.Thread(target=self._run, args=(pipe, convert), name="fastloader-dali-driver",
-                                        daemon=True)
+        self._end: Ended | None = None  # what get() returned last: the end, again on every later call
+        self._last_word: Ended | None = None  # the thread's end, kept here in case handing it over fails
+        self._draining = False  # an epoch ended early: run the pipeline through its prefetched batches
+        self._abandoned = False  # closed: stop at once, nobody takes anything any more
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, args=(pipe, convert, stream),
+                                        name="fastloader-dali-driver", daemon=True)
         self._thread.start()
         _RUNNING.add(self)
 
-    def _run(self, pipe, convert: Callable) -> None:
-        stream = None
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-            stream = torch.cuda.Stream(self.device)
-        while True:
-            try:
-                outputs = pipe.run()
-            except StopIteration:
-                self.queue.put(Ended())
-                return
-            except BaseException as error:  # the trainer's thread decides what it means (loader._recover)
-                self.queue.put(Ended(error))
-                return
-            try:
-                if stream is None:
-                    self.queue.put(Delivered(*convert(outputs), None))
-                    continue
-                with torch.cuda.stream(stream):
-                    images, labels, fed = convert(outputs)
-                    ready = torch.cuda.Event()
-                    ready.record(stream)
-                self.queue.put(Delivered(images, labels, fed, ready))
-            except BaseException as error:
-                self.queue.put(Ended(error))
-                return
+    def _run(self, pipe, convert: Callable, stream: torch.cuda.Stream | None) -> None:
+        end = Ended()
+        try:
+            if stream is not None:
+                torch.cuda.set_device(self.device)
+            while not self._abandoned:
+                try:
+                    outputs = pipe.run()
+                except StopIteration:
+                    break
+                except BaseException as error:  # the trainer's thread decides what it means (loader.py)
+                    end = Ended(error, in_pipeline=True)
+                    break
+                if self._draining:
+                    continue  # a batch DALI prefetched for an epoch left early
+                item = self._hand_over(convert, outputs, stream)
+                outputs = None  # DALI's buffers are not held while the queue is full
+                self._put(item)
+        except BaseException as error:  # set-up, hand-over, finisher: the trainer's thread raises it as it is
+            end = Ended(error)
+        self._last_word = end
+        try:
+            self._put(end)
+        except BaseException:  # noqa: S110 - the trainer finds the thread gone and takes _last_word
+            pass
+
+    def _hand_over(self, convert: Callable, outputs, stream: torch.cuda.Stream | None) -> Delivered:
+        if stream is None:
+            return Delivered(*convert(outputs), None)
+        with torch.cuda.stream(stream):
+            images, labels, fed = convert(outputs)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        return Delivered(images, labels, fed, ready)
+
+    def _put(self, item: Delivered | Ended) -> None:
+        """Queue an item for the trainer, waiting while the queue is full; dropped once nobody
+        takes it (the epoch is being drained, or the driver closed: both empty the queue after
+        saying so, so that a put waiting for room returns)."""
+        if not (self._abandoned or self._draining):
+            self.queue.put(item)
 
     def get(self) -> Delivered | Ended:
         """The next batch, or the end of the epoch (again on every later call); on a GPU the
         batch is safe to use on the caller's current stream."""
         if self._end is not None:
             return self._end
-        item = self.queue.get()
+        item = self._next()
         if isinstance(item, Ended):
             self._end = item
-            self._thread.join()
-            _RUNNING.discard(self)
+            self.join(JOIN_S)  # its last word said: it only returns
         elif item.ready is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(item.ready)
@@ -115,10 +160,63 @@ class Driver:
             item.labels.record_stream(current)
         return item
 
-    def close(self) -> BaseException | None:
-        """End the epoch early (a loop left with `break`, close, exit): stop the feed and drop what
-        the thread still delivers until it ends; the pipeline's error, if it failed meanwhile."""
+    def _next(self) -> Delivered | Ended:
+        """The thread's next item; its last word, or an error, once it is gone."""
+        if os.getpid() != self._pid:
+            return Ended(RuntimeError("this DALI loader was inherited by a forked process, where its driver thread "
+                                      "does not run: build a new loader in this process"))
+        while True:
+            try:
+                return self.queue.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    break
+        try:
+            return self.queue.get_nowait()  # queued just before it ended
+        except queue.Empty:
+            return self._last_word or Ended(RuntimeError("the DALI driver thread ended without handing over a "
+                                                         "batch or an error"))
+
+    def end_epoch(self) -> None:
+        """End the epoch early (a loop left with `break`, a new loop): stop the feed, let the thread
+        run the pipeline through the batches DALI prefetched without converting them, and wait for
+        it, so that the pipeline can be reset. Raises if it does not end within JOIN_S."""
         self._stop()
-        while not isinstance(item := self.get(), Ended):
+        self._draining = True
+        self._drain_queue()  # a hand-over waiting for room gives up at once
+        if self.join(JOIN_S):
+            return
+        raise RuntimeError(f"the DALI driver thread did not end within {JOIN_S:.0f} s of being stopped: DALI is stuck "
+                           f"in a batch (a file on a hung file system?). Build a new loader")
+
+    def close(self, wait: bool = True) -> None:
+        """Stop for good, from any thread and process: the thread ends after its current DALI call
+        and drops the pipeline. With `wait`, waits for that (at most JOIN_S) where the thread can
+        end meanwhile: not on the thread itself (a finalizer the cycle collector runs there), not
+        in a forked child (the thread stayed in the parent), not while the interpreter finalizes."""
+        self._stop()
+        self._abandoned = True
+        if os.getpid() != self._pid or threading.current_thread() is self._thread:
+            return
+        self._drain_queue()
+        if wait and not sys.is_finalizing():
+            self.join(JOIN_S)
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the thread to end, where it can end meanwhile; whether it has."""
+        if os.getpid() != self._pid:
+            return True  # a forked child: the thread is not here
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        _RUNNING.discard(self)
+        return True
+
+    def _drain_queue(self) -> None:
+        """Drop what waits in the queue, so that a hand-over blocked on it returns."""
+        try:
+            while True:
+                self.queue.get_nowait()
+        except queue.Empty:
             pass
-        return item.error

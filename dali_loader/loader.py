@@ -19,6 +19,7 @@ import collections
 import itertools
 import logging
 import os
+import traceback
 from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
@@ -30,7 +31,7 @@ from fastloader.cache import CachedPixels
 from fastloader.contract import Loader
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError, refused_file
+from fastloader.errors import BadImageError, add_note, refused_file
 from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
 from fastloader.schema import Config, SplitConfig
@@ -40,7 +41,7 @@ from fastloader.transfer import to_device
 from .augment import feed_arrays
 from .driver import Driver, Ended
 from .pipeline import build_pipeline, centre_boxes
-from .probe import DecodeProbe, dali_reason
+from .probe import DecodeProbe, dali_reason, out_of_memory
 from .sizes import SizeTable
 from .transcode import transcoded_for_dali
 
@@ -198,14 +199,24 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
     """The driver thread's work on each pipeline output: (images, labels, Fed) as torch tensors on
     `device`, in the configured dtype and memory format, finished (erasing, mixing, soft targets)
     there rather than on the training thread. A function of these values, not of the loader, so
-    that the driver thread does not keep a dropped loader alive."""
+    that the driver thread does not keep a dropped loader alive.
+
+    The GPU flavour copies its images once where DLPack could share them. DALI documents that the
+    default (dynamic) executor's outputs may be kept indefinitely and that `__dlpack__(stream)` makes
+    the stream given there wait for them (its own PyTorch iterator shares them so). That stream would
+    be the driver's; once the torch tensor dies the buffer goes back to DALI, which knows nothing of
+    the trainer's stream, where kernels reading it may still be queued (torch's `record_stream`
+    covers only its own allocator's blocks). One device copy into torch's allocator (some 0.1 ms for
+    256 x 3 x 224 x 224 float32 at an H100's 3 TB/s) makes the lifetime torch's. DALI orders its
+    buffer's reuse after a non-blocking copy (`copy_to_external`), so the driver lets the output go
+    right after the hand-over."""
     def convert(outputs) -> tuple[torch.Tensor, torch.Tensor, Fed]:
         images, *decoded_sizes = outputs
         fed = feed.fed.popleft()
         if decoded_sizes:
             feed.check_sizes(fed, decoded_sizes[0])
         images = images.as_tensor()
-        if device.type == "cuda":  # on the driver's stream (see driver.py), as DALI's own iterator copies
+        if device.type == "cuda":  # on the driver's stream; a copy, not DLPack: see above
             stream = torch.cuda.current_stream(device)
             images = feed_ndarray(images, torch.empty(images.shape(), dtype=to_torch_type[images.dtype],
                                                       device=device), cuda_stream=stream)
@@ -235,6 +246,10 @@ class DaliLoader(Loader):
         self._feed = _Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
                            prepared.sizes, self.augmentation)
         self._pipe = self._build()
+        self._pid = os.getpid()  # a forked child cannot run the pipeline: DALI's threads stay here
+        self._stream = torch.cuda.Stream(device) if self.flavour == "gpu" else None
+        """The driver's side stream, one for the loader's life: a new stream per epoch would strand
+        the caching allocator's blocks cached on the old ones."""
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._driver: Driver | None = None  # the thread running the pipeline during an epoch
         self._run = 0  # which loop owns the pipeline
@@ -266,6 +281,10 @@ class DaliLoader(Loader):
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._broken:
             raise RuntimeError(self._broken)
+        if os.getpid() != self._pid:
+            raise RuntimeError(f"this DALI loader of split '{self.split.name}' was built in process {self._pid} and "
+                               f"inherited by this forked one, where DALI's threads do not run: build a new loader "
+                               f"here (fastloader.build_loader)")
         self._end_epoch()
         if not batches:
             return
@@ -275,15 +294,16 @@ class DaliLoader(Loader):
         self._epoch_open = True
         self._driver = self._drive()
         delivered = 0
-        while self._run == run:  # else a newer loop took the pipeline over
+        while self._run == run:  # else a newer loop took the pipeline over, or the loader closed
             item = self._driver.get()
             if isinstance(item, Ended):
                 self._driver = None
+                if self._closed:  # from another thread, or a finalizer on the driver's
+                    raise self._closed_error()
                 if item.error is None:
                     break
-                if not isinstance(item.error, RuntimeError):
-                    self._epoch_open = False
-                    raise item.error
+                if not (item.in_pipeline and isinstance(item.error, RuntimeError) and not out_of_memory(item.error)):
+                    raise self._stopped(item.error)
                 self._recover(item.error, delivered)
                 self._driver = self._drive()
                 continue
@@ -293,12 +313,43 @@ class DaliLoader(Loader):
         if self._run == run:
             self._record_skips(self._feed.skipped)
             self._end_epoch()
+        elif self._closed:
+            raise self._closed_error()
 
     def _drive(self) -> Driver:
         """A driver thread running the pipeline over the feed's batches (see driver.py)."""
         convert = converter(self._feed, self.index.labels, self.device, self.config.output.channels_last,
                             self._bfloat16, self.finisher)
-        return Driver(self._pipe, convert, self._feed.stop, self.device)
+        return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream)
+
+    def _stopped(self, error: BaseException) -> BaseException:
+        """A failure no bad file explains (a CUDA error, running out of memory, an error of the
+        hand-over or the finisher, or one that is not DALI's) ends the loader: the pipeline's epoch
+        is in no known state, so it is let go and later loops are refused. The error itself goes to
+        the trainer, unchanged (out of memory: with a note on what to lower)."""
+        self._epoch_open = False
+        self._pipe = None
+        self._broken = (f"the DALI loader of split '{self.split.name}' stopped on {type(error).__name__}: "
+                        f"{str(error)[:500]}; build a new loader")
+        if out_of_memory(error):
+            add_note(error, self._memory_hint())
+        return error
+
+    def _memory_hint(self) -> str:
+        """What to lower when a batch does not fit, with the device's memory where it can be read."""
+        figures = ""
+        if self.flavour == "gpu":
+            try:
+                free, total = torch.cuda.mem_get_info(self.device)
+                held = torch.cuda.memory_reserved(self.device)
+                figures = (f" ({free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB on {self.device}, "
+                           f"{held / 2**30:.1f} GiB of it held by torch)")
+            except Exception:  # noqa: BLE001 - the figures are a courtesy; a broken context may not give them
+                pass
+        name = self.split.name
+        return (f"fastloader: the DALI loader of split '{name}' ran out of memory{figures}. Lower {name}.batch_size "
+                f"(now {self.split.batch_size}) or dali.threads (now {self.num_threads}; on the GPU each DALI thread "
+                f"keeps nvJPEG buffers of its own) in {self.config.source}")
 
     def _record_skips(self, samples: list[int]) -> None:
         """Known-bad samples the feed left out (it holds no reference back to the loader, so that a
@@ -313,20 +364,25 @@ class DaliLoader(Loader):
 
     def _recover(self, error: RuntimeError, number: int) -> None:
         """After DALI failed: find the files that broke it, then go on without them in a new pipeline
-        (dataset.on_bad_image: skip) or stop naming them (raise). Never retries blindly, never hangs."""
+        (dataset.on_bad_image: skip) or stop naming them (raise). Never retries blindly, never hangs.
+        The failed pipeline goes first, so that its buffers are free before the probe's and the new
+        pipeline's are taken (on a GPU, nvJPEG's)."""
         fed = list(self._feed.fed)  # the failed batch and those DALI had started after it
         for batch in fed:
             self._record_skips(batch.skipped)  # left out before the failure, not reported yet
+        self._epoch_open = False
+        traceback.clear_frames(error.__traceback__)  # the driver's frames in it hold the failed pipeline
+        self._pipe = None  # freed now, with its buffers, before the probe and the new pipeline take theirs
         suspects = [batch.plan for batch in fed]
         samples = np.concatenate(suspects)[:, 0] if suspects else np.zeros(0, dtype=np.int64)
         resized = self._feed.reread_sizes(samples)
-        probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None)
-        culprits = {}
-        for sample in samples.tolist():
-            problem = probe.problem(self._feed.location(sample))
-            if problem:
-                culprits[sample] = problem
-        self._epoch_open = False
+        probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None, self.split.batch_size,
+                            self._regions if self.split.mode == "train" and self._feed.sizes is not None else None)
+        try:
+            culprits = probe.culprits(suspects, self._feed.location)
+        except BaseException as failure:  # out of memory, say: no file to blame, no pipeline left
+            raise self._stopped(failure) from error
+        del probe  # its pipeline goes before the new one is built
         if not culprits and not resized:
             raise self._failed(error, number, suspects[0] if suspects else np.zeros((0, 2), dtype=np.int64))
         if culprits and self.config.dataset.on_bad_image == "raise":
@@ -342,27 +398,49 @@ class DaliLoader(Loader):
         self._feed.start(itertools.chain(suspects, rest))
         self._epoch_open = True
 
+    def _regions(self, plan: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Train: the crop regions (anchor, shape) the feed draws for these (sample, seed) rows from
+        the sizes it holds now, which the probe decodes as the train graph does."""
+        sizes = self._feed.sizes.of(plan[:, 0], self._feed.location)
+        anchor, shape = feed_arrays(self.augmentation, plan[:, 1], sizes)[:2]
+        return anchor, shape
+
     def _failed(self, error: RuntimeError, number: int, batch: np.ndarray) -> RuntimeError:
         """DALI cannot go on after an operator fails: say where, and refuse later loops clearly."""
         files = ", ".join(self.index.path(i) for i in batch[:3, 0]) + (" ..." if len(batch) > 3 else "")
         self._broken = (f"the DALI pipeline of split '{self.split.name}' failed at batch {number} of epoch "
-                        f"{self.epoch} (files {files}, or a batch DALI had started after it), and each of these "
-                        f"files decodes alone. DALI says: {dali_reason(error)[:1500]}. A DALI pipeline cannot "
-                        f"continue after an error: build a new loader")
+                        f"{self.epoch} (files {files}, or a batch DALI had started after it), and these files "
+                        f"decode, in their batches as the pipeline decodes them and alone. DALI says: "
+                        f"{dali_reason(error)[:1500]}. A DALI pipeline cannot continue after an error: build a "
+                        f"new loader")
         return RuntimeError(self._broken)
 
     def _end_epoch(self) -> None:
         """Stop feeding, drop the batches DALI prefetched (after a `break`) and rewind its epoch."""
         if not self._epoch_open:
             return
-        if self._driver is not None:
-            self._driver.close()  # an error now belongs to an epoch nobody reads any more
-            self._driver = None
-        self._pipe.reset()
         self._epoch_open = False
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            try:
+                driver.end_epoch()  # an error now belongs to an epoch nobody reads any more
+            except RuntimeError as error:  # stuck inside DALI: the pipeline cannot be reset under it
+                self._broken, self._pipe = str(error), None
+                raise
+        self._pipe.reset()
 
     def _close(self) -> None:
-        if self._driver is not None:
-            self._driver.close()
-            self._driver = None
-        self._pipe = None  # DALI frees its threads and buffers when the pipeline is destroyed
+        self._let_go(wait=True)
+
+    def _drop(self) -> None:
+        self._let_go(wait=False)
+
+    def _let_go(self, wait: bool) -> None:
+        """Stop the driver and free the pipeline: DALI frees its threads and buffers when the
+        pipeline is destroyed, here or, when the driver thread still holds it, as that thread ends.
+        `wait`: for that thread, where it can end meanwhile (driver.py); never from a finalizer."""
+        self._run += 1  # a loop still open ends (loops check it), and says the loader is closed
+        self._epoch_open = False
+        driver, self._driver, self._pipe = self._driver, None, None
+        if driver is not None:
+            driver.close(wait)

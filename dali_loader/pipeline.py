@@ -87,19 +87,28 @@ def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool
     resizes it; eval decodes the whole image and resizes the centre `box` the host computed. Then
     the steps shared with the cache's graph (finish).
     """
-    decoder = decoder_options(gpu, config.dali.hw_decoder_load, threads, train=split.mode == "train")
-    exif = config.dataset.exif_orientation
     if split.mode == "train":
         # A crop drawn for the size a file had when screened and out of its bounds now fails the
         # pipeline; the loader then finds the file, names it and feeds its batch again (loader.py)
-        images = fn.decoders.image_slice(
-            encoded, inputs["crop_anchor"], inputs["crop_shape"], axis_names="WH", normalized_anchor=False,
-            normalized_shape=False, output_type=types.RGB, adjust_orientation=exif, **decoder)
+        images = decode(encoded, config, gpu, (inputs["crop_anchor"], inputs["crop_shape"]), threads)
         images = resize_to_size(images, split)
     else:
-        images = fn.decoders.image(encoded, output_type=types.RGB, adjust_orientation=exif, **decoder)
-        images = resize_box(images, inputs["box"], split)
+        images = resize_box(decode(encoded, config, gpu, threads=threads), inputs["box"], split)
     return finish(images, config, split, inputs, augmenter)
+
+
+def decode(encoded: DataNode, config: Config, gpu: bool, region: tuple[DataNode, DataNode] | None = None,
+           threads: int = NVIDIA_THREADS) -> DataNode:
+    """RGB images from encoded files: whole, or only each one's `region` (the crop's (x, y) corner
+    and (width, height) in upright source pixels). The one decoder call of the graph, which the
+    probe that looks for bad files (probe.py) builds too. Train decodes regions, eval whole
+    images: nvJPEG's memory hints follow (decoder_options), spread over the pipeline's `threads`."""
+    options = {"output_type": types.RGB, "adjust_orientation": config.dataset.exif_orientation,
+               **decoder_options(gpu, config.dali.hw_decoder_load, threads, train=region is not None)}
+    if region is None:
+        return fn.decoders.image(encoded, **options)
+    return fn.decoders.image_slice(encoded, *region, axis_names="WH", normalized_anchor=False,
+                                   normalized_shape=False, **options)
 
 
 def pixel_graph(pixels: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
@@ -191,12 +200,20 @@ def _hold_pipelines_over_fork() -> None:
     _HELD_IN_CHILD[:] = list(_BUILT)
 
 
-os.register_at_fork(before=_hold_pipelines_over_fork, after_in_parent=_HELD_IN_CHILD.clear)
+def _forget_pipelines_in_child() -> None:
+    for pipe in _HELD_IN_CHILD:  # off the list of pipelines DALI's exit hook shuts down
+        getattr(Pipeline, "_pipes", set()).discard(weakref.ref(pipe))
+
+
+os.register_at_fork(before=_hold_pipelines_over_fork, after_in_parent=_HELD_IN_CHILD.clear,
+                    after_in_child=_forget_pipelines_in_child)
 """Why: a process forked while a DALI pipeline lives (a torch backend's DataLoader worker, a pool)
 holds a copy of it whose executor threads did not come along. If the child ever drops its last
 reference (a garbage collection of an inherited cycle), the pipeline's destructor waits for those
 threads forever: the worker hangs, and with it the training run. The child keeps a reference to
-every pipeline instead, and exits without running destructors, as forked workers do."""
+every pipeline instead, and exits without running destructors, as forked workers do. DALI's own
+exit hook would shut the copies down as a child that exits normally ends, with the same wait: the
+child takes them off DALI's list."""
 
 
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,

@@ -1,14 +1,18 @@
-"""Find the files that made a DALI pipeline fail, one file at a time.
+"""Find the files that made a DALI pipeline fail.
 
 Why: DALI reports that an operator failed for a batch, and the pipeline is then unusable, but the
 batch (and those DALI had started after it) may hold a hundred files. Each suspect is first given
-the header check (missing, unreadable, truncated ...: a clear reason), then read and decoded alone
-by a one-sample pipeline with the same decoder on the same device. Those that fail are the culprits.
+the header check (missing, unreadable, truncated ...: a clear reason). The rest are decoded the way
+the loader's graph decodes them (pipeline.decode): in batches, with the same decoder on the same
+device, in train mode only each sample's crop region, so that a failure seen only there (nvJPEG's
+batched or hardware path, a region out of a file's bounds) is found too. A batch that fails is
+halved until the files that fail alone are left: those are the culprits.
 """
 from __future__ import annotations
 
 import logging
 import re
+from typing import Callable
 
 import numpy as np
 from nvidia.dali import fn, types
@@ -18,9 +22,20 @@ from fastloader.imaging.screen import screen_file
 from fastloader.schema import Config
 from fastloader.sources.reading import Location, read_bytes
 
-from .pipeline import decoder_options
+from .pipeline import decode
 
 log = logging.getLogger("fastloader")
+
+Regions = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+"""(sample, seed) rows -> their crop regions as the feed draws them: (x, y) corners, (width, height)."""
+
+_OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate|allocation failed|bad_alloc|ALLOCATOR_FAILURE", re.I)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether an error says memory ran out (torch's OutOfMemoryError, MemoryError, DALI's "Can't
+    allocate ... bytes on device", CUDA's "out of memory"): no file is to blame for it."""
+    return isinstance(error, MemoryError) or bool(_OUT_OF_MEMORY.search(str(error)))
 
 
 def dali_reason(error: Exception) -> str:
@@ -37,38 +52,83 @@ def dali_reason(error: Exception) -> str:
 
 
 class DecodeProbe:
-    """Decodes single files (or shard members) with the pipeline's decoder; `problem(where)` is None
-    for a good one. The probe is fed the encoded bytes, whatever the loader feeds."""
+    """Decodes suspects with the pipeline's decoder: `culprits(batches, location)` maps each sample
+    that cannot be used to why. Fed the encoded bytes, whatever the loader feeds; with `regions`
+    (train), only each sample's crop region, as the train graph decodes it."""
 
-    def __init__(self, config: Config, device_id: int | None):
-        self.config, self.device_id = config, device_id
+    def __init__(self, config: Config, device_id: int | None, batch_size: int, regions: Regions | None = None):
+        self.config, self.device_id, self.batch_size, self.regions = config, device_id, batch_size, regions
         self._pipe: Pipeline | None = None
 
-    def problem(self, where: str | Location) -> str | None:
+    def culprits(self, batches: list[np.ndarray], location: Callable[[int], str | Location]) -> dict[int, str]:
+        """sample -> reason, for the samples of these (sample, seed) batches that fail the header
+        check, cannot be read, or fail to decode in their batch and then alone."""
+        found: dict[int, str] = {}
+        try:
+            for plan in batches:
+                kept, encoded = [], []
+                for row, sample in enumerate(plan[:, 0].tolist()):
+                    problem, data = self._read(location(sample))
+                    if problem:
+                        found[sample] = problem
+                    else:
+                        kept.append(row)
+                        encoded.append(data)
+                self._search(plan[kept], encoded, found)
+        finally:
+            self._pipe = None  # its buffers go before the loader builds its new pipeline
+        return found
+
+    def _read(self, where: str | Location) -> tuple[str | None, np.ndarray | None]:
         screened = screen_file(where, self.config.dataset.max_pixels)
         if screened.problem:
-            return screened.problem
+            return screened.problem, None
+        try:
+            return None, np.frombuffer(read_bytes(where), dtype=np.uint8)
+        except OSError as error:
+            return f"unreadable: {error.strerror or error}", None
+
+    def _search(self, plan: np.ndarray, encoded: list[np.ndarray], found: dict[int, str]) -> None:
+        """Decode the batch; where it fails, each half, down to single files."""
+        if not len(plan):
+            return
+        error = self._decode(plan, encoded)
+        if error is None:
+            return
+        if len(plan) == 1:
+            found[int(plan[0, 0])] = f"DALI cannot decode it: {error}"
+            return
+        half = len(plan) // 2
+        self._search(plan[:half], encoded[:half], found)
+        self._search(plan[half:], encoded[half:], found)
+
+    def _decode(self, plan: np.ndarray, encoded: list[np.ndarray]) -> str | None:
+        """Why DALI cannot decode this batch (its reason, not the error, whose frames hold the failed
+        pipeline), or None. Running out of memory blames no file: raised."""
         if self._pipe is None:
             self._pipe = self._build()
-        try:
-            encoded = np.frombuffer(read_bytes(where), dtype=np.uint8)
-        except OSError as error:
-            return f"unreadable: {error.strerror or error}"
-        self._pipe.feed_input("encoded", [encoded])
+        self._pipe.feed_input("encoded", encoded)
+        if self.regions is not None:
+            anchor, shape = self.regions(plan)
+            self._pipe.feed_input("anchor", anchor)
+            self._pipe.feed_input("shape", shape)
         try:
             self._pipe.run()
-        except RuntimeError as error:
+        except Exception as error:
             self._pipe = None  # a failed pipeline cannot run again
-            return f"DALI cannot decode it: {dali_reason(error)}"
+            if out_of_memory(error):
+                raise
+            return dali_reason(error)
         return None
 
     def _build(self) -> Pipeline:
-        gpu = self.device_id is not None
-        pipe = Pipeline(batch_size=1, num_threads=1, device_id=self.device_id, prefetch_queue_depth=1)
+        pipe = Pipeline(batch_size=self.batch_size, num_threads=1, device_id=self.device_id, prefetch_queue_depth=1)
         with pipe:
             encoded = fn.external_source(name="encoded", dtype=types.UINT8)
-            pipe.set_outputs(fn.decoders.image(encoded, output_type=types.RGB,
-                                               adjust_orientation=self.config.dataset.exif_orientation,
-                                               **decoder_options(gpu, self.config.dali.hw_decoder_load)))
+            region = None
+            if self.regions is not None:
+                region = (fn.external_source(name="anchor", dtype=types.FLOAT),
+                          fn.external_source(name="shape", dtype=types.FLOAT))
+            pipe.set_outputs(decode(encoded, self.config, self.device_id is not None, region))
         pipe.build()
         return pipe

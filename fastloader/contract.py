@@ -120,8 +120,7 @@ class Loader(abc.ABC):
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._closed:
-            raise RuntimeError(f"this {self.backend} loader for split '{self.split.name}' is closed; "
-                               f"build a new one with fastloader.build_loader(...)")
+            raise self._closed_error()
         if not self._epoch_set:
             self._epoch += 1
         self._epoch_set = False
@@ -276,6 +275,10 @@ class Loader(abc.ABC):
             self._closed = True
             self._close()
 
+    def _closed_error(self) -> RuntimeError:
+        return RuntimeError(f"this {self.backend} loader for split '{self.split.name}' is closed; "
+                            f"build a new one with fastloader.build_loader(...)")
+
     def __enter__(self) -> "Loader":
         return self
 
@@ -283,8 +286,14 @@ class Loader(abc.ABC):
         self.close()
 
     def __del__(self):
+        """A dropped loader lets go of its workers without waiting for anything: the cycle collector
+        runs finalizers on whichever thread allocates (maybe a backend's own thread), a forked child
+        inherits loaders whose threads stayed in the parent, and the interpreter may be shutting down."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
         try:
-            self.close()
+            self._drop()
         except Exception:
             pass
 
@@ -336,3 +345,8 @@ class Loader(abc.ABC):
     @abc.abstractmethod
     def _close(self) -> None:
         """Release workers, pipelines and memory."""
+
+    def _drop(self) -> None:
+        """What `_close` releases, for `__del__`: without waiting on any thread or process. A backend
+        whose `_close` never waits keeps this default."""
+        self._close()

@@ -36,3 +36,12 @@ def refused_file(path: str, reason: str, source: str, context: str = "") -> str:
     return (f"cannot use image {path!r}: {reason}{found}. Set dataset.on_bad_image: skip in {source} to leave "
             f"such files out (each is logged once and listed in loader.bad_samples), or list it in "
             f"dataset.exclude (`fastloader check CONFIG --exclude-list FILE` writes the list)")
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """Add a line to an error raised elsewhere, keeping its type and message: a note (PEP 678), shown
+    under its traceback; before Python 3.11, which has no notes, appended to its message."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        error.args = (f"{error.args[0] if error.args else ''}\n{note}", *error.args[1:])

@@ -350,3 +350,55 @@ def test_a_cuda_graph_captured_while_the_dali_driver_runs_with_thread_local_mode
             static_in.copy_(images)
             graph.replay()
             assert torch.allclose(static_out, (images * 2).sum(dim=(1, 2, 3)), rtol=1e-4, atol=1e-3)
+@pytest.mark.parametrize("failure", ["oom", "queue"])
+def test_a_dali_gpu_driver_that_dies_fails_next_at_once(textured_root, monkeypatch, failure):
+    """The GPU flavour's driver thread (set-up on its device, copies and finisher on its stream) made
+    to die: out of memory in the finisher reaches `next` as itself with the device's memory figures;
+    a driver that can hand nothing over fails `next` instead of hanging (test_dali_driver.py: CPU)."""
+    _dali_or_skip()
+    import queue
+    import time
+    import types
+
+    from test_dali_driver import MIXING, FailingQueue, raising
+
+    import dali_loader.driver
+    from fastloader.device_ops import BatchFinisher
+    error = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    if failure == "oom":
+        monkeypatch.setattr(BatchFinisher, "pixels", raising(error))
+    else:
+        monkeypatch.setattr(dali_loader.driver, "queue", types.SimpleNamespace(
+            Queue=FailingQueue, Empty=queue.Empty, Full=queue.Full))
+    loader = build_loader(base_config(textured_root, backend="dali", output=CUDA, train=MIXING), "train")
+    assert loader.flavour == "gpu"
+    began = time.monotonic()
+    with pytest.raises(RuntimeError) as raised:
+        list(loader)
+    assert time.monotonic() - began < 30  # the first batch's start-up (nvJPEG) included
+    if failure == "oom":
+        assert raised.value is error
+        assert re.search(r"ran out of memory \(\d+\.\d GiB free of \d+\.\d GiB on cuda:0, \d+\.\d GiB of it held by "
+                         r"torch\)\. Lower train.batch_size", "\n".join(raised.value.__notes__))
+    else:
+        assert str(raised.value) == "the hand-over queue is broken"
+
+
+def test_a_dali_gpu_loader_keeps_one_driver_stream_for_its_life(textured_root, monkeypatch):
+    """A stream per epoch would strand the caching allocator's blocks on streams no longer used: the
+    finisher (on the driver's stream) sees the same side stream in every epoch, never the default."""
+    _dali_or_skip()
+    from test_dali_driver import MIXING
+
+    from fastloader.device_ops import BatchFinisher
+    streams = set()
+    pixels = BatchFinisher.pixels
+
+    def recording(self, images, seeds):
+        streams.add(torch.cuda.current_stream(images.device).cuda_stream)
+        return pixels(self, images, seeds)
+    monkeypatch.setattr(BatchFinisher, "pixels", recording)
+    loader = build_loader(base_config(textured_root, backend="dali", output=CUDA, train=MIXING), "train")
+    for _ in range(3):
+        assert len(list(loader)) == 6
+    assert len(streams) == 1 and torch.cuda.default_stream(loader.device).cuda_stream not in streams
