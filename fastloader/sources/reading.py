@@ -64,6 +64,21 @@ class Location(NamedTuple):
         return self.length < 0
 
 
+def stat_stamp(info: os.stat_result) -> tuple[int, int, int, int]:
+    """(inode, size, mtime_ns, ctime_ns): what says a file is unchanged since a result about it was
+    kept. ctime changes with every write and no tool sets it back (`cp -p`, `touch -d` restore the
+    mtime only); a chmod changes it too, which only costs a check again."""
+    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def path_stamp(path: str) -> tuple[int, int, int, int]:
+    """stat_stamp of a path (following links), zeros where it cannot be stat'ed."""
+    try:
+        return stat_stamp(os.stat(path))
+    except (OSError, ValueError):
+        return 0, 0, 0, 0
+
+
 def as_location(where: str | Location) -> Location:
     """A plain path is the location of a whole file."""
     return where if isinstance(where, Location) else Location(where, where)

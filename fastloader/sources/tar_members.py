@@ -64,10 +64,6 @@ class ShardScan:
         return Identity(self.inode, self.size, self.mtime_ns)
 
 
-def stat_stamp(info: os.stat_result) -> tuple[int, int, int, int]:
-    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
-
-
 def edge_digest(fd: int, size: int) -> str:
     """A digest of the shard's first and last EDGE_BYTES: what a cached index is checked against
     besides os.stat, on file systems whose inode and ctime say less than they should."""

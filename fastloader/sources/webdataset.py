@@ -34,8 +34,8 @@ from ..progress import Progress
 from ..samples import ByteRanges, IndexBuilder, SampleIndex
 from ..schema import Config, SplitConfig
 from .exclude import read_exclude_list
-from .reading import open_regular
-from .tar_members import ShardSample, ShardScan, edge_digest, scan_shard, stat_stamp
+from .reading import open_regular, stat_stamp
+from .tar_members import ShardSample, ShardScan, edge_digest, scan_shard
 
 log = logging.getLogger("fastloader")
 
