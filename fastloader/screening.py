@@ -157,8 +157,9 @@ def file_stamps(index: SampleIndex) -> np.ndarray:
         per_shard = np.array([path_stamp(path) for path in index.ranges.files], dtype=np.int64).reshape(-1, 4)
         return per_shard[index.ranges.file]
     stamps = array("q")
-    for path in index.paths():
-        stamps.extend(path_stamp(path))
+    root, names, ends = os.fsencode(index.root), index.path_bytes.tobytes(), index.offsets.tolist()
+    for start, end in zip(ends, ends[1:]):  # bytes paths, joined as path() joins them: no decoding per file
+        stamps.extend(path_stamp(os.path.join(root, names[start:end])))
     return np.frombuffer(stamps, dtype=np.int64).reshape(-1, 4)
 
 

@@ -71,7 +71,7 @@ def stat_stamp(info: os.stat_result) -> tuple[int, int, int, int]:
     return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
-def path_stamp(path: str) -> tuple[int, int, int, int]:
+def path_stamp(path: str | bytes) -> tuple[int, int, int, int]:
     """stat_stamp of a path (following links), zeros where it cannot be stat'ed."""
     try:
         return stat_stamp(os.stat(path))
