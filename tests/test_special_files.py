@@ -18,7 +18,7 @@ from conftest import REPO, base_config, cpu_only_env, write_solid_dataset
 from shardfiles import pack_folder_split
 
 from fastloader import build_loader
-from fastloader.errors import BadImageError
+from fastloader.errors import BadImageError, ConfigError
 from fastloader.sources.reading import open_bytes, read_bytes
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
@@ -117,6 +117,12 @@ def test_a_fifo_in_a_file_list_unscreened_is_skipped_by_the_torch_workers(tmp_pa
         loader = build_loader(config, "val")
         assert labels_of(loader) == [0, 2]
         assert [path for path, _ in loader.bad_samples] == [str(fifo)] and FIFO_REASON in loader.bad_samples[0][1]
+
+
+def test_a_file_list_that_is_a_fifo_is_a_config_error(tmp_path):
+    root = write_solid_dataset(tmp_path / "data", per_class=1, splits=("val",))
+    with watched(tmp_path / "val.txt") as listing, pytest.raises(ConfigError, match=f"{listing}'?: {FIFO_REASON}"):
+        build_loader(base_config(root, val={"file_list": str(listing)}), "val")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
