@@ -134,12 +134,13 @@ def test_an_intact_cache_still_gives_its_own_pixels(built, backend):
     assert [identities(x) for x, _ in cached] == [identities(x) for x, _ in plain]
 
 
-@pytest.mark.parametrize("backend, workers", [("torch", 0), ("torch", 2),
-                                              pytest.param("dali", 0, marks=BACKENDS[1].marks)])
-def test_a_pixel_file_cut_short_after_the_loader_was_built_stops_the_epoch_naming_it(built, backend, workers):
-    """Not a skip of every sample blaming its source image (torch), nor a raw numpy error (DALI)."""
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pixel_file_cut_short_after_the_loader_was_built_stops_the_epoch_naming_it(built, backend):
+    """Not a skip of every sample blaming its source image (torch), nor a raw numpy error (DALI).
+    In this process, which maps the file after the cut: a worker that mapped it before faults
+    (SIGBUS), which no check can prevent (docs/cache.md)."""
     path, folder = built
-    loader = build_loader(path, "train", [f"backend={backend}", f"workers.num_workers={workers}"])
+    loader = build_loader(path, "train", [f"backend={backend}"])
     with open(folder / "pixels.u8", "r+b") as handle:
         handle.truncate(1000)
     with pytest.raises(CacheError, match=f"{folder / 'pixels.u8'} holds 1,000 bytes.*Rebuild it with `fastloader"):
