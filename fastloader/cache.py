@@ -19,16 +19,26 @@ Layout of `dataset.cache: DIR` (one folder per split, so that one key serves eve
 A build writes `DIR/.<split>.partial-<host>-<pid>` and renames it to `DIR/<split>` only when complete, so
 a folder named after the split is always a finished cache. Nothing here writes: the cache may sit
 on a read-only file system, shared by all ranks.
+
+Nothing in the folder is trusted as it stands (a copy cut short, a file from another build, a
+hand-edited manifest): opening checks the manifest's keys and types, every array's dtype, shape and
+range, that the offsets and shapes agree and the pixel file is exactly as long as they say, and two
+checksums the build wrote: of the index arrays, and of the first and last bytes of up to
+`SAMPLED_IMAGES` images in the pixel file. A cache that fails is refused with its folder and the
+command that rebuilds it.
 """
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import logging
 import os
 import shlex
 import time
+import zipfile
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -38,17 +48,29 @@ from .config import override_options
 from .errors import CacheError
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
+from .sources.reading import open_regular
 from .words import plural
 
 log = logging.getLogger("fastloader")
 
 FORMAT = "fastloader-cache"
-VERSION = 1
+VERSION = 2
+"""2: the manifest holds the checksums of the index arrays and of sampled pixels."""
 MANIFEST, FILES, OFFSETS, SHAPES, LABELS, PIXELS = (
     "manifest.json", "files.npz", "offsets.npy", "shapes.npy", "labels.npy", "pixels.u8")
+FILE_ARRAYS = {"path_bytes": np.uint8, "path_offsets": np.int64, "labels": np.int64, "rows": np.int64,
+               "size": np.int64, "mtime_ns": np.int64}
+"""The arrays of files.npz and their dtypes."""
+MANIFEST_KEYS = {"format": str, "version": int, "source_root": str, "classes": list, "short_side": int, "images": int,
+                 "files": int, "bytes": int, "bad": list, "checksums": dict}
+"""The manifest's keys that a loader reads, and their JSON types."""
 PARTIAL = ".{split}.partial-"
 """Prefix of a build in progress (or killed): never read as a cache."""
 EXAMPLES_SHOWN = 3
+SAMPLED_IMAGES = 256
+"""Images whose first and last EDGE_BYTES make the pixel checksum: a pixel file of the right size
+from another build, or with images moved, fails it; a few hundred small reads when a cache opens."""
+EDGE_BYTES = 64
 
 
 def split_folder(cache_dir: str, split: str) -> str:
@@ -57,10 +79,11 @@ def split_folder(cache_dir: str, split: str) -> str:
 
 def rebuild_command(config: Config, split: str, short_side: int, cache_dir: str) -> str:
     """The `fastloader cache` command that builds this split's cache for this config: its overrides
-    kept (`--set`), and `--short-side` only where it is not the command's default."""
+    kept (`--set`, the index must match; dataset.cache is --out), and `--short-side` only where it is
+    not the command's default."""
     source = shlex.quote(config.source) if config.source != "<dict>" else "CONFIG"
     side = f" --short-side {short_side}" if short_side != DEFAULT_SHORT_SIDE else ""
-    overrides = "".join(f" {option}" for option in override_options(config))
+    overrides = "".join(f" {option}" for option in override_options(config, skip=("dataset.cache",)))
     return f"fastloader cache {source} --split {split}{side} --out {shlex.quote(cache_dir)}{overrides}"
 
 
@@ -76,26 +99,19 @@ def suggested_short_side(split: SplitConfig) -> int:
     return max(required_short_side(split), DEFAULT_SHORT_SIDE)
 
 
-@dataclass(frozen=True)
-class Manifest:
-    folder: str
-    data: dict
-
-    @property
-    def short_side(self) -> int:
-        return int(self.data["short_side"])
-
-    @classmethod
-    def read(cls, folder: str) -> "Manifest":
-        path = os.path.join(folder, MANIFEST)
-        try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except FileNotFoundError:
-            raise CacheError(f"{folder} is not a complete cache: it has no {MANIFEST}") from None
-        except (OSError, ValueError) as error:
-            raise CacheError(f"{path}: unreadable manifest ({error})") from None
-        return cls(folder, data)
+def read_manifest(folder: str) -> dict:
+    """The folder's manifest.json as a dict; CacheError saying what is wrong with it."""
+    path = os.path.join(folder, MANIFEST)
+    try:
+        with open(open_regular(path), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise CacheError(f"{folder} is not a complete cache: it has no {MANIFEST}") from None
+    except (OSError, ValueError) as error:
+        raise CacheError(f"the cache {folder} is damaged: {MANIFEST} cannot be read ({error})") from None
+    if not isinstance(data, dict):
+        raise CacheError(f"the cache {folder} is damaged: {MANIFEST} is a JSON {type(data).__name__}, not an object")
+    return data
 
 
 class CachedPixels:
@@ -106,8 +122,10 @@ class CachedPixels:
     read-only). Forked workers inherit the small offset arrays without copying them.
     """
 
-    def __init__(self, folder: str, rows: np.ndarray, offsets: np.ndarray, shapes: np.ndarray):
+    def __init__(self, folder: str, rows: np.ndarray, offsets: np.ndarray, shapes: np.ndarray, rebuild: str = ""):
         self.folder, self.rows, self.offsets, self.shapes = folder, rows, offsets, shapes
+        self.rebuild = rebuild
+        """The command that rebuilds the cache, for the error when the pixel file changes under a run."""
         self._data: np.ndarray | None = None
 
     def __getstate__(self) -> dict:
@@ -118,8 +136,13 @@ class CachedPixels:
         return int(self.offsets[-1])
 
     def image(self, sample: int) -> np.ndarray:
-        if self._data is None:
-            self._data = np.memmap(os.path.join(self.folder, PIXELS), dtype=np.uint8, mode="c")
+        if self._data is None:  # once per process; checked, as a file cut short since would misread
+            data = np.memmap(os.path.join(self.folder, PIXELS), dtype=np.uint8, mode="c")
+            if len(data) != self.nbytes:
+                raise CacheError(f"dataset.cache: {os.path.join(self.folder, PIXELS)} holds {len(data):,} bytes, "
+                                 f"its index says {self.nbytes:,}: it changed since the cache was opened. Rebuild "
+                                 f"it with `{self.rebuild}`")
+            self._data = data
         row = self.rows[sample]
         height, width = self.shapes[row]
         return self._data[self.offsets[row]:self.offsets[row + 1]].reshape(height, width, 3)
@@ -165,37 +188,139 @@ def open_split_cache(config: Config, split: SplitConfig, index: SampleIndex) -> 
 
 def _check_and_open(config: Config, split: SplitConfig, index: SampleIndex, folder: str,
                     cache_dir: str) -> OpenedCache:
-    manifest = Manifest.read(folder)
-    data = manifest.data
-    command = rebuild_command(config, split.name, int(data.get("short_side") or suggested_short_side(split)), cache_dir)
+    needed = required_short_side(split)
+    try:
+        data = read_manifest(folder)
+    except CacheError as error:
+        command = rebuild_command(config, split.name, suggested_short_side(split), cache_dir)
+        raise CacheError(f"dataset.cache: {error}. Rebuild it with `{command}`") from None
+    built = data.get("short_side")
+    command = rebuild_command(config, split.name, built if isinstance(built, int) and built >= needed else
+                              suggested_short_side(split), cache_dir)
 
     def stale(reason: str) -> CacheError:
         return CacheError(f"dataset.cache: the cache {folder} does not match split '{split.name}' of the dataset "
                           f"({index.root}): {reason}. Rebuild it with `{command}`")
 
+    def damaged(reason: str) -> CacheError:
+        return CacheError(f"dataset.cache: the cache {folder} is damaged: {reason}. Rebuild it with `{command}`")
+
     if data.get("format") != FORMAT or data.get("version") != VERSION:
         raise stale(f"it is {data.get('format')} version {data.get('version')}, this fastloader reads "
                     f"{FORMAT} version {VERSION}")
+    _check_manifest(data, damaged)
     if tuple(data["classes"]) != tuple(index.classes):
         raise stale(f"classes {data['classes'][:5]} then, {list(index.classes[:5])} now")
-    needed = required_short_side(split)
-    if manifest.short_side < needed:
+    if data["short_side"] < needed:
         command = rebuild_command(config, split.name, suggested_short_side(split), cache_dir)
-        raise stale(f"it was built with --short-side {manifest.short_side}, and split '{split.name}' "
+        raise stale(f"it was built with --short-side {data['short_side']}, and split '{split.name}' "
                     f"({split.mode}, size {split.transform.size}) needs at least {needed} not to enlarge images")
-    with np.load(os.path.join(folder, FILES)) as files:
-        cached = SampleIndex(root=data["source_root"], classes=index.classes, path_bytes=files["path_bytes"],
-                             offsets=files["path_offsets"], labels=files["labels"])
-        file_rows, sizes, mtimes = files["rows"], files["size"], files["mtime_ns"]
+    files, offsets, shapes = _checked_arrays(folder, data, damaged)
+    cached = SampleIndex(root=data["source_root"], classes=index.classes, path_bytes=files["path_bytes"],
+                         offsets=files["path_offsets"], labels=files["labels"])
     file_of_sample = _match_files(index, cached, stale)
-    _check_unchanged(index, file_of_sample, sizes, mtimes, stale)
-    rows = file_rows[file_of_sample]  # row in the pixel file of every sample; -1: bad file
+    _check_unchanged(index, file_of_sample, files["size"], files["mtime_ns"], stale)
+    rows = files["rows"][file_of_sample]  # row in the pixel file of every sample; -1: bad file
     bad_samples = np.flatnonzero(rows < 0)
-    bad = _bad_files(config, index, bad_samples, dict(data.get("bad", [])), folder)
+    bad = _bad_files(config, index, bad_samples, dict(data["bad"]), folder)
     kept = index.without(bad_samples) if len(bad_samples) else index
-    pixels = CachedPixels(folder, rows[rows >= 0].copy(), np.load(os.path.join(folder, OFFSETS)),
-                          np.load(os.path.join(folder, SHAPES)))
-    return OpenedCache(kept, bad, pixels, manifest.short_side)
+    pixels = CachedPixels(folder, rows[rows >= 0].copy(), offsets, shapes, rebuild=command)
+    return OpenedCache(kept, bad, pixels, data["short_side"])
+
+
+def _check_manifest(data: dict, damaged: Callable[[str], CacheError]) -> None:
+    """Every key a loader reads, of its type (a bool is not a number here)."""
+    for key, kind in MANIFEST_KEYS.items():
+        value = data.get(key)
+        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)):
+            raise damaged(f"{MANIFEST} has {key}: {json.dumps(value)[:40]}, expected "
+                          f"{'a count' if kind is int else 'a JSON ' + kind.__name__}")
+    if not all(isinstance(name, str) for name in data["classes"]):
+        raise damaged(f"{MANIFEST}: classes must be names (strings)")
+    if not all(isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+               for item in data["bad"]):
+        raise damaged(f"{MANIFEST}: bad must be a list of [path, reason] pairs")
+    if not all(isinstance(data["checksums"].get(name), str) for name in ("index", "pixels")):
+        raise damaged(f"{MANIFEST}: checksums must hold 'index' and 'pixels'")
+
+
+def _checked_arrays(folder: str, data: dict, damaged: Callable[[str], CacheError]
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """files.npz's arrays, offsets and shapes, each checked against the manifest and one another,
+    the pixel file's length against them, and both checksums."""
+    images, count = data["images"], data["files"]
+    try:
+        with np.load(os.path.join(folder, FILES), allow_pickle=False) as npz:
+            files = {name: npz[name] for name in FILE_ARRAYS}
+        offsets = np.load(os.path.join(folder, OFFSETS), allow_pickle=False)
+        shapes = np.load(os.path.join(folder, SHAPES), allow_pickle=False)
+        labels = np.load(os.path.join(folder, LABELS), allow_pickle=False)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        raise damaged(f"{type(error).__name__}: {error}") from None
+    expected = {**{name: (dtype, (count + (name == "path_offsets"),)) for name, dtype in FILE_ARRAYS.items()},
+                OFFSETS: (np.int64, (images + 1,)), SHAPES: (np.int32, (images, 2)), LABELS: (np.int64, (images,))}
+    expected["path_bytes"] = (np.uint8, files["path_bytes"].shape[:1] or (-1,))  # any length, one dimension
+    for name, array in {**files, OFFSETS: offsets, SHAPES: shapes, LABELS: labels}.items():
+        dtype, shape = expected[name]
+        if array.dtype != dtype or array.shape != shape:
+            raise damaged(f"{name} is {array.dtype} {list(array.shape)}, expected {np.dtype(dtype)} {list(shape)} "
+                          f"(the manifest counts {images} images of {count} files)")
+    rows, paths = files["rows"], files["path_offsets"]
+    kept = rows[rows >= 0]
+    if (rows < -1).any() or len(kept) != images or len(np.unique(kept)) != images or (kept >= images).any():
+        raise damaged(f"the rows of {FILES} are not each image once (the manifest counts {images})")
+    if paths[0] != 0 or (np.diff(paths) < 0).any() or paths[-1] != len(files["path_bytes"]):
+        raise damaged(f"the path offsets of {FILES} do not fit its path bytes")
+    if offsets[0] != 0 or (np.diff(offsets) != shapes.astype(np.int64).prod(axis=1) * 3).any() or \
+            offsets[-1] != data["bytes"]:
+        raise damaged(f"{OFFSETS} and {SHAPES} disagree (each image is height x width x 3 bytes, "
+                      f"{data['bytes']:,} in all)")
+    pixels = os.path.join(folder, PIXELS)
+    try:
+        length = os.stat(pixels).st_size
+    except OSError as error:
+        raise damaged(f"{PIXELS}: {error.strerror or error}") from None
+    if length != offsets[-1]:
+        raise damaged(f"{PIXELS} holds {length:,} bytes, its index says {int(offsets[-1]):,} (a copy cut short?)")
+    if index_checksum(files, offsets, shapes, labels) != data["checksums"]["index"]:
+        raise damaged("the checksum of its index arrays is not the one the build wrote (a file from another build, "
+                      "or edited)")
+    if pixel_checksum(pixels, offsets) != data["checksums"]["pixels"]:
+        raise damaged(f"the checksum of sampled images in {PIXELS} is not the one the build wrote (a pixel file "
+                      f"from another build, or images moved)")
+    return files, offsets, shapes
+
+
+def index_checksum(files: Mapping[str, np.ndarray], offsets: np.ndarray, shapes: np.ndarray,
+                   labels: np.ndarray) -> str:
+    """A digest of every index array (names, dtypes, shapes and bytes), written by the build."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, array in sorted({**files, OFFSETS: offsets, SHAPES: shapes, LABELS: labels}.items()):
+        array = np.ascontiguousarray(array)
+        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        digest.update(array.data)
+    return digest.hexdigest()
+
+
+def build_checksums(folder: str) -> dict[str, str]:
+    """The manifest's checksums of a cache folder's arrays and pixels, as a loader will read them."""
+    with np.load(os.path.join(folder, FILES), allow_pickle=False) as npz:
+        files = {name: npz[name] for name in FILE_ARRAYS}
+    offsets, shapes, labels = (np.load(os.path.join(folder, name)) for name in (OFFSETS, SHAPES, LABELS))
+    return {"index": index_checksum(files, offsets, shapes, labels),
+            "pixels": pixel_checksum(os.path.join(folder, PIXELS), offsets)}
+
+
+def pixel_checksum(pixels: str, offsets: np.ndarray) -> str:
+    """A digest of the first and last EDGE_BYTES of up to SAMPLED_IMAGES images, evenly spaced."""
+    digest = hashlib.blake2b(digest_size=16)
+    images = len(offsets) - 1
+    with open(open_regular(pixels), "rb", buffering=0) as handle:
+        for row in np.unique(np.linspace(0, images - 1, min(images, SAMPLED_IMAGES)).astype(np.int64)).tolist():
+            start, end = int(offsets[row]), int(offsets[row + 1])
+            digest.update(os.pread(handle.fileno(), min(EDGE_BYTES, end - start), start))
+            digest.update(os.pread(handle.fileno(), min(EDGE_BYTES, end - start), max(start, end - EDGE_BYTES)))
+    return digest.hexdigest()
 
 
 def _match_files(index: SampleIndex, cached: SampleIndex, stale) -> np.ndarray:

@@ -100,6 +100,8 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
                     "resize": "shorter side at most short_side, aspect kept, never enlarged; bilinear, antialiased",
                     "images": len(shapes), "files": count, "bytes": offsets[-1], "bad": bad,
                     "built_by": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]), "built_at": time.time()}
+        from .cache import build_checksums  # of what a loader will read, checked when one opens the cache
+        manifest["checksums"] = build_checksums(partial)
         with open(os.path.join(partial, MANIFEST), "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=1)
         _replace(partial, split_folder(cache_dir, split.name))

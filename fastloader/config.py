@@ -333,12 +333,13 @@ OVERRIDE = "override '{key}'"
 """The origin of a key set by an override (`--set KEY=VALUE`, or load_config's overrides)."""
 
 
-def override_options(config: Config) -> list[str]:
+def override_options(config: Config, skip: tuple[str, ...] = ()) -> list[str]:
     """The `--set KEY=VALUE` options that give this config its overrides' values again (resolved, so
-    they work from any folder): what a command that a message suggests must keep."""
+    they work from any folder): what a command that a message suggests must keep (but the keys in
+    `skip`, which the command sets otherwise)."""
     raw, options = _config_to_raw(config), []
     for key, origin in config.origins.items():
-        if origin != OVERRIDE.format(key=key):
+        if origin != OVERRIDE.format(key=key) or key in skip:
             continue
         value: Any = raw
         for part in key.split("."):

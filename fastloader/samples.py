@@ -22,13 +22,13 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .schema import MAX_CLASSES_WITHOUT_NAMES
-from .sources.reading import Location
+from .sources.reading import Identity, Location
 
 
 @dataclass(frozen=True, eq=False)
 class ByteRanges:
     """Where the samples of a container format are: sample i is bytes [start, start + length) of
-    files[file[i]]. 20 bytes a sample, in numpy arrays, like the names."""
+    files[file[i]]. 28 bytes a sample, in numpy arrays, like the names."""
     files: tuple[str, ...]
     """The containers (tar shards), as absolute paths."""
     file: np.ndarray
@@ -37,13 +37,21 @@ class ByteRanges:
     """int64 [n]: the sample's first byte in its container."""
     length: np.ndarray
     """int64 [n]: the sample's byte count."""
+    header: np.ndarray | None = None
+    """int64 [n]: the digest of the tar header right before the sample's bytes, as indexed; each
+    read checks it (sources/reading.py), so a shard rewritten under a run is refused, not misread."""
+    identities: tuple[Identity, ...] | None = None
+    """Each container's identity (inode, size, mtime) when it was indexed, checked when it is opened."""
 
     def take(self, samples: np.ndarray) -> "ByteRanges":
-        return ByteRanges(self.files, self.file[samples], self.start[samples], self.length[samples])
+        header = self.header[samples] if self.header is not None else None
+        return ByteRanges(self.files, self.file[samples], self.start[samples], self.length[samples], header,
+                          self.identities)
 
     @property
     def nbytes(self) -> int:
-        return self.file.nbytes + self.start.nbytes + self.length.nbytes
+        header = self.header.nbytes if self.header is not None else 0
+        return self.file.nbytes + self.start.nbytes + self.length.nbytes + header
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,7 +120,10 @@ class SampleIndex:
         if self.ranges is None:
             return Location(name, name)
         ranges = self.ranges
-        return Location(name, ranges.files[ranges.file[i]], int(ranges.start[i]), int(ranges.length[i]))
+        file = int(ranges.file[i])
+        return Location(name, ranges.files[file], int(ranges.start[i]), int(ranges.length[i]),
+                        int(ranges.header[i]) if ranges.header is not None else 0,
+                        ranges.identities[file] if ranges.identities is not None else None)
 
     def path_rows(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(uint8 [n, width], int32 [n, 1]): the samples' full paths as UTF-8 rows of one byte

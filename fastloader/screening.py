@@ -8,8 +8,11 @@ same index, so they keep the same length and full batches.
 
 The result is cached per dataset (its folder and fingerprint) under the fastloader cache folder, so the check runs
 once per dataset and machine; ranks that start together wait for the first one's result (a file
-lock) instead of repeating it. A file that changes after it was screened is still caught where it
-is decoded (see `dataset.on_bad_image`).
+lock) instead of repeating it. Each file's result is kept with the file's stamp (inode, size, mtime,
+ctime: `file_stamps`), and a file whose stamp changed since (replaced, rewritten, copied over with
+`cp -p`) is screened again when a loader is built: a cached result is never trusted for another
+file under the same name. A file that changes while a loader runs is caught where it is decoded
+(see `dataset.on_bad_image`).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import time
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -33,13 +37,14 @@ from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
 from .schema import Config
+from .sources.reading import path_stamp
 from .words import plural
 
 log = logging.getLogger("fastloader")
 
-SCREEN_VERSION = 3
+SCREEN_VERSION = 4
 """Raised when a cached result would read otherwise: 2, a bomb names dataset.max_pixels; 3, each
-file's stored size and orientation are kept."""
+file's stored size and orientation are kept; 4, each file's stamp."""
 PROGRESS_FROM = 20_000
 """Screening this many files or more shows a progress bar (about a second of work per core)."""
 IN_PROCESS_UP_TO = 4_000
@@ -99,21 +104,30 @@ def _relpaths(index: SampleIndex) -> Iterator[str]:
 def _cached_screen(index: SampleIndex, max_pixels: int,
                    workers: int | None) -> tuple[dict[str, str], dict[str, str], np.ndarray]:
     """({relpath: problem}, {relpath: format DALI cannot decode}, stored sizes int32 [n, 3] in index
-    order) from the cache, else screened now."""
+    order) from the cache for the files unchanged since, screened now for the others."""
     cache = screening_file(index, max_pixels)
     cache.parent.mkdir(parents=True, exist_ok=True)
+    stamps = file_stamps(index)  # before the lock: each rank stats the files at once
     with _locked(cache.with_suffix(".lock")):
-        cached = _read(cache)
-        if cached is not None:
-            return cached
+        cached = _read(cache, len(index))
+        if cached is None:
+            problems, formats, sizes = {}, {}, np.zeros((len(index), 3), dtype=np.int32)
+            changed = np.arange(len(index))
+        else:
+            problems, formats, sizes, then = cached
+            changed = np.flatnonzero((stamps != then).any(axis=1))
+            if not len(changed):
+                return problems, formats, sizes
         started = time.perf_counter()
-        progress = Progress(len(index), "files") if len(index) >= PROGRESS_FROM else None
-        problems, formats = {}, {}
-        sizes = np.zeros((len(index), 3), dtype=np.int32)
-        locations = (index.location(i) for i in range(len(index)))
-        results = screen_files(locations, workers=workers if len(index) > IN_PROCESS_UP_TO else 0,
+        progress = Progress(len(changed), "files") if len(changed) >= PROGRESS_FROM else None
+        locations = (index.location(i) for i in changed.tolist())
+        results = screen_files(locations, workers=workers if len(changed) > IN_PROCESS_UP_TO else 0,
                                max_pixels=max_pixels, fork=False, on_progress=progress.update if progress else None)
-        for position, (relpath, result) in enumerate(zip(_relpaths(index), results)):
+        for position, result in zip(changed.tolist(), results):
+            relpath = index.relpath(position)
+            problems.pop(relpath, None)
+            formats.pop(relpath, None)
+            sizes[position] = 0
             if result.problem:
                 problems[relpath] = result.problem
                 continue
@@ -122,27 +136,53 @@ def _cached_screen(index: SampleIndex, max_pixels: int,
                 formats[relpath] = result.format or "unknown"
         if progress:
             progress.finish()
-        log.info("screened %s of %s in %.2fs: %d cannot be decoded (cached in %s)", plural(len(index), "file"),
-                 index.root, time.perf_counter() - started, len(problems), cache)
+        bad = sum(relpath in problems for relpath in map(index.relpath, changed.tolist()))
+        if cached is None:
+            log.info("screened %s of %s in %.2fs: %d cannot be decoded (cached in %s)", plural(len(index), "file"),
+                     index.root, time.perf_counter() - started, bad, cache)
+        else:
+            log.info("screened %s of %s again, changed since they were screened (inode, size, mtime or "
+                     "ctime), in %.2fs: %d of them cannot be decoded (cached in %s)", plural(len(changed), "file"),
+                     index.root, time.perf_counter() - started, bad, cache)
         partial = cache.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps({"version": SCREEN_VERSION, "root": index.root, "files": len(index),
-                                       "problems": problems, "formats": formats,
-                                       "sizes": base64.b64encode(sizes.tobytes()).decode("ascii")}))
+                                       "problems": problems, "formats": formats, "sizes": _b64(sizes),
+                                       "stamps": _b64(stamps)}))
         os.replace(partial, cache)
         return problems, formats, sizes
 
 
-def _read(cache: Path) -> tuple[dict[str, str], dict[str, str], np.ndarray] | None:
-    """A cached result, or None when absent, unreadable or of another version (then screened again)."""
+def file_stamps(index: SampleIndex) -> np.ndarray:
+    """int64 [n, 4]: each sample's file's stamp (sources.reading.stat_stamp; a shard member: its
+    shard's), zeros where it cannot be stat'ed. One stat a file (a few microseconds), one a shard."""
+    if index.ranges is not None:
+        per_shard = np.array([path_stamp(path) for path in index.ranges.files], dtype=np.int64).reshape(-1, 4)
+        return per_shard[index.ranges.file]
+    stamps = array("q")
+    root, names, ends = os.fsencode(index.root), index.path_bytes.tobytes(), index.offsets.tolist()
+    for start, end in zip(ends, ends[1:]):  # bytes paths, joined as path() joins them: no decoding per file
+        stamps.extend(path_stamp(os.path.join(root, names[start:end])))
+    return np.frombuffer(stamps, dtype=np.int64).reshape(-1, 4)
+
+
+def _b64(values: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(values).tobytes()).decode("ascii")
+
+
+def _read(cache: Path, files: int) -> tuple[dict[str, str], dict[str, str], np.ndarray, np.ndarray] | None:
+    """A cached result (problems, formats, sizes, stamps), or None when absent, unreadable or of
+    another version (then screened again)."""
     try:
         data = json.loads(cache.read_text())
-        if data.get("version") != SCREEN_VERSION:
+        if data.get("version") != SCREEN_VERSION or data.get("files") != files:
             return None
-        sizes = np.frombuffer(base64.b64decode(data["sizes"]), dtype=np.int32).reshape(data["files"], 3)
-    except (OSError, ValueError, KeyError, TypeError):
+        sizes = np.frombuffer(base64.b64decode(data["sizes"]), dtype=np.int32).reshape(files, 3).copy()
+        stamps = np.frombuffer(base64.b64decode(data["stamps"]), dtype=np.int64).reshape(files, 4)
+        problems, formats = dict(data["problems"]), dict(data["formats"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     log.debug("screening of %s read from %s", data.get("root"), cache)
-    return data["problems"], data["formats"], sizes
+    return problems, formats, sizes, stamps
 
 
 @contextlib.contextmanager

@@ -188,15 +188,14 @@ def test_eval_without_screening_reads_sizes_itself_and_gives_the_same_batches(tm
 
 
 def test_a_file_resized_after_screening_is_named_and_its_box_corrected(tmp_path, caplog):
-    """The screening result is cached per dataset (its paths), so it does not see a file rewritten
-    at another size. The pipeline's own header read does: the file is named, and its next epochs
-    get the box of its new size, the very pixels a fresh screening gives."""
+    """A file rewritten at another size while a loader runs (a new loader screens it again): the
+    pipeline's own header read sees it, the file is named, and its next epochs get the box of its
+    new size, the very pixels a fresh screening gives."""
     import logging
     config = write_odd_sizes(tmp_path)
-    dali_eval(config)  # screened and cached
     changed = sorted((tmp_path / "val").rglob("i2.png"))[0]
-    Image.open(changed).resize((61, 170)).save(changed)
-    with build_loader({**config, "backend": "dali"}, "val") as loader:
+    with build_loader({**config, "backend": "dali"}, "val") as loader:  # screened
+        Image.open(changed).resize((61, 170)).save(changed)
         with caplog.at_level(logging.WARNING, logger="fastloader"):
             first = torch.cat([x for x, _ in loader])
         second = torch.cat([x for x, _ in loader])

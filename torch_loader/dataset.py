@@ -16,7 +16,7 @@ import numpy as np
 import torch.utils.data
 
 from fastloader.cache import CachedPixels
-from fastloader.errors import BadImageError, refused_file
+from fastloader.errors import BadImageError, CacheError, refused_file
 from fastloader.samples import SampleIndex
 
 from .transforms import SampleOps, SampleTransform
@@ -48,6 +48,8 @@ class ImageDataset(torch.utils.data.Dataset):
                 image = self.transform(self.index.location(sample), seed, ops)
             else:
                 image = self.transform.from_pixels(self.pixels.image(sample), seed, ops)
+        except CacheError:
+            raise  # the cache, not this sample's file: skipping would blame the file, sample after sample
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
             reason = f"{type(error).__name__}: {error}"
             if self.skip_bad:

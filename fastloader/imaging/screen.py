@@ -24,7 +24,7 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 
 from ..errors import error_text
 from ..parallel import available_cores, map_chunks
-from ..sources.reading import Location, as_location, open_bytes
+from ..sources.reading import ContainerChanged, Location, NotRegularFile, as_location, open_bytes
 from .sizes import jpeg_stored_size, pillow_stored_size
 
 BOMB_PIXELS = 178_956_970
@@ -105,8 +105,8 @@ def bomb_problem(width: int, height: int, max_pixels: int) -> str:
 
 
 def screen_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screened:
-    """The header check: existence, permissions, size, format, dimensions and (JPEG, PNG) the end
-    marker, of a file or of a shard member (a Location)."""
+    """The header check: existence, permissions, a regular file (a FIFO is named, never waited on),
+    size, format, dimensions and (JPEG, PNG) the end marker, of a file or of a shard member (a Location)."""
     location = as_location(where)
     path = location.name
     try:
@@ -120,6 +120,8 @@ def screen_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screene
                         "missing (broken symbolic link)")
     except PermissionError:
         return Screened(path, problem="unreadable: permission denied")
+    except (NotRegularFile, ContainerChanged) as error:  # a FIFO is never opened blocking, nor read
+        return Screened(path, problem=error.strerror)
     except OSError as error:
         return Screened(path, problem=f"unreadable: {error.strerror or error}")
 

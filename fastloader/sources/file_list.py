@@ -8,6 +8,7 @@ from typing import Sequence
 from ..errors import ConfigError
 from ..samples import IndexBuilder, SampleIndex, label_problem
 from ..words import plural
+from .reading import not_regular, open_regular
 
 log = logging.getLogger("fastloader")
 
@@ -16,10 +17,11 @@ def read_file_list(list_path: str, root: str, classes: Sequence[str] | None = No
                    excluded: frozenset[str] = frozenset()) -> SampleIndex:
     """Lines of `relative/path label` (label an integer; paths may hold spaces; '#' starts a comment)."""
     if not os.path.isfile(list_path):
-        raise ConfigError(f"file list {list_path!r} does not exist; fix the split's file_list key")
+        what = not_regular(os.stat(list_path).st_mode) if os.path.exists(list_path) else "does not exist"
+        raise ConfigError(f"file list {list_path!r}: {what}; fix the split's file_list key")
     builder = IndexBuilder()
     skipped = 0
-    with open(list_path, encoding="utf-8") as handle:
+    with open(open_regular(list_path), encoding="utf-8") as handle:  # replaced by a FIFO since: refused, not waited on
         for number, line in enumerate(handle, 1):
             line = line.strip()
             if not line or line.startswith("#"):

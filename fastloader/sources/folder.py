@@ -6,14 +6,16 @@ import logging
 import os
 import stat
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
+from ..bad_input import refuse
 from ..errors import ConfigError
 from ..samples import IndexBuilder, SampleIndex
 from ..schema import IMAGE_EXTENSIONS, Config, SplitConfig
 from ..words import plural
 from .exclude import read_exclude_list
 from .file_list import read_file_list
+from .reading import not_regular
 
 log = logging.getLogger("fastloader")
 
@@ -39,8 +41,10 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     folder = os.path.normpath(split.folder or split.name)
     skip = frozenset(path[len(folder) + 1:] for path in excluded if path.startswith(folder + os.sep))
     # the folders' problems are blamed on what set dataset.root: the file, or an override
-    return scan_folder(os.path.join(root, folder), config.dataset.extensions, config.dataset.classes,
-                       config.origin("dataset.root"), key=f"{split.name}.folder", skip=skip)
+    index = scan_folder(os.path.join(root, folder), config.dataset.extensions, config.dataset.classes,
+                        config.origin("dataset.root"), key=f"{split.name}.folder", skip=skip)
+    refuse(config, index.unusable)  # a FIFO named .JPEG: raised, or logged (and listed in loader.bad_samples)
+    return index
 
 
 def _not_a_folder(path: str) -> str:
@@ -76,7 +80,8 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
 
     A class folder without images keeps its label (so labels stay aligned with other splits) and is
     logged as a warning; a split without any image is an error. Paths in `skip` (relative to
-    split_dir, from dataset.exclude) are left out and counted in the log.
+    split_dir, from dataset.exclude) are left out and counted in the log. Links are followed, each
+    folder read once (_Walk); an image-named entry that is not a regular file is in `unusable`.
     """
     if not os.path.isdir(split_dir):
         parent = os.path.dirname(split_dir.rstrip(os.sep))
@@ -109,24 +114,16 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
             log.warning("%s: class %r has no folder in %s; its label is kept, with no samples", source, name, split_dir)
 
     suffixes = tuple(e.lower() for e in extensions)
+    walk = _Walk(split_dir, classes, suffixes, skip)
     builder = IndexBuilder()
-    skipped = 0
     started = last_report = time.monotonic()
     for label, name in enumerate(classes):
         class_dir = os.path.join(split_dir, name)
         if not os.path.isdir(class_dir):
             continue
         before = len(builder)
-        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
-            dirnames.sort()
-            rel_dir = os.path.relpath(dirpath, split_dir)
-            for filename in sorted(filenames):
-                if filename.lower().endswith(suffixes):
-                    relpath = os.path.normpath(os.path.join(rel_dir, filename))
-                    if relpath in skip:
-                        skipped += 1
-                    else:
-                        builder.add(relpath, label)
+        for relpath in walk.class_files(name):
+            builder.add(relpath, label)
         if len(builder) == before:
             log.warning("class folder %s holds no image files (%s); its label %d is kept, with no samples",
                         class_dir, "/".join(suffixes), label)
@@ -134,9 +131,114 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
         if now - last_report > 5:
             log.info("scanning %s: %d/%d classes, %d images so far", split_dir, label + 1, len(classes), len(builder))
             last_report = now
+    for link, reason in walk.links:
+        log.warning("%s: not followed: %s", link, reason)
     if not len(builder):
-        raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}); "
+        first = f" ({walk.special[0][0]}: {walk.special[0][1]})" if walk.special else ""
+        raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}){first}; "
                           f"check dataset.root and dataset.extensions")
     log.info("indexed %s: %s in %s (%.2fs)%s", split_dir, plural(len(builder), "image"), plural(len(classes), "class"),
-             time.monotonic() - started, f", {skipped} left out by dataset.exclude" if skipped else "")
-    return builder.build(split_dir, classes, excluded=skipped)
+             time.monotonic() - started, f", {walk.skipped} left out by dataset.exclude" if walk.skipped else "")
+    return builder.build(split_dir, classes, excluded=walk.skipped, unusable=walk.special)
+
+
+class _Walk:
+    """The image files under a split's class folders, in os.walk's order (a folder's files sorted,
+    then its sub-folders sorted), following symbolic links, yet reading each folder once.
+
+    Why not os.walk(followlinks=True): a link back up the tree (`c00/loop -> .`) repeats the files
+    until the path is too long, two self-loops never end, and a link into another class folder gives
+    that class's files this class's label. Here a link is not followed when it leads into a class
+    folder of the split (those files are indexed under their own path and label) or to a folder
+    already read (a loop, or a second link to the same folder): it is named in a warning instead.
+    Files that are not regular (a FIFO, a socket, a device named `.JPEG`) are named as unusable,
+    never opened."""
+
+    def __init__(self, split_dir: str, classes: Sequence[str], suffixes: tuple[str, ...], skip: frozenset[str]):
+        self.split_dir, self.suffixes, self.skip = split_dir, suffixes, skip
+        self.class_dirs: dict[str, str] = {}
+        """The real path of each class folder -> its class (a folder, rather than a link, where two are one)."""
+        for name in sorted(classes, key=lambda name: os.path.islink(os.path.join(split_dir, name))):
+            self.class_dirs.setdefault(os.path.realpath(os.path.join(split_dir, name)), name)
+        self.visited: set[tuple[int, int]] = set()
+        self.links: list[tuple[str, str]] = []
+        """(link, why it was not followed)."""
+        self.special: list[tuple[str, str]] = []
+        """(path, reason) of each image-named entry that is not a regular file."""
+        self.skipped = 0
+        """Files left out by dataset.exclude."""
+
+    def class_files(self, name: str) -> Iterator[str]:
+        """The relative paths of a class folder's image files (none when the folder is a link to another class's)."""
+        folder = os.path.join(self.split_dir, name)
+        reason = self._link_problem(folder, own=name) if os.path.islink(folder) else None
+        if reason:
+            self.links.append((folder, reason))
+            return iter(())
+        return self.files(folder, name)
+
+    def files(self, folder: str, relative: str) -> Iterator[str]:
+        """The relative paths of the image files under `folder` (itself at `relative`)."""
+        try:
+            info = os.stat(folder)
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:
+            return  # as os.walk: a folder that cannot be listed holds nothing
+        identity = (info.st_dev, info.st_ino)
+        if identity in self.visited:
+            self.links.append((folder, "it leads to a folder already read (a loop, or a second path to it)"))
+            return
+        self.visited.add(identity)
+        folders = []
+        for entry in entries:
+            if _is_dir(entry):
+                folders.append(entry)
+            elif entry.name.lower().endswith(self.suffixes):
+                path = os.path.normpath(os.path.join(relative, entry.name))
+                if path in self.skip:
+                    self.skipped += 1
+                    continue
+                reason = _not_a_file(entry)
+                if reason:
+                    self.special.append((entry.path, reason))
+                else:
+                    yield path
+        for entry in folders:
+            reason = self._link_problem(entry.path) if entry.is_symlink() else None
+            if reason:
+                self.links.append((entry.path, reason))
+            else:
+                yield from self.files(entry.path, os.path.join(relative, entry.name))
+
+    def _link_problem(self, link: str, own: str | None = None) -> str | None:
+        """Why a link to a folder is not followed: it leads into a class folder of the split (other
+        than `own`, the class folder that the link itself is)."""
+        target = os.path.realpath(link)
+        folder = target
+        while True:
+            name = self.class_dirs.get(folder)
+            if name is not None and not (name == own and folder == target):
+                inside = "" if folder == target else f" (to {target}, inside it)"
+                return f"a link to class folder {name!r}{inside}: its files are indexed once, under their own path"
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return None
+            folder = parent
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _not_a_file(entry: os.DirEntry) -> str | None:
+    """Why an entry named like an image is not one to index: a FIFO, socket or device (a broken link
+    is indexed, and screening names it); None for a regular file."""
+    try:
+        if entry.is_file():
+            return None
+        return not_regular(entry.stat().st_mode)
+    except OSError:
+        return None  # a broken link, or gone: the readers name it

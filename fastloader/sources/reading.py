@@ -7,14 +7,43 @@ format only has to say where its samples' bytes are.
 
 A range is read with `os.pread` on a descriptor kept open per container and per process: one open
 per shard, not per sample, which is what a cluster filesystem's metadata server can bear.
+
+Nothing but a regular file is read: a FIFO named `.JPEG` would block its reader for ever (open
+waits for a writer), a device never ends. Files are opened non-blocking and checked with fstat
+before a byte is read (`open_regular`). A container is also checked against what its index was
+built from: its identity (inode, size, mtime) when its descriptor is opened, and each member's
+tar header, read with the member in the same pread, so that a shard rewritten under a running
+loader is refused by name instead of read at its old offsets (docs/bad-input.md says what each
+check cannot see).
 """
 from __future__ import annotations
 
 import collections
+import errno
+import hashlib
 import io
 import os
+import stat
 import threading
 from typing import BinaryIO, NamedTuple
+
+TAR_BLOCK = 512
+"""A tar header block: the one right before a member's data is that member's own header."""
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+
+
+class Identity(NamedTuple):
+    """What says that a container file is still the one that was indexed: a file rewritten or
+    replaced changes at least one of these (a copy with `cp -p` keeps size and mtime, not the
+    content at the offsets: the member headers catch that)."""
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> "Identity":
+        return cls(info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 class Location(NamedTuple):
@@ -25,10 +54,29 @@ class Location(NamedTuple):
     start: int = 0
     length: int = -1
     """The byte count from `start`; -1: the whole file."""
+    header: int = 0
+    """A range's tar header digest as indexed (`header_digest` of the block before `start`); 0: not checked."""
+    identity: Identity | None = None
+    """The container's identity when it was indexed; None: not checked."""
 
     @property
     def whole_file(self) -> bool:
         return self.length < 0
+
+
+def stat_stamp(info: os.stat_result) -> tuple[int, int, int, int]:
+    """(inode, size, mtime_ns, ctime_ns): what says a file is unchanged since a result about it was
+    kept. ctime changes with every write and no tool sets it back (`cp -p`, `touch -d` restore the
+    mtime only); a chmod changes it too, which only costs a check again."""
+    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def path_stamp(path: str | bytes) -> tuple[int, int, int, int]:
+    """stat_stamp of a path (following links), zeros where it cannot be stat'ed."""
+    try:
+        return stat_stamp(os.stat(path))
+    except (OSError, ValueError):
+        return 0, 0, 0, 0
 
 
 def as_location(where: str | Location) -> Location:
@@ -40,22 +88,82 @@ class TruncatedError(OSError):
     """A byte range that runs past the end of its container: the shard was cut short after indexing."""
 
 
+class NotRegularFile(OSError):
+    """A FIFO, socket, device or folder where a file was expected: refused before a byte is read."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+class ContainerChanged(OSError):
+    """A container (tar shard) that is no longer the file its index was built from."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def not_regular(mode: int) -> str | None:
+    """'not a regular file: a FIFO' (a socket, a device, a folder), or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), f"mode {stat.filemode(mode)}")
+    return f"not a regular file: {kind}"
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of `path`, or NotRegularFile: opened non-blocking (a FIFO's open
+    would wait for a writer for ever) and checked with fstat before anything is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        if error.errno == errno.ENXIO:  # a socket, or a FIFO on some systems: say what it is
+            reason = not_regular(os.stat(path).st_mode)
+            if reason:
+                raise NotRegularFile(errno.EINVAL, reason, path) from None
+        raise
+    try:
+        reason = not_regular(os.fstat(fd).st_mode)
+        if reason:
+            raise NotRegularFile(errno.EINVAL, reason, path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def header_digest(block: bytes | bytearray | memoryview) -> int:
+    """A member's 512-byte tar header as a nonzero int64, kept in the index and compared at each read."""
+    digest = int.from_bytes(hashlib.blake2b(block, digest_size=8).digest(), "little", signed=True)
+    return digest or 1
+
+
 def read_bytes(where: str | Location) -> bytearray:
-    """The sample's encoded bytes. Raises OSError (FileNotFoundError, PermissionError,
-    TruncatedError ...) naming the container where it cannot."""
+    """The sample's encoded bytes. Raises OSError (FileNotFoundError, PermissionError, NotRegularFile,
+    TruncatedError, ContainerChanged ...) naming the file or container where it cannot."""
     location = as_location(where)
     if location.whole_file:  # straight into a writable buffer (torch.frombuffer wants one)
-        with open(location.file, "rb", buffering=0) as handle:
+        with open(open_regular(location.file), "rb", buffering=0) as handle:
             data = bytearray(os.fstat(handle.fileno()).st_size)
             got = handle.readinto(data)
             if got < len(data):  # the file shrank since fstat
                 del data[got:]
             rest = handle.read()  # or grew
         return data + rest if rest else data
+    fd = _open_containers.descriptor(location.file, location.identity)
     data = bytearray(location.length)
-    got = os.preadv(_open_containers.descriptor(location.file), [data], location.start)
+    if location.header:  # the member's own header block in the same read: is it still the one indexed?
+        block = bytearray(TAR_BLOCK)
+        got = os.preadv(fd, [block, data], location.start - TAR_BLOCK) - TAR_BLOCK
+        if got >= 0 and header_digest(block) != location.header:
+            raise ContainerChanged(errno.ESTALE, f"the shard {location.file} changed since it was indexed: the tar "
+                                                 f"header before {location.name} is not the one indexed (the shard "
+                                                 f"was rewritten in place); its members are refused until a new "
+                                                 f"loader indexes it again", location.file)
+    else:
+        got = os.preadv(fd, [data], location.start)
     if got != location.length:
-        raise TruncatedError(f"{location.file} ends {location.length - got} bytes into {location.name} "
+        raise TruncatedError(f"{location.file} ends {location.length - max(got, 0)} bytes into {location.name} "
                              f"(the shard was cut short since it was indexed)")
     return data
 
@@ -64,7 +172,7 @@ def open_bytes(where: str | Location) -> BinaryIO:
     """A binary file object over the sample's bytes (a whole file is opened, a range read into memory)."""
     location = as_location(where)
     if location.whole_file:
-        return open(location.file, "rb")
+        return open(open_regular(location.file), "rb")
     return io.BytesIO(read_bytes(location))
 
 
@@ -88,30 +196,47 @@ class _OpenContainers:
 
     Per process: a forked worker gets descriptors that its parent opened, which pread shares safely
     (pread has no file position), and opens the others itself; a cap keeps thousands of shards under
-    the descriptor limit."""
+    the descriptor limit. Each descriptor remembers the identity it was checked against: a reader
+    that expects another one (a new index of a changed shard) has it checked again, and reopened."""
 
     def __init__(self, limit: int = 256):
         self.limit = limit
         self.lock = threading.Lock()
-        self.open: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self.open: collections.OrderedDict[str, tuple[int, Identity | None]] = collections.OrderedDict()
         self.pid = os.getpid()
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
         self.lock = threading.Lock()  # a lock held by another thread at fork stays held in the child
 
-    def descriptor(self, path: str) -> int:
+    def descriptor(self, path: str, identity: Identity | None = None) -> int:
         with self.lock:
-            fd = self.open.get(path)
-            if fd is not None:
+            fd, checked = self.open.get(path, (-1, None))
+            if fd >= 0 and (identity is None or identity == checked or Identity.of(os.fstat(fd)) == identity):
+                self.open[path] = fd, identity or checked
                 self.open.move_to_end(path)
                 return fd
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            self.open[path] = fd
+            if fd >= 0:  # not the file the caller's index was built from: perhaps replaced since
+                del self.open[path]
+                os.close(fd)
+            fd = open_regular(path)
+            found = Identity.of(os.fstat(fd))
+            if identity is not None and found != identity:
+                os.close(fd)
+                raise ContainerChanged(errno.ESTALE, f"the shard {path} changed since it was indexed ("
+                                                     f"{_differences(identity, found)}); its members are refused "
+                                                     f"until a new loader indexes it again", path)
+            self.open[path] = fd, identity
             while len(self.open) > self.limit:
-                _, oldest = self.open.popitem(last=False)
+                _, (oldest, _) = self.open.popitem(last=False)
                 os.close(oldest)
             return fd
+
+
+def _differences(indexed: Identity, found: Identity) -> str:
+    changed = [f"{name} {old} then, {new} now" for name, old, new in zip(Identity._fields, indexed, found)
+               if old != new]
+    return "; ".join(changed)
 
 
 _open_containers = _OpenContainers()

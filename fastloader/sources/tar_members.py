@@ -2,14 +2,19 @@
 
 Headers are read with Python's `tarfile` (ustar, PAX and GNU long names, all of them), without
 reading the images: a shard is one open and a seek per member. Only the label members (`.cls`,
-`.txt`, `.json`: a few bytes each) are read. What cannot become a sample is returned as a problem
+`.txt`, `.json`: a few bytes each) are read, and, for each image, a digest of its own header block
+(the reader checks it at every read) and of the shard's first and last bytes (a cached index is
+checked against it). What cannot become a sample is returned as a problem
 named by its member, never dropped silently.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import tarfile
 from dataclasses import dataclass, field
+
+from .reading import TAR_BLOCK, Identity, NotRegularFile, header_digest, open_regular
 
 COMPRESSIONS = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"BZh", "bzip2", "bunzip2 -k"),
                 (b"\xfd7zXZ\x00", "xz", "unxz -k"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"))
@@ -18,6 +23,9 @@ LABEL_SUFFIXES = ("cls", "txt", "json")
 """Members that may hold a sample's label, in the order they are preferred."""
 LABEL_BYTES = 4096
 """A label member larger than this is not read (it is not a label)."""
+EDGE_BYTES = 16384
+"""The shard's first and last this many bytes make its content digest (`edge_digest`): a few member
+headers at each end, read in two preads when a cached index is checked."""
 
 
 @dataclass
@@ -30,6 +38,8 @@ class ShardSample:
     label_kind: str | None = None
     """Which member gave the label text: cls, txt, json; None: the sample has none."""
     label_text: str | None = None
+    header: int = 0
+    """reading.header_digest of the image member's tar header block, checked at every read."""
 
 
 @dataclass
@@ -39,6 +49,29 @@ class ShardScan:
     samples: list[ShardSample] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)
     """(member, or '' for the whole shard; reason)."""
+    inode: int = 0
+    ctime_ns: int = 0
+    """Changed by every write, and no tool sets it back (`cp -p` and `touch -d` restore mtime only)."""
+    digest: str = ""
+    """edge_digest of the shard as read."""
+
+    def stamp(self) -> tuple[int, int, int, int]:
+        """What os.stat says of the shard as indexed; any difference means it is read again."""
+        return self.inode, self.size, self.mtime_ns, self.ctime_ns
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(self.inode, self.size, self.mtime_ns)
+
+
+def edge_digest(fd: int, size: int) -> str:
+    """A digest of the shard's first and last EDGE_BYTES: what a cached index is checked against
+    besides os.stat, on file systems whose inode and ctime say less than they should."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(os.pread(fd, EDGE_BYTES, 0))
+    if size > EDGE_BYTES:
+        digest.update(os.pread(fd, EDGE_BYTES, max(EDGE_BYTES, size - EDGE_BYTES)))
+    return digest.hexdigest()
 
 
 def split_key(name: str) -> tuple[str, str] | None:
@@ -63,9 +96,10 @@ def compression_problem(head: bytes, shard: str) -> str | None:
 def scan_shard(path: str, image_extensions: tuple[str, ...]) -> ShardScan:
     """The shard's samples and problems. `image_extensions` without dots, lowercase ("jpg", "png")."""
     try:
-        with open(path, "rb") as handle:
-            stat = os.fstat(handle.fileno())
-            scan = ShardScan(stat.st_size, stat.st_mtime_ns)
+        with open(open_regular(path), "rb") as handle:
+            info = os.fstat(handle.fileno())
+            scan = ShardScan(info.st_size, info.st_mtime_ns, inode=info.st_ino, ctime_ns=info.st_ctime_ns,
+                             digest=edge_digest(handle.fileno(), info.st_size))
             problem = compression_problem(handle.read(8), path)
             if problem:
                 scan.problems.append(("", problem))
@@ -76,6 +110,8 @@ def scan_shard(path: str, image_extensions: tuple[str, ...]) -> ShardScan:
         return ShardScan(0, 0, problems=[("", "missing (no such file)")])
     except PermissionError:
         return ShardScan(0, 0, problems=[("", "unreadable: permission denied")])
+    except NotRegularFile as error:  # a FIFO is never waited on
+        return ShardScan(0, 0, problems=[("", str(error.strerror))])
     except (OSError, tarfile.TarError) as error:
         return ShardScan(0, 0, problems=[("", f"unreadable: {error}")])
     return scan
@@ -124,7 +160,8 @@ def _read_members(handle, scan: ShardScan, image_extensions: tuple[str, ...]) ->
                 scan.problems.append((info.name, f"duplicate key: {key!r} already has the image "
                                                  f"{samples[key].member!r}; the first is kept"))
             else:
-                samples[key] = ShardSample(key, info.name, info.offset_data, info.size)
+                block = os.pread(handle.fileno(), TAR_BLOCK, info.offset_data - TAR_BLOCK)
+                samples[key] = ShardSample(key, info.name, info.offset_data, info.size, header=header_digest(block))
         elif extension in LABEL_SUFFIXES and info.size <= LABEL_BYTES:
             labels.setdefault(key, {})[extension] = os.pread(handle.fileno(), info.size, info.offset_data).decode(
                 "utf-8", "replace")

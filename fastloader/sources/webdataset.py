@@ -5,9 +5,12 @@ the `{key}.cls` member (an integer), else a `.txt` / `.json` member naming a cla
 dataset.classes. Samples are in shard order, then member order; names are `shard.tar:member`.
 
 Each shard's headers are read once (`tar_members.py`, shards in parallel processes, with a progress
-bar) and the result is kept in one cache file per split; a shard whose size or mtime changed since is
-read again. Reading is by byte range afterwards, so the sampler's permutation, exact-once eval,
-resume and the uint8 cache work on shards as on folders.
+bar) and the result is kept in one cache file per split. A cached shard is read again when it is not
+the same file: another inode, size, mtime or ctime (which every write changes, and `cp -p` cannot set
+back), or other first and last bytes. The index carries each shard's identity and each member's
+header digest, which the reader checks (sources/reading.py), so a shard changed under a running
+loader is refused by name, never read at its old offsets. Reading is by byte range afterwards, so
+the sampler's permutation, exact-once eval, resume and the uint8 cache work on shards as on folders.
 """
 from __future__ import annotations
 
@@ -35,12 +38,14 @@ from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
 from ..words import plural
 from .exclude import read_exclude_list
-from .tar_members import ShardSample, ShardScan, scan_shard
+from .reading import open_regular, stat_stamp
+from .tar_members import ShardSample, ShardScan, edge_digest, scan_shard
 
 log = logging.getLogger("fastloader")
 
-INDEX_VERSION = 1
-"""Raised when a cached shard index would read otherwise."""
+INDEX_VERSION = 2
+"""Raised when a cached shard index would read otherwise: 2, each shard's inode, ctime and edge
+digest, each member's header digest."""
 IN_PROCESS_UP_TO = 16
 """Up to this many shards to read are read in this process (tens of ms a shard), with no worker
 processes to start (about a second)."""
@@ -272,7 +277,7 @@ def _samples(shards: list[str], scans: list[ShardScan], root: str, classes: Sequ
     """The shards' samples as index rows (`shard.tar:member` names relative to root, labels) and
     byte ranges; and (name, reason) of each shard or member that cannot be a sample."""
     builder, problems = IndexBuilder(), []
-    file, start, length = array("i"), array("q"), array("q")
+    file, start, length, header = array("i"), array("q"), array("q"), array("q")
     for number, (path, scan) in enumerate(zip(shards, scans)):
         name = os.path.relpath(path, root)
         problems += [(f"{path}:{member}" if member else path, reason if member else f"shard {reason}")
@@ -289,8 +294,10 @@ def _samples(shards: list[str], scans: list[ShardScan], root: str, classes: Sequ
             file.append(number)
             start.append(sample.start)
             length.append(sample.length)
+            header.append(sample.header)
     ranges = ByteRanges(tuple(shards), np.array(file, dtype=np.int32), np.array(start, dtype=np.int64),
-                        np.array(length, dtype=np.int64))
+                        np.array(length, dtype=np.int64), np.array(header, dtype=np.int64),
+                        tuple(scan.identity for scan in scans))
     return builder, ranges, problems
 
 
@@ -326,15 +333,8 @@ def _scans(shards: list[str], extensions: tuple[str, ...]) -> list[ShardScan]:
     cache = cache_home() / "shards" / (hashlib.blake2b("\0".join([*extensions, *shards]).encode(
         "utf-8", "surrogateescape"), digest_size=8).hexdigest() + ".json")
     cached = _read_cache(cache)
-    scans: list[ShardScan | None] = []
-    for path in shards:
-        entry = cached.get(path)
-        try:
-            stat = os.stat(path)
-            fresh = entry is not None and (entry.size, entry.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
-        except OSError:
-            fresh = False
-        scans.append(entry if fresh else None)
+    scans: list[ShardScan | None] = [entry if entry is not None and _unchanged(path, entry) else None
+                                     for path, entry in ((path, cached.get(path)) for path in shards)]
     stale = [path for path, scan in zip(shards, scans) if scan is None]
     if stale:
         started = time.perf_counter()
@@ -352,6 +352,21 @@ def _scans(shards: list[str], extensions: tuple[str, ...]) -> list[ShardScan]:
     return scans
 
 
+def _unchanged(path: str, scan: ShardScan) -> bool:
+    """The shard is the file that was indexed: the same inode, size, mtime and ctime, and the same
+    first and last bytes (one open and two small reads)."""
+    try:
+        if stat_stamp(os.stat(path)) != scan.stamp():
+            return False
+        fd = open_regular(path)
+        try:
+            return edge_digest(fd, scan.size) == scan.digest
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+
+
 def _scan_chunk(paths: list[str], extensions: tuple[str, ...]) -> list[ShardScan]:
     return [scan_shard(path, extensions) for path in paths]
 
@@ -362,7 +377,8 @@ def _read_cache(cache) -> dict[str, ShardScan]:
         if data.get("version") != INDEX_VERSION:
             return {}
         return {path: ShardScan(entry["size"], entry["mtime_ns"], [ShardSample(*row) for row in entry["samples"]],
-                                [tuple(problem) for problem in entry["problems"]])
+                                [tuple(problem) for problem in entry["problems"]], entry["inode"], entry["ctime_ns"],
+                                entry["digest"])
                 for path, entry in data["shards"].items()}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
@@ -370,8 +386,9 @@ def _read_cache(cache) -> dict[str, ShardScan]:
 
 def _write_cache(cache, scans: dict[str, ShardScan]) -> None:
     cache.parent.mkdir(parents=True, exist_ok=True)
-    shards = {path: {"size": scan.size, "mtime_ns": scan.mtime_ns, "problems": scan.problems,
-                     "samples": [[s.key, s.member, s.start, s.length, s.label_kind, s.label_text]
+    shards = {path: {"size": scan.size, "mtime_ns": scan.mtime_ns, "inode": scan.inode, "ctime_ns": scan.ctime_ns,
+                     "digest": scan.digest, "problems": scan.problems,
+                     "samples": [[s.key, s.member, s.start, s.length, s.label_kind, s.label_text, s.header]
                                  for s in scan.samples]}
               for path, scan in scans.items()}
     partial = cache.with_suffix(f".{os.getpid()}.tmp")
