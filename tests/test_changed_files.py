@@ -45,7 +45,7 @@ def test_a_file_rewritten_after_screening_with_its_size_and_mtime_kept_is_screen
     page = b"<html><body>not found</body></html>"
     overwrite_keeping_times(victim, page.ljust(victim.stat().st_size, b" "))
     loader = build_loader(config, "val")
-    assert loader.bad_samples == [(str(victim), "not an image: text starting '<html><body>not'")]
+    assert loader.bad_samples == [(str(victim), "not an image: an HTML or XML page")]
     assert sorted(label for _, labels in loader for label in labels.tolist()) == [0, 0, 1, 2, 2]
 
 
@@ -62,7 +62,7 @@ def test_a_file_replaced_by_a_tiny_image_after_screening_gets_its_new_size(tmp_p
     os.replace(replacement, victim)
     caplog.set_level(logging.INFO, logger="fastloader")
     loader = build_loader(config, "val")
-    assert "screened 1 files of" in caplog.text and "again, changed since they were screened" in caplog.text
+    assert "screened 1 file of" in caplog.text and "again, changed since they were screened" in caplog.text
     assert sorted(label for _, labels in loader for label in labels.tolist()) == [0, 0, 1, 1, 2, 2]
     assert "changed since it was screened" not in caplog.text and loader.bad_samples == []
 
