@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from objectstore import object_store, object_store_server  # noqa: F401  (fixtures: a real local S3 server)
 from PIL import Image
 
 REPO = Path(__file__).resolve().parent.parent
