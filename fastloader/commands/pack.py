@@ -8,8 +8,8 @@ command line imports every command.
 from __future__ import annotations
 
 import os
-import re
 
+from ..units import parse_size
 from ..words import plural
 
 HELP = ("write a split as WebDataset tar shards ({key}.jpg + {key}.cls, and the class names) that "
@@ -17,25 +17,6 @@ HELP = ("write a split as WebDataset tar shards ({key}.jpg + {key}.cls, and the 
 EXAMPLES = """  fastloader pack configs/imagenette.yaml --split train --out /lustre/imagenette-wds
   fastloader pack configs/imagenette.yaml --split val --out shards/ --shard-size 64MB --no-shuffle
 """
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
-UNITS = "B (bytes), K or KB, M or MB, G or GB, T or TB (powers of 1024; KiB ... too)"
-
-
-def parse_size(text: str) -> int:
-    """'256MB', '1G', '500k', '1048576B' -> bytes (powers of 1024). A number without a unit is refused:
-    `--shard-size 10` meant 10 MB, not 10 bytes (a shard per image)."""
-    from ..errors import ConfigError
-
-    match = _SIZE.match(text)
-    if not match or float(match.group(1)) <= 0 or (not match.group(2) and match.group(3).upper() not in ("", "B")):
-        raise ConfigError(f"--shard-size: expected a size such as 256MB, 1G or 500K, got {text!r}; units: {UNITS}")
-    if not match.group(2) and not match.group(3):
-        number = match.group(1)
-        raise ConfigError(f"--shard-size: {text!r} has no unit; write {number}MB for megabytes or {number}B for "
-                          f"bytes (units: {UNITS})")
-    return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("--split", required=True, metavar="NAME", help="the split to pack")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for the shards (created if needed)")
@@ -66,7 +47,7 @@ def run(args) -> int:
                           f"{', '.join(config.splits) or 'none'}")
     if args.per_shard is not None and args.per_shard < 1:
         raise ConfigError(f"--per-shard: must be 1 or more, got {args.per_shard}")
-    max_bytes = parse_size(args.shard_size)
+    max_bytes = parse_size(args.shard_size, "--shard-size")
     out = os.path.abspath(args.out)
     output_folder(out)  # before indexing: a bad --out fails at once
     index = build_index(config, config.split(args.split))
