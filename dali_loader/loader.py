@@ -116,7 +116,7 @@ class _Feed:
             data += feed_arrays(self.augmenter, batch[:, 1], sizes)
         else:
             data += (centre_boxes(sizes, self.split),)
-        self.fed.append(Fed(batch, sizes, self.skipped, self.empty))
+        self.fed.append(Fed(batch, self.skipped, self.empty))
         self.skipped, self.empty = [], []
         return data
 
@@ -187,11 +187,9 @@ def _warn_resized(path: str, held: tuple[int, int], now: tuple[int, int]) -> Non
 
 class Fed(NamedTuple):
     """A batch handed to the pipeline: its (sample, seed) rows (a substitute in a refilled slot);
-    the upright (height, width) its crop or centre boxes were drawn for; the known-bad samples left
-    out just before it; the planned batches just before it that came out empty (none of their
-    samples could be fed)."""
+    the known-bad samples left out just before it; the planned batches just before it that came out
+    empty (none of their samples could be fed)."""
     plan: np.ndarray
-    sizes: np.ndarray
     skipped: list[int]
     empty: list[np.ndarray]
 
