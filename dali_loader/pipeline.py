@@ -186,14 +186,18 @@ def feed_layout(split: SplitConfig, feed: str,
     return layout + [("box", types.FLOAT)]
 
 
-_BUILT: weakref.WeakSet = weakref.WeakSet()
-"""Every pipeline built here that is still alive."""
 _HELD_IN_CHILD: list[Pipeline] = []
 """Filled just before a fork, emptied after it in the parent: a forked child keeps it."""
 
 
+def _live_pipelines() -> list[Pipeline]:
+    """Every DALI pipeline of this process still alive, ours or not: DALI's own registry of them
+    (the list its exit hook shuts down)."""
+    return [pipe for pipe in (ref() for ref in list(getattr(Pipeline, "_pipes", ()))) if pipe is not None]
+
+
 def _hold_pipelines_over_fork() -> None:
-    _HELD_IN_CHILD[:] = list(_BUILT)
+    _HELD_IN_CHILD[:] = _live_pipelines()
 
 
 def _forget_pipelines_in_child() -> None:
@@ -206,10 +210,13 @@ os.register_at_fork(before=_hold_pipelines_over_fork, after_in_parent=_HELD_IN_C
 """Why: a process forked while a DALI pipeline lives (a torch backend's DataLoader worker, a pool)
 holds a copy of it whose executor threads did not come along. If the child ever drops its last
 reference (a garbage collection of an inherited cycle), the pipeline's destructor waits for those
-threads forever: the worker hangs, and with it the training run. The child keeps a reference to
-every pipeline instead, and exits without running destructors, as forked workers do. DALI's own
-exit hook would shut the copies down as a child that exits normally ends, with the same wait: the
-child takes them off DALI's list."""
+threads forever or crashes: the worker hangs or dies, and with it the training run. The child keeps
+a reference to every pipeline instead, and exits without running destructors, as forked workers do.
+Every pipeline, not only the loaders': a pipeline of the user's own (or of a benchmark's peer)
+dropped in a cycle that the parent has not collected yet killed a plain DataLoader worker forked
+after it (SIGSEGV, SIGABRT or a hang, `benchmarks/peers.py`). DALI's own exit hook would shut the
+copies down as a child that exits normally ends, with the same wait: the child takes them off
+DALI's list."""
 
 
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
@@ -245,5 +252,4 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
         batch_size=batch_size, num_threads=num_threads, device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth, seed=seed, exec_dynamic=True)
     pipe.build()
-    _BUILT.add(pipe)
     return pipe

@@ -248,3 +248,47 @@ def test_a_forked_child_that_closes_or_drops_an_inherited_loader_exits(tmp_path)
     assert done.stdout.splitlines() == [
         said, "close _exit exit 0", said, "close exit exit 0", said, "drop _exit exit 0", said, "drop exit exit 0",
         "parent: 8 batches more"], done.stdout + done.stderr[-3000:]
+
+
+DROPPED_PIPELINE = textwrap.dedent("""
+    import gc, os, sys, time
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def
+    import dali_loader.loader  # noqa: F401  (the fork hook)
+
+    @pipeline_def(batch_size=2, num_threads=2, device_id=None, prefetch_queue_depth=2)
+    def own():
+        return fn.random.uniform(shape=[64, 64])
+
+    gc.disable()  # the dropped cycle stays uncollected in the parent, as between two collections
+    pipe = own()
+    pipe.build()
+    pipe.run()
+    cycle = [pipe]
+    cycle.append(cycle)
+    del pipe, cycle
+    child = os.fork()
+    if child == 0:  # a DataLoader worker's first garbage collection, then its exit
+        gc.collect()
+        os._exit(0)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            print("child", "exit", os.waitstatus_to_exitcode(status), flush=True)
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        print("child hung", flush=True)
+""")
+
+
+def test_a_forked_child_survives_a_users_own_pipeline_dropped_in_an_uncollected_cycle():
+    """Any DALI pipeline of the process, not only the loaders', is held over a fork: a forked child
+    that collects an inherited pipeline would wait for executor threads it does not have, or crash
+    (a plain DataLoader worker of benchmarks/peers.py died of SIGSEGV, SIGABRT or hung so)."""
+    done = subprocess.run([sys.executable, "-c", DROPPED_PIPELINE], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.splitlines() == ["child exit 0"], done.stdout + done.stderr[-3000:]
