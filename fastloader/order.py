@@ -30,7 +30,7 @@ the same block at the same time, and a cache of two blocks fetches each shard on
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -100,6 +100,14 @@ class Containers:
         return cls(ranges.file, ranges.start, ranges.length)
 
 
+class Block(NamedTuple):
+    shards: np.ndarray
+    """The containers (by number, ByteRanges.files) the block reads."""
+    end: int
+    """Where the block ends in the epoch's permutation: its samples are the positions before this one
+    and after the previous block's end (with aug_repeats K, positions of the repeated order / K)."""
+
+
 class BlockShuffle:
     """`shuffle: block`: the containers shuffled, cut into consecutive blocks of at most `budget` bytes
     (a container larger than the budget is a block of its own), the samples shuffled within each block.
@@ -120,10 +128,12 @@ class BlockShuffle:
         """The containers larger than the budget (by number): each a block of its own."""
         return self.containers.number[self.containers.sizes > self.budget]
 
-    def blocks(self, seed: int, epoch: int) -> list[np.ndarray]:
-        """The epoch's blocks, in order: each the containers (by number) it reads."""
+    def blocks(self, seed: int, epoch: int) -> list[Block]:
+        """The epoch's blocks, in the order they are read: what a cache fetches ahead, and when."""
         shuffled, ends = self._cut(np.random.default_rng([seed, epoch, _BLOCK_SALT]))
-        return [self.containers.number[shuffled[a:b]] for a, b in zip(np.r_[0, ends[:-1]], ends)]
+        last = np.cumsum(self.containers.counts[shuffled])[ends - 1] if len(ends) else ends
+        return [Block(self.containers.number[shuffled[a:b]], int(end))
+                for a, b, end in zip(np.r_[0, ends[:-1]], ends, last)]
 
     def __call__(self, seed: int, epoch: int, n: int) -> np.ndarray:
         """The epoch's permutation of the samples (int64 [n]): block by block, shuffled within each."""

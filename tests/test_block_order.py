@@ -67,7 +67,7 @@ def test_blocks_fit_the_budget_and_the_order_reads_them_one_after_the_other(grou
     container, start, length = layout(grouped=grouped)
     blocks = BlockShuffle(Containers(container, start, length), 400_000)
     extent = {c: int((start + length)[container == c].max()) for c in np.unique(container)}
-    plan = blocks.blocks(3, 1)
+    plan = [block.shards for block in blocks.blocks(3, 1)]
     assert sorted(np.concatenate(plan).tolist()) == sorted(extent)  # every shard in one block
     assert len(plan) > 3
     for shards in plan:  # within the budget, or one shard alone
@@ -80,14 +80,19 @@ def test_blocks_fit_the_budget_and_the_order_reads_them_one_after_the_other(grou
     assert (np.diff(read) >= 0).all()  # block after block, on every rank together
     batch_blocks = read[:len(read) // 16 * 16].reshape(-1, 16)  # global batches of 2 ranks x 8, blocks of 20+
     assert (batch_blocks.max(axis=1) - batch_blocks.min(axis=1) <= 1).all()  # a batch spans at most a boundary
-    within = [container[blocks(3, 1, len(container))][read == k] for k in range(3)]
+    permutation, begin = blocks(3, 1, len(container)), 0
+    for block in blocks.blocks(3, 1):  # where each block ends in the epoch's order: what a cache fetches ahead
+        assert sorted(set(container[permutation[begin:block.end]].tolist())) == sorted(block.shards.tolist())
+        begin = block.end
+    assert begin == len(container)
+    within = [container[permutation][read == k] for k in range(3)]
     assert any(len(set(shards[:10].tolist())) > 1 for shards in within)  # shuffled within a block, not shard by shard
 
 
 def test_a_shard_larger_than_the_budget_is_a_block_of_its_own():
     blocks = block_shuffle(budget=9_000)
     plan = blocks.blocks(0, 0)
-    assert all(len(shards) == 1 for shards in plan) and len(plan) == 30
+    assert all(len(block.shards) == 1 for block in plan) and len(plan) == 30
     assert len(blocks.oversized) == 30 and sorted(blocks(0, 0, len(blocks)).tolist()) == list(range(len(blocks)))
 
 
@@ -96,7 +101,7 @@ def test_the_order_is_a_function_of_seed_and_epoch_and_differs_across_epochs():
     n = len(one)
     assert np.array_equal(one(3, 4, n), again(3, 4, n))
     assert not np.array_equal(one(3, 4, n), one(3, 5, n)) and not np.array_equal(one(3, 4, n), one(4, 4, n))
-    assert [b.tolist() for b in one.blocks(3, 4)] != [b.tolist() for b in one.blocks(3, 5)]
+    assert [b.shards.tolist() for b in one.blocks(3, 4)] != [b.shards.tolist() for b in one.blocks(3, 5)]
     assert not np.array_equal(one(3, 4, n), uniform_permutation(3, 4, n))
 
 
@@ -139,7 +144,7 @@ def test_repeated_augmentation_takes_whole_blocks_in_copies_on_different_ranks()
     assert np.array_equal(distinct, blocks(3, 2, len(blocks))[:len(distinct)])
     plan = blocks.blocks(3, 2)
     read = set(container[distinct].tolist())
-    whole = [set(shards.tolist()) <= read for shards in plan]
+    whole = [set(block.shards.tolist()) <= read for block in plan]
     assert whole[:whole.index(False)] and not any(whole[whole.index(False) + 1:])  # first blocks, whole
     assert len(read) < 60 * 0.5
 
@@ -270,7 +275,8 @@ def test_both_backends_read_the_block_order_on_real_shards(tmp_path, backend, ca
         order = np.concatenate([b[:, 0] for b in loader.order.batches(epoch)])
         assert colours(loader) == [by_sample[i] for i in order.tolist()]  # the planned samples, in order
         assert sorted(order.tolist()) == list(range(24))
-        block_of = {c: k for k, shards in enumerate(loader.order.blocks.blocks(7, epoch)) for c in shards.tolist()}
+        plan = loader.order.blocks.blocks(7, epoch)
+        block_of = {c: k for k, block in enumerate(plan) for c in block.shards.tolist()}
         assert (np.diff([block_of[c] for c in loader.index.ranges.file[order].tolist()]) >= 0).all()
     assert loader.state_dict()["shuffle"] == "block"
 
