@@ -439,7 +439,18 @@ class _Builder:
         if "dataset" not in values:
             self.fail("dataset", "missing; every config needs 'dataset: {root: PATH}'")
         self.validate_fields(Config, values, "")
+        self.block_order_needs_shards(values["dataset"], splits)
         return Config(**values, splits=splits, source=self.source, origins=dict(self.origins))
+
+    def block_order_needs_shards(self, dataset: DatasetConfig, splits: Mapping[str, SplitConfig]) -> None:
+        """`shuffle: block` reads a split's shards block by block: image files have none to group."""
+        for name, split in splits.items():
+            if split.shuffle == "block" and dataset.format == "folder":
+                self.fail(f"{name}.shuffle", "block reads the split's tar shards block by block, and dataset.format: "
+                                             "folder reads image files, which have no shards to group; set "
+                                             f"{name}.shuffle: true (a uniform permutation costs image files "
+                                             "nothing more), or pack the split into shards with `fastloader pack` "
+                                             "and read them with dataset.format: webdataset")
 
     def split(self, name: str, raw: dict) -> SplitConfig:
         valid = [f.name for f in dataclasses.fields(SplitConfig) if f.name != "name"]
@@ -457,7 +468,7 @@ class _Builder:
                     self.fail(f"{name}.{key}", f"applies only to train mode, and split '{name}' has mode: {mode}: eval "
                                                f"batches are never repeated, mixed or smoothed; remove {name}.{key}, "
                                                f"or set {name}.mode: train")
-        for key in ("batch_size", "shuffle", "drop_last", "folder", "file_list", "shards", "aug_repeats",
+        for key in ("batch_size", "shuffle", "block_size", "drop_last", "folder", "file_list", "shards", "aug_repeats",
                     "label_smoothing"):
             if key in raw:
                 values[key] = self.coerce(raw[key], hints[key], f"{name}.{key}")
@@ -465,6 +476,10 @@ class _Builder:
                 values[key] = defaults[key]
         if isinstance(values.get("shards"), str):
             values["shards"] = (values["shards"],)
+        if values.get("block_size") is not None and values["shuffle"] != "block":
+            self.fail(f"{name}.block_size", f"applies only with {name}.shuffle: block, and split '{name}' has shuffle: "
+                                            f"{_show(values['shuffle'])}; remove {name}.block_size, or set "
+                                            f"{name}.shuffle: block")
         if mode == "eval" and values["drop_last"]:
             self.fail(f"{name}.drop_last", "must be false in eval mode, where every sample is read exactly once; "
                                            "set drop_last: false, or mode: train")

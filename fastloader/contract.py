@@ -19,6 +19,7 @@ from .augment.draws import Augmenter
 from .config import config_to_dict
 from .device_ops import BatchFinisher
 from .distributed import RankInfo
+from .machine import human_bytes
 from .order import EpochOrder
 from .prepared import PreparedSplit
 from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
@@ -50,7 +51,7 @@ class Loader(abc.ABC):
         """Where the pixels come from: the image files, or a uint8 cache folder."""
         self.order = EpochOrder(len(index), split.batch_size, mode=split.mode, shuffle=split.shuffle,
                                 drop_last=split.drop_last, seed=config.seed, rank=ranks.rank,
-                                world_size=ranks.world_size, repeats=split.aug_repeats)
+                                world_size=ranks.world_size, repeats=split.aug_repeats, blocks=prepared.blocks)
         self._epoch = 0
         self._epoch_set = True  # the first loop runs epoch 0
         self._resume_position = 0  # where the next loop starts in its epoch's global order
@@ -214,7 +215,8 @@ class Loader(abc.ABC):
         """
         return {"version": STATE_VERSION, "backend": self.backend, "split": self.split.name,
                 "dataset": self.index.fingerprint, "num_samples": len(self.index), "seed": self.config.seed,
-                "shuffle": self.split.shuffle, "aug_repeats": self.order.repeats, "epoch": self._epoch,
+                "shuffle": self.split.shuffle, "block_size": self.order.blocks.budget if self.order.blocks else 0,
+                "aug_repeats": self.order.repeats, "epoch": self._epoch,
                 "position": min(self._position, self.order.epoch_length),
                 "batch_size": self.batch_size, "world_size": self.ranks.world_size}
 
@@ -261,13 +263,21 @@ class Loader(abc.ABC):
                              f"(fingerprint {state.get('dataset')}) then, {mine['num_samples']} samples "
                              f"(fingerprint {mine['dataset']}) in {self.index.root} now; files were added, removed "
                              f"or relabelled. Resume on the same files, or start afresh without load_state_dict")
-        saved_order = {**state, "aug_repeats": state.get("aug_repeats", 1)}  # states before repeats: 1
-        order_keys = (("seed", "seed"), ("shuffle", f"{name}.shuffle"), ("aug_repeats", f"{name}.aug_repeats"))
+        # states saved before repeats or blocks: no repeats, no blocks
+        saved_order = {**state, "aug_repeats": state.get("aug_repeats", 1), "block_size": state.get("block_size", 0)}
+        order_keys = (("seed", "seed"), ("shuffle", f"{name}.shuffle"), ("aug_repeats", f"{name}.aug_repeats"),
+                      ("block_size", f"{name}.block_size"))
         for key, config_key in order_keys:
-            if saved_order.get(key) != mine[key]:
-                raise ValueError(f"loader state was saved with {config_key}: {saved_order.get(key)!r}, this loader has "
-                                 f"{config_key}: {mine[key]!r} (from {self.config.source}); set it back to "
-                                 f"resume the same order")
+            if saved_order.get(key) == mine[key]:
+                continue
+            saved = saved_order.get(key)
+            if key == "block_size" and isinstance(saved, int) and not isinstance(saved, bool) and saved > 0:  # bytes
+                raise ValueError(f"loader state was saved with {config_key}: {saved} bytes ({human_bytes(saved)}), "
+                                 f"this loader's blocks hold {mine[key]} bytes ({human_bytes(mine[key])}); set "
+                                 f"{config_key}: {saved}B to resume the same order")
+            raise ValueError(f"loader state was saved with {config_key}: {saved!r}, this loader has "
+                             f"{config_key}: {mine[key]!r} (from {self.config.source}); set it back to "
+                             f"resume the same order")
 
     def _refuse_out_of_range(self, state: dict) -> None:
         """Every number of the state, checked against this loader: a position of -8 would deliver 8
@@ -280,12 +290,13 @@ class Loader(abc.ABC):
                   "world_size": (1, MAX_RANKS, "ranks"),
                   "num_samples": (0, INT64_MAX, "samples in the split"),
                   "seed": (0, INT64_MAX, "the config's seed"),
-                  "aug_repeats": (1, MAX_PROCESSES, f"{self.split.name}.aug_repeats")}
-        if not isinstance(state.get("shuffle"), bool):
-            raise ValueError(f"loader state: shuffle must be true or false ({self.split.name}.shuffle), got "
+                  "aug_repeats": (1, MAX_PROCESSES, f"{self.split.name}.aug_repeats"),
+                  "block_size": (0, INT64_MAX, f"bytes of {self.split.name}.block_size; 0: no blocks")}
+        if not isinstance(state.get("shuffle"), bool) and state.get("shuffle") != "block":
+            raise ValueError(f"loader state: shuffle must be true, false or 'block' ({self.split.name}.shuffle), got "
                              f"{state.get('shuffle')!r}; pass the dict that loader.state_dict() returned")
         for key, (low, high, meaning) in ranges.items():
-            value = state.get(key, 1 if key == "aug_repeats" else None)  # states before repeats: 1
+            value = state.get(key, {"aug_repeats": 1, "block_size": 0}.get(key))  # states before repeats, blocks
             if value is None or isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 found = "no such field" if value is None else f"{type(value).__name__} {value!r}"
                 raise ValueError(f"loader state: {key} must be an integer in [{low}, {high}] ({meaning}), got "

@@ -13,6 +13,7 @@ import re
 
 import torch
 
+from .blocks import block_budget, block_order
 from .cache import open_split_cache
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
@@ -121,12 +122,15 @@ def create_loader(config: Config, split_name: str) -> Loader:
 def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo) -> PreparedSplit:
     """The split's index less its unusable files, and its pixel source: the uint8 cache when
     dataset.cache holds one for the split (it lists the files it could not decode, so no screening
-    is needed), else the image files, screened."""
+    is needed), else the image files, screened; and its block order where `shuffle: block`."""
     workers = worker_count(config, backend, ranks)
+    budget = block_budget(config, split)  # before indexing: a `shuffle: block` without a budget fails at once
     index = build_index(config, split)
     cache = open_split_cache(config, split, index)  # None: read the image files
     if cache is not None:
-        return PreparedSplit(cache.index, index.unusable + tuple(cache.bad), workers, pixels=cache.pixels)
+        return PreparedSplit(cache.index, index.unusable + tuple(cache.bad), workers, pixels=cache.pixels,
+                             blocks=block_order(config, split, cache.index, budget))
     screened = screen_index(config, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
     return PreparedSplit(screened.index, index.unusable + tuple(screened.bad), workers,
-                         needs_substitute=screened.formats, sizes=screened.sizes)
+                         needs_substitute=screened.formats, sizes=screened.sizes,
+                         blocks=block_order(config, split, screened.index, budget))

@@ -24,15 +24,24 @@ its own augmentation seed, from (seed, epoch, sample, copy). The epoch keeps abo
 timm's default (equal to DeiT's for N >= 256): floor(N // 256 * 256 / world) per rank, or ceil(N / world)
 when N < 256 (where DeiT's formula would give an empty epoch), at most ceil(N x K / world). So an epoch
 sees about N / K distinct samples, K times each, and a schedule written for the recipe keeps its steps.
+
+The permutation is one of three orders, each a pure function of (seed, epoch): the samples in index
+order (`shuffle` false), a uniform permutation (true), or the block order ("block", `BlockShuffle`):
+the containers (tar shards) shuffled, cut into consecutive blocks whose bytes fit a budget, the
+samples shuffled within each block. Every rank deals from the same permutation, so all ranks read
+the same block at the same time, and a cache of two blocks fetches each shard once per epoch.
 """
 from __future__ import annotations
 
 import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 _MASK63 = np.uint64(0x7FFF_FFFF_FFFF_FFFF)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_BLOCK_SALT = 0xB10C
+"""Keeps the block order's random stream apart from the uniform permutation's (0xF457)."""
 REPEAT_ROUND = 256
 """DeiT's RASampler keeps floor(N // 256 * 256 / world) samples per rank (timm's selected_round)."""
 SUBSTITUTE_TRIES = 8
@@ -69,9 +78,131 @@ def substitutes(seed: int, num_samples: int) -> list[int]:
     return np.minimum((draws * num_samples).astype(np.int64), num_samples - 1).tolist()
 
 
+def in_index_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """`shuffle: false`: the samples as the index lists them (int64 [n])."""
+    return np.arange(n, dtype=np.int64)
+
+
+def uniform_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    """`shuffle: true`: a new uniform permutation every epoch (int64 [n])."""
+    return np.random.default_rng([seed, epoch, 0xF457]).permutation(n).astype(np.int64, copy=False)
+
+
+class Containers:
+    """The samples of an index grouped by container (tar shard): which containers hold samples, how
+    many each, and each one's bytes: its extent in the index, up to the end of its last sample's byte
+    range, so that the same shards measure the same wherever they are stored. A few numpy passes."""
+
+    def __init__(self, container: np.ndarray, start: np.ndarray, length: np.ndarray):
+        container = np.asarray(container, dtype=np.int64)
+        grouped = bool(np.all(container[1:] >= container[:-1]))  # tar shards: samples in shard order
+        self.members = None if grouped else np.argsort(container, kind="stable")
+        """The samples grouped by container (None: they already are, in index order)."""
+        ordered = container if grouped else container[self.members]
+        ends = np.asarray(start, dtype=np.int64) + np.asarray(length, dtype=np.int64)
+        ends = ends if grouped else ends[self.members]
+        first = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(ordered) else np.zeros(0, np.int64)
+        self.number = ordered[first]
+        """The containers holding samples, by number (ByteRanges.files)."""
+        self.first = first
+        """Where each container's samples begin among the grouped samples."""
+        self.counts = np.diff(np.r_[first, len(ordered)]).astype(np.int64)
+        """Samples in each container."""
+        self.sizes = np.maximum.reduceat(ends, first) if len(first) else np.zeros(0, np.int64)
+        """Bytes of each container."""
+        self.num_samples = len(container)
+
+    @classmethod
+    def of(cls, ranges) -> "Containers":
+        """The containers of an index's byte ranges (samples.ByteRanges: any container format)."""
+        return cls(ranges.file, ranges.start, ranges.length)
+
+
+class Block(NamedTuple):
+    shards: np.ndarray
+    """The containers (by number, ByteRanges.files) the block reads."""
+    end: int
+    """Where the block ends in the epoch's permutation: its samples are the positions before this one
+    and after the previous block's end (with aug_repeats K, positions of the repeated order / K)."""
+
+
+class BlockShuffle:
+    """`shuffle: block`: the containers shuffled, cut into consecutive blocks of at most `budget` bytes
+    (a container larger than the budget is a block of its own), the samples shuffled within each block.
+    Containers holding no sample of the index are left out. Each epoch's order costs a shuffle of the
+    containers, a Python step per block and one shuffle of the samples.
+    """
+
+    def __init__(self, containers: Containers, budget: int):
+        if budget < 1:
+            raise ValueError(f"the block budget must be at least 1 byte, got {budget}")
+        self.containers, self.budget = containers, int(budget)
+
+    def __len__(self) -> int:
+        return self.containers.num_samples
+
+    @property
+    def oversized(self) -> np.ndarray:
+        """The containers larger than the budget (by number): each a block of its own."""
+        return self.containers.number[self.containers.sizes > self.budget]
+
+    def blocks(self, seed: int, epoch: int) -> list[Block]:
+        """The epoch's blocks, in the order they are read: what a cache fetches ahead, and when."""
+        shuffled, ends = self._cut(np.random.default_rng([seed, epoch, _BLOCK_SALT]))
+        last = np.cumsum(self.containers.counts[shuffled])[ends - 1] if len(ends) else ends
+        return [Block(self.containers.number[shuffled[a:b]], int(end))
+                for a, b, end in zip(np.r_[0, ends[:-1]], ends, last)]
+
+    def __call__(self, seed: int, epoch: int, n: int) -> np.ndarray:
+        """The epoch's permutation of the samples (int64 [n]): block by block, shuffled within each."""
+        if n != len(self):
+            raise ValueError(f"the block order was made for {len(self)} samples, not {n}")
+        rng = np.random.default_rng([seed, epoch, _BLOCK_SALT])
+        shuffled, ends = self._cut(rng)
+        counts = self.containers.counts[shuffled]
+        begins = np.cumsum(counts) - counts  # where each container's samples go in the epoch's order
+        order = np.repeat(self.containers.first[shuffled] - begins, counts) + np.arange(n, dtype=np.int64)
+        if self.containers.members is not None:
+            order = self.containers.members[order]
+        bounds = np.r_[0, np.cumsum(counts)[ends - 1]] if len(ends) else np.zeros(1, np.int64)
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            rng.shuffle(order[a:b])
+        return order
+
+    def _cut(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(the containers' positions, shuffled; the end of each block among them): greedily, a
+        block takes the next containers while their bytes fit the budget, and at least one."""
+        shuffled = rng.permutation(len(self.containers.number))
+        total = np.cumsum(self.containers.sizes[shuffled])
+        ends, at, before = [], 0, 0
+        while at < len(shuffled):
+            at = max(at + 1, int(np.searchsorted(total, before + self.budget, side="right")))
+            ends.append(at)
+            before = int(total[at - 1])
+        return shuffled, np.array(ends, dtype=np.int64)
+
+
+Permutation = Callable[[int, int, int], np.ndarray]
+"""(seed, epoch, samples) -> the epoch's order of the samples, before sharding (int64)."""
+
+
+def choose_permutation(shuffle: bool | str, blocks: BlockShuffle | None) -> Permutation:
+    """The order `shuffle` names: false, true or "block" (which needs the index's `blocks`)."""
+    if shuffle == "block":
+        if blocks is None:
+            raise ValueError("shuffle 'block' needs the index's blocks (BlockShuffle): which container each sample "
+                             "is in, and the budget")
+        return blocks
+    if blocks is not None or not isinstance(shuffle, bool):
+        raise ValueError(f"shuffle must be true, false or 'block' (with blocks), got {shuffle!r}"
+                         f"{' with blocks' if blocks is not None else ''}")
+    return uniform_permutation if shuffle else in_index_order
+
+
 class EpochOrder:
-    def __init__(self, num_samples: int, batch_size: int, *, mode: str, shuffle: bool, drop_last: bool,
-                 seed: int, rank: int = 0, world_size: int = 1, repeats: int = 1):
+    def __init__(self, num_samples: int, batch_size: int, *, mode: str, shuffle: bool | str, drop_last: bool,
+                 seed: int, rank: int = 0, world_size: int = 1, repeats: int = 1,
+                 blocks: BlockShuffle | None = None):
         if mode not in ("train", "eval"):
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
         if mode == "eval" and drop_last:
@@ -80,6 +211,11 @@ class EpochOrder:
             raise ValueError(f"rank {rank} not in [0, {world_size})")
         if repeats < 1 or (mode == "eval" and repeats != 1):
             raise ValueError(f"repeats must be >= 1, and 1 in eval mode; got {repeats} in {mode} mode")
+        if blocks is not None and len(blocks) != num_samples:
+            raise ValueError(f"the block order was made for {len(blocks)} samples, not {num_samples}")
+        self._permute = choose_permutation(shuffle, blocks)
+        self.blocks = blocks
+        """The block order's containers and budget (shuffle: block), else None."""
         self.num_samples, self.batch_size = num_samples, batch_size
         self.mode, self.shuffle, self.drop_last = mode, shuffle, drop_last
         self.seed, self.rank, self.world_size, self.repeats = seed, rank, world_size, repeats
@@ -129,10 +265,7 @@ class EpochOrder:
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The whole epoch's order, before sharding (int64 [num_samples])."""
-        if not self.shuffle:
-            return np.arange(self.num_samples, dtype=np.int64)
-        rng = np.random.default_rng([self.seed, epoch, 0xF457])
-        return rng.permutation(self.num_samples).astype(np.int64, copy=False)
+        return self._permute(self.seed, epoch, self.num_samples)
 
     def shared_after(self, position: int) -> int:
         """How many positions of the epoch's global order the ranks share once the first `position`

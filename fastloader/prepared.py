@@ -15,6 +15,7 @@ import numpy as np
 
 from .cache import CachedPixels
 from .distributed import RankInfo, cpu_workers_per_rank
+from .order import BlockShuffle
 from .samples import SampleIndex
 from .schema import Config
 
@@ -36,6 +37,9 @@ class PreparedSplit:
     sizes: np.ndarray | None = None
     """int32 [len(index), 3]: each sample's stored (height, width, turned), read by screening
     (fastloader.imaging.sizes.upright gives the decoded size); None where the split was not screened."""
+    blocks: BlockShuffle | None = None
+    """The block order over `index` (its shards and the byte budget) where the split's shuffle is
+    `block`, else None."""
 
     @property
     def pixels_from(self) -> str:

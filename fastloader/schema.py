@@ -11,6 +11,7 @@ from .augment.policy import GRAMMAR as POLICY_GRAMMAR
 from .augment.policy import policy_problem
 from .errors import ConfigError
 from .imaging.screen import BOMB_PIXELS
+from .units import UNITS, parse_size
 
 BACKEND_ENV = "FASTLOADER_BACKEND"
 NAMED_SPLITS = ("train", "val", "test")
@@ -55,6 +56,13 @@ def _in_range(low: int, high: int):
 def _policy_message(value) -> str:
     reason, closest = policy_problem(value)
     return f"a policy string ({reason}); the grammar is {POLICY_GRAMMAR}; closest valid form: {closest!r}"
+
+
+def _is_size(value: str) -> bool:
+    try:
+        return parse_size(value, "") > 0
+    except ConfigError:
+        return False
 
 
 def _jitter_ok(value) -> bool:
@@ -184,11 +192,17 @@ class SplitConfig:
     Default: train for a split named `train`, eval for any other."""
     batch_size: int = field(default=64, metadata=_in_range(1, MAX_BATCH))
     """Samples per batch on each rank."""
-    shuffle: bool = True
-    """A new seeded permutation every epoch. Default: true in train mode, false in eval mode."""
+    shuffle: bool | Literal["block"] = True
+    """A new seeded permutation every epoch. Default: true in train mode, false in eval mode.
+    block: tar shards shuffled and read block by block (at most block_size bytes of shards a block), the
+    samples shuffled within each block: a cache of two blocks then fetches each shard once per epoch."""
     drop_last: bool = True
     """train mode: drop the incomplete last batch (true) or pad ranks to equal length (false).
     Must be false in eval mode. Default: true in train mode."""
+    block_size: str | None = field(default=None, metadata=_check(
+        lambda v: v is None or _is_size(v), f"a size with its unit, such as 4GB or 512MB; {UNITS}"))
+    """shuffle: block: the most bytes of shards a block holds, with a unit (4GB, 512MB). Default: half of
+    the node cache's limit where the shards are remote (the next block is fetched while one trains)."""
     folder: str | None = None
     """Sub-folder of dataset.root holding this split. Default: the split's name."""
     file_list: str | None = None

@@ -111,7 +111,7 @@ STATES = {  # field: (bad value, what the error says)
     "epoch": (-1, "loader state: epoch -1 is not in [0, 9223372036854775807] (epochs count from 0)"),
     "batch_size": (0, "loader state: batch_size 0 is not in [1, 65536]"),
     "world_size": ("2", "loader state: world_size must be an integer in [1, 1048576] (ranks), got str '2'"),
-    "shuffle": (1, "loader state: shuffle must be true or false (train.shuffle), got 1"),
+    "shuffle": (1, "loader state: shuffle must be true, false or 'block' (train.shuffle), got 1"),
 }
 
 

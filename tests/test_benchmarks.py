@@ -24,6 +24,8 @@ from conftest import REPO, cpu_only_env, write_solid_dataset
 
 BENCHMARKS = REPO / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in ("harness.py", "peer_loaders.py"))
+SYNTHETIC = ("block_order.py",)
+"""Scripts that measure a split they make up and read no data folder (no --data)."""
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 HAS_TIMM = importlib.util.find_spec("timm") is not None
 STAGES = ("read", "header + crop", "decode", "crop + resize", "collate + normalize", "fresh shared batch", "transfer")
@@ -48,10 +50,12 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "mixing": ["mixing.py", "--step-ms", "1", *TINY, *ROUND],
     "shards": ["shards.py", "--rounds", "1", "--batch-size", "4", "--size", "32", "--per-shard", "5",
                "--members", "2000"],
+    "block_order": ["block_order.py", "--samples", "4000", "--shards", "20", "--classes", "10", "--mean-kb", "10",
+                    "--batch-size", "32", "--budgets", "2MB,8MB"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
-    ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards"),
+    ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "screening"),
 )
 
@@ -88,8 +92,8 @@ def command_line_cases(data: Path, empty: Path, pngs: Path) -> list[list]:
     cases = []
     for script in SCRIPTS:
         part = ["workers"] if script == "memory.py" else []  # memory.py index reads no data
-        cases += [[f"{script} help", script, [*part, "--help"]],
-                  [f"{script} no data", script, [*part, "--data", str(empty)]]]
+        cases += [[f"{script} help", script, [*part, "--help"]]]
+        cases += [[f"{script} no data", script, [*part, "--data", str(empty)]]] if script not in SYNTHETIC else []
     return cases + [["unknown peer", "train_step.py", ["--device", "cpu", "--peers", "model,tpu", "--data", str(data)]],
                     ["stages on PNGs", "stages.py", ["--split", "val", "--batch-size", "4", "--size", "32",
                                                      "--rounds", "1", "--data", str(pngs)]]]
@@ -122,7 +126,7 @@ class Lanes:
             return command_line_cases(self.data, self.workdir / "empty", self.pngs)
         script, *args = RUNS[name]
         report = self.reports / name
-        data = [] if name == "memory_index" else ["--data", str(self.data)]
+        data = [] if name == "memory_index" or script in SYNTHETIC else ["--data", str(self.data)]
         return [[name, script, [*(a.format(report=report) for a in args), *data, "--json", f"{report}.json"]]]
 
     def run_lane(self, cases: list[list]) -> subprocess.CompletedProcess:
@@ -300,13 +304,29 @@ def test_trainer_thread_measures_each_peer_in_its_first_and_a_later_epoch(run):
         assert "ratio first epoch: fastloader torch / NVIDIA RN50 example = " in out
 
 
+@runs_for("block_order")
+def test_block_order_measures_each_order_on_both_shard_layouts(run):
+    out, report = run
+    for layout in ("mixed", "sorted"):
+        rows = report["layouts"][layout]
+        assert sorted(rows) == ["block 2MB", "block 8MB", "shuffle: true"]
+        assert all(row["fetches_per_shard"] == 1 for name, row in rows.items() if name.startswith("block"))
+        assert rows["shuffle: true"]["fetches_per_shard"] > 1
+        assert rows["block 2MB"]["shards_per_batch"] < rows["shuffle: true"]["shards_per_batch"]
+        assert f"\n{layout} shards: 4,000 samples, 20 shards" in out
+    assert report["py1e"] == "--streaming-python not given" and "skipped py1e: --streaming-python not given" in out
+
+
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 11
+    assert len(SCRIPTS) == 12
     for script in SCRIPTS:
-        helped, refused = answers[f"{script} help"], answers[f"{script} no data"]
+        helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
+        if script in SYNTHETIC:
+            continue
+        refused = answers[f"{script} no data"]
         assert "--data DATA" in helped["out"] and "next to the repository" in helped["out"], script
         assert refused["status"] == 2 and "pass --data DIR" in refused["err"], (script, refused)
         assert "train/<class>/*.JPEG" in refused["err"], script
