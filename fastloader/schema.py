@@ -97,9 +97,10 @@ class RemoteConfig:
     """Seconds one request may take (a shard is fetched in parts of 16 MB) before it is retried."""
     retries: int = field(default=10, metadata=_in_range(0, 100))
     """Retries of a request that failed on a 5xx, a reset connection or a timeout, with exponential backoff."""
-    retry_timeout: float = field(default=180.0, metadata=_check(lambda v: 0 < v < float("inf"),
+    retry_timeout: float = field(default=90.0, metadata=_check(lambda v: 0 < v < float("inf"),
                                                                 "a positive number of seconds"))
-    """Seconds a request and its retries may take in all; then the run stops with an error naming the URL."""
+    """Seconds a request and its retries may take in all; then the run stops with an error naming the URL
+    (below workers.timeout, 120 s, so that a torch worker waiting on the store is not taken for a stuck one)."""
 
 
 @dataclass(frozen=True)

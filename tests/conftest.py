@@ -93,6 +93,15 @@ def write_numbered_dataset(root: Path, per_class: int = 12, splits=("train", "va
     return root
 
 
+def everything(loader) -> tuple[list[int], list[torch.Tensor]]:
+    """One epoch of a loader: every label, and every batch of images."""
+    labels, images = [], []
+    for batch, batch_labels in loader:
+        labels += batch_labels.tolist()
+        images.append(batch)
+    return labels, images
+
+
 def identities(images: torch.Tensor, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> list[tuple]:
     """The solid colour of each image of a normalized batch (see write_numbered_dataset)."""
     rgb = images.float().cpu().mean(dim=(2, 3)) * torch.tensor(std) + torch.tensor(mean)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
 from conftest import base_config, write_numbered_dataset, write_textured_dataset
 from objectstore import ACCESS_KEY, REGION, SECRET_KEY
 from shardfiles import pack_folder_split
@@ -41,14 +40,6 @@ def remote_config(tmp_path, shards: dict, **sections) -> dict:
     for split, patterns in shards.items():
         config[split] = {**config.get(split, {}), "shards": patterns}
     return config
-
-
-def everything(loader) -> tuple[list[int], list[torch.Tensor]]:
-    labels, images = [], []
-    for batch, batch_labels in loader:
-        labels += batch_labels.tolist()
-        images.append(batch)
-    return labels, images
 
 
 def packed(tmp_path, per_class: int, per_shard: int, textured: bool = False) -> Path:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, base_config, write_numbered_dataset
-from remotefiles import bucket_for, cached_bytes, everything, packed, remote_config, uploaded
-from shardfiles import write_bad_corpus
+from conftest import REPO, base_config, everything, write_numbered_dataset
+from remotefiles import bucket_for, cached_bytes, packed, remote_config, uploaded
+from shardfiles import resumes_and_evaluates_once, write_bad_corpus
 
 from fastloader import build_loader
 from fastloader.config import load_config
@@ -64,23 +64,8 @@ def test_a_store_loader_resumes_mid_epoch_and_evaluates_each_sample_once_over_th
         tmp_path, object_store, request, backend):
     folder = packed(tmp_path, per_class=6, per_shard=5)
     url = uploaded(object_store, bucket_for(request), folder)
-    config = remote_config(tmp_path, {"train": f"{url}/train-*.tar", "val": f"{url}/val-*.tar"}, backend=backend)
-    reference = build_loader(config, "train")
-    batches = [labels.tolist() for _, labels in reference]
-    interrupted = build_loader(config, "train")
-    iterator = iter(interrupted)
-    for _ in range(2):
-        next(iterator)
-    state = interrupted.state_dict()
-    interrupted.close()
-    resumed = build_loader(config, "train")
-    resumed.load_state_dict(state)
-    assert [labels.tolist() for _, labels in resumed] == batches[2:]
-    seen = []
-    for rank in range(3):  # eval sharded over 3 ranks: every sample exactly once
-        ranked = build_loader({**config, "distributed": {"rank": rank, "world_size": 3}}, "val")
-        seen += [label for _, labels in ranked for label in labels.tolist()]
-    assert sorted(seen) == sorted(build_loader(config, "val").index.labels.tolist())
+    resumes_and_evaluates_once(remote_config(tmp_path, {"train": f"{url}/train-*.tar", "val": f"{url}/val-*.tar"},
+                                             backend=backend))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -157,8 +142,9 @@ def test_a_thousand_shards_in_the_store_index_in_seconds_with_their_index_files(
     assert object_store.proxy.requests - requests < 4 * 1002  # not a read per member
     print(f"1,002 shards in the store indexed in {seconds:.1f} s")
     started, requests = time.perf_counter(), object_store.proxy.requests
-    assert len(index_split(stored, stored.split("val"))) == 1002
-    assert object_store.proxy.requests - requests < 10  # a listing: nothing read again
+    named = load_config(remote_config(tmp_path, {"val": f"{url}/val-{{000000..001001}}.tar"}))  # the same shards
+    assert len(index_split(named, named.split("val"))) == 1002
+    assert object_store.proxy.requests - requests < 10  # a listing (two pages): nothing read again
     assert time.perf_counter() - started < 5
 
 
@@ -309,3 +295,21 @@ def test_the_first_batch_waits_for_its_own_shard_while_the_next_ones_download(tm
     assert loader.stats.time_to_first_batch_s < 1.6, loader.stats.time_to_first_batch_s
     assert loader.stats.elapsed_s > 2.4 and loader.stats.network_wait_s > 1.0, loader.stats.summary()
     assert loader.stats.fetched_shards == 8
+
+
+def test_the_uint8_cache_is_built_from_shards_in_the_store_and_checked_against_them(tmp_path, object_store,
+                                                                                   request):
+    """`fastloader cache` reads the members through the seam (forked decoders ask for the shards), and
+    the cached split serves the shards' labels; the cache's stamps are the objects' sizes and times."""
+    from fastloader.cache_write import build_split_cache
+
+    folder = packed(tmp_path, per_class=3, per_shard=4)
+    url = uploaded(object_store, bucket_for(request), folder)
+    config = remote_config(tmp_path, {"val": f"{url}/val-*.tar"})
+    loaded = load_config(config)
+    report = build_split_cache(loaded, loaded.split("val"), index_split_of(loaded, "val"), str(tmp_path / "u8"),
+                               short_side=37, workers=2)
+    assert report["images"] == 9 and not report["bad"], report
+    direct = everything(build_loader(config, "val"))[0]
+    cached = build_loader({**config, "dataset": {**config["dataset"], "cache": str(tmp_path / "u8")}}, "val")
+    assert "the cache" in repr(cached) and everything(cached)[0] == direct

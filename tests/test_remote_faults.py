@@ -14,9 +14,10 @@ import time
 
 import numpy as np
 import pytest
+from conftest import everything
 from objectstore import start_server, stop_server
 from PIL import Image
-from remotefiles import bucket_for, everything, packed, remote_config, uploaded
+from remotefiles import bucket_for, packed, remote_config, uploaded
 from shardfiles import add_member
 
 from fastloader import build_loader

@@ -166,14 +166,13 @@ class NodeCache:
             with os.scandir(self.folder) as listing:
                 items = list(listing)
             for item in items:
-                if item.name.endswith(".partial") and _unlocked(item.path):
+                if item.name.endswith(".partial") and _remove_unread(item.path):  # its writer is gone
                     removed.append(item.name)
-                    _unlink(item.path)
                 elif _ENTRY.match(item.name):
                     with contextlib.suppress(FileNotFoundError):
-                        if item.stat().st_size != int(_ENTRY.match(item.name).group(1)) and _unlocked(item.path):
+                        if item.stat().st_size != int(_ENTRY.match(item.name).group(1)) and \
+                                _remove_unread(item.path):
                             removed.append(item.name)
-                            _unlink(item.path)
             self._evict(0)
         if removed:
             log.info("node cache %s: removed %s a killed run left (%s)", self.folder,
@@ -322,23 +321,8 @@ class NodeCache:
             _client().fetch(info)
 
 
-def _unlocked(path: str) -> bool:
-    """Whether nobody holds a lock on the file (its writer is gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _remove_unread(path: Path) -> bool:
-    """Unlink a shard nobody reads now (its exclusive lock taken without waiting); whether it went."""
+def _remove_unread(path: str | Path) -> bool:
+    """Unlink a file nobody reads or writes now (its exclusive lock taken without waiting); whether it went."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -531,9 +515,10 @@ class Plan:
         self.failures: list[str] = []
         present = sum(cache.entry(info).exists() for info in infos)
         total = sum(info.size for info in infos)
-        log.info("%s: %s (%s) to read from %s, %d already in the node cache %s (limit %s); fetching ahead, %d at "
-                 "a time", label, _count(len(infos), "shard"), _size(total), remote.common_root([i.url for i in infos]),
-                 present, cache.folder, _size(cache.limit), cache.concurrency)
+        log.log(logging.INFO if present < len(infos) else logging.DEBUG,  # quiet once all are here
+                "%s: %s (%s) to read from %s, %d already in the node cache %s (limit %s); fetching ahead, %d at "
+                "a time", label, _count(len(infos), "shard"), _size(total), remote.common_root([i.url for i in infos]),
+                present, cache.folder, _size(cache.limit), cache.concurrency)
         self.threads = [threading.Thread(target=self._work, name=f"fastloader-fetch-{i}", daemon=True)
                         for i in range(min(cache.concurrency, len(infos)))]
         for thread in self.threads:

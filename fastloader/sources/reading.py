@@ -206,6 +206,19 @@ def byte_count(where: str | Location) -> int:
         len(read_bytes(location)) if is_url(location.file) else os.stat(location.file).st_size
 
 
+def size_and_mtime(where: str | Location) -> tuple[int, int]:
+    """(size, mtime_ns) of the file that holds the sample's bytes (a shard's, for a member): what
+    says it is unchanged since a result about it was kept. A shard in an object store: as indexed
+    (its ETag is checked where it is fetched). OSError where it cannot be stat'ed."""
+    location = as_location(where)
+    if is_url(location.file):
+        if location.identity is None:
+            raise FileNotFoundError(errno.ENOENT, "not indexed", location.file)
+        return location.identity.size, location.identity.mtime_ns
+    info = os.stat(location.file)
+    return info.st_size, info.st_mtime_ns
+
+
 def is_remote(path: str) -> bool:
     """Whether reading this container costs a download (a shard in an object store)."""
     return is_url(path)

@@ -73,7 +73,7 @@ class Settings:
     options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     timeout: float = 60.0
     retries: int = 10
-    retry_timeout: float = 180.0
+    retry_timeout: float = 90.0
 
     def key(self) -> tuple:
         return tuple(sorted(self.options.items())), self.timeout, self.retries, self.retry_timeout
@@ -369,13 +369,27 @@ def download(info: ObjectInfo, fd: int, on_bytes: Callable[[int], None] | None =
             for chunk in obstore.get(store, path, options=options).stream(min_chunk_size=1 << 20):
                 view = memoryview(chunk)
                 while len(view):
-                    count = os.pwrite(fd, view, written)
+                    try:
+                        count = os.pwrite(fd, view, written)
+                    except OSError as error:  # the local disk's, not the store's: never retried
+                        raise _Written(error) from None
                     view, written = view[count:], written + count
             if written != end:
                 raise StoreError(f"{info.url}: the store sent {written - start} bytes of bytes {start}-{end}")
-        _retrying(info.url, f"downloading bytes {start}-{end} of {info.size}", part)
+        try:
+            _retrying(info.url, f"downloading bytes {start}-{end} of {info.size}", part)
+        except _Written as failed:
+            raise failed.error from None
         if on_bytes:
             on_bytes(end - start)
+
+
+class _Written(Exception):
+    """A write to the local file failed (a full disk): carried past the retries of the store's errors."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
 
 
 class RangeFile:
