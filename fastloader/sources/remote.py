@@ -1,10 +1,10 @@
 """The object store behind the byte seam: `s3://`, `gs://`, `az://` and `https://` through one client.
 
 The client is obstore (Rust's object_store): one client for the four kinds of store, which reads each
-store's standard environment variables (AWS_*, GOOGLE_*, AZURE_*), and has timeouts and retries with
-exponential backoff built in; on the local S3 server it read whole objects at 340 MB/s against boto3's
-190 and s3fs's 115 (docs/clusters.md#the-client). `dataset.remote.options` adds obstore's options for a
-config; they are never logged.
+store's standard environment variables (AWS_*, GOOGLE_*, AZURE_*), has timeouts and retries with
+exponential backoff built in, and releases the GIL (its measurements against boto3 and s3fs:
+docs/clusters.md#the-client). `dataset.remote.options` adds obstore's options for a config; they are
+never logged.
 
 What the rest of fastloader needs of a store, and nothing more: URLs expanded (brace ranges are
 expanded before, by the shard patterns; globs here, by listing), an object's size and ETag, byte
