@@ -154,7 +154,7 @@ def test_two_processes_share_one_node_cache_and_fetch_each_shard_once(tmp_path, 
     folder = packed(tmp_path, per_class=6, per_shard=3)
     url = uploaded(object_store, bucket_for(request), folder)
     config = tmp_path / "remote.yaml"
-    config.write_text(json.dumps(remote_config(tmp_path, {"val": f"{url}/val-*.tar"}, workers={"num_workers": 2})))
+    config.write_text(json.dumps(remote_config(tmp_path, {"val": f"{url}/val-*.tar"})))
     object_store.proxy.latency = 0.05  # both processes reach the shards while the other is fetching them
     script = ("import json, sys; from fastloader import build_loader; from fastloader.sources import reading\n"
               "loader = build_loader(sys.argv[1], 'val')\n"
