@@ -48,7 +48,7 @@ from .config import override_options
 from .errors import CacheError
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
-from .sources.reading import open_regular
+from .sources.reading import open_regular, size_and_mtime
 from .words import plural
 
 log = logging.getLogger("fastloader")
@@ -347,12 +347,12 @@ def _check_unchanged(index: SampleIndex, file_of_sample: np.ndarray, sizes: np.n
     changed = []
     files, first_sample = np.unique(file_of_sample, return_index=True)
     for file, sample in zip(files.tolist(), first_sample.tolist()):
-        path = index.location(sample).file
+        location = index.location(sample)
         try:
-            info = os.stat(path)
+            size, mtime_ns = size_and_mtime(location)
         except OSError as error:
-            raise stale(f"{path} cannot be read ({error.strerror or error})") from None
-        if info.st_size != sizes[file] or info.st_mtime_ns != mtimes[file]:
+            raise stale(f"{location.file} cannot be read ({error.strerror or error})") from None
+        if size != sizes[file] or mtime_ns != mtimes[file]:
             changed.append(index.relpath(sample))
     if changed:
         raise stale(f"{plural(len(changed), 'file')} changed (size or modification time) since the build, "

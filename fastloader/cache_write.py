@@ -28,7 +28,7 @@ import time
 from typing import TYPE_CHECKING, Iterator
 
 from .errors import DiskFullError
-from .sources.reading import Location, as_location
+from .sources.reading import Location, as_location, size_and_mtime
 
 if TYPE_CHECKING:
     import numpy as np
@@ -248,18 +248,18 @@ def decode_and_shrink(where: str | Location, short_side: int, exif_orientation: 
     location = as_location(where)
     path = location.name
     try:
-        info = os.stat(location.file)
+        size, mtime_ns = size_and_mtime(location)
     except OSError as error:
         return ShrunkFile(path, problem=f"unreadable: {error.strerror or error}")
     screened = screen_file(location, max_pixels)
     if screened.problem:
-        return ShrunkFile(path, info.st_size, info.st_mtime_ns, problem=screened.problem)
+        return ShrunkFile(path, size, mtime_ns, problem=screened.problem)
     try:
         pixels = shrink(_decode(location, exif_orientation), short_side)
     except Exception as error:
-        return ShrunkFile(path, info.st_size, info.st_mtime_ns, problem=f"decode failed: {error_text(error)}")
+        return ShrunkFile(path, size, mtime_ns, problem=f"decode failed: {error_text(error)}")
     height, width = pixels.shape[:2]
-    return ShrunkFile(path, info.st_size, info.st_mtime_ns, (height, width), pixels.numpy().tobytes())
+    return ShrunkFile(path, size, mtime_ns, (height, width), pixels.numpy().tobytes())
 
 
 def _decode(where: str | Location, exif_orientation: bool):

@@ -43,6 +43,7 @@ from .schema import (  # noqa: F401  (the schema's names are re-exported for use
     TransformConfig,
     WorkersConfig,
 )
+from .sources.remote import is_url
 
 # ---------------------------------------------------------------------------------------------
 # Loading
@@ -203,21 +204,27 @@ DEFAULT_SHARD_ROOT = "the config's folder (dataset.format: webdataset)"
 """Where dataset.root came from when a webdataset config leaves it out (its origin, in messages)."""
 DATASET_PATHS = ("root", "exclude", "cache")
 """dataset keys that hold paths: relative ones are resolved against the config file's folder."""
+REMOTE_PATHS = ("cache_dir",)
+"""dataset.remote keys that hold paths, resolved as DATASET_PATHS are."""
 
 
 def _is_path_key(dotted: str) -> bool:
     """A key whose relative path an override gives relative to the working directory (shards: see
     _resolve_shards)."""
-    return dotted in {f"dataset.{key}" for key in DATASET_PATHS} or dotted.endswith(".file_list")
+    return dotted in {f"dataset.{key}" for key in DATASET_PATHS} | {f"dataset.remote.{key}" for key in REMOTE_PATHS} \
+        or dotted.endswith(".file_list")
 
 
-def _resolve_one(value: Any, base_dir: Path) -> Any:
+def _resolve_one(value: Any, base_dir: Path | str) -> Any:
+    """A path made absolute against base_dir (a folder, or an object store URL); a URL is kept as written."""
     if isinstance(value, list):  # a split's shards
         return [_resolve_one(item, base_dir) for item in value]
-    if not isinstance(value, str) or value.startswith("builtin:"):
+    if not isinstance(value, str) or value.startswith("builtin:") or is_url(value):
         return value
     expanded = os.path.expanduser(os.path.expandvars(value))
-    return os.path.normpath(expanded if os.path.isabs(expanded) else str(base_dir / expanded))
+    if is_url(str(base_dir)) and not os.path.isabs(expanded):
+        return f"{str(base_dir).rstrip('/')}/{expanded}"
+    return os.path.normpath(expanded if os.path.isabs(expanded) else str(Path(base_dir) / expanded))
 
 
 def _resolve_paths(raw: dict, base_dir: Path) -> dict:
@@ -229,6 +236,11 @@ def _resolve_paths(raw: dict, base_dir: Path) -> dict:
                 dataset[key] = _resolve_one(dataset[key], base_dir)
         if isinstance(dataset.get("classes"), str):  # a file of class names; a list is the names themselves
             dataset["classes"] = _resolve_one(dataset["classes"], base_dir)
+        remote = dataset.get("remote")
+        if isinstance(remote, dict):
+            for key in REMOTE_PATHS:
+                if key in remote:
+                    remote[key] = _resolve_one(remote[key], base_dir)
     for key, section in raw.items():
         if key not in SECTIONS and isinstance(section, dict) and "file_list" in section:
             section["file_list"] = _resolve_one(section["file_list"], base_dir)
@@ -245,7 +257,8 @@ def _resolve_shards(raw: dict, base_dir: Path, origins: Mapping[str, str]) -> No
         if name in SECTIONS or not isinstance(section, dict) or "shards" not in section:
             continue
         overridden = any(key in origins for key in (name, f"{name}.shards"))
-        base = Path(os.path.expanduser(os.path.expandvars(root))).absolute() if given else \
+        base = root if given and is_url(root) else \
+            Path(os.path.expanduser(os.path.expandvars(root))).absolute() if given else \
             Path.cwd() if overridden else base_dir
         section["shards"] = _resolve_one(section["shards"], base)
 
@@ -325,8 +338,13 @@ def _config_to_raw(config: Config) -> dict:
 
 
 def config_to_dict(config: Config) -> dict:
-    """The resolved config as plain data (for logs, JSON reports and round trips)."""
-    return _config_to_raw(config)
+    """The resolved config as plain data, for logs and JSON reports: the store's options (credentials,
+    perhaps) show their names only."""
+    raw = _config_to_raw(config)
+    remote = raw["dataset"].get("remote") or {}
+    if remote.get("options"):
+        remote["options"] = {key: "(set)" for key in remote["options"]}
+    return raw
 
 
 OVERRIDE = "override '{key}'"
@@ -361,7 +379,12 @@ SPLIT_SECTIONS = {"transform": TransformConfig, "mixup": MixupConfig}
 def all_dotted_keys() -> list[str]:
     keys = [*SCALARS]
     for section, cls in SECTIONS.items():
-        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):  # a section inside a section: dataset.remote
+                keys += [f"{section}.{f.name}.{inner.name}" for inner in dataclasses.fields(hints[f.name])]
+            else:
+                keys.append(f"{section}.{f.name}")
     for f in dataclasses.fields(SplitConfig):
         if f.name == "name":
             continue
@@ -438,6 +461,10 @@ class _Builder:
                 self.origins.setdefault(key, f"the default, as {self.source} does not set it")
         if "dataset" not in values:
             self.fail("dataset", "missing; every config needs 'dataset: {root: PATH}'")
+        if is_url(values["dataset"].root) and values["dataset"].format != "webdataset":
+            self.fail("dataset.root", f"{values['dataset'].root!r} is in an object store, which fastloader reads as "
+                                      f"tar shards: set dataset.format: webdataset and each split's shards (pack a "
+                                      f"folder with `fastloader pack`, then upload the shards)")
         self.validate_fields(Config, values, "")
         self.block_order_needs_shards(values["dataset"], splits)
         return Config(**values, splits=splits, source=self.source, origins=dict(self.origins))
@@ -556,6 +583,17 @@ class _Builder:
             if len(value) != len(args):
                 self.fail(path, f"expected {_describe_type(hint)}, got {len(value)} values: {_show(value)}")
             return tuple(self.coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        if dataclasses.is_dataclass(hint):  # a section inside a section (dataset.remote)
+            return self.section(hint, value, path)
+        if origin is dict:  # names to strings (dataset.remote.options): values never shown, they may be secrets
+            if not isinstance(value, Mapping):
+                self.fail(path, f"expected a mapping of option names to values, got {type(value).__name__}")
+            options = {}
+            for key, item in value.items():
+                if not isinstance(key, str) or isinstance(item, (dict, list)) or item is None:
+                    self.fail(f"{path}.{key}", f"expected a string (an option's value), got {type(item).__name__}")
+                options[key] = str(item).lower() if isinstance(item, bool) else str(item)
+            return options
         if hint is type(None):
             if value is None:
                 return None

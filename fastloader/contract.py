@@ -13,6 +13,7 @@ import numbers
 import time
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from .augment.draws import Augmenter
@@ -23,6 +24,7 @@ from .machine import human_bytes
 from .order import EpochOrder
 from .prepared import PreparedSplit
 from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
+from .sources import reading
 from .stats import LOG_LEVELS, LoaderStats
 from .words import plural
 
@@ -77,6 +79,8 @@ class Loader(abc.ABC):
         """Random erasing, mixing and soft targets of each batch (fastloader.device_ops), or None:
         the backend applies it where it costs the training thread least."""
         self._closed = False
+        self._reads_shards = prepared.pixels is None and index.ranges is not None
+        self._plan = None  # the shards the running loop reads, fetched ahead (shards in an object store)
         if self.order.num_batches == 0:
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
                         "world_size %d with drop_last: true; lower %s.batch_size or set %s.drop_last: false",
@@ -137,18 +141,28 @@ class Loader(abc.ABC):
         self._skipped_in_epoch, self._found_in_epoch = set(), 0  # a loop left with `break` does not carry them over
         clock = time.perf_counter
         began = clock()  # the consumer asked for the first batch: generators start on the first next()
-        batches = iter(self._iter_batches(self.order.batches(epoch, start)))
-        while True:
-            asked = clock()
-            try:
-                images, labels = next(batches)
-            except StopIteration:
-                break
-            arrived = clock()
-            stats.add(arrived - asked if stats.batches else arrived - began, arrived - began, len(labels))
-            if loop == self._loops:  # an abandoned older loop no longer moves the resume position
-                self._position += global_batch
-            yield images, labels
+        planned = self.order.batches(epoch, start)
+        plan, fetched = self._will_read(planned, epoch)
+        read = np.cumsum([len(batch) for batch in planned]).tolist() if plan is not None else []
+        batches = iter(self._iter_batches(planned))
+        try:
+            while True:
+                asked = clock()
+                try:
+                    images, labels = next(batches)
+                except StopIteration:
+                    break
+                arrived = clock()
+                stats.add(arrived - asked if stats.batches else arrived - began, arrived - began, len(labels))
+                if plan is not None:  # the shards read up to here may go; what was fetched and waited for
+                    plan.reached(read[stats.batches - 1])
+                    self._count_fetches(stats, fetched)
+                if loop == self._loops:  # an abandoned older loop no longer moves the resume position
+                    self._position += global_batch
+                yield images, labels
+        finally:
+            if plan is not None:
+                plan.cancel()
         self._log_stats(stats)
         if self._skipped_in_epoch:  # a warning where this epoch met new files; later epochs skip them quietly
             fill = "refilled with other samples of the split" if self.split.mode == "train" else "left out"
@@ -157,6 +171,27 @@ class Loader(abc.ABC):
                     "epoch), their batch slots %s; loader.bad_samples lists %d so far", self.backend,
                     self.split.name, epoch, self.ranks.rank, len(self._skipped_in_epoch), self._found_in_epoch,
                     fill, len(self.bad_samples))
+
+    def _will_read(self, planned: list[np.ndarray], epoch: int):
+        """Tell the byte seam which shards this loop reads, in order (those in an object store are
+        fetched ahead); (the plan, the fetch counters before it), or (None, None)."""
+        if self._plan is not None:
+            self._plan.cancel()
+        self._plan = None
+        ranges = self.index.ranges
+        if not self._reads_shards or not planned or not reading.is_remote(ranges.files[0]):
+            return None, None
+        before = reading.fetch_counters()
+        sequence = ranges.file[np.concatenate([batch[:, 0] for batch in planned])]
+        self._plan = reading.will_read(ranges.files, ranges.identities, sequence,
+                                       f"split '{self.split.name}', epoch {epoch}, rank {self.ranks.rank}")
+        return self._plan, before
+
+    @staticmethod
+    def _count_fetches(stats: LoaderStats, before) -> None:
+        done = reading.fetch_counters().since(before)
+        stats.network_wait_s, stats.fetched_bytes, stats.fetched_shards = (done.wait_s, done.fetched_bytes,
+                                                                          done.fetched_shards)
 
     def _skip_sample(self, path: str, reason: str) -> None:
         """A file that failed at decode time (its slot refilled in train mode, left out in eval):
@@ -309,6 +344,8 @@ class Loader(abc.ABC):
         """Stop workers / free the pipeline. Iterating afterwards raises an error."""
         if not self._closed:
             self._closed = True
+            if self._plan is not None:
+                self._plan.cancel()
             self._close()
 
     def _closed_error(self) -> RuntimeError:

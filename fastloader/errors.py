@@ -15,6 +15,12 @@ class CacheError(ConfigError):
     """A cache that cannot serve this split: stale, unfinished, or of another format."""
 
 
+class StoreError(CacheError):
+    """An object store or the node cache that cannot serve a shard: the store unreachable after the
+    retries, the cache disk full, a shard evicted faster than it can be read. No sample's fault, so
+    no backend skips a sample for it (both re-raise a CacheError): the run stops, naming the URL."""
+
+
 class BadImageError(RuntimeError):
     """A file that cannot be decoded, under dataset.on_bad_image: raise."""
 

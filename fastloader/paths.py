@@ -6,6 +6,7 @@ disk, a scratch file system) and deleting it only costs the work of redoing it:
     sample-v<N>/    the embedded demo dataset (`dataset.root: builtin:sample`), generated on first use
     screen/         each dataset's header screening, so it runs once per dataset and machine
     transcoded/     PNG copies of the files DALI cannot decode (GIF)
+    remote/         the node cache of shards in an object store (dataset.remote.cache_dir's default)
 """
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def cache_home() -> Path:
     if explicit:
         return Path(explicit)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fastloader"
+
+
+def remote_cache_folder() -> Path:
+    """The node cache's folder when dataset.remote.cache_dir is not set (sources/node_cache.py)."""
+    return cache_home() / "remote"
 
 
 def screening_file(index: SampleIndex, max_pixels: int) -> Path:

@@ -76,6 +76,33 @@ def _jitter_ok(value) -> bool:
 
 
 @dataclass(frozen=True)
+class RemoteConfig:
+    """Shards in an object store (`s3://`, `gs://`, `az://`, `https://` in a split's shards): the node cache
+    and the client (docs/clusters.md#shards-in-an-object-store)."""
+    cache_dir: str | None = None
+    """The node cache: a folder on a local disk (NVMe) that every rank and worker of the node shares, each
+    shard fetched into it once. Default: $FASTLOADER_CACHE_DIR/remote."""
+    cache_limit: str | None = field(default=None, metadata=_check(
+        lambda v: v is None or _is_size(v), f"a size with a unit, such as 50GB or 512MB (units: {UNITS})"))
+    """The most bytes the node cache holds, with a unit (`50GB`); the least recently used shards are
+    evicted past it. Default: 90% of the space free on cache_dir's disk at start, plus what the cache holds."""
+    concurrency: int = field(default=8, metadata=_in_range(1, MAX_PROCESSES))
+    """Shards downloaded at once, ahead of the readers, by each rank."""
+    options: dict[str, str] = field(default_factory=dict, repr=False, hash=False, compare=False)
+    """The client's options for this config (obstore's: `endpoint`, `region`, `skip_signature` ...),
+    over the store's standard environment variables; never logged."""
+    timeout: float = field(default=60.0, metadata=_check(lambda v: 0 < v < float("inf"),
+                                                         "a positive number of seconds"))
+    """Seconds one request may take (a shard is fetched in parts of 16 MB) before it is retried."""
+    retries: int = field(default=10, metadata=_in_range(0, 100))
+    """Retries of a request that failed on a 5xx, a reset connection or a timeout, with exponential backoff."""
+    retry_timeout: float = field(default=90.0, metadata=_check(lambda v: 0 < v < float("inf"),
+                                                                "a positive number of seconds"))
+    """Seconds a request and its retries may take in all; then the run stops with an error naming the URL
+    (below workers.timeout, 120 s, so that a torch worker waiting on the store is not taken for a stuck one)."""
+
+
+@dataclass(frozen=True)
 class DatasetConfig:
     root: str = field(metadata=_check(lambda v: v != "", "a non-empty path"))
     """Folder holding one sub-folder per split (root/<split>/<class>/<image>), or `builtin:sample`.
@@ -110,6 +137,8 @@ class DatasetConfig:
     cache: str | None = None
     """A cache folder written by `fastloader cache`: both backends read decoded uint8 pixels from it
     through np.memmap instead of decoding the image files."""
+    remote: RemoteConfig = field(default_factory=RemoteConfig)
+    """Shards in an object store: the node cache and the client."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +239,7 @@ class SplitConfig:
     shards: str | tuple[str, ...] | None = None
     """dataset.format: webdataset: the split's tar shards: a path, glob or brace range
     (`train-{000000..000146}.tar`), or a list of them, relative to dataset.root when it is set, else to
-    the config file's folder."""
+    the config file's folder; or objects in a store (`s3://`, `gs://`, `az://`, `https://`: dataset.remote)."""
     aug_repeats: int = field(default=1, metadata=_check(lambda v: 1 <= v <= MAX_PROCESSES,
                                                         f"an integer in [1, {MAX_PROCESSES}] (1: no repeats)"))
     """train: repeated augmentation (DeiT's RASampler): each sample chosen K times in a row of the

@@ -12,7 +12,8 @@ lock) instead of repeating it. Each file's result is kept with the file's stamp 
 ctime: `file_stamps`), and a file whose stamp changed since (replaced, rewritten, copied over with
 `cp -p`) is screened again when a loader is built: a cached result is never trusted for another
 file under the same name. A file that changes while a loader runs is caught where it is decoded
-(see `dataset.on_bad_image`).
+(see `dataset.on_bad_image`). Shards in an object store are not screened: that would download every
+shard when the loader is built; their members are checked where they are decoded (both backends do).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
 from .schema import Config
-from .sources.reading import path_stamp
+from .sources.reading import is_remote, path_stamp
 from .words import plural
 
 log = logging.getLogger("fastloader")
@@ -71,6 +72,12 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
     skip: each is logged once and returned in `bad`.
     """
     if not config.dataset.screen:
+        return ScreenedIndex(index)
+    if index.ranges is not None and len(index.ranges.files) and is_remote(index.ranges.files[0]):
+        log.info("the %s of %s are in an object store: their members are not screened when the loader is built "
+                 "(that would download every shard first); a member that cannot be decoded is found where it is "
+                 "decoded, and follows dataset.on_bad_image (docs/bad-input.md)",
+                 plural(len(index.ranges.files), "shard"), index.root)
         return ScreenedIndex(index)
     problems, formats, sizes = _cached_screen(index, config.dataset.max_pixels, workers)
     if not problems and not formats:

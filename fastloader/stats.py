@@ -31,6 +31,12 @@ class LoaderStats:
     """Per batch: the time blocked in `__next__` for it."""
     batch_done_s: array = field(default_factory=lambda: array("d"), repr=False)
     """Per batch: when it arrived, in seconds since the loop asked for its first batch."""
+    network_wait_s: float = 0.0
+    """Shards in an object store: the time readers (the DALI feed, the torch workers) waited for shards
+    to arrive from the store during the loop, summed over readers."""
+    fetched_bytes: int = 0
+    """Shards in an object store: bytes downloaded into the node cache during the loop (ahead or on demand)."""
+    fetched_shards: int = 0
 
     def add(self, wait: float, at: float, images: int) -> None:
         if self.batches == 0:
@@ -64,5 +70,8 @@ class LoaderStats:
         stall, first = self.stall_fraction, self.time_to_first_batch_s
         waited = (f"waited for data {stall:.1%} of the time after the first batch, which took {first:.2f} s"
                   if stall == stall else f"its one batch took {first:.2f} s (no later batch to measure a wait for)")
+        fetched = (f"; fetched {self.fetched_shards} shard{'s' if self.fetched_shards != 1 else ''} "
+                   f"({self.fetched_bytes / 1e6:.1f} MB) from the object store, readers waited "
+                   f"{self.network_wait_s:.2f} s for shards" if self.fetched_shards or self.network_wait_s else "")
         return (f"{self.images} images in {self.batches} batch{'es' if self.batches != 1 else ''}, "
-                f"{self.elapsed_s:.2f} s: {self.images_per_second:.0f} images/s; {waited}")
+                f"{self.elapsed_s:.2f} s: {self.images_per_second:.0f} images/s; {waited}{fetched}")

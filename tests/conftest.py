@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,15 @@ def write_numbered_dataset(root: Path, per_class: int = 12, splits=("train", "va
     return root
 
 
+def everything(loader) -> tuple[list[int], list[torch.Tensor]]:
+    """One epoch of a loader: every label, and every batch of images."""
+    labels, images = [], []
+    for batch, batch_labels in loader:
+        labels += batch_labels.tolist()
+        images.append(batch)
+    return labels, images
+
+
 def identities(images: torch.Tensor, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> list[tuple]:
     """The solid colour of each image of a normalized batch (see write_numbered_dataset)."""
     rgb = images.float().cpu().mean(dim=(2, 3)) * torch.tensor(std) + torch.tensor(mean)
@@ -125,6 +135,30 @@ def base_config(root: Path, **sections) -> dict:
     for key, value in sections.items():
         config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
     return config
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount(size) -> a folder on a real file system of that size (tmpfs), to fill; a skip where this
+    process may not mount (not root: CI runs as root, where it can)."""
+    mounted = []
+
+    def mount(size: str) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        try:
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                                  capture_output=True, text=True, timeout=30)
+        except FileNotFoundError as error:
+            pytest.skip(f"no mount command to make a small file system to fill: {error}")
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs to fill here ({done.stderr.strip()}); root can, as in CI")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -150,18 +151,22 @@ class ObjectStore:
         self.client.delete_object(Bucket=bucket, Key=key)
 
 
-def start_server() -> ObjectStore:
-    """moto's S3 server on a free port, waited for until it answers."""
+def start_server(environment: dict[str, str] | None = None) -> ObjectStore:
+    """moto's S3 server on a free port, waited for until it answers; `environment`: more of the
+    server's variables (INITIAL_NO_AUTH_ACTION_COUNT=0: it checks credentials and refuses unknown ones)."""
     executable = shutil.which("moto_server", path=os.path.dirname(sys.executable))
     if executable is None:
         pytest.skip("moto's server is not installed (pip install 'moto[server]', in the test extra)")
     port = free_port()
     process = subprocess.Popen([executable, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+                               stderr=subprocess.DEVNULL, start_new_session=True,
+                               env={**os.environ, **(environment or {})})
     deadline = time.monotonic() + 30
     while True:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).read()
+            break
+        except urllib.error.HTTPError:  # it answers, refusing an unsigned request
             break
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
@@ -171,16 +176,20 @@ def start_server() -> ObjectStore:
     return ObjectStore(process, port)
 
 
-@pytest.fixture(scope="session")
-def object_store_server():
-    store = start_server()
-    yield store
+def stop_server(store: ObjectStore) -> None:
     store.proxy.stop()
     store.process.terminate()
     try:
         store.process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         store.process.kill()
+
+
+@pytest.fixture(scope="session")
+def object_store_server():
+    store = start_server()
+    yield store
+    stop_server(store)
 
 
 @pytest.fixture

@@ -43,6 +43,28 @@ def pack_folder_split(split_dir: Path, out: Path, prefix: str, per_shard: int,
     return shards
 
 
+def resumes_and_evaluates_once(config: dict) -> None:
+    """The config's train split, stopped after 2 batches and resumed, yields the rest of the epoch;
+    its val split over 3 ranks yields every sample exactly once."""
+    from fastloader import build_loader
+
+    batches = [labels.tolist() for _, labels in build_loader(config, "train")]
+    interrupted = build_loader(config, "train")
+    iterator = iter(interrupted)
+    for _ in range(2):
+        next(iterator)
+    state = interrupted.state_dict()
+    interrupted.close()
+    resumed = build_loader(config, "train")
+    resumed.load_state_dict(state)
+    assert [labels.tolist() for _, labels in resumed] == batches[2:]
+    seen = []
+    for rank in range(3):  # eval sharded over 3 ranks: every sample exactly once
+        ranked = build_loader({**config, "distributed": {"rank": rank, "world_size": 3}}, "val")
+        seen += [label for _, labels in ranked for label in labels.tolist()]
+    assert sorted(seen) == sorted(build_loader(config, "val").index.labels.tolist())
+
+
 GOOD_PER_SHARD = 2
 """Good samples next to the damage in each bad shard (labels 0 and 1)."""
 

@@ -323,30 +323,6 @@ def test_a_cache_build_stopped_by_sigterm_removes_its_partial_and_its_processes(
     assert not partial.exists() and os.listdir(out) == []
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """mount(size) -> a folder on a real file system of that size (tmpfs), to fill; a skip where this
-    process may not mount (not root: CI runs as root, where it can)."""
-    mounted = []
-
-    def mount(size: str) -> Path:
-        folder = tmp_path / f"disk{len(mounted)}"
-        folder.mkdir()
-        try:
-            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                                  capture_output=True, text=True, timeout=30)
-        except FileNotFoundError as error:
-            pytest.skip(f"no mount command to make a small file system to fill: {error}")
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a small tmpfs to fill here ({done.stderr.strip()}); root can, as in CI")
-        mounted.append(folder)
-        return folder
-
-    yield mount
-    for folder in mounted:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
-
-
 @pytest.mark.timeout(240)
 def test_a_cache_that_does_not_fit_is_refused_before_a_byte_is_written(tmp_path, small_disk):
     """A real 1 MB file system: the build says where, how much is needed and free (exit 2), and

@@ -202,7 +202,8 @@ def test_pack_never_writes_through_a_link_planted_in_the_output_folder(tmp_path,
     assert not (out / "val-classes.txt").is_symlink() and (out / "val-classes.txt").read_text().split() == [
         "n01_tench", "n02_goldfish"]
     assert not (out / "val-000000.tar").is_symlink() and tarfile.is_tarfile(out / "val-000000.tar")
-    assert sorted(p.name for p in out.iterdir()) == sorted(victims)  # no temporary file left
+    # no temporary file left; the shard's index beside it
+    assert sorted(p.name for p in out.iterdir()) == sorted([*victims, "val-000000.tar.idx"])
 
 
 def test_pack_leaves_out_links_out_of_the_dataset_and_files_that_are_not_images(tmp_path, capsys, caplog):

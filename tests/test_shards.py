@@ -12,8 +12,8 @@ import tarfile
 
 import pytest
 import torch
-from conftest import REPO, base_config, cpu_only_env, write_numbered_dataset, write_textured_dataset
-from shardfiles import add_member, pack_folder_split, png_bytes, write_bad_corpus
+from conftest import REPO, base_config, cpu_only_env, everything, write_numbered_dataset, write_textured_dataset
+from shardfiles import add_member, pack_folder_split, png_bytes, resumes_and_evaluates_once, write_bad_corpus
 
 from fastloader import build_loader
 from fastloader.errors import BadImageError, ConfigError
@@ -29,14 +29,6 @@ def shard_config(patterns, **sections) -> dict:
     for split in ("train", "val"):
         config[split] = {**config[split], "shards": patterns[split] if isinstance(patterns, dict) else patterns}
     return config
-
-
-def everything(loader) -> tuple[list[int], list[torch.Tensor]]:
-    labels, images = [], []
-    for batch, batch_labels in loader:
-        labels += batch_labels.tolist()
-        images.append(batch)
-    return labels, images
 
 
 def test_brace_ranges_and_lists_expand_as_webdataset_writes_them():
@@ -72,22 +64,7 @@ def test_a_shard_loader_resumes_mid_epoch_and_evaluates_each_sample_once_across_
     root = write_numbered_dataset(tmp_path / "d", per_class=6)
     shards = {split: [str(p) for p in pack_folder_split(root / split, tmp_path / "s", split, per_shard=5)]
               for split in ("train", "val")}
-    config = shard_config(shards, backend=backend)
-    reference = build_loader(config, "train")
-    batches = [labels.tolist() for _, labels in reference]
-    interrupted = build_loader(config, "train")
-    iterator = iter(interrupted)
-    for _ in range(2):
-        next(iterator)
-    state = interrupted.state_dict()
-    resumed = build_loader(config, "train")
-    resumed.load_state_dict(state)
-    assert [labels.tolist() for _, labels in resumed] == batches[2:]
-    seen = []
-    for rank in range(3):  # eval sharded over 3 ranks: every sample exactly once
-        ranked = build_loader({**config, "distributed": {"rank": rank, "world_size": 3}}, "val")
-        seen += [label for _, labels in ranked for label in labels.tolist()]
-    assert sorted(seen) == sorted(build_loader(config, "val").index.labels.tolist())
+    resumes_and_evaluates_once(shard_config(shards, backend=backend))
 
 
 def test_the_shard_index_is_cached_and_read_again_when_a_shard_changes(tmp_path, caplog):

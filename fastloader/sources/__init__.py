@@ -8,6 +8,8 @@ each one's bytes are (a SampleIndex with a Location per sample); `reading.py` re
   webdataset.py   tar shards of `{key}.jpg` + `{key}.cls` members, indexed once and cached
   tar_members.py  one tar shard's members and their byte offsets, from its headers
   reading.py      Location, read_bytes / open_bytes: a whole file, or a byte range of a shard
+  remote.py       the object store (s3://, gs://, az://, https://): listing, sizes and ETags, ranges, downloads
+  node_cache.py   shards of a store on a local disk, fetched once per node, bounded, fetched ahead
   pack.py         writes a split as tar shards (`fastloader pack`)
 
 A new format is one module with `index_split(config, split) -> SampleIndex` and one line in

@@ -1,7 +1,10 @@
 """Write a split's samples as WebDataset tar shards: `{key}.{ext}` (the image's own bytes; `.jpg` for
 every JPEG, as `.to_tuple("jpg", "cls")` expects) and `{key}.cls` (its label), in plain POSIX tar that
 webdataset, timm, DALI's `readers.webdataset` and `dataset.format: webdataset` all read, and the class
-names beside them in `{prefix}-classes.txt`, which the loader reads.
+names beside them in `{prefix}-classes.txt`, which the loader reads, and each shard's index beside it
+(`{prefix}-000000.tar.idx`: its members and byte ranges, checked against the shard's size and first and
+last bytes), which the loader reads instead of the shard's headers: a request per shard, not per member,
+when the shards are in an object store.
 
 Keys come from the sample's name, its dots replaced (webdataset splits a key at the first dot of a
 name) and a clash numbered, never dropped. Samples go in a seeded shuffled order by default:
@@ -33,6 +36,7 @@ from ..progress import Progress
 from ..samples import SampleIndex
 from ..schema import Config
 from .reading import Location, read_bytes
+from .tar_members import INDEX_SUFFIX, index_file_bytes
 from .webdataset import CLASSES_FILE
 
 MEMBER_EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "GIF": ".gif", "WEBP": ".webp", "BMP": ".bmp"}
@@ -87,8 +91,16 @@ def pack_index(config: Config, index: SampleIndex, out_dir: str, prefix: str, *,
         nonlocal archive, shard
         if archive is not None:
             archive.close()
-            packed.shards.append(shard.commit())
+            path = shard.commit()
             archive = shard = None
+            beside = _NewFile(out_dir, os.path.basename(path) + INDEX_SUFFIX)
+            try:
+                beside.file.write(index_file_bytes(path))
+                beside.commit()
+            except BaseException:
+                beside.discard()
+                raise
+            packed.shards.append(path)
 
     try:
         for done, sample in enumerate(order.tolist(), 1):

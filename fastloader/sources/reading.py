@@ -6,7 +6,10 @@ cache writer, `check`) reads a `Location` through `read_bytes` or `open_bytes`, 
 format only has to say where its samples' bytes are.
 
 A range is read with `os.pread` on a descriptor kept open per container and per process: one open
-per shard, not per sample, which is what a cluster filesystem's metadata server can bear.
+per shard, not per sample, which is what a cluster filesystem's metadata server can bear. A shard in
+an object store (its file a URL: `s3://`, `gs://`, `az://`, `https://`) is read the same way from
+its copy in the node cache (node_cache.py, which fetches it once per node); `will_read` tells the
+cache which shards an epoch reads, in order, to fetch them ahead. No other module opens a URL.
 
 Nothing but a regular file is read: a FIFO named `.JPEG` would block its reader for ever (open
 waits for a writer), a device never ends. Files are opened non-blocking and checked with fstat
@@ -25,7 +28,9 @@ import io
 import os
 import stat
 import threading
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple, Sequence
+
+from .remote import is_url
 
 TAR_BLOCK = 512
 """A tar header block: the one right before a member's data is that member's own header."""
@@ -40,6 +45,8 @@ class Identity(NamedTuple):
     inode: int
     size: int
     mtime_ns: int
+    etag: str = ""
+    """A shard in an object store: its ETag (inode 0), which the node cache checks what it fetches against."""
 
     @classmethod
     def of(cls, info: os.stat_result) -> "Identity":
@@ -140,17 +147,32 @@ def header_digest(block: bytes | bytearray | memoryview) -> int:
 
 def read_bytes(where: str | Location) -> bytearray:
     """The sample's encoded bytes. Raises OSError (FileNotFoundError, PermissionError, NotRegularFile,
-    TruncatedError, ContainerChanged ...) naming the file or container where it cannot."""
+    TruncatedError, ContainerChanged ...) naming the file or container where it cannot; a shard in an
+    object store is read from the node cache's copy, fetched first where it is missing (StoreError
+    where the store or the cache cannot serve it)."""
     location = as_location(where)
-    if location.whole_file:  # straight into a writable buffer (torch.frombuffer wants one)
-        with open(open_regular(location.file), "rb", buffering=0) as handle:
-            data = bytearray(os.fstat(handle.fileno()).st_size)
-            got = handle.readinto(data)
-            if got < len(data):  # the file shrank since fstat
-                del data[got:]
-            rest = handle.read()  # or grew
-        return data + rest if rest else data
-    fd = _open_containers.descriptor(location.file, location.identity)
+    if is_url(location.file):
+        from .node_cache import current
+        with current().opened(location) as fd:
+            return _whole(fd) if location.whole_file else _range(fd, location)
+    if location.whole_file:
+        return _whole(open_regular(location.file), close=True)
+    return _range(_open_containers.descriptor(location.file, location.identity), location)
+
+
+def _whole(fd: int, close: bool = False) -> bytearray:
+    """A whole file, straight into a writable buffer (torch.frombuffer wants one)."""
+    with open(fd, "rb", buffering=0, closefd=close) as handle:
+        data = bytearray(os.fstat(fd).st_size)
+        got = handle.readinto(data)
+        if got < len(data):  # the file shrank since fstat
+            del data[got:]
+        rest = handle.read()  # or grew
+    return data + rest if rest else data
+
+
+def _range(fd: int, location: Location) -> bytearray:
+    """A member's bytes, its own tar header read in the same pread and compared with the index."""
     data = bytearray(location.length)
     if location.header:  # the member's own header block in the same read: is it still the one indexed?
         block = bytearray(TAR_BLOCK)
@@ -171,24 +193,63 @@ def read_bytes(where: str | Location) -> bytearray:
 def open_bytes(where: str | Location) -> BinaryIO:
     """A binary file object over the sample's bytes (a whole file is opened, a range read into memory)."""
     location = as_location(where)
-    if location.whole_file:
+    if location.whole_file and not is_url(location.file):
         return open(open_regular(location.file), "rb")
     return io.BytesIO(read_bytes(location))
 
 
 def byte_count(where: str | Location) -> int:
     location = as_location(where)
-    return os.stat(location.file).st_size if location.whole_file else location.length
+    if not location.whole_file:
+        return location.length
+    return location.identity.size if is_url(location.file) and location.identity else \
+        len(read_bytes(location)) if is_url(location.file) else os.stat(location.file).st_size
+
+
+def size_and_mtime(where: str | Location) -> tuple[int, int]:
+    """(size, mtime_ns) of the file that holds the sample's bytes (a shard's, for a member): what
+    says it is unchanged since a result about it was kept. A shard in an object store: as indexed
+    (its ETag is checked where it is fetched). OSError where it cannot be stat'ed."""
+    location = as_location(where)
+    if is_url(location.file):
+        if location.identity is None:
+            raise FileNotFoundError(errno.ENOENT, "not indexed", location.file)
+        return location.identity.size, location.identity.mtime_ns
+    info = os.stat(location.file)
+    return info.st_size, info.st_mtime_ns
+
+
+def is_remote(path: str) -> bool:
+    """Whether reading this container costs a download (a shard in an object store)."""
+    return is_url(path)
 
 
 def keep_open(files) -> None:
     """Open these containers now (up to the cap): a process about to fork its readers (DataLoader
-    workers) opens each shard once, and the workers share the descriptors."""
-    for path in list(files)[:_open_containers.limit]:
+    workers) opens each shard once, and the workers share the descriptors. Shards in an object store
+    are read from the node cache, one open a read (so that eviction can come between reads)."""
+    for path in [path for path in files if not is_url(path)][:_open_containers.limit]:
         try:
             _open_containers.descriptor(path)
         except OSError:
             pass  # named when a sample of it is read
+
+
+def will_read(files: Sequence[str], identities: Sequence[Identity] | None, sequence, label: str):
+    """The loader is about to read files[sequence[0]], files[sequence[1]] ... (one per sample, in
+    order): shards in an object store are fetched ahead in that order (node_cache.Plan, which takes
+    `reached(position)` and `cancel()`); None for local files, which need nothing."""
+    if not len(files) or not is_url(files[0]):
+        return None
+    from .node_cache import plan
+    return plan(files, identities, sequence, label)
+
+
+def fetch_counters():
+    """What the node cache fetched and what readers waited for it, so far in this process
+    (node_cache.Counters; zeros without shards in an object store)."""
+    from .node_cache import counters
+    return counters()
 
 
 class _OpenContainers:

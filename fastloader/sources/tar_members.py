@@ -1,7 +1,9 @@
 """One tar shard's samples: its members grouped by key, with each image's byte range and label text.
 
 Headers are read with Python's `tarfile` (ustar, PAX and GNU long names, all of them), without
-reading the images: a shard is one open and a seek per member. Only the label members (`.cls`,
+reading the images: a shard is one open and a seek per member; or, where `fastloader pack` wrote the
+shard's index beside it (`shard.tar.idx`, checked against the shard's size and first and last bytes),
+that one small file. Only the label members (`.cls`,
 `.txt`, `.json`: a few bytes each) are read, and, for each image, a digest of its own header block
 (the reader checks it at every read) and of the shard's first and last bytes (a cached index is
 checked against it). What cannot become a sample is returned as a problem
@@ -10,9 +12,11 @@ named by its member, never dropped silently.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tarfile
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .reading import TAR_BLOCK, Identity, NotRegularFile, header_digest, open_regular
 
@@ -54,6 +58,8 @@ class ShardScan:
     """Changed by every write, and no tool sets it back (`cp -p` and `touch -d` restore mtime only)."""
     digest: str = ""
     """edge_digest of the shard as read."""
+    etag: str = ""
+    """A shard in an object store: its ETag as indexed (with its size, what says it is the same object)."""
 
     def stamp(self) -> tuple[int, int, int, int]:
         """What os.stat says of the shard as indexed; any difference means it is read again."""
@@ -61,16 +67,21 @@ class ShardScan:
 
     @property
     def identity(self) -> Identity:
-        return Identity(self.inode, self.size, self.mtime_ns)
+        return Identity(self.inode, self.size, self.mtime_ns, self.etag)
 
 
 def edge_digest(fd: int, size: int) -> str:
     """A digest of the shard's first and last EDGE_BYTES: what a cached index is checked against
     besides os.stat, on file systems whose inode and ctime say less than they should."""
+    return edge_digest_of(lambda length, offset: os.pread(fd, length, offset), size)
+
+
+def edge_digest_of(pread: Callable[[int, int], bytes], size: int) -> str:
+    """edge_digest through any `pread(length, offset)` (a local file's, or ranged requests')."""
     digest = hashlib.blake2b(digest_size=8)
-    digest.update(os.pread(fd, EDGE_BYTES, 0))
+    digest.update(pread(EDGE_BYTES, 0))
     if size > EDGE_BYTES:
-        digest.update(os.pread(fd, EDGE_BYTES, max(EDGE_BYTES, size - EDGE_BYTES)))
+        digest.update(pread(EDGE_BYTES, max(EDGE_BYTES, size - EDGE_BYTES)))
     return digest.hexdigest()
 
 
@@ -100,12 +111,9 @@ def scan_shard(path: str, image_extensions: tuple[str, ...]) -> ShardScan:
             info = os.fstat(handle.fileno())
             scan = ShardScan(info.st_size, info.st_mtime_ns, inode=info.st_ino, ctime_ns=info.st_ctime_ns,
                              digest=edge_digest(handle.fileno(), info.st_size))
-            problem = compression_problem(handle.read(8), path)
-            if problem:
-                scan.problems.append(("", problem))
-                return scan
-            handle.seek(0)
-            _read_members(handle, scan, image_extensions)
+            beside = _index_file_text(path + INDEX_SUFFIX)
+            scan_file(handle, lambda length, offset: os.pread(handle.fileno(), length, offset), scan,
+                      image_extensions, path, beside)
     except FileNotFoundError:
         return ShardScan(0, 0, problems=[("", "missing (no such file)")])
     except PermissionError:
@@ -117,17 +125,45 @@ def scan_shard(path: str, image_extensions: tuple[str, ...]) -> ShardScan:
     return scan
 
 
-def _read_members(handle, scan: ShardScan, image_extensions: tuple[str, ...]) -> None:
-    samples: dict[str, ShardSample] = {}
-    labels: dict[str, dict[str, str]] = {}
-    seen: set[str] = set()
+def scan_file(handle, pread: Callable[[int, int], bytes], scan: ShardScan, image_extensions: tuple[str, ...],
+              name: str, beside: bytes | None = None) -> None:
+    """Fill `scan` (its size and digest set) from the index file beside the shard where it is the
+    shard's (`beside`: its text), else from the shard's own headers, read through `handle` (a file
+    object tarfile walks) and `pread(length, offset)`."""
+    problem = compression_problem(pread(8, 0), name)
+    if problem:
+        scan.problems.append(("", problem))
+        return
+    members = read_index_file(beside, scan) if beside is not None else None
+    if members is None:
+        handle.seek(0)
+        members = read_members(handle, pread, scan)
+    group_samples(members, scan, image_extensions)
+
+
+@dataclass
+class Member:
+    """A regular file in a tar shard: where its bytes are, its header's digest, a label member's text."""
+    name: str
+    start: int
+    length: int
+    header: int
+    """reading.header_digest of the member's own 512-byte header block."""
+    text: str | None = None
+    """A possible label member's text (`.cls`, `.txt`, `.json` up to LABEL_BYTES), else None."""
+
+
+def read_members(handle, pread: Callable[[int, int], bytes], scan: ShardScan) -> list[Member]:
+    """Every regular file's Member, from the tar headers (tarfile walks `handle`); what stops the
+    walk is a problem of the scan (not a tar, damaged, truncated), the members before it kept."""
+    members: list[Member] = []
     last = None
     try:
         archive = tarfile.open(fileobj=handle, mode="r:")
     except tarfile.ReadError as error:
         scan.problems.append(("", f"not a tar archive ({error}); a shard is a plain POSIX tar of {{key}}.jpg + "
                                   f"{{key}}.cls members (`fastloader pack` writes them)"))
-        return
+        return members
     while True:
         try:
             info = archive.next()
@@ -145,26 +181,40 @@ def _read_members(handle, scan: ShardScan, image_extensions: tuple[str, ...]) ->
                                              f"bytes before this member does"))
             break
         parts = split_key(info.name)
+        text = None
+        if parts is not None and parts[1] in LABEL_SUFFIXES and info.size <= LABEL_BYTES:
+            text = pread(info.size, info.offset_data).decode("utf-8", "replace")
+        members.append(Member(info.name, info.offset_data, info.size,
+                              header_digest(pread(TAR_BLOCK, info.offset_data - TAR_BLOCK)), text))
+    return members
+
+
+def group_samples(members: list[Member], scan: ShardScan, image_extensions: tuple[str, ...]) -> None:
+    """The members grouped by key into samples (an image and its label) in `scan.samples`; what cannot
+    be one (no extension, a duplicate, a label without an image) in `scan.problems`."""
+    samples: dict[str, ShardSample] = {}
+    labels: dict[str, dict[str, str]] = {}
+    seen: set[str] = set()
+    for member in members:
+        parts = split_key(member.name)
         if parts is None:
-            scan.problems.append((info.name, "not a sample's member: its name has no extension (webdataset "
-                                             "names members {key}.{ext})"))
+            scan.problems.append((member.name, "not a sample's member: its name has no extension (webdataset "
+                                               "names members {key}.{ext})"))
             continue
         key, extension = parts
-        if info.name in seen:
-            scan.problems.append((info.name, "duplicate member: the name appears again in the shard; the first "
-                                             "is kept"))
+        if member.name in seen:
+            scan.problems.append((member.name, "duplicate member: the name appears again in the shard; the first "
+                                               "is kept"))
             continue
-        seen.add(info.name)
+        seen.add(member.name)
         if extension in image_extensions:
             if key in samples:
-                scan.problems.append((info.name, f"duplicate key: {key!r} already has the image "
-                                                 f"{samples[key].member!r}; the first is kept"))
+                scan.problems.append((member.name, f"duplicate key: {key!r} already has the image "
+                                                   f"{samples[key].member!r}; the first is kept"))
             else:
-                block = os.pread(handle.fileno(), TAR_BLOCK, info.offset_data - TAR_BLOCK)
-                samples[key] = ShardSample(key, info.name, info.offset_data, info.size, header=header_digest(block))
-        elif extension in LABEL_SUFFIXES and info.size <= LABEL_BYTES:
-            labels.setdefault(key, {})[extension] = os.pread(handle.fileno(), info.size, info.offset_data).decode(
-                "utf-8", "replace")
+                samples[key] = ShardSample(key, member.name, member.start, member.length, header=member.header)
+        elif member.text is not None:
+            labels.setdefault(key, {})[extension] = member.text
     for key, sample in samples.items():
         found = labels.pop(key, {})
         for kind in LABEL_SUFFIXES:
@@ -175,3 +225,46 @@ def _read_members(handle, scan: ShardScan, image_extensions: tuple[str, ...]) ->
     for key, found in labels.items():
         names = ", ".join(f"{key}.{kind}" for kind in found)
         scan.problems.append((f"{key}.{next(iter(found))}", f"no image member for key {key!r} (only {names})"))
+
+
+INDEX_SUFFIX = ".idx"
+"""The index `fastloader pack` writes beside each shard (`train-000000.tar.idx`): its members, so that
+a loader indexes the shard with one small read instead of a read per member (a request each, remotely)."""
+INDEX_FILE_FORMAT = "fastloader shard index"
+INDEX_FILE_VERSION = 1
+
+
+def index_file_bytes(path: str) -> bytes:
+    """The index file of a complete local shard: its size, edge digest and members, as JSON."""
+    with open(open_regular(path), "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        scan = ShardScan(size, 0, digest=edge_digest(handle.fileno(), size))
+        members = read_members(handle, lambda length, offset: os.pread(handle.fileno(), length, offset), scan)
+    return json.dumps({"format": INDEX_FILE_FORMAT, "version": INDEX_FILE_VERSION, "size": scan.size,
+                       "digest": scan.digest, "problems": scan.problems,
+                       "members": [[m.name, m.start, m.length, m.header, m.text] for m in members]},
+                      separators=(",", ":")).encode("utf-8")
+
+
+def read_index_file(text: bytes, scan: ShardScan) -> list[Member] | None:
+    """The members an index file lists, where it describes this very shard (the same size and first
+    and last bytes as `scan` holds); None where it does not (the shard is then read itself)."""
+    try:
+        data = json.loads(text)
+        if data.get("format") != INDEX_FILE_FORMAT or data.get("version") != INDEX_FILE_VERSION or \
+                data.get("size") != scan.size or data.get("digest") != scan.digest:
+            return None
+        members = [Member(str(name), int(start), int(length), int(header), text)
+                   for name, start, length, header, text in data["members"]]
+        scan.problems += [(str(member), str(reason)) for member, reason in data["problems"]]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return members
+
+
+def _index_file_text(path: str) -> bytes | None:
+    try:
+        with open(open_regular(path), "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None

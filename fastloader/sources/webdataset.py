@@ -14,6 +14,7 @@ the sampler's permutation, exact-once eval, resume and the uint8 cache work on s
 """
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import itertools
@@ -22,6 +23,7 @@ import logging
 import math
 import os
 import re
+import tarfile
 import time
 from array import array
 from typing import Sequence
@@ -36,10 +38,20 @@ from ..paths import cache_home
 from ..progress import Progress
 from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
+from ..units import parse_size
 from ..words import plural
+from . import node_cache, remote
 from .exclude import read_exclude_list
 from .reading import open_regular, stat_stamp
-from .tar_members import ShardSample, ShardScan, edge_digest, scan_shard
+from .tar_members import (
+    INDEX_SUFFIX,
+    ShardSample,
+    ShardScan,
+    edge_digest,
+    edge_digest_of,
+    scan_file,
+    scan_shard,
+)
 
 log = logging.getLogger("fastloader")
 
@@ -147,22 +159,29 @@ def _nested_sizes(pattern: str) -> list[int]:
     return sizes
 
 
-def shard_paths(patterns: Sequence[str], key: str, source: str) -> tuple[list[str], list[tuple[str, str]]]:
-    """(the shards, in the order given, each once; (pattern, reason) of each that names no file)."""
+def shard_paths(patterns: Sequence[str], key: str, source: str,
+                objects: dict[str, remote.ObjectInfo] | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+    """(the shards, in the order given, each once; (pattern, reason) of each that names no file).
+    URLs of an object store are looked up there (a listing per folder, globs too); `objects` gets
+    their sizes and ETags."""
     shards, missing, seen = [], [], set()
+    urls: list[str] = []  # named one by one: looked up together, in parallel, after the patterns
+    objects = {} if objects is None else objects
     for pattern in patterns:
         try:
-            expansions = expand_braces(pattern, MAX_SHARDS - len(shards) - len(missing))
+            expansions = expand_braces(pattern, MAX_SHARDS - len(shards) - len(missing) - len(urls))
         except ValueError as error:
             raise ConfigError(f"{source}: {key}: {error}; a split takes at most {MAX_SHARDS:,} shards. Check the "
                               f"brace range (`train-{{000000..000146}}.tar`)") from None
         for expanded in expansions:
-            if not glob.has_magic(expanded):  # a missing shard is named, never read nor indexed
+            if remote.is_url(expanded):
+                found = _remote_matches(expanded, objects, missing, urls)
+            elif not glob.has_magic(expanded):  # a missing shard is named, never read nor indexed
                 found = [expanded] if os.path.lexists(expanded) else []
                 if not found:
                     missing.append((expanded, "missing (no such file)"))
-            else:
-                found = sorted(glob.glob(expanded))
+            else:  # the index beside each shard (`.idx`) is never a shard itself
+                found = sorted(path for path in glob.glob(expanded) if not path.endswith(INDEX_SUFFIX))
                 if not found:
                     missing.append((expanded, "no file matches this pattern"))
             for path in found:
@@ -173,17 +192,50 @@ def shard_paths(patterns: Sequence[str], key: str, source: str) -> tuple[list[st
                 if path not in seen:
                     seen.add(path)
                     shards.append(path)
+    if urls:
+        named = remote.stat_many(urls)
+        for url, found in named.items():
+            if isinstance(found, remote.ObjectInfo):
+                objects[url] = found
+            elif isinstance(found, FileNotFoundError):
+                missing.append((url, "missing (no such object)"))
+            else:
+                raise found
+        shards = [path for path in shards if not remote.is_url(path) or path in objects]
+    if shards and any(remote.is_url(path) for path in shards) and not all(remote.is_url(path) for path in shards):
+        local = next(path for path in shards if not remote.is_url(path))
+        stored = next(path for path in shards if remote.is_url(path))
+        raise ConfigError(f"{source}: {key}: the split mixes shards in an object store ({stored}) with local ones "
+                          f"({local}); a split reads from one or the other: upload the local shards, or copy the "
+                          f"others to a local disk")
     return shards, missing
+
+
+def _remote_matches(url: str, objects: dict[str, remote.ObjectInfo], missing: list[tuple[str, str]],
+                    urls: list[str]) -> list[str]:
+    """A glob's objects (listed now, into `objects`), or the URL itself, to be looked up with the others."""
+    if not remote.has_magic(url):
+        urls.append(url)
+        return [url]
+    found = [info for info in remote.glob(url) if not info.url.endswith(INDEX_SUFFIX)]
+    if not found:
+        missing.append((url, "no object matches this pattern"))
+    objects.update((info.url, info) for info in found)
+    return [info.url for info in found]
 
 
 def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     """The split's samples from its shards; what cannot be a sample follows dataset.on_bad_image."""
     key, source = f"{split.name}.shards", config.origin(f"{split.name}.shards")
     _check_split_keys(config, split, key, source)
-    shards, missing = shard_paths(split.shards, key, source)
+    stored = any(remote.is_url(pattern) for pattern in split.shards)
+    if stored:
+        _configure_remote(config)
+    objects: dict[str, remote.ObjectInfo] = {}
+    shards, missing = shard_paths(split.shards, key, source, objects)
     if not shards:
         raise ConfigError(f"{source}: {key}: no shard found ({missing[0][0]!r}: {missing[0][1]}); "
-                          f"{_relative_to(config)}")
+                          f"{_relative_to(config) if not stored else _store_hint(missing[0][0])}")
     excluded = _Excluded(config)
     kept = [path for path in shards if not excluded(path)]  # a whole shard in dataset.exclude is not read
     if not kept:
@@ -191,8 +243,13 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
                           f"({config.dataset.exclude}); remove them from the list or from {key}")
     excluded.count += len(shards) - len(kept) + sum(1 for path, _ in missing if excluded(path))
     shards = kept
-    scans = _scans(shards, tuple(e.lower().lstrip(".") for e in config.dataset.extensions))
-    root = os.path.commonpath([os.path.dirname(path) for path in shards])
+    extensions = tuple(e.lower().lstrip(".") for e in config.dataset.extensions)
+    if objects:
+        scans = _scans(shards, extensions, [objects[url] for url in shards])
+        root = remote.common_root(shards)
+    else:
+        scans = _scans(shards, extensions)
+        root = os.path.commonpath([os.path.dirname(path) for path in shards])
     names = config.dataset.classes or _classes_beside(shards)
     builder, ranges, problems = _samples(shards, scans, root, names, excluded)
     problems += [(path, f"shard {reason}") for path, reason in missing if not excluded(path)]
@@ -202,10 +259,12 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
                             f"sample is a {{key}}.jpg member with its {{key}}.cls label")
     classes = names or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
     unusable = refuse(config, problems, noun="shards or members")
-    log.info("indexed %s of split '%s': %s in %s%s%s", plural(len(shards), "shard"), split.name,
-             plural(len(builder), "sample"), plural(len(classes), "class"),
+    log.info("indexed %s of split '%s'%s: %s in %s%s%s", plural(len(shards), "shard"), split.name,
+             f" ({root})" if objects else "", plural(len(builder), "sample"), plural(len(classes), "class"),
              f", {plural(len(unusable), 'member')} left out" if unusable else "",
              f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
+    if objects:
+        _say_what_the_cache_costs(split, [objects[url] for url in shards], len(builder))
     return builder.build(root, classes, excluded=excluded.count, ranges=ranges, unusable=unusable)
 
 
@@ -228,7 +287,7 @@ def _classes_beside(shards: list[str]) -> tuple[str, ...] | None:
         return None
     path = files.pop()
     try:
-        names = read_class_names(path)
+        names = _read_remote_class_names(path) if remote.is_url(path) else read_class_names(path)
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, ValueError) as error:
@@ -238,6 +297,50 @@ def _classes_beside(shards: list[str]) -> tuple[str, ...] | None:
     log.info("class names from %s (beside the shards, as fastloader pack writes them): %s", path,
              ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
     return names
+
+
+def _read_remote_class_names(url: str) -> tuple[str, ...]:
+    """read_class_names of an object (the classes file uploaded beside the shards)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".txt") as copy:
+        copy.write(remote.read_object(url))
+        copy.flush()
+        return read_class_names(copy.name)
+
+
+def _configure_remote(config: Config) -> None:
+    """dataset.remote for this process: the client's settings and the node cache (repaired if a run was killed)."""
+    settings = config.dataset.remote
+    remote.configure(remote.Settings(settings.options, settings.timeout, settings.retries, settings.retry_timeout))
+    limit = parse_size(settings.cache_limit, "dataset.remote.cache_limit") if settings.cache_limit else None
+    node_cache.configure(settings.cache_dir, limit, settings.concurrency)
+
+
+def _store_hint(url: str) -> str:
+    return (f"check the URL, and the store's environment ({remote.kind(url)}:// reads "
+            f"{remote.credentials_words(url)})")
+
+
+def _say_what_the_cache_costs(split: SplitConfig, objects: list[remote.ObjectInfo], samples: int) -> None:
+    """Shards larger than the node cache, read in a shuffled order: each shard is read all through
+    the epoch, so the cache keeps fetching shards it evicted. Say what that costs, and the way out."""
+    cache = node_cache.current()
+    total = sum(info.size for info in objects)
+    if split.shuffle is not True or total <= cache.limit:
+        return
+    per_shard = samples / max(1, len(objects))
+    log.warning("split '%s': its %s (%s) do not fit the node cache (%s), and %s.shuffle: true reads every shard "
+                "all through the epoch: a shard evicted before its last sample is read is fetched again, up to once "
+                "per sample it holds (%.0f on average here: up to %s, %.0fx the data, fetched per epoch). Set "
+                "%s.shuffle: block to fetch each shard once per epoch, or raise dataset.remote.cache_limit above %s",
+                split.name, plural(len(objects), "shard"), _size(total), cache.limit_words, split.name, per_shard,
+                _size(int(total * per_shard)), per_shard, split.name, _size(total))
+
+
+def _size(count: int) -> str:
+    from ..machine import human_bytes
+    return human_bytes(count)
 
 
 def _relative_to(config: Config) -> str:
@@ -269,7 +372,11 @@ class _Excluded:
         self.count = 0
 
     def __call__(self, name: str) -> bool:
-        return bool(self.names) and os.path.normpath(os.path.relpath(name, self.root)) in self.names
+        if not self.names:
+            return False
+        if remote.is_url(name):  # listed by URL, or relative to a dataset.root that is a URL
+            return name in self.names or remote.relative(name, self.root) in self.names
+        return os.path.normpath(os.path.relpath(name, self.root)) in self.names
 
 
 def _samples(shards: list[str], scans: list[ShardScan], root: str, classes: Sequence[str] | None,
@@ -279,7 +386,7 @@ def _samples(shards: list[str], scans: list[ShardScan], root: str, classes: Sequ
     builder, problems = IndexBuilder(), []
     file, start, length, header = array("i"), array("q"), array("q"), array("q")
     for number, (path, scan) in enumerate(zip(shards, scans)):
-        name = os.path.relpath(path, root)
+        name = remote.relative(path, root) if remote.is_url(path) else os.path.relpath(path, root)
         problems += [(f"{path}:{member}" if member else path, reason if member else f"shard {reason}")
                      for member, reason in scan.problems if not excluded(f"{path}:{member}" if member else path)]
         for sample in scan.samples:
@@ -328,20 +435,35 @@ def _label(sample: ShardSample, classes: Sequence[str] | None) -> tuple[int, str
     return list(classes).index(value), None
 
 
-def _scans(shards: list[str], extensions: tuple[str, ...]) -> list[ShardScan]:
-    """Each shard's scan, from the split's cache file where the shard is unchanged, else read now."""
+def _scans(shards: list[str], extensions: tuple[str, ...],
+           objects: list[remote.ObjectInfo] | None = None) -> list[ShardScan]:
+    """Each shard's scan, from the split's cache file where the shard is unchanged, else read now:
+    a local shard in worker processes, a shard in an object store (`objects`: what the store says of
+    each) by ranged requests from threads."""
     cache = cache_home() / "shards" / (hashlib.blake2b("\0".join([*extensions, *shards]).encode(
         "utf-8", "surrogateescape"), digest_size=8).hexdigest() + ".json")
     cached = _read_cache(cache)
-    scans: list[ShardScan | None] = [entry if entry is not None and _unchanged(path, entry) else None
-                                     for path, entry in ((path, cached.get(path)) for path in shards)]
+    if objects is None:
+        scans: list[ShardScan | None] = [entry if entry is not None and _unchanged(path, entry) else None
+                                         for path, entry in ((path, cached.get(path)) for path in shards)]
+    else:  # keyed by (URL, size, ETag)
+        scans = [entry if entry is not None and (entry.size, entry.etag) == (info.size, info.etag) else None
+                 for entry, info in ((cached.get(info.url), info) for info in objects)]
     stale = [path for path, scan in zip(shards, scans) if scan is None]
     if stale:
         started = time.perf_counter()
-        progress = Progress(len(stale), "shards") if len(stale) > IN_PROCESS_UP_TO else None
-        workers = min(available_cores(), len(stale)) if len(stale) > IN_PROCESS_UP_TO else 0
-        read = dict(zip(stale, map_chunks(_scan_chunk, stale, (extensions,), workers=workers, chunk=1, in_flight=2,
-                                          fork=False, on_progress=progress.update if progress else None)))
+        if objects is not None:
+            by_url = {info.url: info for info in objects}
+            progress = Progress(len(stale), "shards") if len(stale) > 1 else None
+            read = dict(zip(stale, remote.in_parallel(functools.partial(_scan_remote, extensions=extensions),
+                                                      [by_url[url] for url in stale],
+                                                      progress.update if progress else None)))
+        else:
+            progress = Progress(len(stale), "shards") if len(stale) > IN_PROCESS_UP_TO else None
+            workers = min(available_cores(), len(stale)) if len(stale) > IN_PROCESS_UP_TO else 0
+            read = dict(zip(stale, map_chunks(_scan_chunk, stale, (extensions,), workers=workers, chunk=1,
+                                              in_flight=2, fork=False,
+                                              on_progress=progress.update if progress else None)))
         if progress:
             progress.finish()
         scans = [scan if scan is not None else read[path] for path, scan in zip(shards, scans)]
@@ -371,6 +493,27 @@ def _scan_chunk(paths: list[str], extensions: tuple[str, ...]) -> list[ShardScan
     return [scan_shard(path, extensions) for path in paths]
 
 
+def _scan_remote(info: remote.ObjectInfo, extensions: tuple[str, ...]) -> ShardScan:
+    """A shard in an object store, scanned without downloading it: the index beside it (`.idx`)
+    where there is one that matches it, else its tar headers, by ranged requests (a few a member)."""
+    scan = ShardScan(info.size, info.mtime_ns, etag=info.etag)
+    reader = remote.RangeFile(info)
+    try:
+        scan.digest = edge_digest_of(reader.pread, info.size)
+        try:
+            beside = remote.read_object(info.url + INDEX_SUFFIX)
+        except FileNotFoundError:
+            beside = None
+        scan_file(reader, reader.pread, scan, extensions, info.url, beside)
+    except FileNotFoundError:
+        return ShardScan(0, 0, problems=[("", "missing (no such object)")])
+    except remote.Changed:
+        return ShardScan(0, 0, problems=[("", "changed while it was indexed (its ETag); index it again")])
+    except tarfile.TarError as error:
+        return ShardScan(0, 0, problems=[("", f"unreadable: {error}")])
+    return scan
+
+
 def _read_cache(cache) -> dict[str, ShardScan]:
     try:
         data = json.loads(cache.read_text())
@@ -378,7 +521,7 @@ def _read_cache(cache) -> dict[str, ShardScan]:
             return {}
         return {path: ShardScan(entry["size"], entry["mtime_ns"], [ShardSample(*row) for row in entry["samples"]],
                                 [tuple(problem) for problem in entry["problems"]], entry["inode"], entry["ctime_ns"],
-                                entry["digest"])
+                                entry["digest"], entry.get("etag", ""))
                 for path, entry in data["shards"].items()}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
@@ -387,7 +530,7 @@ def _read_cache(cache) -> dict[str, ShardScan]:
 def _write_cache(cache, scans: dict[str, ShardScan]) -> None:
     cache.parent.mkdir(parents=True, exist_ok=True)
     shards = {path: {"size": scan.size, "mtime_ns": scan.mtime_ns, "inode": scan.inode, "ctime_ns": scan.ctime_ns,
-                     "digest": scan.digest, "problems": scan.problems,
+                     "digest": scan.digest, "etag": scan.etag, "problems": scan.problems,
                      "samples": [[s.key, s.member, s.start, s.length, s.label_kind, s.label_text, s.header]
                                  for s in scan.samples]}
               for path, scan in scans.items()}

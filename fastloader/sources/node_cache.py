@@ -1,0 +1,598 @@
+"""The node cache: shards of an object store on a local disk, shared by every rank and worker of a
+node, each fetched once, held under a limit.
+
+Layout of `dataset.remote.cache_dir` (default $FASTLOADER_CACHE_DIR/remote):
+
+    <digest>-<size>-<name>                  a complete shard: digest of (URL, ETag, size); only ever
+                                            made by a rename, after its bytes were all written and counted
+    .<entry>.<host>-<pid>-<n>.partial       a download under way, locked (flock) by its writer
+    locks/<0..1023>.lock                    who fetches a shard: one process of the node at a time
+    .account.lock                           held while space is reserved and shards evicted
+
+Why these rules:
+
+- **Fetched once per node.** A reader that misses takes the shard's lock; whoever holds it downloads
+  while the others wait, then find the complete file. Processes of one node, not only threads.
+- **Nothing half-written counts.** A download goes to a `.partial` file, reserved whole first
+  (posix_fallocate: a full disk fails before a byte is fetched, naming cache_dir and the limit), and is
+  renamed when every byte arrived, its size checked and every part fetched on the indexed ETag
+  (If-Match): the object changed since it was indexed fails, named, and is never mixed in.
+- **Evicted least recently used, never while read.** A reader holds a shared flock on the shard
+  while it reads (a few microseconds a member); eviction takes the shard's exclusive flock without
+  waiting and skips it where it cannot, so a shard is removed only between reads. Reads touch the
+  shard's mtime (at most every few seconds), which eviction sorts by. A reader that opened a shard
+  just evicted sees it unlinked (st_nlink 0) and fetches it again.
+- **Repaired at start.** The partials of a killed run are not locked by anyone: removed, with any
+  complete-looking shard whose size is not its name's, when a process first opens the cache.
+
+obstore cannot run in a forked process (remote.py): a forked reader (a DataLoader worker) asks the
+process that configured the cache, over a Unix socket, to fetch a shard, then reads the file itself.
+That process also counts what every reader waited and what was fetched (`counters`), and runs the
+fetch-ahead (`Plan`): the shards an epoch will read, in the order it reads them, downloaded by
+`dataset.remote.concurrency` threads while the limit holds them besides those still to be read.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import itertools
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, StoreError
+from ..paths import remote_cache_folder
+from . import remote
+from .reading import ContainerChanged, Identity, Location
+
+log = logging.getLogger("fastloader")
+
+LOCK_SLOTS = 1024
+"""Fetch locks (shards hash to one each): a bounded number of lock files, whatever the shard count."""
+EVICTED_RETRIES = 8
+"""Times a reader fetches a shard that is evicted again before it could read it, before it gives up."""
+TOUCH_EVERY_S = 2.0
+"""A shard's mtime (its recency for eviction) is set at most this often by one process."""
+FREE_SHARE = 0.9
+"""Without dataset.remote.cache_limit: this share of the free space of cache_dir's disk at start."""
+_ENTRY = re.compile(r"^[0-9a-f]{16}-(\d+)-")
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+@dataclass
+class Counters:
+    """What the node cache of this process did, its forked readers' requests included."""
+    fetched_bytes: int = 0
+    fetched_shards: int = 0
+    wait_s: float = 0.0
+    """Time readers waited for shards to arrive (summed over readers)."""
+    evicted: int = 0
+
+    def since(self, before: "Counters") -> "Counters":
+        return Counters(self.fetched_bytes - before.fetched_bytes, self.fetched_shards - before.fetched_shards,
+                        self.wait_s - before.wait_s, self.evicted - before.evicted)
+
+
+def info_of(location: Location) -> remote.ObjectInfo:
+    """The object a Location's shard is, as indexed (size, ETag), or as the store says now."""
+    identity = location.identity
+    if identity is None or not identity.etag:
+        return remote.stat(location.file)
+    return remote.ObjectInfo(location.file, identity.size, identity.etag, identity.mtime_ns)
+
+
+class NodeCache:
+    def __init__(self, folder: str | os.PathLike, limit: int | None, concurrency: int):
+        self.folder = Path(folder)
+        self.concurrency = concurrency
+        self.owner = os.getpid()
+        self.counters = Counters()
+        self.protected: dict[str, int] = {}
+        """Entry -> how many plans of this process still need it: evicted last."""
+        self.lock = threading.Lock()
+        self._touched: dict[str, float] = {}
+        self._partials = itertools.count()
+        try:
+            (self.folder / "locks").mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(f"dataset.remote.cache_dir: {self.folder} cannot be made ({error.strerror}); set "
+                              f"dataset.remote.cache_dir to a folder on a local disk") from None
+        self.limit = limit if limit is not None else self._default_limit()
+        self.limit_words = (f"dataset.remote.cache_limit: {_size(self.limit)}" if limit is not None else
+                            f"{_size(self.limit)}, {FREE_SHARE:.0%} of the space free on its disk at start "
+                            f"(dataset.remote.cache_limit sets it)")
+        self.repair()
+
+    def _default_limit(self) -> int:
+        held = sum(size for _, size, _ in self._entries())
+        return int((shutil.disk_usage(self.folder).free + held) * FREE_SHARE)
+
+    # -- names -----------------------------------------------------------------------------------
+
+    def entry(self, info: remote.ObjectInfo) -> Path:
+        digest = hashlib.blake2b(f"{info.url}\0{info.etag}\0{info.size}".encode("utf-8", "surrogateescape"),
+                                 digest_size=8).hexdigest()
+        name = re.sub(r"[^\w.-]", "_", info.url.rsplit("/", 1)[-1])[-80:]
+        return self.folder / f"{digest}-{info.size}-{name}"
+
+    def _entries(self) -> list[tuple[float, int, Path]]:
+        """(mtime, size, path) of the complete shards; partials count in `_partial_bytes`."""
+        found = []
+        with os.scandir(self.folder) as listing:
+            for item in listing:
+                if _ENTRY.match(item.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        status = item.stat()
+                        found.append((status.st_mtime, status.st_size, Path(item.path)))
+        return found
+
+    def _partial_bytes(self) -> int:
+        total = 0
+        with os.scandir(self.folder) as listing:
+            for item in listing:
+                if item.name.endswith(".partial"):
+                    with contextlib.suppress(FileNotFoundError):
+                        total += item.stat().st_size
+        return total
+
+    @contextlib.contextmanager
+    def _locked(self, path: Path, shared: bool = False) -> Iterator[None]:
+        with open(path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            yield
+
+    def _slot(self, entry: Path) -> Path:
+        number = int(entry.name[:8], 16) % LOCK_SLOTS
+        return self.folder / "locks" / f"{number}.lock"
+
+    # -- repair and eviction -----------------------------------------------------------------------
+
+    def repair(self) -> None:
+        """Remove what a killed run left: partial downloads nobody writes, complete-looking shards of
+        the wrong size; then evict down to the limit (it may have been lowered)."""
+        removed = []
+        with self._locked(self.folder / ".account.lock"):
+            with os.scandir(self.folder) as listing:
+                items = list(listing)
+            for item in items:
+                if item.name.endswith(".partial") and _remove_unread(item.path):  # its writer is gone
+                    removed.append(item.name)
+                elif _ENTRY.match(item.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        if item.stat().st_size != int(_ENTRY.match(item.name).group(1)) and \
+                                _remove_unread(item.path):
+                            removed.append(item.name)
+            self._evict(0)
+        if removed:
+            log.info("node cache %s: removed %s a killed run left (%s)", self.folder,
+                     _count(len(removed), "unfinished download"), ", ".join(removed[:3]) +
+                     (" ..." if len(removed) > 3 else ""))
+
+    def _evict(self, needed: int) -> bool:
+        """Under the account lock: remove the least recently used shards nobody reads until `needed`
+        more bytes fit the limit (those this process's plans still need, last); whether they fit."""
+        entries = sorted(self._entries())
+        used = sum(size for _, size, _ in entries) + self._partial_bytes()
+        for protect in (True, False):
+            for _, size, path in entries:
+                if used + needed <= self.limit:
+                    return True
+                if (protect and path.name in self.protected) or not path.exists():
+                    continue
+                if _remove_unread(path):
+                    used -= size
+                    with self.lock:
+                        self.counters.evicted += 1
+        return used + needed <= self.limit
+
+    # -- fetching --------------------------------------------------------------------------------
+
+    def ensure(self, info: remote.ObjectInfo, reader: bool) -> None:
+        """Make the shard's complete copy exist here, fetching it unless another thread or process of
+        the node is (then wait for it). `reader`: a reader waits for it, which counts as network wait."""
+        started = time.monotonic()
+        entry = self.entry(info)
+        try:
+            if entry.exists():
+                return
+            with self._locked(self._slot(entry)):
+                if not entry.exists():
+                    self._fetch(info, entry)
+        finally:
+            if reader:
+                with self.lock:
+                    self.counters.wait_s += time.monotonic() - started
+
+    def _fetch(self, info: remote.ObjectInfo, entry: Path) -> None:
+        partial = self.folder / f".{entry.name}.{socket.gethostname()}-{os.getpid()}-{next(self._partials)}.partial"
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # alive: repair leaves it
+            self._reserve(info, fd)
+            fetched = [0]
+
+            def count(done: int) -> None:
+                fetched[0] += done
+                with self.lock:
+                    self.counters.fetched_bytes += done
+            try:
+                remote.download(info, fd, count)
+            except remote.Changed:
+                raise ContainerChanged(errno.ESTALE, f"the shard {info.url} changed since it was indexed (its ETag is "
+                                                     f"no longer {info.etag}); its members are refused until a new "
+                                                     f"loader indexes it again", info.url) from None
+            except ConfigError as error:  # credentials refused mid-run: not the sample's fault
+                raise StoreError(str(error)) from None
+            except OSError as error:
+                if error.errno in _NO_SPACE:
+                    raise self._full(info, error) from None
+                raise
+            if fetched[0] != info.size or os.fstat(fd).st_size != info.size:
+                raise StoreError(f"{info.url}: fetched {fetched[0]} bytes, the store said {info.size}")
+            os.rename(partial, entry)
+            with self.lock:
+                self.counters.fetched_shards += 1
+        except BaseException:
+            _unlink(partial)
+            raise
+        finally:
+            os.close(fd)
+
+    def _reserve(self, info: remote.ObjectInfo, fd: int) -> None:
+        """Room for the shard within the limit (evicting), then its bytes allocated on the disk, under
+        the account lock, so that processes fetching at once never pass the limit together."""
+        if info.size > self.limit:
+            raise StoreError(f"{info.url} ({_size(info.size)}) is larger than the node cache's limit, "
+                             f"{self.limit_words}; raise dataset.remote.cache_limit")
+        deadline = time.monotonic() + remote.settings().retry_timeout
+        while True:
+            with self._locked(self.folder / ".account.lock"):
+                if self._evict(info.size):
+                    try:
+                        _allocate(fd, info.size)
+                    except OSError as error:
+                        if error.errno in _NO_SPACE:
+                            raise self._full(info, error) from None
+                        raise
+                    return
+            if time.monotonic() > deadline:
+                raise StoreError(f"the node cache {self.folder} cannot make room for {info.url} ({_size(info.size)}) "
+                                 f"within {self.limit_words}: the shards in it are all being read or fetched. "
+                                 f"Raise dataset.remote.cache_limit, or lower dataset.remote.concurrency")
+            time.sleep(0.05)
+
+    def _full(self, info: remote.ObjectInfo, error: OSError) -> StoreError:
+        free = shutil.disk_usage(self.folder).free
+        return StoreError(f"the disk of the node cache {self.folder} is full ({error.strerror}): {_size(free)} free, "
+                          f"and {info.url} needs {_size(info.size)}; its limit is {self.limit_words}. Free space "
+                          f"there, set dataset.remote.cache_dir to a larger disk, or lower dataset.remote.cache_limit "
+                          f"below the space the disk has; nothing half-written was kept")
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def opened(self, location: Location) -> Iterator[int]:
+        """A descriptor of the shard's complete local copy, under a shared lock (no eviction while
+        the body reads), fetched first where it is missing."""
+        info = info_of(location)
+        entry = self.entry(info)
+        for _ in range(EVICTED_RETRIES):
+            try:
+                fd = os.open(entry, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                self._arrive(info)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                if os.fstat(fd).st_nlink == 0:  # evicted between the open and the lock
+                    continue
+                self._touch(fd, entry)
+                yield fd
+                return
+            finally:
+                os.close(fd)
+        raise StoreError(f"{info.url} was evicted from the node cache {self.folder} {EVICTED_RETRIES} times before it "
+                         f"could be read: {self.limit_words} is too small for the shards read at once; raise "
+                         f"dataset.remote.cache_limit")
+
+    def _touch(self, fd: int, entry: Path) -> None:
+        now = time.monotonic()
+        if now - self._touched.get(entry.name, -TOUCH_EVERY_S) >= TOUCH_EVERY_S:
+            self._touched[entry.name] = now
+            with contextlib.suppress(OSError):
+                os.utime(fd)
+
+    def _arrive(self, info: remote.ObjectInfo) -> None:
+        """Have the shard fetched: here, or, in a forked reader, by the process that owns the client."""
+        if os.getpid() == self.owner:
+            self.ensure(info, reader=True)
+        else:
+            _client().fetch(info)
+
+
+def _remove_unread(path: str | Path) -> bool:
+    """Unlink a file nobody reads or writes now (its exclusive lock taken without waiting); whether it went."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    try:
+        _unlink(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _unlink(path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _allocate(fd: int, size: int) -> None:
+    """The file's bytes reserved on the disk (a full disk fails here, before a byte is fetched)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)  # a file system without fallocate: a full disk is found while writing
+
+
+def _size(count: int) -> str:
+    from ..machine import human_bytes
+    return human_bytes(count)
+
+
+def _count(count: int, noun: str) -> str:
+    from ..words import plural
+    return plural(count, noun)
+
+
+# -- forked readers ask the owner ----------------------------------------------------------------------
+
+
+class _Service:
+    """In the process that owns the client: fetches what forked readers ask for, one thread each."""
+
+    def __init__(self, cache: NodeCache):
+        from multiprocessing.connection import Listener
+
+        self.cache, self.key = cache, os.urandom(16)
+        self.listener = Listener(family="AF_UNIX", authkey=self.key)
+        self.address = self.listener.address
+        threading.Thread(target=self._accept, name="fastloader-node-cache", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection = self.listener.accept()
+            except Exception:  # noqa: BLE001 - a client that failed authentication: the next one
+                time.sleep(0.01)
+                continue
+            threading.Thread(target=self._serve, args=(connection,), name="fastloader-node-cache-reader",
+                             daemon=True).start()
+
+    def _serve(self, connection) -> None:
+        with connection:
+            while True:
+                try:
+                    info = remote.ObjectInfo(*connection.recv())
+                except (EOFError, OSError):
+                    return
+                try:
+                    self.cache.ensure(info, reader=True)
+                    answer = ("ok", "")
+                except ContainerChanged as error:
+                    answer = ("changed", str(error))
+                except FileNotFoundError as error:
+                    answer = ("missing", str(error.strerror))
+                except Exception as error:  # noqa: BLE001 - the reader raises it, named
+                    answer = ("store", str(error))
+                try:
+                    connection.send(answer)
+                except OSError:
+                    return
+
+
+class _Client:
+    def __init__(self, address, key: bytes):
+        from multiprocessing.connection import Client
+
+        self.connection = Client(address, family="AF_UNIX", authkey=key)
+
+    def fetch(self, info: remote.ObjectInfo) -> None:
+        try:
+            self.connection.send(tuple(info))
+            kind, message = self.connection.recv()
+        except (EOFError, OSError) as error:
+            raise StoreError(f"{info.url}: the process that fetches shards for this one (pid {_state.cache.owner}) "
+                             f"no longer answers ({error or type(error).__name__})") from None
+        if kind == "changed":
+            raise ContainerChanged(errno.ESTALE, message, info.url)
+        if kind == "missing":
+            raise FileNotFoundError(errno.ENOENT, message, info.url)
+        if kind != "ok":
+            raise StoreError(message)
+
+
+class _State:
+    cache: NodeCache | None = None
+    service: _Service | None = None
+    address = None
+    key = b""
+    client: _Client | None = None
+    client_pid = 0
+    lock = threading.Lock()
+
+
+_state = _State()
+
+
+def _forked() -> None:
+    _state.lock = threading.Lock()
+    _state.client = None
+    if _state.cache is not None:
+        _state.cache.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _client() -> _Client:
+    if _state.client is None or _state.client_pid != os.getpid():
+        if _state.address is None:
+            raise StoreError("a forked reader has no process to fetch shards for it: build the loader in the "
+                             "process that forks the readers")
+        _state.client, _state.client_pid = _Client(_state.address, _state.key), os.getpid()
+    return _state.client
+
+
+def configure(cache_dir: str | None, limit: int | None, concurrency: int) -> NodeCache:
+    """Use this node cache from now on in this process (and the readers it forks); repaired when opened."""
+    folder = Path(cache_dir) if cache_dir else remote_cache_folder()
+    with _state.lock:
+        cache = _state.cache
+        if cache is None or cache.folder != folder or cache.owner != os.getpid() or \
+                (limit is not None and cache.limit != limit):
+            cache = NodeCache(folder, limit, concurrency)
+            _state.cache = cache
+            if _state.service is None or _state.service.cache.owner != os.getpid():
+                _state.service = _Service(cache)
+            _state.service.cache = cache
+            _state.address, _state.key = _state.service.address, _state.service.key
+        cache.concurrency = concurrency
+        return cache
+
+
+def current() -> NodeCache:
+    """This process's node cache: as configured, else the default one (where it has none yet)."""
+    if _state.cache is None:
+        return configure(None, None, 8)
+    return _state.cache
+
+
+def counters() -> Counters:
+    cache = _state.cache
+    if cache is None:
+        return Counters()
+    with cache.lock:
+        return Counters(**vars(cache.counters))
+
+
+# -- fetching ahead ------------------------------------------------------------------------------------
+
+
+class Plan:
+    """The shards one epoch of one loader will read, fetched ahead in the order of their first read
+    by `concurrency` threads: a shard starts downloading once it fits the limit besides the shards
+    fetched before it that are still to be read (a shard is read until its last sample's position);
+    those stay protected from this process's evictions. The trainer's position (`reached`) frees them.
+    The first shard goes first: the first batch waits for its own shard, not for the others."""
+
+    def __init__(self, cache: NodeCache, infos: list[remote.ObjectInfo], last: np.ndarray, label: str):
+        self.cache, self.infos, self.last = cache, infos, last.tolist()
+        self.position = 0
+        self.next = 0
+        self.held: dict[int, int] = {}  # container (in first-read order) -> its size, while it is still to be read
+        self.cancelled = False
+        self.condition = threading.Condition()
+        self.failures: list[str] = []
+        present = sum(cache.entry(info).exists() for info in infos)
+        total = sum(info.size for info in infos)
+        log.log(logging.INFO if present < len(infos) else logging.DEBUG,  # quiet once all are here
+                "%s: %s (%s) to read from %s, %d already in the node cache %s (limit %s); fetching ahead, %d at "
+                "a time", label, _count(len(infos), "shard"), _size(total), remote.common_root([i.url for i in infos]),
+                present, cache.folder, _size(cache.limit), cache.concurrency)
+        self.threads = [threading.Thread(target=self._work, name=f"fastloader-fetch-{i}", daemon=True)
+                        for i in range(min(cache.concurrency, len(infos)))]
+        for thread in self.threads:
+            thread.start()
+
+    def reached(self, position: int) -> None:
+        """The trainer has consumed this many of the epoch's samples on this rank."""
+        with self.condition:
+            self.position = position
+            done = [c for c in self.held if self.last[c] < position]
+            if done:
+                for c in done:
+                    self._release(c)
+                self.condition.notify_all()
+
+    def _release(self, container: int) -> None:
+        self.held.pop(container, None)
+        name = self.cache.entry(self.infos[container]).name
+        with self.cache.lock:
+            count = self.cache.protected.get(name, 0) - 1
+            if count > 0:
+                self.cache.protected[name] = count
+            else:
+                self.cache.protected.pop(name, None)
+
+    def _take(self) -> int | None:
+        with self.condition:
+            while True:
+                if self.cancelled or self.next >= len(self.infos):
+                    return None
+                container = self.next
+                size = self.infos[container].size
+                if self.last[container] < self.position:  # read already (on demand)
+                    self.next += 1
+                    continue
+                if not self.held or sum(self.held.values()) + size <= self.cache.limit:
+                    self.next += 1
+                    self.held[container] = size
+                    name = self.cache.entry(self.infos[container]).name
+                    with self.cache.lock:
+                        self.cache.protected[name] = self.cache.protected.get(name, 0) + 1
+                    return container
+                self.condition.wait(1.0)
+
+    def _work(self) -> None:
+        while True:
+            container = self._take()
+            if container is None:
+                return
+            try:
+                self.cache.ensure(self.infos[container], reader=False)
+            except Exception as error:  # noqa: BLE001 - the reader that needs it meets it, named
+                self.failures.append(str(error))
+                log.debug("fetching %s ahead failed: %s", self.infos[container].url, error)
+
+    def cancel(self) -> None:
+        with self.condition:
+            self.cancelled = True
+            for container in list(self.held):
+                self._release(container)
+            self.condition.notify_all()
+
+
+def plan(files: Sequence[str], identities: Sequence[Identity] | None, sequence: np.ndarray,
+         label: str) -> Plan | None:
+    """A Plan for reading files[sequence[0]], files[sequence[1]] ... (one entry per sample, in the
+    order this rank reads them); None when nothing is to be read."""
+    if not len(sequence):
+        return None
+    order, first = np.unique(sequence, return_index=True)
+    last = len(sequence) - 1 - np.unique(sequence[::-1], return_index=True)[1]
+    by_first = np.argsort(first, kind="stable")
+    infos = []
+    for container in order[by_first].tolist():
+        identity = identities[container] if identities is not None else None
+        infos.append(info_of(Location(files[container], files[container], 0, 0, 0, identity)))
+    return Plan(current(), infos, last[by_first], label)

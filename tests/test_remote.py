@@ -1,0 +1,315 @@
+"""Shards in an object store (dataset.format: webdataset, `s3://` shards) against a real S3 server
+(tests/objectstore.py: moto in its own process, behind a proxy), on both backends, on the CPU: the same
+samples, labels, order and pixels as the same shards on local disk; resume and exact-once eval; the
+odd-shard corpus; the index without downloading; the node cache shared, bounded and repaired.
+Faults (the store going away, changed objects, refused credentials, a full disk): test_remote_faults.py."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, base_config, everything, write_numbered_dataset
+from remotefiles import bucket_for, cached_bytes, packed, remote_config, uploaded
+from shardfiles import resumes_and_evaluates_once, write_bad_corpus
+
+from fastloader import build_loader
+from fastloader.config import load_config
+from fastloader.sources import node_cache
+from fastloader.sources.pack import pack_index
+from fastloader.sources.tar_members import scan_shard
+from fastloader.sources.webdataset import index_split
+
+BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("nvidia.dali"), reason="NVIDIA DALI is not installed"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shards_in_s3_give_the_local_shards_samples_labels_order_and_pixels(tmp_path, object_store, request,
+                                                                             backend, caplog):
+    """The same shards on local disk and in the store (a brace range and a glob), under the same
+    shuffle: every train batch of two epochs and every val batch equal, pixel for pixel (CPU); the
+    first epoch fetched each shard once, the second none (the node cache)."""
+    folder = packed(tmp_path, per_class=5, per_shard=4, textured=True)
+    url = uploaded(object_store, bucket_for(request), folder)
+    local = {"train": str(folder / "train-*.tar"), "val": str(folder / "val-*.tar")}
+    stored = {"train": f"{url}/train-{{000000..000003}}.tar", "val": f"{url}/val-*.tar"}
+    sections = dict(backend=backend, workers={"num_workers": 2})
+    caplog.set_level(logging.INFO, logger="fastloader")
+    for split in ("train", "val"):
+        on_disk = build_loader(remote_config(tmp_path, local, **sections), split)
+        in_store = build_loader(remote_config(tmp_path, stored, **sections), split)
+        assert len(in_store) == len(on_disk) and in_store.classes == on_disk.classes
+        for epoch in range(2 if split == "train" else 1):
+            disk_labels, disk_images = everything(on_disk)
+            store_labels, store_images = everything(in_store)
+            assert store_labels == disk_labels, (split, epoch)
+            for ours, theirs in zip(store_images, disk_images, strict=True):
+                assert torch.equal(ours, theirs)
+            fetched = in_store.stats.fetched_shards
+            assert fetched == (4 if epoch == 0 else 0), (split, epoch, fetched)
+    assert in_store.index.path(0).startswith(f"{url}/val-000000.tar:")
+    assert "fetched 4 shards" in caplog.text and "to read from s3://" in caplog.text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_store_loader_resumes_mid_epoch_and_evaluates_each_sample_once_over_three_ranks(
+        tmp_path, object_store, request, backend):
+    folder = packed(tmp_path, per_class=6, per_shard=5)
+    url = uploaded(object_store, bucket_for(request), folder)
+    resumes_and_evaluates_once(remote_config(tmp_path, {"train": f"{url}/train-*.tar", "val": f"{url}/val-*.tar"},
+                                             backend=backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_odd_shard_corpus_in_the_store_is_named_and_skipped_as_on_disk(tmp_path, object_store, request,
+                                                                           backend):
+    """tests/shardfiles.py's bad shards, uploaded: the same samples delivered and the same members and
+    shards named as from local disk. Without screening (it would download every shard at build), the
+    member that is no image is found where it is decoded, in the epoch, not at build."""
+    patterns, bad, good = write_bad_corpus(tmp_path / "corpus")
+    url = uploaded(object_store, bucket_for(request), tmp_path / "corpus", "corpus")
+    stored = [f"{url}/{os.path.basename(pattern)}" for pattern in patterns]
+    config = remote_config(tmp_path, {"val": stored}, backend=backend, workers={"num_workers": 2},
+                           val={"batch_size": 5})
+    loader = build_loader(config, "val")
+    labels, images = everything(loader)
+    assert len(labels) == good and sorted(set(labels)) == [0, 1]
+    assert all(image.shape[1:] == (3, 32, 32) for image in images)
+    reasons = dict(loader.bad_samples)
+    expected = {name.replace(str(tmp_path / "corpus"), url): word for name, word in bad.items()}
+    assert set(reasons) == set(expected), sorted(reasons)
+    for name, word in expected.items():
+        if not name.endswith("page.jpg"):  # found by the decoder: its own words
+            assert word in reasons[name], (name, reasons[name])
+    assert "no such object" in reasons[f"{url}/j-missing.tar"]
+
+
+def test_an_index_beside_each_shard_is_written_by_pack_and_read_instead_of_the_headers(tmp_path):
+    """`fastloader pack` writes `shard.tar.idx`; a scan through it equals the scan of the headers, and
+    an index that is not the shard's (repacked since) is ignored, the headers read instead."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=4, splits=("val",))
+    config = load_config(base_config(root))
+    packed = pack_index(config, index_split_of(config, "val"), str(tmp_path / "wds"), "val", max_count=5)
+    extensions = ("png", "jpg")
+    for shard in packed.shards:
+        assert os.path.exists(shard + ".idx")
+        from_index = scan_shard(shard, extensions)
+        os.rename(shard + ".idx", shard + ".moved")
+        from_headers = scan_shard(shard, extensions)
+        os.rename(shard + ".moved", shard + ".idx")
+        assert from_index == from_headers
+    stale = json.loads(Path(packed.shards[0] + ".idx").read_text())
+    stale["members"] = stale["members"][:1]  # a shorter index, of an older shard of the same name
+    stale["digest"] = "0" * 16
+    Path(packed.shards[0] + ".idx").write_text(json.dumps(stale))
+    assert len(scan_shard(packed.shards[0], extensions).samples) == 5
+
+
+def index_split_of(config, split: str):
+    from fastloader.sources.formats import build_index
+    return build_index(config, config.split(split))
+
+
+@pytest.mark.timeout(240)
+def test_a_thousand_shards_in_the_store_index_in_seconds_with_their_index_files(tmp_path, object_store, request,
+                                                                                caplog):
+    """1,000 packed shards of one sample: indexed through the `.idx` beside each (a listing, one small
+    read and the first and last bytes per shard, in parallel) in seconds; then from the local index
+    cache, keyed by (URL, size, ETag), without reading a shard."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=334, splits=("val",))
+    config = load_config(base_config(root))
+    packed = pack_index(config, index_split_of(config, "val"), str(tmp_path / "wds"), "val", max_count=1,
+                        shuffle_seed=None)
+    assert len(packed.shards) == 1002
+    url = uploaded(object_store, bucket_for(request), tmp_path / "wds")
+    stored = load_config(remote_config(tmp_path, {"val": f"{url}/val-*.tar"}))
+    caplog.set_level(logging.INFO, logger="fastloader")
+    requests = object_store.proxy.requests
+    started = time.perf_counter()
+    index = index_split(stored, stored.split("val"))
+    seconds = time.perf_counter() - started
+    assert len(index) == 1002 and len(index.ranges.files) == 1002
+    assert sorted(index.labels.tolist()) == sorted(index_split_of(config, "val").labels.tolist())
+    assert seconds < 30, seconds
+    assert object_store.proxy.requests - requests < 4 * 1002  # not a read per member
+    print(f"1,002 shards in the store indexed in {seconds:.1f} s")
+    started, requests = time.perf_counter(), object_store.proxy.requests
+    named = load_config(remote_config(tmp_path, {"val": f"{url}/val-{{000000..001001}}.tar"}))  # the same shards
+    assert len(index_split(named, named.split("val"))) == 1002
+    assert object_store.proxy.requests - requests < 10  # a listing (two pages): nothing read again
+    assert time.perf_counter() - started < 5
+
+
+def test_two_processes_share_one_node_cache_and_fetch_each_shard_once(tmp_path, object_store, request):
+    """Two processes (two ranks of a node) read the same shards at once through one cache_dir: each
+    shard is downloaded once in all (the processes count what they fetched), both read every sample."""
+    folder = packed(tmp_path, per_class=6, per_shard=3)
+    url = uploaded(object_store, bucket_for(request), folder)
+    config = tmp_path / "remote.yaml"
+    config.write_text(json.dumps(remote_config(tmp_path, {"val": f"{url}/val-*.tar"})))
+    object_store.proxy.latency = 0.05  # both processes reach the shards while the other is fetching them
+    script = ("import json, sys; from fastloader import build_loader; from fastloader.sources import reading\n"
+              "loader = build_loader(sys.argv[1], 'val')\n"
+              "labels = sorted(l for _, ls in loader for l in ls.tolist())\n"
+              "print(json.dumps([labels, reading.fetch_counters().fetched_shards]))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    processes = [subprocess.Popen([sys.executable, "-c", script, str(config)], cwd=REPO, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=180)
+        assert process.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0][0] == results[1][0] and len(results[0][0]) == 18
+    shards = len(list(folder.glob("val-*.tar")))
+    assert results[0][1] + results[1][1] == shards, results
+    assert len([p for p in (tmp_path / "node").iterdir() if p.name.endswith(".tar")]) == shards
+
+
+def test_a_cache_of_a_quarter_of_the_data_with_shuffle_true_reads_every_sample_once_and_says_what_it_costs(
+        tmp_path, object_store, request, caplog):
+    """shuffle: true reads every shard all through the epoch: with a cache of a quarter of the data,
+    the epoch still delivers each sample exactly once, the cache never holds more than its limit, the
+    shards are fetched many times (counted), and the loader said so and pointed to shuffle: block."""
+    folder = packed(tmp_path, per_class=8, per_shard=3)
+    url = uploaded(object_store, bucket_for(request), folder)
+    data = sum(p.stat().st_size for p in folder.glob("train-*.tar"))
+    limit = data // 4
+    config = remote_config(tmp_path, {"train": f"{url}/train-*.tar"}, workers={"num_workers": 2},
+                           train={"drop_last": False, "batch_size": 3},
+                           dataset={"remote": {"cache_limit": f"{limit}B", "concurrency": 2}})
+    caplog.set_level(logging.INFO, logger="fastloader")
+    loader = build_loader(config, "train")
+    assert "shuffle: block" in caplog.text and "do not fit the node cache" in caplog.text
+    held = []
+    labels = []
+    for _, batch in loader:
+        labels += batch.tolist()
+        held.append(cached_bytes(tmp_path / "node"))
+    assert sorted(labels) == sorted(loader.index.labels.tolist())  # every sample once
+    assert max(held) <= limit, (held, limit)
+    fetched = loader.stats.fetched_bytes
+    print(f"cache of a quarter: {fetched / data:.2f} x the data fetched in one epoch ({loader.stats.fetched_shards} "
+          f"shard fetches of {len(loader.index.ranges.files)} shards)")
+    assert fetched > 1.5 * data and "fetched" in loader.stats.summary()
+
+
+def test_a_fetch_killed_midway_leaves_nothing_that_counts_and_the_next_run_repairs_the_cache(
+        tmp_path, object_store, request, caplog):
+    """A process killed (SIGKILL) while it downloads a shard leaves a `.partial` file, never a shard:
+    the next process to open the cache removes it, and reads every sample."""
+    folder = packed(tmp_path, per_class=4, per_shard=6)
+    url = uploaded(object_store, bucket_for(request), folder)
+    config = tmp_path / "remote.yaml"
+    config.write_text(json.dumps(remote_config(tmp_path, {"val": f"{url}/val-*.tar"})))
+    script = ("import sys; from fastloader import build_loader\n"
+              "loader = build_loader(sys.argv[1], 'val')\n"
+              "print('built', flush=True)\n"
+              "for _ in loader: pass\n")
+    process = subprocess.Popen([sys.executable, "-c", script, str(config)], cwd=REPO,
+                               env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "built"
+    object_store.proxy.latency = 5.0  # from now on each request waits: the fetches are under way for seconds
+    node = tmp_path / "node"
+    deadline = time.monotonic() + 30
+    while not any(p.name.endswith(".partial") for p in node.iterdir()):
+        assert time.monotonic() < deadline, "no download started"
+        time.sleep(0.05)
+    process.kill()
+    process.wait(timeout=30)
+    object_store.proxy.latency = 0.0
+    assert any(p.name.endswith(".partial") for p in node.iterdir())
+    assert not any(p.name.endswith(".tar") for p in node.iterdir())  # nothing that counts as complete
+    caplog.set_level(logging.INFO, logger="fastloader")
+    loader = build_loader(json.loads(config.read_text()), "val")
+    assert "unfinished download" in caplog.text and "a killed run left" in caplog.text
+    assert not any(p.name.endswith(".partial") for p in node.iterdir())
+    assert sorted(label for _, labels in loader for label in labels.tolist()) == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_a_shard_of_the_wrong_size_in_the_cache_is_removed_and_fetched_again(tmp_path, object_store, request):
+    """A complete-looking shard whose size is not the one its name says (a disk error, a hand edit)
+    is removed when the cache is opened, never read."""
+    folder = packed(tmp_path, per_class=2, per_shard=6)
+    url = uploaded(object_store, bucket_for(request), folder)
+    config = remote_config(tmp_path, {"val": f"{url}/val-*.tar"})
+    assert len([label for _, labels in build_loader(config, "val") for label in labels.tolist()]) == 6
+    entry = next(p for p in (tmp_path / "node").iterdir() if p.name.endswith(".tar"))
+    entry.write_bytes(entry.read_bytes()[:1000])
+    node_cache.configure(str(tmp_path / "elsewhere"), None, 2)  # the next build opens the cache anew
+    loader = build_loader(config, "val")
+    assert len([label for _, labels in loader for label in labels.tolist()]) == 6
+    assert loader.stats.fetched_shards == 1 and entry.stat().st_size > 1000
+
+
+def test_shard_patterns_in_a_store_name_what_they_lack(tmp_path, object_store, request):
+    """dataset.root as a URL takes relative shards; a glob that matches nothing, a local shard mixed in,
+    and a folder format on a URL are refused at build, named."""
+    from fastloader.errors import ConfigError
+
+    folder = packed(tmp_path, per_class=2, per_shard=6)
+    url = uploaded(object_store, bucket_for(request), folder)
+    config = remote_config(tmp_path, {"val": "val-*.tar"}, dataset={"root": url})
+    assert len(build_loader(config, "val").index) == 6
+    with pytest.raises(ConfigError, match=r"no shard found \('s3://.*/nothing-\*\.tar': no object matches"):
+        build_loader(remote_config(tmp_path, {"val": f"{url}/nothing-*.tar"}), "val")
+    with pytest.raises(ConfigError, match=r"mixes shards in an object store .* with local ones"):
+        build_loader(remote_config(tmp_path, {"val": [f"{url}/val-*.tar", str(folder / "val-000000.tar")]}), "val")
+    with pytest.raises(ConfigError, match=r"dataset\.root: .* set dataset\.format: webdataset"):
+        build_loader({"dataset": {"root": url}, "val": {}}, "val")
+
+
+def test_an_https_url_reads_the_same_shards_with_the_same_client(tmp_path, object_store, request):
+    """`https://` (here http://, the local server) by the same client: public objects, no credentials."""
+    folder = packed(tmp_path, per_class=2, per_shard=3)
+    bucket = object_store.make_bucket(bucket_for(request))
+    for path in sorted(folder.glob("val-*.tar")):
+        object_store.client.put_object(Bucket=bucket, Key=path.name, Body=path.read_bytes(), ACL="public-read")
+    config = remote_config(tmp_path, {"val": f"{object_store.endpoint}/{bucket}/val-{{000000..000001}}.tar"})
+    labels = sorted(label for _, labels in build_loader(config, "val") for label in labels.tolist())
+    assert labels == [0, 0, 1, 1, 2, 2]
+    with tarfile.open(folder / "val-000000.tar") as archive:  # the shards are the local ones, byte for byte
+        assert len(archive.getnames()) == 6
+
+
+def test_the_first_batch_waits_for_its_own_shard_while_the_next_ones_download(tmp_path, object_store, request):
+    """8 shards read in order, fetched ahead one at a time, 0.4 s added to every request: the first
+    batch comes once its own shard is here (about one request), not after all eight (3.2 s); the
+    epoch's stats count the time its reader waited on the network."""
+    folder = packed(tmp_path, per_class=8, per_shard=3)
+    url = uploaded(object_store, bucket_for(request), folder)
+    config = remote_config(tmp_path, {"val": f"{url}/val-*.tar"}, val={"batch_size": 3},
+                           dataset={"remote": {"concurrency": 1}})
+    loader = build_loader(config, "val")
+    object_store.proxy.latency = 0.4
+    labels, _ = everything(loader)
+    assert len(labels) == 24
+    assert loader.stats.time_to_first_batch_s < 1.6, loader.stats.time_to_first_batch_s
+    assert loader.stats.elapsed_s > 2.4 and loader.stats.network_wait_s > 1.0, loader.stats.summary()
+    assert loader.stats.fetched_shards == 8
+
+
+def test_the_uint8_cache_is_built_from_shards_in_the_store_and_checked_against_them(tmp_path, object_store,
+                                                                                   request):
+    """`fastloader cache` reads the members through the seam (forked decoders ask for the shards), and
+    the cached split serves the shards' labels; the cache's stamps are the objects' sizes and times."""
+    from fastloader.cache_write import build_split_cache
+
+    folder = packed(tmp_path, per_class=3, per_shard=4)
+    url = uploaded(object_store, bucket_for(request), folder)
+    config = remote_config(tmp_path, {"val": f"{url}/val-*.tar"})
+    loaded = load_config(config)
+    report = build_split_cache(loaded, loaded.split("val"), index_split_of(loaded, "val"), str(tmp_path / "u8"),
+                               short_side=37, workers=2)
+    assert report["images"] == 9 and not report["bad"], report
+    direct = everything(build_loader(config, "val"))[0]
+    cached = build_loader({**config, "dataset": {**config["dataset"], "cache": str(tmp_path / "u8")}}, "val")
+    assert "the cache" in repr(cached) and everything(cached)[0] == direct
