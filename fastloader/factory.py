@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from .blocks import block_budget, block_order
+from .blocks import block_budget, block_order, uniform_cost
 from .cache import open_split_cache
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
@@ -22,6 +22,7 @@ from .prepared import PreparedSplit, worker_count
 from .schema import Config, SplitConfig
 from .screening import screen_index
 from .sources.formats import build_index
+from .sources.reading import cache_limit
 
 log = logging.getLogger("fastloader")
 
@@ -124,8 +125,12 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
     dataset.cache holds one for the split (it lists the files it could not decode, so no screening
     is needed), else the image files, screened; and its block order where `shuffle: block`."""
     workers = worker_count(config, backend, ranks)
-    budget = block_budget(config, split)  # before indexing: a `shuffle: block` without a budget fails at once
     index = build_index(config, split)
+    limit = cache_limit(index.ranges.files) if index.ranges is not None else None  # shards in an object store
+    budget = block_budget(config, split, limit)
+    cost = uniform_cost(config, split, index, limit)
+    if cost:
+        log.warning(cost)
     cache = open_split_cache(config, split, index)  # None: read the image files
     if cache is not None:
         return PreparedSplit(cache.index, index.unusable + tuple(cache.bad), workers, pixels=cache.pixels,

@@ -109,13 +109,20 @@ class Containers:
         self.counts = np.diff(np.r_[first, len(ordered)]).astype(np.int64)
         """Samples in each container."""
         self.sizes = np.maximum.reduceat(ends, first) if len(first) else np.zeros(0, np.int64)
-        """Bytes of each container."""
+        """Bytes of each container: up to the end of its last sample (`of` takes the whole file's)."""
         self.num_samples = len(container)
 
     @classmethod
     def of(cls, ranges) -> "Containers":
-        """The containers of an index's byte ranges (samples.ByteRanges: any container format)."""
-        return cls(ranges.file, ranges.start, ranges.length)
+        """The containers of an index's byte ranges (samples.ByteRanges: any container format). Where
+        the index knows each container's file (its identity: local or in an object store alike), a
+        container's bytes are the whole file's, as a node cache holds it: tar headers, label members
+        and padding too, which small shards' budgets must count or the next block does not fit."""
+        containers = cls(ranges.file, ranges.start, ranges.length)
+        if getattr(ranges, "identities", None) is not None and len(containers.number):
+            whole = np.array([identity.size for identity in ranges.identities], dtype=np.int64)
+            containers.sizes = np.maximum(containers.sizes, whole[containers.number])
+        return containers
 
 
 class Block(NamedTuple):

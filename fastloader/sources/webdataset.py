@@ -263,8 +263,6 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
              f" ({root})" if objects else "", plural(len(builder), "sample"), plural(len(classes), "class"),
              f", {plural(len(unusable), 'member')} left out" if unusable else "",
              f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
-    if objects:
-        _say_what_the_cache_costs(split, [objects[url] for url in shards], len(builder))
     return builder.build(root, classes, excluded=excluded.count, ranges=ranges, unusable=unusable)
 
 
@@ -320,27 +318,6 @@ def _configure_remote(config: Config) -> None:
 def _store_hint(url: str) -> str:
     return (f"check the URL, and the store's environment ({remote.kind(url)}:// reads "
             f"{remote.credentials_words(url)})")
-
-
-def _say_what_the_cache_costs(split: SplitConfig, objects: list[remote.ObjectInfo], samples: int) -> None:
-    """Shards larger than the node cache, read in a shuffled order: each shard is read all through
-    the epoch, so the cache keeps fetching shards it evicted. Say what that costs, and the way out."""
-    cache = node_cache.current()
-    total = sum(info.size for info in objects)
-    if split.shuffle is not True or total <= cache.limit:
-        return
-    per_shard = samples / max(1, len(objects))
-    log.warning("split '%s': its %s (%s) do not fit the node cache (%s), and %s.shuffle: true reads every shard "
-                "all through the epoch: a shard evicted before its last sample is read is fetched again, up to once "
-                "per sample it holds (%.0f on average here: up to %s, %.0fx the data, fetched per epoch). Set "
-                "%s.shuffle: block to fetch each shard once per epoch, or raise dataset.remote.cache_limit above %s",
-                split.name, plural(len(objects), "shard"), _size(total), cache.limit_words, split.name, per_shard,
-                _size(int(total * per_shard)), per_shard, split.name, _size(total))
-
-
-def _size(count: int) -> str:
-    from ..machine import human_bytes
-    return human_bytes(count)
 
 
 def _relative_to(config: Config) -> str:
