@@ -184,7 +184,8 @@ more than once, and numbers each place for its augmentation seed."""
 
 def _pass_seed(seed: int, number: int) -> int:
     """The seed of pass `number` > 0 of Passes: unrelated to the run's seed and to other passes'."""
-    mixed = _splitmix64(np.array([seed], dtype=np.uint64) ^ (np.uint64(number) * _PASS_MIX))
+    with np.errstate(over="ignore"):
+        mixed = _splitmix64(np.array([seed], dtype=np.uint64) ^ (np.uint64(number) * _PASS_MIX))
     return int(mixed[0] & _MASK63)
 
 

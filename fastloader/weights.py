@@ -141,15 +141,16 @@ def sample_weights(config: Config, split: SplitConfig, index: SampleIndex, table
     """float64 [len(index)]: each sample's weight, the product of its line in the weights file and its
     class's weight; with weighted sources, scaled so that each source's samples share its weight."""
     weights = np.ones(len(index), dtype=np.float64)
+    weighted_sources = split.sources is not None and all(source.weight is not None for source in split.sources)
     if split.weights is not None:
         weights *= _file_weights(config, split, index, table or read_weights_file(config, split), left_out)
     if split.class_weights is not None:
-        weights *= _class_weights(config, split, index)[index.labels]
+        weights *= _class_weights(config, split, index, by_source=weighted_sources)
     if not weights.any():
         keys = " and ".join(key for key in draws_from(split) if not key.endswith("].weight"))
         raise ConfigError(f"{config.origin(keys.split(' ')[0])}: {keys}: every sample of split '{split.name}' weighs "
                           f"0, so none can be drawn; give some samples a weight above 0")
-    if split.sources is not None and all(source.weight is not None for source in split.sources):
+    if weighted_sources:
         weights = _source_shares(config, split, index, weights)
     return weights
 
@@ -201,15 +202,18 @@ def sample_names(index: SampleIndex, root: str) -> list[str]:
     return names
 
 
-def _class_weights(config: Config, split: SplitConfig, index: SampleIndex) -> np.ndarray:
-    """float64 [classes]: each class's weight per sample: 1 / its size (inverse), 1 / sqrt of it, or
-    the mapping's (classes it leaves out weigh 1); a class the split lacks is refused."""
+def _class_weights(config: Config, split: SplitConfig, index: SampleIndex, by_source: bool) -> np.ndarray:
+    """float64 [len(index)]: each sample's class weight: 1 / its class's size (inverse), 1 / sqrt of it,
+    or the mapping's (classes it leaves out weigh 1); a class the split lacks is refused. `by_source`
+    (weighted sources): a class's size within each source, so that each source is balanced within its share."""
     key = f"{split.name}.class_weights"
     choice = split.class_weights
-    counts = index.class_counts().astype(np.float64)
     if choice in ("inverse", "sqrt"):
+        classes = len(index.classes)
+        group = index.labels + (index.source.astype(np.int64) * classes if by_source else 0)
+        counts = np.bincount(group, minlength=classes).astype(np.float64)
         scale = counts if choice == "inverse" else np.sqrt(counts)
-        return np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
+        return np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)[group]
     names = {name: label for label, name in enumerate(index.classes)}
     unknown = [name for name in choice if name not in names]
     if unknown:
@@ -221,7 +225,7 @@ def _class_weights(config: Config, split: SplitConfig, index: SampleIndex) -> np
     weights = np.ones(len(index.classes), dtype=np.float64)
     for name, weight in choice.items():
         weights[names[name]] = weight
-    return weights
+    return weights[index.labels]
 
 
 def _source_shares(config: Config, split: SplitConfig, index: SampleIndex, weights: np.ndarray) -> np.ndarray:
@@ -251,7 +255,7 @@ def class_shares(index: SampleIndex, probabilities: np.ndarray) -> str:
 def describe_shares(classes: Sequence[str], shares: np.ndarray) -> str:
     if len(classes) <= MANY_CLASSES:
         return ", ".join(f"{name} {_percent(share)}" for name, share in zip(classes, shares.tolist()))
-    ranked = np.argsort(-shares, kind="stable")
+    ranked = np.argsort(-np.round(shares, 12), kind="stable")  # ties (the sums' last bits aside) in label order
     most = ", ".join(f"{classes[c]} {_percent(shares[c])}" for c in ranked[:SHOWN].tolist())
     least = ", ".join(f"{classes[c]} {_percent(shares[c])}" for c in ranked[::-1][:SHOWN].tolist())
     return (f"{len(classes)} classes, {_percent(1 / len(classes))} each if balanced; most drawn: {most}; least "
