@@ -77,6 +77,7 @@ def read_weights_file(config: Config, split: SplitConfig) -> WeightsFile | None:
                           f"as `fastloader check` writes them, relative to dataset.root)")
     root = dataset_root(config)
     weights: dict[str, tuple[float, int]] = {}
+    normpath, relpath = os.path.normpath, os.path.relpath  # (a million lines: each name normalized where it must)
     with open(open_regular(path), encoding="utf-8", errors="surrogateescape") as handle:
         for number, line in enumerate(handle, 1):
             line = line.strip()
@@ -90,7 +91,9 @@ def read_weights_file(config: Config, split: SplitConfig) -> WeightsFile | None:
             if not math.isfinite(weight) or weight < 0:
                 raise ConfigError(f"{where}: {path}:{number}: the weight of {parts[0]!r} is {parts[1]}; a weight is a "
                                   f"finite number >= 0 (0 leaves the sample out of the draws): fix that line")
-            name = os.path.normpath(os.path.relpath(parts[0], root) if os.path.isabs(parts[0]) else parts[0])
+            name = parts[0]
+            if name[:1] in (os.sep, ".") or "/." in name or "//" in name or name[-1:] == os.sep:  # else it is normal
+                name = normpath(relpath(name, root) if name[:1] == os.sep else name)
             if name in weights:
                 raise ConfigError(f"{where}: {path}:{number}: {parts[0]!r} is named again (first on line "
                                   f"{weights[name][1]}); give each sample one line")
@@ -198,7 +201,7 @@ def sample_names(index: SampleIndex, root: str) -> list[str]:
     names = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         name = data[a:b].decode("utf-8", "surrogateescape")
-        names.append(os.path.normpath(os.path.relpath(name, root)) if os.path.isabs(name) else head + name)
+        names.append(os.path.normpath(os.path.relpath(name, root)) if name[:1] == os.sep else head + name)
     return names
 
 
