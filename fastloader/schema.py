@@ -34,6 +34,9 @@ MAX_PROCESSES = 1024
 """The most workers, DALI threads or batches ahead a rank may ask for."""
 MAX_RANKS = 1 << 20
 """The largest world size (and rank, local rank) a config may name."""
+MAX_EPOCH_SIZE = 1 << 32
+"""The largest epoch_size: an epoch's order is made whole, 8 bytes a position (16 while drawing), so
+4,294,967,296 positions already take 32 GiB; a larger one fails at load with its key."""
 MAX_CLASSES_WITHOUT_NAMES = 100_000
 """Without dataset.classes, a label of a shard member or a file list is at most this minus 1: the classes
 are then 0 .. the largest label, and one stray `.cls` of 20000000 must not make 20 million classes."""
@@ -251,8 +254,8 @@ class SplitConfig:
         "inverse, sqrt, or a mapping of class names to weights >= 0"))
     """train: each sample weighs 1 / its class's size (inverse: classes drawn equally often), 1 / sqrt
     of it (sqrt), or its class's weight in a {class: weight} mapping (classes left out weigh 1)."""
-    epoch_size: int | None = field(default=None, metadata=_check(lambda v: v is None or 1 <= v <= INT64_MAX,
-                                                                 "an integer in [1, 2**63 - 1]"))
+    epoch_size: int | None = field(default=None, metadata=_check(lambda v: v is None or 1 <= v <= MAX_EPOCH_SIZE,
+                                                                 f"an integer in [1, {MAX_EPOCH_SIZE}]"))
     """train: positions of each epoch's order. Default: the split's size. Without weights, consecutive
     shuffled passes over the split cut to this size; with them, this many weighted draws."""
     aug_repeats: int = field(default=1, metadata=_check(lambda v: 1 <= v <= MAX_PROCESSES,

@@ -364,7 +364,8 @@ def test_a_weights_file_may_name_the_files_the_split_left_out(tmp_path):
     ({"class_weights": {"a_red": float("nan")}}, "train.class_weights.a_red: expected a finite number, got .nan"),
     ({"class_weights": {"a_red": float("inf")}}, "train.class_weights.a_red: expected a finite number, got .inf"),
     ({"class_weights": "inverted"}, "train.class_weights: expected one of 'inverse', 'sqrt' or a mapping"),
-    ({"epoch_size": 0}, "train.epoch_size: must be an integer in [1, 2**63 - 1], got 0"),
+    ({"epoch_size": 0}, "train.epoch_size: must be an integer in [1, 4294967296], got 0"),
+    ({"epoch_size": 2**40}, "train.epoch_size: must be an integer in [1, 4294967296], got 1099511627776"),
     ({"weights": "w.txt", "shuffle": False}, "train.shuffle: false reads the samples in index order, and "
                                              "train.weights draws them at random"),
     ({"class_weights": "inverse", "shuffle": "block", "block_size": "1GB"},
