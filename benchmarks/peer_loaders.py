@@ -97,7 +97,7 @@ def our_graph_on_dali_reader(files: list[str], labels: list[int], split: str, gp
     config = fastloader.load_config(str(CONFIG), overrides)
     split_config = config.split(split)
     augmenter = Augmenter(split_config.transform, config.normalize.mean) if split == "train" else None
-    layout = feed_layout(split_config, "paths", augmenter)[2:]  # what follows the paths and lengths
+    layout = feed_layout(split_config, "bytes", augmenter)[1:]  # what follows the encoded bytes
 
     def graph():
         encoded, label = fn.readers.file(files=files, labels=labels, pad_last_batch=True, name="Reader")

@@ -31,11 +31,13 @@ from fastloader.cache import CachedPixels
 from fastloader.contract import Loader
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError, add_note, refused_file
+from fastloader.errors import BadImageError, add_note, error_text, refused_file
+from fastloader.imaging.screen import BOMB_PIXELS, DALI_FORMATS, Screened, read_screened
+from fastloader.order import substitutes
 from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
 from fastloader.schema import Config, SplitConfig
-from fastloader.sources.reading import Location, read_bytes
+from fastloader.sources.reading import Location
 from fastloader.transfer import to_device
 
 from .augment import feed_arrays
@@ -49,149 +51,150 @@ log = logging.getLogger("fastloader")
 
 
 class _Feed:
-    """The pipeline's source: each planned batch as a few dense arrays, one batch a call.
+    """The pipeline's source: each planned batch's samples and their draws, one batch a call.
 
-    Files: the samples' paths as rows of one byte matrix and each row's length (DALI's threads read
-    the files). Shard members: their bytes, one array per sample, read here (pread, off the training
-    thread). The cache: the decoded pixels (one array per sample). Then, from each image's
-    upright size (kept from screening, see sizes.py, or the cached pixels' shape): in eval mode its
-    centre box, in train mode its crop box, flips and ops, drawn from its seed (fastloader.augment,
-    as the torch backend draws them). Labels are not fed: the loader takes them from the index.
-    DALI calls this on the thread that runs the pipeline (the driver thread, driver.py), where dense
-    arrays cost a few numpy operations per batch rather than Python per sample.
+    Image files and shard members: their bytes, read here (one read per sample, off the training
+    thread) and checked before DALI sees them (fastloader.imaging.screen.read_screened: the magic
+    bytes, the header's size against dataset.max_pixels, the end marker), whether or not the split
+    was screened: a file that is no image, a bomb or truncated would crash or exhaust DALI's
+    decoder, and one changed since it was screened gets its crop or box drawn for its size now.
+    What DALI decodes is exactly what was checked. The cache: the decoded pixels (one array per
+    sample). Then, from each image's upright size: in eval mode its centre box, in train mode its
+    crop box, flips and ops, drawn from its seed (fastloader.augment, as the torch backend draws
+    them). Labels are not fed: the loader takes them from the index. DALI calls this on the thread
+    that runs the pipeline (the driver thread, driver.py).
 
-    Samples found broken earlier (`known_bad`) are left out of what is fed, and `fed` keeps, in
-    order, the (sample, seed) rows of each batch fed and not yet delivered, with the sizes its boxes
-    were drawn for: DALI calls the source `prefetch_queue_depth` batches ahead of the batch it
-    delivers.
+    A sample that cannot be used (found here, or `known_bad` from earlier) is left out of what is
+    fed; in train mode its slot takes the first substitute of `fastloader.order.substitutes` that
+    can be, as the torch backend's workers do. `fed` keeps, in order, the batches fed and not yet
+    delivered (DALI calls the source `prefetch_queue_depth` batches ahead of the batch it delivers),
+    each with the planned batches before it that came out empty (DALI takes no empty batch).
     """
 
     def __init__(self, index: SampleIndex, split: SplitConfig, substitutes: dict[int, str],
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
-                 stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None):
+                 stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
+                 max_pixels: int = BOMB_PIXELS, refill: bool = False):
         self.index = index
         self.pixels = pixels
         self.split, self.augmenter = split, augmenter
+        self.max_pixels, self.refill = max_pixels, refill
         self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if pixels is None else None
         self.substitutes = substitutes  # sample -> a file DALI can decode in its place (transcode.py)
-        self.substituted = np.fromiter(substitutes, dtype=np.int64, count=len(substitutes))
-        self.known_bad: dict[int, str] = {}  # sample -> why DALI could not decode it
+        self.known_bad: dict[int, str] = {}  # sample -> why it cannot be fed or decoded
         self.skipped: list[int] = []  # known-bad samples left out and not yet attached to a fed batch
+        self.empty: list[np.ndarray] = []  # planned batches left empty, not yet attached to a fed batch
         self.batches: Iterator[np.ndarray] = iter(())
         self.fed: collections.deque[Fed] = collections.deque()
         self.stopping = False
-        self.kind = "pixels" if pixels is not None else "bytes" if index.ranges is not None else "paths"
-        """What the pipeline is fed (pipeline.feed_layout): decoded pixels, encoded bytes or file paths."""
+        self.kind = "pixels" if pixels is not None else "bytes"
+        """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
 
     def start(self, batches: Iterable[np.ndarray]) -> None:
         """Feed these batches next (only while no driver runs the pipeline)."""
         self.batches = iter(batches)
         self.fed.clear()
-        self.skipped = []
+        self.skipped, self.empty = [], []
         self.stopping = False
 
     def stop(self) -> None:
         """End the epoch at the next call, from any thread (a loop left with `break`, close)."""
         self.stopping = True
 
+    def unfinished(self) -> list[np.ndarray]:
+        """The batches fed and not delivered, with those left empty before them, in order: what a
+        new pipeline is fed again after this one failed."""
+        return [*itertools.chain.from_iterable((*fed.empty, fed.plan) for fed in self.fed), *self.empty]
+
     def __call__(self) -> tuple:
         while True:
-            batch = None if self.stopping else next(self.batches, None)
-            if batch is None:
+            planned = None if self.stopping else next(self.batches, None)
+            if planned is None:
                 raise StopIteration  # ends DALI's epoch
-            if self.known_bad:
-                bad = np.isin(batch[:, 0], list(self.known_bad))
-                self.skipped += batch[bad, 0].tolist()
-                batch = batch[~bad]
-            if len(batch) and self.kind == "bytes":
-                batch, encoded = self.read_members(batch)
+            batch, data, sizes = self.take_batch(planned)
             if len(batch):
                 break
-        indices = batch[:, 0]
-        if self.pixels is not None:
-            data = ([self.pixels.image(i) for i in indices],)
-            sizes = self.pixels.shapes[self.pixels.rows[indices]]
-        elif self.kind == "bytes":
-            data = (encoded,)
-            sizes = self.sizes.of(indices, self.location)
-        else:
-            data = self.path_rows(indices)
-            sizes = self.sizes.of(indices, self.location)
+            self.empty.append(planned)
         if self.split.mode == "train":  # every random choice of each sample, drawn from its seed
             data += feed_arrays(self.augmenter, batch[:, 1], sizes)
         else:
             data += (centre_boxes(sizes, self.split),)
-        self.fed.append(Fed(batch, sizes, self.skipped))
-        self.skipped = []
+        self.fed.append(Fed(batch, self.skipped, self.empty))
+        self.skipped, self.empty = [], []
         return data
 
-    def read_members(self, batch: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-        """The batch's shard members' bytes; a member that cannot be read (its shard cut short or
-        gone since it was indexed) is left out as known-bad, with the reason, like a file that broke
-        the pipeline."""
-        kept, encoded = [], []
-        for row, sample in enumerate(batch[:, 0].tolist()):
-            try:
-                encoded.append(np.frombuffer(read_bytes(self.location(sample)), dtype=np.uint8))
-                kept.append(row)
-            except OSError as error:
-                self.known_bad[sample] = f"unreadable: {error.strerror or error}"
-                self.skipped.append(sample)
-        return batch[kept], encoded
+    def take_batch(self, planned: np.ndarray) -> tuple[np.ndarray, tuple[list[np.ndarray]], np.ndarray]:
+        """(the (sample, seed) rows fed, (their data,), int64 [n, 2] upright sizes): the planned rows
+        that can be used, a train slot that cannot refilled by a substitute."""
+        batch, rows, data, sizes = planned, [], [], []
+        for row, sample in enumerate(planned[:, 0].tolist()):
+            taken = self.take(sample)
+            if taken is None and self.refill:
+                sample, taken = self.substitute(int(planned[row, 1]))
+                if taken is not None:  # the substitute keeps the slot's seed
+                    batch = batch.copy() if batch is planned else batch
+                    batch[row, 0] = sample
+            if taken is not None:
+                rows.append(row)
+                data.append(taken[0])
+                sizes.append(taken[1])
+        return batch[rows], (data,), np.array(sizes, dtype=np.int64).reshape(-1, 2)
 
-    def path_rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The files DALI reads for these samples: (uint8 [n, width] paths, int32 [n, 1] lengths)."""
-        if not len(self.substituted) or not np.isin(indices, self.substituted).any():
-            return self.index.path_rows(indices)
-        paths = [os.fsencode(self.location(sample).file) for sample in indices.tolist()]  # a batch with a GIF: rare
-        rows = np.zeros((len(paths), max(map(len, paths))), dtype=np.uint8)
-        for row, path in zip(rows, paths):
-            row[:len(path)] = np.frombuffer(path, dtype=np.uint8)
-        return rows, np.array([[len(path)] for path in paths], dtype=np.int32)
+    def substitute(self, seed: int) -> tuple[int, tuple[np.ndarray, tuple[int, int]] | None]:
+        """The first substitute for a train slot of this seed that can be fed, and what `take` gave
+        for it; (-1, None) where none can."""
+        for sample in substitutes(seed, len(self.index)):
+            taken = self.take(sample)
+            if taken is not None:
+                return sample, taken
+        return -1, None
+
+    def take(self, sample: int) -> tuple[np.ndarray, tuple[int, int]] | None:
+        """What DALI is fed for a sample, and its upright size; None, noted in `skipped`, where it
+        cannot be used: known bad, or its bytes fail the check now (then known bad, with the reason)."""
+        if sample in self.known_bad:
+            self.skipped.append(sample)
+            return None
+        if self.pixels is not None:
+            return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
+        data, screened = read_screened(self.location(sample), self.max_pixels)
+        if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened
+            data, screened = self.transcoded(sample, screened.format or "unknown")
+        if screened.problem:
+            self.known_bad[sample] = screened.problem
+            self.skipped.append(sample)
+            return None
+        size = self.sizes.keep(sample, screened)
+        if size.held is not None:
+            _warn_resized(screened.path, size.held, size.now)
+        return np.frombuffer(data, dtype=np.uint8), size.now
+
+    def transcoded(self, sample: int, fmt: str) -> tuple[bytearray | None, Screened]:
+        """The bytes of a PNG copy of a file in a format DALI cannot decode (transcode.py), checked."""
+        try:
+            self.substitutes.update(transcoded_for_dali(self.index, {sample: fmt}))
+        except Exception as error:  # Pillow could not decode the file either
+            return None, Screened(self.index.path(sample), problem=f"cannot be converted for DALI: {error_text(error)}")
+        return read_screened(self.location(sample), self.max_pixels)
 
     def location(self, sample: int) -> Location:
         """Where the bytes DALI decodes for a sample are: its file or shard member, or a substitute."""
         substitute = self.substitutes.get(sample)
         return Location(substitute, substitute) if substitute else self.index.location(sample)
 
-    def check_sizes(self, fed: Fed, decoded) -> None:
-        """Each image's size as DALI decoded it against the size its box came from. A file changed
-        since it was screened got a box for its old size in this batch: name it, and keep its new
-        size for the next epochs."""
-        sizes = np.asarray(decoded.as_tensor())[:, :2]
-        changed = np.flatnonzero((sizes != fed.sizes).any(axis=1))
-        for row in changed.tolist():
-            sample = int(fed.plan[row, 0])
-            _warn_resized(self.location(sample).name, tuple(fed.sizes[row]), tuple(sizes[row]), "in this batch")
-            self.sizes.correct(sample, tuple(sizes[row]))
 
-    def reread_sizes(self, samples: np.ndarray) -> int:
-        """After the pipeline failed: read these files' headers again. A file rewritten at another
-        size since it was screened got a crop out of its bounds: name it, keep its new size (its
-        batch, fed again, gets a crop drawn for it); how many there were."""
-        if self.sizes is None:
-            return 0
-        changed = 0
-        for sample in np.unique(samples).tolist():
-            sizes = self.sizes.reread(sample, self.location(sample))
-            if sizes is not None:
-                _warn_resized(self.location(sample).name, *sizes, "when it failed the pipeline")
-                changed += 1
-        return changed
-
-
-def _warn_resized(path: str, held: tuple[int, int], now: tuple[int, int], when: str) -> None:
-    log.warning("%s changed since it was screened: it decodes to %dx%d (height x width), the screening result "
-                "said %dx%d, so its crop %s came from the old size; it is corrected from now on (the screening "
-                "result is renewed when the dataset's files are added, removed or renamed)", path, *now, *held, when)
+def _warn_resized(path: str, held: tuple[int, int], now: tuple[int, int]) -> None:
+    log.warning("%s changed since it was screened: it is %dx%d (height x width) now, the screening result said "
+                "%dx%d; its crop or box is drawn for its size now, read from the bytes DALI decodes", path, *now, *held)
 
 
 class Fed(NamedTuple):
-    """A batch handed to the pipeline: its (sample, seed) rows; the upright (height, width) its crop
-    or centre boxes were drawn for; the known-bad samples left out just before it."""
+    """A batch handed to the pipeline: its (sample, seed) rows (a substitute in a refilled slot);
+    the known-bad samples left out just before it; the planned batches just before it that came out
+    empty (none of their samples could be fed)."""
     plan: np.ndarray
-    sizes: np.ndarray
     skipped: list[int]
+    empty: list[np.ndarray]
 
 
 def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
@@ -211,10 +214,8 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
     buffer's reuse after a non-blocking copy (`copy_to_external`), so the driver lets the output go
     right after the hand-over."""
     def convert(outputs) -> tuple[torch.Tensor, torch.Tensor, Fed]:
-        images, *decoded_sizes = outputs
+        (images,) = outputs
         fed = feed.fed.popleft()
-        if decoded_sizes:
-            feed.check_sizes(fed, decoded_sizes[0])
         images = images.as_tensor()
         if device.type == "cuda":  # on the driver's stream; a copy, not DLPack: see above
             stream = torch.cuda.current_stream(device)
@@ -244,7 +245,8 @@ class DaliLoader(Loader):
         self._bfloat16 = config.output.dtype == "bfloat16"
         substitutes = transcoded_for_dali(prepared.index, prepared.needs_substitute)
         self._feed = _Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
-                           prepared.sizes, self.augmentation)
+                           prepared.sizes, self.augmentation, config.dataset.max_pixels,
+                           refill=split.mode == "train" and config.dataset.on_bad_image == "skip")
         self._pipe = self._build()
         self._pid = os.getpid()  # a forked child cannot run the pipeline: DALI's threads stay here
         self._stream = torch.cuda.Stream(device) if self.flavour == "gpu" else None
@@ -261,8 +263,7 @@ class DaliLoader(Loader):
             self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
-            seed=self.config.seed, feed=self._feed.kind,
-            check_sizes=self._feed.sizes is not None, augmenter=self.augmentation)
+            seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation)
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
@@ -307,12 +308,18 @@ class DaliLoader(Loader):
                 self._recover(item.error, delivered)
                 self._driver = self._drive()
                 continue
-            delivered += 1
             self._record_skips(item.fed.skipped)
+            for planned in item.fed.empty:  # DALI takes no empty batch: yielded here, in their place
+                delivered += 1
+                yield self._empty_batch(len(planned))
+            delivered += 1
             yield item.images, item.labels
         if self._run == run:
-            self._record_skips(self._feed.skipped)
+            skipped, empty = self._feed.skipped, self._feed.empty
             self._end_epoch()
+            self._record_skips(skipped)
+            for planned in empty:
+                yield self._empty_batch(len(planned))
         elif self._closed:
             raise self._closed_error()
 
@@ -374,8 +381,6 @@ class DaliLoader(Loader):
         traceback.clear_frames(error.__traceback__)  # the driver's frames in it hold the failed pipeline
         self._pipe = None  # freed now, with its buffers, before the probe and the new pipeline take theirs
         suspects = [batch.plan for batch in fed]
-        samples = np.concatenate(suspects)[:, 0] if suspects else np.zeros(0, dtype=np.int64)
-        resized = self._feed.reread_sizes(samples)
         probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None, self.split.batch_size,
                             self._regions if self.split.mode == "train" and self._feed.sizes is not None else None)
         try:
@@ -383,25 +388,25 @@ class DaliLoader(Loader):
         except BaseException as failure:  # out of memory, say: no file to blame, no pipeline left
             raise self._stopped(failure) from error
         del probe  # its pipeline goes before the new one is built
-        if not culprits and not resized:
+        if not culprits:
             raise self._failed(error, number, suspects[0] if suspects else np.zeros((0, 2), dtype=np.int64))
         if culprits and self.config.dataset.on_bad_image == "raise":
             first = min(culprits)
             self._broken = refused_file(self.index.path(first), culprits[first], self.config.source)
             raise BadImageError(self._broken) from error
-        log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files that cannot be decoded "
-                 "and %d that changed size since screening; rebuilding it without the former", self.split.name,
-                 number, self.epoch, len(culprits), resized)
+        log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files that cannot be decoded; "
+                 "rebuilding it without them", self.split.name, number, self.epoch, len(culprits))
         self._feed.known_bad.update(culprits)
-        rest = self._feed.batches
+        again, rest = self._feed.unfinished(), self._feed.batches
         self._pipe = self._build()
-        self._feed.start(itertools.chain(suspects, rest))
+        self._feed.start(itertools.chain(again, rest))
         self._epoch_open = True
 
     def _regions(self, plan: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Train: the crop regions (anchor, shape) the feed draws for these (sample, seed) rows from
-        the sizes it holds now, which the probe decodes as the train graph does."""
-        sizes = self._feed.sizes.of(plan[:, 0], self._feed.location)
+        """Train: the crop regions (anchor, shape) the feed drew for these (sample, seed) rows, from
+        the sizes of the bytes it fed (kept in its size table), which the probe decodes as the train
+        graph does."""
+        sizes = self._feed.sizes.sizes[plan[:, 0]]
         anchor, shape = feed_arrays(self.augmentation, plan[:, 1], sizes)[:2]
         return anchor, shape
 

@@ -87,9 +87,7 @@ def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool
     resizes it; eval decodes the whole image and resizes the centre `box` the host computed. Then
     the steps shared with the cache's graph (finish).
     """
-    if split.mode == "train":
-        # A crop drawn for the size a file had when screened and out of its bounds now fails the
-        # pipeline; the loader then finds the file, names it and feeds its batch again (loader.py)
+    if split.mode == "train":  # the crop fits: drawn for the size of the very bytes fed (loader.py)
         images = decode(encoded, config, gpu, (inputs["crop_anchor"], inputs["crop_shape"]), threads)
         images = resize_to_size(images, split)
     else:
@@ -170,21 +168,19 @@ def finish(images: DataNode, config: Config, split: SplitConfig, inputs: Inputs,
         mean=mean, std=std)
 
 
-FEEDS = ("paths", "bytes", "pixels")
-"""What a pipeline is fed per sample: a file's path (DALI's threads read it), its encoded bytes (a
-shard member, read by the feed), or the uint8 cache's decoded pixels."""
+FEEDS = ("bytes", "pixels")
+"""What a pipeline is fed per sample: its encoded bytes (a file or a shard member, read and checked
+by the feed), or the uint8 cache's decoded pixels."""
 
 
 def feed_layout(split: SplitConfig, feed: str,
                 augmenter: Augmenter | None) -> list[tuple[str, types.DALIDataType]]:
-    """(name, DALI dtype) of the arrays the feed gives with each batch, in order: the encoded files'
-    paths (uint8 [n, width], one per row) and their lengths (int32 [n, 1]), or the encoded bytes (a
-    list of uint8 arrays), or the cache's pixels (a list of HWC uint8 arrays); then in eval mode
+    """(name, DALI dtype) of the arrays the feed gives with each batch, in order: the encoded bytes
+    (a list of uint8 arrays), or the cache's pixels (a list of HWC uint8 arrays); then in eval mode
     the centre boxes (float32 [n, 4]: roi_start, roi_end in (y, x), from centre_boxes), in train mode the crops,
     flips and ops the host drew
     (dali_loader.augment.feed_inputs)."""
-    layout = {"pixels": [("pixels", types.UINT8)], "bytes": [("encoded", types.UINT8)],
-              "paths": [("paths", types.UINT8), ("lengths", types.INT32)]}[feed]
+    layout = {"pixels": [("pixels", types.UINT8)], "bytes": [("encoded", types.UINT8)]}[feed]
     if split.mode == "train":
         return layout + feed_inputs(augmenter)
     return layout + [("box", types.FLOAT)]
@@ -218,15 +214,14 @@ child takes them off DALI's list."""
 
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
-                   feed: str = "paths", check_sizes: bool = False, augmenter: Augmenter | None = None) -> Pipeline:
-    """A built pipeline whose first output is the images of the batches it pulls from `source`, the
-    arrays of feed_layout for `feed` (FEEDS). DALI's threads read the files (Python reading them
-    costs 6% of throughput); shard members come as bytes, read by the feed on the driver thread.
-    Every random choice was made on the host (fastloader.augment), so DALI draws nothing and both backends, and a
-    resumed run, apply the same crops, flips and ops; eval's box
-    is host arithmetic on the image size, which as DALI operators halved the GPU eval rate. With
-    `check_sizes` (files) the second output is each image's upright shape from its header, which the
-    loader compares with the size its crop or box came from. Labels stay on the host.
+                   feed: str = "bytes", augmenter: Augmenter | None = None) -> Pipeline:
+    """A built pipeline whose output is the images of the batches it pulls from `source`, the
+    arrays of feed_layout for `feed` (FEEDS). Files and shard members come as bytes, read and
+    checked by the feed on the driver thread, so that no decoder sees bytes the host has not
+    checked (a non-image or a file shrunk since screening crashes DALI's CPU decoder).
+    Every random choice was made on the host (fastloader.augment), so DALI draws nothing and both
+    backends, and a resumed run, apply the same crops, flips and ops; eval's box is host arithmetic
+    on the image size, which as DALI operators halved the GPU eval rate. Labels stay on the host.
 
     `source` is called once per batch, ahead of use by `prefetch_queue_depth` batches, on the
     thread that runs the pipeline (driver.py); raising StopIteration ends the epoch. device_id None
@@ -243,16 +238,7 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
         inputs = dict(zip((name for name, _ in layout), arrays))
         if feed == "pixels":
             return pixel_graph(inputs["pixels"], config, split, gpu, inputs, augmenter)
-        if feed == "bytes":
-            encoded = inputs["encoded"]
-        else:  # each row of the path matrix cut to its length: one file name per sample
-            paths = fn.slice(inputs["paths"], start=types.Constant(np.zeros(1, dtype=np.int32)),
-                             shape=inputs["lengths"], axes=[0])
-            encoded = fn.io.file.read(paths)
-        images = image_graph(encoded, config, split, gpu, inputs, augmenter, threads=num_threads)
-        if not check_sizes:
-            return images
-        return images, fn.peek_image_shape(encoded, adjust_orientation=config.dataset.exif_orientation)
+        return image_graph(inputs["encoded"], config, split, gpu, inputs, augmenter, threads=num_threads)
 
     conditionals = bool(split.mode == "train" and augmenter is not None and augmenter.slots)
     pipe = pipeline_def(graph, enable_conditionals=conditionals)(

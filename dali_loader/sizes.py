@@ -1,59 +1,42 @@
-"""Each sample's upright (height, width), which the DALI feed turns into its eval box on the host.
+"""Each sample's upright (height, width) as screening read it, against the size the feed reads.
 
-Why on the host: computing the box inside the DALI graph (peek_image_shape, then some twenty
-arithmetic operators per batch) halved the GPU flavour's eval throughput (issue 16); the box is a
-few float operations on two integers, so the feed computes a batch's boxes and passes them in.
-
-Where the sizes come from: the screening pass that ran when the loader was built read every
-file's header in parallel and kept each size with its result (fastloader/screening.py), so the
-training thread reads none. Without a screening result (dataset.screen: false) a file's header is
-read on the training thread the first time its sample is fed (fastloader.imaging.sizes, 10-20 us a
-JPEG), and kept. A file that changed since it was screened is found, named and its size corrected:
-by the pipeline's own header read (peek_image_shape, see loader.py) when its crop still fit, or
-when the pipeline failed on a crop out of its new bounds (reread).
+Why: the DALI feed draws each crop box (train) and centre box (eval) on the host from the image's
+upright size, read from the header of the very bytes it feeds (fastloader.imaging.screen.read_screened),
+so a box always fits the image DALI decodes. Screening read every file's size when the loader was
+built (fastloader/screening.py); a file whose size differs now was changed since, and is named once.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from fastloader.imaging.sizes import stored_size, upright
-from fastloader.sources.reading import Location
+from fastloader.imaging.screen import Screened
+from fastloader.imaging.sizes import upright
+
+
+class Kept(NamedTuple):
+    now: tuple[int, int]
+    """The upright (height, width) of the bytes fed."""
+    held: tuple[int, int] | None
+    """The size screening read, where it differs (the file changed since); else None."""
 
 
 class SizeTable:
-    """Sample -> upright (height, width): from screening, else each read once on first use."""
+    """Sample -> the upright (height, width) last known: screening's, then what the feed read."""
 
     def __init__(self, count: int, exif: bool, stored: np.ndarray | None = None):
         self.exif = exif
         self.sizes = np.zeros((count, 2), dtype=np.int64) if stored is None else upright(stored, exif)
-        """int64 [count, 2]; 0: not known yet (read on first use)."""
+        """int64 [count, 2]; 0: not known (the split was not screened)."""
 
-    def of(self, samples: np.ndarray, location_of) -> np.ndarray:
-        """[len(samples), 2] sizes; `location_of(sample)`: where the bytes DALI decodes for a sample are.
-        A file that cannot be read gets 1 x 1 for this batch (any box will do: DALI fails on it)."""
-        sizes = self.sizes[samples]
-        unknown = sizes[:, 0] == 0
-        if unknown.any():
-            for sample in samples[unknown].tolist():
-                stored = stored_size(location_of(sample))
-                if stored is not None:
-                    self.sizes[sample] = upright(np.array([stored]), self.exif)[0]
-            sizes = self.sizes[samples]
-        return np.where(sizes == 0, 1, sizes)
-
-    def correct(self, sample: int, size: tuple[int, int]) -> None:
-        """The decoder saw another size than the table held (the file changed): keep the new one."""
-        self.sizes[sample] = size
-
-    def reread(self, sample: int, where: str | Location) -> tuple[tuple[int, int], tuple[int, int]] | None:
-        """Read the file's header again: (the size held, the size now) where they differ (the file
-        changed since it was screened), after keeping the new one; else None."""
-        stored = stored_size(where)
-        if stored is None:
-            return None
-        now = tuple(upright(np.array([stored]), self.exif)[0].tolist())
+    def keep(self, sample: int, screened: Screened) -> Kept:
+        """The upright size of a sample's bytes as the feed checked them, kept; with the size held
+        before where it differs."""
+        height, width = screened.height, screened.width
+        now = (width, height) if self.exif and screened.turned else (height, width)
         held = tuple(self.sizes[sample].tolist())
-        if now == held:
-            return None
+        if held == now:
+            return Kept(now, None)
         self.sizes[sample] = now
-        return held, now
+        return Kept(now, held if held[0] else None)

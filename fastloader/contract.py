@@ -69,7 +69,9 @@ class Loader(abc.ABC):
         self._bad_paths: set[str] = set()
         for path, reason in prepared.bad:  # left out of the index when it was prepared (logged then)
             self._list_bad(path, reason)
-        self._skipped_in_epoch = 0
+        self._skipped_in_epoch: set[str] = set()  # files that failed at decode time in the current epoch
+        self._found_in_epoch = 0  # of them, those no earlier epoch had met
+        self._empty_batches = 0  # batches yielded empty because none of their files decodes
         self.augmentation = Augmenter(split.transform, config.normalize.mean) if split.mode == "train" else None
         """The train split's augmentation spec (fastloader.augment): what each sample's seed draws."""
         if self.augmentation and self.augmentation.policy and split.transform.color_jitter is not None:
@@ -151,7 +153,7 @@ class Loader(abc.ABC):
     def _run_epoch(self, epoch: int, start: int, loop: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         global_batch = self.batch_size * self.ranks.world_size  # ranks step together (DDP)
         stats = self.stats = LoaderStats(epoch=epoch)
-        self._skipped_in_epoch = 0  # a loop left with `break` does not carry its count into this one
+        self._skipped_in_epoch, self._found_in_epoch = set(), 0  # a loop left with `break` does not carry them over
         clock = time.perf_counter
         began = clock()  # the consumer asked for the first batch: generators start on the first next()
         batches = iter(self._iter_batches(self.order.batches(epoch, start)))
@@ -167,16 +169,39 @@ class Loader(abc.ABC):
                 self._position += global_batch
             yield images, labels
         self._log_stats(stats)
-        if self._skipped_in_epoch:
-            log.warning("%s loader, split '%s', epoch %d, rank %d: %d samples skipped because their files cannot "
-                        "be decoded; %d files in loader.bad_samples so far", self.backend, self.split.name, epoch,
-                        self.ranks.rank, self._skipped_in_epoch, len(self.bad_samples))
+        if self._skipped_in_epoch:  # a warning where this epoch met new files; later epochs skip them quietly
+            fill = "refilled with other samples of the split" if self.split.mode == "train" else "left out"
+            log.log(logging.WARNING if self._found_in_epoch else logging.DEBUG,
+                    "%s loader, split '%s', epoch %d, rank %d: files that cannot be decoded: %d (%d new this "
+                    "epoch), their batch slots %s; loader.bad_samples lists %d so far", self.backend,
+                    self.split.name, epoch, self.ranks.rank, len(self._skipped_in_epoch), self._found_in_epoch,
+                    fill, len(self.bad_samples))
 
     def _skip_sample(self, path: str, reason: str) -> None:
-        """A sample dropped from its batch at decode time: listed once, logged once per file."""
-        self._skipped_in_epoch += 1
+        """A file that failed at decode time (its slot refilled in train mode, left out in eval):
+        listed and logged once, counted once per epoch."""
+        self._skipped_in_epoch.add(path)
         if self._list_bad(path, reason):
+            self._found_in_epoch += 1
             log.warning("skipped %s: %s (dataset.on_bad_image: skip; listed in loader.bad_samples)", path, reason)
+
+    def _empty_batch(self, planned: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a planned batch none of whose files decodes yields (eval; train where no substitute
+        decodes either): no images, logged (a warning the first time; its files are named as they
+        are found). Never left out, so that every rank yields len(loader) batches (DDP steps
+        together) and the resume position counts planned batches."""
+        log.log(logging.DEBUG if self._empty_batches else logging.WARNING,
+                "%s loader, split '%s', epoch %d, rank %d: a batch of %d samples comes out empty: none of its files "
+                "can be decoded%s", self.backend, self.split.name, self.epoch, self.ranks.rank, planned,
+                "" if self._empty_batches else " (later empty batches are logged at DEBUG level)")
+        self._empty_batches += 1
+        size = self.split.transform.size
+        memory_format = torch.channels_last if self.config.output.channels_last else torch.contiguous_format
+        images = torch.empty((0, 3, size, size), dtype=getattr(torch, self.config.output.dtype), device=self.device,
+                             memory_format=memory_format)
+        if self.finisher is not None and self.finisher.mixer is not None:
+            return images, torch.empty((0, self.num_classes), dtype=torch.float32, device=self.device)
+        return images, torch.empty(0, dtype=torch.int64, device=self.device)
 
     def _list_bad(self, path: str, reason: str) -> bool:
         """Add the file to bad_samples unless it is there already; whether it was new."""
@@ -389,7 +414,8 @@ class Loader(abc.ABC):
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield (images, labels) on self.device for these batches of (sample index, sample seed),
         finished by self.finisher (erasing, mixing, soft targets) where it is not None, from the seeds
-        of the samples delivered."""
+        of the samples delivered: one item per planned batch, whatever fails to decode (a train
+        slot refilled from `order.substitutes`, an eval batch shorter, or `_empty_batch`)."""
 
     @abc.abstractmethod
     def _close(self) -> None:

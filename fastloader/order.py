@@ -10,6 +10,10 @@ epoch keeps the largest multiple of world_size x batch_size (drops fewer than th
 without it, the order is padded by wrapping around so that every rank gets ceil(N / world) samples.
 Eval mode: rank r takes samples r, r + world, ...; every sample exactly once, partial last batch.
 
+Files that fail at decode time never change the number of batches (DDP must not hang): a train slot
+is refilled with a substitute drawn from its seed (`substitutes`), an eval batch comes out shorter,
+empty where none of its files decodes.
+
 A resume names a position in the epoch's global order (samples consumed by all ranks together), not a
 rank's batch count, so the rest of an epoch can be replayed on the same ranks or re-sharded over others.
 
@@ -52,6 +56,10 @@ _DRAW_MIX = np.uint64(0xC2B2AE3D27D4EB4F)
 """Mixes a draw number into a sample's augmentation seed, apart from the copy number's (_GOLDEN)."""
 REPEAT_ROUND = 256
 """DeiT's RASampler keeps floor(N // 256 * 256 / world) samples per rank (timm's selected_round)."""
+SUBSTITUTE_TRIES = 8
+"""Train mode: how many substitutes a slot whose file fails at decode time tries before it is left
+empty (each fails only where it too cannot be decoded)."""
+_SUBSTITUTE_SALT = 0x5B5717
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -70,6 +78,16 @@ def seeded_uniform(seeds: np.ndarray, salt: int, count: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         streams = base[:, None] + np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)
     return (_splitmix64(streams) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def substitutes(seed: int, num_samples: int) -> list[int]:
+    """The samples that may take a train slot's place, in the order they are tried, when the slot's
+    file cannot be decoded: drawn uniformly from the split from the slot's augmentation seed, so
+    that both backends, every rank and a resumed run fill it alike. The substitute keeps the slot's
+    seed (its crop, flips, ops, erasing and mixing are the slot's), so a batch keeps its size and
+    its draws; only the sample, and so the pixels and label, change."""
+    draws = seeded_uniform(np.array([seed], dtype=np.int64), _SUBSTITUTE_SALT, SUBSTITUTE_TRIES)[0]
+    return np.minimum((draws * num_samples).astype(np.int64), num_samples - 1).tolist()
 
 
 def in_index_order(seed: int, epoch: int, n: int) -> np.ndarray:

@@ -130,27 +130,6 @@ class SampleIndex:
                         int(ranges.header[i]) if ranges.header is not None else 0,
                         ranges.identities[file] if ranges.identities is not None else None)
 
-    def path_rows(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(uint8 [n, width], int32 [n, 1]): the samples' full paths as UTF-8 rows of one byte
-        matrix, and each row's length (the bytes after it are padding). Built with a few numpy
-        operations, so that a batch of paths costs no Python per sample (the DALI feed's paths).
-        Whole files only: members of shards are read by byte range (location)."""
-        samples = np.asarray(samples, dtype=np.int64)
-        starts = self.offsets[samples]
-        lengths = self.offsets[samples + 1] - starts
-        width = int(lengths.max()) if len(samples) else 0
-        relative = self.path_bytes.take(starts[:, None] + np.arange(width), mode="clip")
-        prefix = np.frombuffer(os.fsencode(os.path.join(self.root, "")), dtype=np.uint8)
-        absolute = (relative[:, 0] == ord(os.sep)) if width else np.zeros(len(samples), dtype=bool)
-        if not len(prefix) or absolute.all():
-            return relative, lengths.astype(np.int32).reshape(-1, 1)
-        rows = np.empty((len(samples), len(prefix) + width), dtype=np.uint8)
-        rows[:, :len(prefix)] = prefix
-        rows[:, len(prefix):] = relative
-        if absolute.any():  # a file list may name some files by absolute path: not joined to the root, as in path()
-            rows[absolute, :width] = relative[absolute]
-        return rows, (lengths + np.where(absolute, 0, len(prefix))).astype(np.int32).reshape(-1, 1)
-
     def label(self, i: int) -> int:
         return int(self.labels[i])
 

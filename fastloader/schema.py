@@ -101,7 +101,8 @@ class DatasetConfig:
     (`fastloader check --exclude-list` writes one)."""
     on_bad_image: Literal["skip", "raise"] = "skip"
     """What a file that cannot be decoded does: skip (logged once per file, listed in
-    loader.bad_samples, its batch slot refilled) or raise (an error naming the file)."""
+    loader.bad_samples; in train mode its batch slot refilled with a substitute drawn from the
+    slot's seed, in eval mode its batch one shorter) or raise (an error naming the file)."""
     screen: bool = True
     """Check every file's header when a loader is built (cached per dataset) and leave out the files
     that cannot be decoded, before a decoder sees them."""

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import pytest
@@ -141,19 +140,3 @@ def test_without_drops_samples_and_keeps_the_rest_in_order():
     assert kept.labels.tolist() == [0, 1] and kept.excluded == 2
     assert kept.fingerprint != index.fingerprint
     assert len(index.without([])) == 4
-
-
-def test_path_rows_are_the_paths_byte_for_byte_with_their_lengths(tmp_path):
-    """The DALI feed's paths: one byte matrix per batch, each row the file's full path (joined to
-    the root unless a file list gave it absolute, any bytes a file name may hold) up to its length."""
-    undecodable = os.fsdecode(b"caf\xe9.jpg")  # a Latin-1 name: not UTF-8, kept by surrogateescape
-    relpaths = ["a/1.jpg", "/abs/dir/2.jpg", f"b/{undecodable}", "c/d/\u00e9t\u00e9 3.jpeg"]
-    index = SampleIndex.from_lists(str(tmp_path), ["x"], relpaths, [0] * 4)
-    samples = np.array([2, 0, 1, 3, 1, 0])
-    rows, lengths = index.path_rows(samples)
-    assert rows.dtype == np.uint8 and lengths.shape == (6, 1) and rows.flags.c_contiguous
-    assert [rows[i, :n].tobytes() for i, n in enumerate(lengths[:, 0])] == \
-        [os.fsencode(index.path(i)) for i in samples]
-    absolute_only = SampleIndex.from_lists("", ["x"], ["/a/1.jpg", "/b/22.jpg"], [0, 0])
-    rows, lengths = absolute_only.path_rows(np.array([1, 0]))
-    assert [rows[i, :n].tobytes() for i, n in enumerate(lengths[:, 0])] == [b"/b/22.jpg", b"/a/1.jpg"]

@@ -1,11 +1,12 @@
 """Collate: per-sample uint8 [3, H, W] -> one batch tensor, written in place, no float on the way.
 
-Samples the dataset skipped (see dataset.py) are left out and passed on, so the batch shrinks
-by them. `fast_collate` (GPU output) stacks uint8 in NHWC memory, returned as an NCHW view: the samples'
-own layout, so each copy is one memcpy, and the device converts to the configured memory format in
-the same pass that normalizes. `NormalizingCollate` (CPU output) writes each image normalized
-straight into the float batch. In a worker, either batch is allocated in shared memory directly,
-as torch's default_collate does, so handing it to the main process copies nothing.
+Slots whose file failed (see dataset.py) hold their substitute (train), or are left out (the batch
+shrinks by them); the files that failed are passed on. `fast_collate` (GPU output) stacks uint8 in
+NHWC memory, returned as an NCHW view: the samples' own layout, so each copy is one memcpy, and the
+device converts to the configured memory format in the same pass that normalizes.
+`NormalizingCollate` (CPU output) writes each image normalized straight into the float batch. In a
+worker, either batch is allocated in shared memory directly, as torch's default_collate does, so
+handing it to the main process copies nothing.
 
 A fresh shared-memory batch costs its page faults: 0.33-0.42 ms per 224 px float32 image here, a
 fifth of a worker's time, and its hand-over costs the training thread a file descriptor's round trip.
@@ -25,7 +26,7 @@ import torch.utils.data
 
 from fastloader.device_ops import BatchFinisher
 
-from .dataset import Skipped
+from .dataset import Decoded, Missed, Skipped
 from .prefetch import Normalizer
 
 
@@ -40,22 +41,30 @@ def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_l
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
 
 
-Batch = tuple[torch.Tensor | None, np.ndarray, tuple[tuple[int, Skipped], ...], int, np.ndarray | None]
+Batch = tuple[torch.Tensor | None, np.ndarray, tuple[tuple[int, Skipped, bool], ...], int, np.ndarray | None]
 """(images, labels, skipped, pool slot, targets) as a worker sends it: labels int64 [B] as numpy, which
 pickles inline (a tensor would be passed as a shared-memory file descriptor, through a connection of
 its own, on the training thread: half its cost per batch); skipped holds (position in the planned
-batch, Skipped) for each dropped sample; a slot >= 0 means the images are in that BatchPool slot
-and `images` is None (and the soft targets are in the slot too), else `images` is a fresh batch, or
-None when every sample was skipped; targets: the float32 soft targets [B, classes] where the split
-has them (fastloader.device_ops.BatchFinisher) and no slot holds them, else None."""
+batch, Skipped, whether a substitute filled the slot) for each file that failed; a slot >= 0 means
+the images are in that BatchPool slot and `images` is None (and the soft targets are in the slot
+too), else `images` is a fresh batch, or None when no slot holds a sample; targets: the float32 soft
+targets [B, classes] where the split has them (fastloader.device_ops.BatchFinisher) and no slot
+holds them, else None."""
 
 
-def _partition(samples: list) -> tuple[list[tuple[torch.Tensor, int, int]], tuple[tuple[int, Skipped], ...]]:
-    """The decoded samples, and the skipped ones with their positions in the batch."""
-    skipped = tuple((i, s) for i, s in enumerate(samples) if isinstance(s, Skipped))
-    if not skipped:
+def _partition(samples: list) -> tuple[list[Decoded], tuple[tuple[int, Skipped, bool], ...]]:
+    """The decoded samples (a substitute in its slot), and each file that failed: (its position in
+    the batch, Skipped, whether the slot was filled)."""
+    if not any(isinstance(s, Missed) for s in samples):
         return samples, ()
-    return [s for s in samples if not isinstance(s, Skipped)], skipped
+    decoded, skipped = [], []
+    for position, sample in enumerate(samples):
+        if isinstance(sample, Missed):
+            skipped += [(position, record, sample.filled is not None) for record in sample.skipped]
+            sample = sample.filled
+        if sample is not None:
+            decoded.append(sample)
+    return decoded, tuple(skipped)
 
 
 def _labels(samples) -> np.ndarray:

@@ -5,8 +5,11 @@ Items are (sample index, sample seed) pairs from `fastloader.order`, so the crop
 depends on the seed, the epoch and the sample only, never on which worker decodes it.
 
 A file that fails to decode follows dataset.on_bad_image: `raise` stops the run with an error that
-names the file and the decoder's reason; `skip` hands a `Skipped` record to the collate in place of
-the sample, so the main process learns which file was dropped and why.
+names the file and the decoder's reason; `skip` hands the collate a `Missed` record in place of the
+sample, which names the file and why, so the main process learns what was dropped. In train mode
+the slot is refilled: the substitutes that `fastloader.order.substitutes` draws from the slot's seed
+are tried in turn, as the DALI backend's feed tries them, so batches keep their size and both
+backends deliver the same samples.
 """
 from __future__ import annotations
 
@@ -17,15 +20,26 @@ import torch.utils.data
 
 from fastloader.cache import CachedPixels
 from fastloader.errors import BadImageError, CacheError, refused_file
+from fastloader.order import substitutes
 from fastloader.samples import SampleIndex
 
 from .transforms import SampleOps, SampleTransform
 
+Decoded = tuple[torch.Tensor, int, int]
+"""(uint8 image, label, seed) of one slot."""
+
 
 class Skipped(NamedTuple):
-    """A sample dropped from its batch: its file and why."""
+    """A file that failed to decode, and why."""
     path: str
     reason: str
+
+
+class Missed(NamedTuple):
+    """A batch slot whose file failed to decode: each file that failed in it (its own, then the
+    substitutes tried), and the substitute that filled it (train), or None: the slot stays empty."""
+    skipped: tuple[Skipped, ...]
+    filled: Decoded | None
 
 
 class ImageDataset(torch.utils.data.Dataset):
@@ -35,14 +49,26 @@ class ImageDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.pixels = pixels
         self.skip_bad = skip_bad
+        self.refill = skip_bad and transform.train
         self.source = source
 
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, item, ops: SampleOps | None = None) -> tuple[torch.Tensor, int, int] | Skipped:
+    def __getitem__(self, item, ops: SampleOps | None = None) -> Decoded | Missed:
         sample, seed = int(item[0]), int(item[1])
-        path = self.index.path(sample)
+        decoded = self._decode(sample, seed, ops)
+        if not isinstance(decoded, Skipped):
+            return decoded
+        failed = [decoded]
+        for substitute in substitutes(seed, len(self.index)) if self.refill else ():
+            decoded = self._decode(substitute, seed, ops)  # the slot's seed: its crop, flips and ops
+            if not isinstance(decoded, Skipped):
+                return Missed(tuple(failed), decoded)
+            failed.append(decoded)
+        return Missed(tuple(failed), None)
+
+    def _decode(self, sample: int, seed: int, ops: SampleOps | None) -> Decoded | Skipped:
         try:
             if self.pixels is None:
                 image = self.transform(self.index.location(sample), seed, ops)
@@ -53,11 +79,11 @@ class ImageDataset(torch.utils.data.Dataset):
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
             reason = f"{type(error).__name__}: {error}"
             if self.skip_bad:
-                return Skipped(path, reason)
-            raise BadImageError(refused_file(path, reason, self.source)) from error
+                return Skipped(self.index.path(sample), reason)
+            raise BadImageError(refused_file(self.index.path(sample), reason, self.source)) from error
         return image, self.index.label(sample), seed
 
-    def __getitems__(self, batch: np.ndarray) -> list[tuple[torch.Tensor, int, int] | Skipped]:
+    def __getitems__(self, batch: np.ndarray) -> list[Decoded | Missed]:
         """A whole batch per call: the DataLoader hands us the [k, 2] array from the sampler. The
         batch's flips and ops are drawn at once, as a sample alone would draw them (per row)."""
         ops = self.transform.sample_ops(np.asarray(batch)[:, 1])

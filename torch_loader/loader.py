@@ -165,7 +165,7 @@ class TorchLoader(Loader):
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
             return iter(())
-        delivered = self._drop_skipped(self._stream(batches), batches)
+        delivered = self._record_skipped(self._stream(batches), batches)
         if self.device.type == "cuda":  # workers give uint8; the GPU normalizes and finishes on a side stream
             if self.finisher is not None:  # launched from the training thread: what can be drawn, drawn now
                 self.finisher.start_epoch(batches)
@@ -173,21 +173,22 @@ class TorchLoader(Loader):
         # on the CPU the workers normalized and finished the batches already (NormalizingCollate)
         return ((images, labels) for images, labels, _ in delivered)
 
-    def _drop_skipped(self, batches: Iterator, planned: list) -> Iterator:
-        """(images, labels, seeds of the delivered samples), recording every skipped sample; a batch
-        whose samples were all skipped is left out (logged)."""
+    def _record_skipped(self, batches: Iterator, planned: list) -> Iterator:
+        """(images, labels, seeds of the delivered samples) of every planned batch, recording each file
+        that failed (its slot refilled in train mode, left out in eval); a batch none of whose files
+        decodes comes out empty (logged), never left out: every rank yields len(loader) batches."""
         for (images, labels, skipped), plan in zip(batches, planned):
-            seeds = plan[:, 1]
+            seeds = plan[:, 1]  # a substitute keeps its slot's seed
             if skipped:
                 keep = np.ones(len(plan), dtype=bool)
-                for position, record in skipped:
-                    keep[position] = False
+                for position, record, filled in skipped:
+                    keep[position] = filled
                     self._skip_sample(record.path, record.reason)
                 seeds = seeds[keep]
             if images is None:
-                log.warning("split '%s', epoch %d: a batch of %d samples was left out: none of its files can be "
-                            "decoded", self.split.name, self.epoch, len(plan))
-                continue
+                images, labels = self._empty_batch(len(plan))
+                if self.device.type == "cuda":  # as the workers give it: the prefetcher normalizes and finishes it
+                    images, labels = torch.empty((0, *images.shape[1:]), dtype=torch.uint8), torch.empty(0).long()
             yield images, labels, seeds
 
     def _start_workers(self, batches: list) -> None:

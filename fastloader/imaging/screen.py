@@ -24,7 +24,8 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 
 from ..errors import error_text
 from ..parallel import available_cores, map_chunks
-from ..sources.reading import ContainerChanged, Location, NotRegularFile, as_location, open_bytes
+from ..sources.reading import ContainerChanged, Location, NotRegularFile, as_location, open_bytes, read_bytes
+from .jpeg_header import SWAPPED, read_header
 from .sizes import jpeg_stored_size, pillow_stored_size
 
 BOMB_PIXELS = 178_956_970
@@ -108,22 +109,74 @@ def screen_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screene
     """The header check: existence, permissions, a regular file (a FIFO is named, never waited on),
     size, format, dimensions and (JPEG, PNG) the end marker, of a file or of a shard member (a Location)."""
     location = as_location(where)
-    path = location.name
     try:
         with open_bytes(location) as handle:
             size = os.fstat(handle.fileno()).st_size if location.whole_file else location.length
-            return _screen_open(path, handle, size, max_pixels)
-    except FileNotFoundError:
-        if not location.whole_file:
-            return Screened(path, problem=f"its shard {location.file} is missing")
-        return Screened(path, problem="missing (no such file)" if not os.path.islink(path) else
-                        "missing (broken symbolic link)")
-    except PermissionError:
-        return Screened(path, problem="unreadable: permission denied")
-    except (NotRegularFile, ContainerChanged) as error:  # a FIFO is never opened blocking, nor read
-        return Screened(path, problem=error.strerror)
+            return _screen_open(location.name, handle, size, max_pixels)
     except OSError as error:
-        return Screened(path, problem=f"unreadable: {error.strerror or error}")
+        return Screened(location.name, problem=unreadable(location, error))
+
+
+def read_screened(where: str | Location, max_pixels: int = BOMB_PIXELS) -> tuple[bytearray | None, Screened]:
+    """A file's (or shard member's) bytes and the header check of those very bytes, from one read:
+    what a decoder is then handed is what was checked, even if the file changes meanwhile. A JPEG's
+    size comes from its markers alone (10-20 us), as `screen_file` would read it; other formats and
+    JPEGs the marker walk is not sure of go through Pillow's header parse, as in `screen_file`.
+    The bytes are None where they cannot be read."""
+    location = as_location(where)
+    try:
+        data = read_bytes(location)
+    except OSError as error:
+        return None, Screened(location.name, problem=unreadable(location, error))
+    header = read_header(data)
+    if header is None:
+        return data, _screen_open(location.name, io.BytesIO(data), len(data), max_pixels)
+    width, height, turned = header.width, header.height, header.exif_orientation in SWAPPED
+    problem = bomb_problem(width, height, max_pixels) if width * height > max_pixels else None
+    return data, Screened(location.name, "JPEG", width, height,
+                          problem or _tail_problem("JPEG", data[-TAIL_BYTES:]), turned)
+
+
+def unreadable(location: Location, error: OSError) -> str:
+    """Why a file or shard member could not be read, in the words of every check."""
+    if isinstance(error, FileNotFoundError):
+        if not location.whole_file:
+            return f"its shard {location.file} is missing"
+        return "missing (no such file)" if not os.path.islink(location.file) else "missing (broken symbolic link)"
+    if isinstance(error, PermissionError):
+        return "unreadable: permission denied"
+    if isinstance(error, (NotRegularFile, ContainerChanged)):  # a FIFO is never opened blocking, nor read
+        return error.strerror
+    return f"unreadable: {error.strerror or error}"
+
+
+def _screen_open(path: str, handle, size: int, max_pixels: int) -> Screened:
+    """The header check of `size` bytes open in `handle` (a file, or bytes in memory)."""
+    if size == 0:
+        return Screened(path, problem="empty file")
+    head = handle.read(32)
+    found = sniff(head)
+    handle.seek(0)
+    try:
+        with Image.open(handle) as image:
+            fmt = found or _PILLOW_ALIASES.get(image.format or "", image.format)
+            height, width, turned = _stored_size(handle, image, fmt)
+    except UnidentifiedImageError:
+        return Screened(path, found, problem=_unidentified(found, head))
+    except Image.DecompressionBombError as error:
+        pixels = _BOMB_MESSAGE.search(str(error))
+        count = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
+        return Screened(path, found, problem=f"decompression bomb: {count}, Pillow refuses it")
+    except Exception as error:  # a plugin that chokes on a damaged header
+        return Screened(path, found, problem=f"{found or 'image'} header does not parse: {error_text(error)}")
+    if width * height > max_pixels:
+        return Screened(path, fmt, width, height, bomb_problem(width, height, max_pixels))
+    if fmt in ("JPEG", "PNG"):
+        handle.seek(max(0, size - TAIL_BYTES))
+        problem = _tail_problem(fmt, handle.read())
+        if problem:
+            return Screened(path, fmt, width, height, problem, turned)
+    return Screened(path, fmt, width, height, turned=turned)
 
 
 def screen_bytes(name: str, data: bytes, max_pixels: int = BOMB_PIXELS) -> Screened:
