@@ -6,6 +6,7 @@ override), the dotted key, the value and, for unknown keys, the closest valid ke
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import math
@@ -22,6 +23,7 @@ import yaml
 from .errors import ConfigError
 from .schema import (  # noqa: F401  (the schema's names are re-exported for users who read them here)
     BACKEND_ENV,
+    DRAW_KEYS,
     EVAL_TRANSFORM_KEYS,
     IMAGE_EXTENSIONS,
     IMAGENET_MEAN,
@@ -29,6 +31,7 @@ from .schema import (  # noqa: F401  (the schema's names are re-exported for use
     NAMED_SPLITS,
     SCALARS,
     SECTIONS,
+    SOURCE_KINDS,
     TRAIN_SPLIT_KEYS,
     TRAIN_TRANSFORM_KEYS,
     Config,
@@ -38,6 +41,7 @@ from .schema import (  # noqa: F401  (the schema's names are re-exported for use
     MixupConfig,
     NormalizeConfig,
     OutputConfig,
+    SourceConfig,
     SplitConfig,
     StatsConfig,
     TransformConfig,
@@ -212,7 +216,7 @@ def _is_path_key(dotted: str) -> bool:
     """A key whose relative path an override gives relative to the working directory (shards: see
     _resolve_shards)."""
     return dotted in {f"dataset.{key}" for key in DATASET_PATHS} | {f"dataset.remote.{key}" for key in REMOTE_PATHS} \
-        or dotted.endswith(".file_list")
+        or dotted.endswith((".file_list", ".weights"))
 
 
 def _resolve_one(value: Any, base_dir: Path | str) -> Any:
@@ -242,9 +246,20 @@ def _resolve_paths(raw: dict, base_dir: Path) -> dict:
                 if key in remote:
                     remote[key] = _resolve_one(remote[key], base_dir)
     for key, section in raw.items():
-        if key not in SECTIONS and isinstance(section, dict) and "file_list" in section:
-            section["file_list"] = _resolve_one(section["file_list"], base_dir)
+        if key in SECTIONS or not isinstance(section, dict):
+            continue
+        for item in [section, *_sources_of(section)]:
+            if "file_list" in item:
+                item["file_list"] = _resolve_one(item["file_list"], base_dir)
+        if "weights" in section:
+            section["weights"] = _resolve_one(section["weights"], base_dir)
     return raw
+
+
+def _sources_of(section: dict) -> list[dict]:
+    """The mappings among a split section's `sources` (what is not a mapping fails its check later)."""
+    sources = section.get("sources")
+    return [item for item in sources if isinstance(item, dict)] if isinstance(sources, list) else []
 
 
 def _resolve_shards(raw: dict, base_dir: Path, origins: Mapping[str, str]) -> None:
@@ -254,13 +269,16 @@ def _resolve_shards(raw: dict, base_dir: Path, origins: Mapping[str, str]) -> No
     root = dataset.get("root") if isinstance(dataset, dict) else None
     given = isinstance(root, str) and root != "" and not root.startswith("builtin:")
     for name, section in raw.items():
-        if name in SECTIONS or not isinstance(section, dict) or "shards" not in section:
+        if name in SECTIONS or not isinstance(section, dict):
             continue
-        overridden = any(key in origins for key in (name, f"{name}.shards"))
-        base = root if given and is_url(root) else \
-            Path(os.path.expanduser(os.path.expandvars(root))).absolute() if given else \
-            Path.cwd() if overridden else base_dir
-        section["shards"] = _resolve_one(section["shards"], base)
+        for key, item in [("shards", section), *(("sources", source) for source in _sources_of(section))]:
+            if "shards" not in item:
+                continue
+            overridden = any(set_by in origins for set_by in (name, f"{name}.{key}"))
+            base = root if given and is_url(root) else \
+                Path(os.path.expanduser(os.path.expandvars(root))).absolute() if given else \
+                Path.cwd() if overridden else base_dir
+            item["shards"] = _resolve_one(item["shards"], base)
 
 
 def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> None:
@@ -273,6 +291,9 @@ def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> N
 
 
 def _resolve_override_path(key: str, value: Any) -> Any:
+    if key.endswith(".sources") and isinstance(value, list):  # each source's file list (shards: _resolve_shards)
+        return [{**item, "file_list": _resolve_one(item["file_list"], Path.cwd())}
+                if isinstance(item, dict) and "file_list" in item else item for item in value]
     return _resolve_one(value, Path.cwd()) if _is_path_key(key) or (key == "dataset.classes" and
                                                                    isinstance(value, str)) else value
 
@@ -329,8 +350,10 @@ def _config_to_raw(config: Config) -> dict:
                 allowed = TRAIN_TRANSFORM_KEYS if split.mode == "train" else EVAL_TRANSFORM_KEYS
                 section["transform"] = {k: v for k, v in section["transform"].items() if k in allowed}
                 if split.mode != "train":
-                    for key in TRAIN_SPLIT_KEYS:
+                    for key in (*TRAIN_SPLIT_KEYS, *DRAW_KEYS):
                         section.pop(key)
+                if section["sources"] is None:
+                    section.pop("sources")
                 raw[name] = section
         else:
             raw[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
@@ -390,6 +413,8 @@ def all_dotted_keys() -> list[str]:
             continue
         if f.name in SPLIT_SECTIONS:
             keys += [f"<split>.{f.name}.{t.name}" for t in dataclasses.fields(SPLIT_SECTIONS[f.name])]
+        elif f.name == "sources":
+            keys += ["<split>.sources", *(f"<split>.sources.{t.name}" for t in dataclasses.fields(SourceConfig))]
         else:
             keys.append(f"<split>.{f.name}")
     return keys
@@ -467,17 +492,46 @@ class _Builder:
                                       f"folder with `fastloader pack`, then upload the shards)")
         self.validate_fields(Config, values, "")
         self.block_order_needs_shards(values["dataset"], splits)
+        self.draws_need_a_uniform_order(splits)
         return Config(**values, splits=splits, source=self.source, origins=dict(self.origins))
 
     def block_order_needs_shards(self, dataset: DatasetConfig, splits: Mapping[str, SplitConfig]) -> None:
         """`shuffle: block` reads a split's shards block by block: image files have none to group."""
         for name, split in splits.items():
+            if split.shuffle == "block" and split.sources is not None:
+                files = next((k for k, source in enumerate(split.sources) if source.shards is None), None)
+                if files is not None:
+                    self.fail(f"{name}.shuffle", f"block reads the split's tar shards block by block, and "
+                                                 f"{name}.sources[{files}] reads image files, which have no shards "
+                                                 f"to group; set {name}.shuffle: true, or pack that source into "
+                                                 f"shards with `fastloader pack`")
+                continue
             if split.shuffle == "block" and dataset.format == "folder":
                 self.fail(f"{name}.shuffle", "block reads the split's tar shards block by block, and dataset.format: "
                                              "folder reads image files, which have no shards to group; set "
                                              f"{name}.shuffle: true (a uniform permutation costs image files "
                                              "nothing more), or pack the split into shards with `fastloader pack` "
                                              "and read them with dataset.format: webdataset")
+
+    def draws_need_a_uniform_order(self, splits: Mapping[str, SplitConfig]) -> None:
+        """Weights draw at random: `shuffle: false` cannot keep the index order, and the block order is
+        refused with them (docs/semantics.md, the block order: grouped by block, the draws of a rare
+        sample would crowd the few blocks that hold it). An epoch_size alone takes either uniform order."""
+        for name, split in splits.items():
+            weighted = [f"{name}.{key}" for key in ("weights", "class_weights") if getattr(split, key) is not None]
+            if split.sources is not None and any(source.weight is not None for source in split.sources):
+                weighted.append(f"{name}.sources[].weight")
+            if split.shuffle == "block" and (weighted or split.epoch_size is not None):
+                keys = weighted or [f"{name}.epoch_size"]
+                self.fail(f"{name}.shuffle", f"block reads every shard once an epoch, and {', '.join(keys)} draw "
+                                             f"samples with replacement (or more than once an epoch): drawn "
+                                             f"samples grouped by block would crowd the few blocks that hold a "
+                                             f"rare sample (docs/semantics.md, the block order). Set "
+                                             f"{name}.shuffle: true, or remove {keys[0]}")
+            if split.shuffle is False and weighted:
+                self.fail(f"{name}.shuffle", f"false reads the samples in index order, and {weighted[0]} draws them at "
+                                             f"random in proportion to their weights; set {name}.shuffle: true, or "
+                                             f"remove {weighted[0]}")
 
     def split(self, name: str, raw: dict) -> SplitConfig:
         valid = [f.name for f in dataclasses.fields(SplitConfig) if f.name != "name"]
@@ -495,14 +549,22 @@ class _Builder:
                     self.fail(f"{name}.{key}", f"applies only to train mode, and split '{name}' has mode: {mode}: eval "
                                                f"batches are never repeated, mixed or smoothed; remove {name}.{key}, "
                                                f"or set {name}.mode: train")
-        for key in ("batch_size", "shuffle", "block_size", "drop_last", "folder", "file_list", "shards", "aug_repeats",
-                    "label_smoothing"):
-            if key in raw:
+        for key in DRAW_KEYS:
+            if mode != "train" and raw.get(key) is not None:
+                self.fail(f"{name}.{key}", f"applies only to train mode, and split '{name}' has mode: {mode}: eval "
+                                           f"reads every sample exactly once, and {key} would draw some samples "
+                                           f"more than once and others never; remove {name}.{key}, or set "
+                                           f"{name}.mode: train")
+        for key in ("batch_size", "shuffle", "block_size", "drop_last", "folder", "file_list", "shards", "sources",
+                    "weights", "class_weights", "epoch_size", "aug_repeats", "label_smoothing"):
+            if key in raw and (key not in DRAW_KEYS + ("sources",) or raw[key] is not None):
                 values[key] = self.coerce(raw[key], hints[key], f"{name}.{key}")
             elif key in defaults:
                 values[key] = defaults[key]
         if isinstance(values.get("shards"), str):
             values["shards"] = (values["shards"],)
+        if values.get("sources") is not None:
+            self.check_sources(name, mode, values)
         if values.get("block_size") is not None and values["shuffle"] != "block":
             self.fail(f"{name}.block_size", f"applies only with {name}.shuffle: block, and split '{name}' has shuffle: "
                                             f"{_show(values['shuffle'])}; remove {name}.block_size, or set "
@@ -524,6 +586,45 @@ class _Builder:
             values["mixup"] = self.section(MixupConfig, raw["mixup"], f"{name}.mixup")
         self.validate_fields(SplitConfig, values, name)
         return SplitConfig(**values)
+
+    def check_sources(self, name: str, mode: str, values: dict) -> None:
+        """A split's sources: each says where its samples are with one key; the split itself then says
+        nothing of it; weights on every source or on none, not all 0, and none in eval mode; names distinct."""
+        sources = values["sources"]
+        if not sources:
+            return  # refused by its check: a list of at least one
+        for key in SOURCE_KINDS:
+            if values.get(key) is not None:
+                self.fail(f"{name}.{key}", f"split '{name}' reads its samples from {name}.sources; move {name}.{key} "
+                                           f"into a source (e.g. sources: [{{{key}: ...}}]), or remove it")
+        for number, source in enumerate(sources):
+            kinds = [key for key in SOURCE_KINDS if getattr(source, key) is not None]
+            if len(kinds) != 1:
+                found = f"it sets {' and '.join(kinds)}" if kinds else "it sets none of them"
+                self.fail(f"{name}.sources[{number}]", f"a source reads one of folder, file_list or shards, and "
+                                                       f"{found}; give each source one, e.g. {{folder: extra/train}}")
+            if isinstance(source.shards, str):
+                sources = (*sources[:number], dataclasses.replace(source, shards=(source.shards,)),
+                           *sources[number + 1:])
+        values["sources"] = tuple(sources)
+        weighted = [source.weight is not None for source in sources]
+        if any(weighted) and mode != "train":
+            at = weighted.index(True)
+            self.fail(f"{name}.sources[{at}].weight", f"applies only to train mode, and split '{name}' has mode: "
+                                                      f"{mode}: eval reads every sample of every source exactly "
+                                                      f"once; remove the sources' weights, or set {name}.mode: train")
+        if any(weighted) and not all(weighted):
+            at = weighted.index(False)
+            self.fail(f"{name}.sources[{at}].weight", "missing: set weight on every source (each one's share of the "
+                                                      "epoch's draws) or on none (the sources read as one split)")
+        if all(weighted) and not any(source.weight > 0 for source in sources):
+            self.fail(f"{name}.sources[0].weight", "every source's weight is 0, so no sample could be drawn; give "
+                                                   "at least one source a weight above 0")
+        names = [source.name or f"source{number}" for number, source in enumerate(sources)]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice is not None:
+            self.fail(f"{name}.sources[{len(names) - 1 - names[::-1].index(twice)}].name",
+                      f"{twice!r} names two sources; give each source its own name")
 
     # -- sections and values -------------------------------------------------------------------
 
@@ -564,11 +665,19 @@ class _Builder:
                 try:
                     return self.coerce(value, option, path)
                 except ConfigError as error:
+                    if _structure_fits(value, option):  # a list of sources, a mapping: what is wrong inside it
+                        raise
                     refusals.append(error)
             not_finite = [error for error in refusals if "expected a finite number" in str(error)]
             if not_finite:  # the type fits, the value does not: say so rather than "expected a number"
                 raise not_finite[0]
             self.fail(path, f"expected {_describe_type(hint)}, got {_show(value)}")
+        if dataclasses.is_dataclass(hint):
+            return self.section(hint, value, path)
+        if origin is collections.abc.Mapping:
+            if not isinstance(value, Mapping):
+                self.fail(path, f"expected {_describe_type(hint)}, got {_show(value)}")
+            return {str(key): self.coerce(item, args[1], f"{path}.{key}") for key, item in value.items()}
         if origin is Literal:
             if value in args and type(value) is type(args[args.index(value)]):
                 return value
@@ -618,6 +727,15 @@ class _Builder:
         self.fail(path, f"expected {_describe_type(hint)}, got {_show(value)}")
 
 
+def _structure_fits(value: Any, hint: Any) -> bool:
+    """Whether a value has the shape of a list or mapping type (not of a scalar's): then its own
+    refusal, which names the item or key inside it, is the one to give."""
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        return isinstance(value, (list, tuple))
+    return isinstance(value, Mapping) and (origin is collections.abc.Mapping or dataclasses.is_dataclass(hint))
+
+
 def _describe_type(hint: Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (Union, types.UnionType):
@@ -625,9 +743,16 @@ def _describe_type(hint: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis and dataclasses.is_dataclass(args[0]):
+            return f"a list of mappings, each of keys {', '.join(f.name for f in dataclasses.fields(args[0]))}"
         if len(args) == 2 and args[1] is Ellipsis:
             return f"a list of {_describe_type(args[0]).removeprefix('a ').removeprefix('an ')}s"
         return f"a list of {len(args)} {_describe_type(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is collections.abc.Mapping:
+        key, item = (_describe_type(arg).removeprefix("a ").removeprefix("an ") for arg in args)
+        return f"a mapping of {key}s to {item}s"
+    if dataclasses.is_dataclass(hint):
+        return f"a mapping of keys ({', '.join(f.name for f in dataclasses.fields(hint))})"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
             type(None): "null"}.get(hint, str(hint))
 

@@ -26,6 +26,7 @@ from .prepared import PreparedSplit
 from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
 from .sources import reading
 from .stats import LOG_LEVELS, LoaderStats
+from .weights import class_shares
 from .words import plural
 
 log = logging.getLogger("fastloader")
@@ -53,7 +54,10 @@ class Loader(abc.ABC):
         """Where the pixels come from: the image files, or a uint8 cache folder."""
         self.order = EpochOrder(len(index), split.batch_size, mode=split.mode, shuffle=split.shuffle,
                                 drop_last=split.drop_last, seed=config.seed, rank=ranks.rank,
-                                world_size=ranks.world_size, repeats=split.aug_repeats, blocks=prepared.blocks)
+                                world_size=ranks.world_size, repeats=split.aug_repeats, blocks=prepared.blocks,
+                                draws=prepared.draws,
+                                epoch_size=split.epoch_size if prepared.draws is None else None)
+        self._draw_words = self._describe_draws()
         self._epoch = 0
         self._epoch_set = True  # the first loop runs epoch 0
         self._resume_position = 0  # where the next loop starts in its epoch's global order
@@ -89,6 +93,21 @@ class Loader(abc.ABC):
         if self.order.padded:
             log.info("split '%s': %s repeated per epoch so that %d ranks yield equal batches",
                      split.name, plural(self.order.padded, "sample"), ranks.world_size)
+        if split.epoch_size is not None and prepared.draws is None:
+            log.info("split '%s': %s.epoch_size %d: %s, %.3g passes over its %s, each in a new order",
+                     split.name, split.name, split.epoch_size, self._draw_words, split.epoch_size / max(1, len(index)),
+                     plural(len(index), "sample"))
+
+    def _describe_draws(self) -> str:
+        """What an epoch draws, for the epoch's line: weighted draws and the class shares they give, or
+        passes of an epoch_size; empty for a plain permutation."""
+        draws = self.order.draws
+        if draws is not None:
+            return (f"{plural(draws.size, 'weighted draw')} an epoch ({draws.origin}; expected class shares: "
+                    f"{class_shares(self.index, draws.probabilities)})")
+        if self.split.epoch_size is not None:
+            return f"{self.order.length} positions an epoch"
+        return ""
 
     # -- the contract ----------------------------------------------------------------------------
 
@@ -237,6 +256,8 @@ class Loader(abc.ABC):
         """'; mixing ..., repeated augmentation ...' when they are on, for the epoch's line."""
         mixer = self.finisher.mixer if self.finisher is not None else None
         words = [mixer.describe()] if mixer is not None else []
+        if self._draw_words:
+            words.append(self._draw_words)
         if self.order.repeats > 1:
             words.append(f"repeated augmentation x{self.order.repeats} ({self.order.epoch_length} positions "
                          f"per epoch over {plural(self.ranks.world_size, 'rank')})")
@@ -251,7 +272,9 @@ class Loader(abc.ABC):
         return {"version": STATE_VERSION, "backend": self.backend, "split": self.split.name,
                 "dataset": self.index.fingerprint, "num_samples": len(self.index), "seed": self.config.seed,
                 "shuffle": self.split.shuffle, "block_size": self.order.blocks.budget if self.order.blocks else 0,
-                "aug_repeats": self.order.repeats, "epoch": self._epoch,
+                "weights": self.order.draws.digest if self.order.draws else "",
+                "weights_from": self.order.draws.origin if self.order.draws else "",
+                "epoch_size": self.order.length, "aug_repeats": self.order.repeats, "epoch": self._epoch,
                 "position": min(self._position, self.order.epoch_length),
                 "batch_size": self.batch_size, "world_size": self.ranks.world_size}
 
@@ -298,10 +321,19 @@ class Loader(abc.ABC):
                              f"(fingerprint {state.get('dataset')}) then, {mine['num_samples']} samples "
                              f"(fingerprint {mine['dataset']}) in {self.index.root} now; files were added, removed "
                              f"or relabelled. Resume on the same files, or start afresh without load_state_dict")
-        # states saved before repeats or blocks: no repeats, no blocks
-        saved_order = {**state, "aug_repeats": state.get("aug_repeats", 1), "block_size": state.get("block_size", 0)}
+        # states saved before repeats, blocks or weights: no repeats, no blocks, no weights, the split's size
+        saved_order = {**state, "aug_repeats": state.get("aug_repeats", 1), "block_size": state.get("block_size", 0),
+                       "weights": state.get("weights", ""), "epoch_size": state.get("epoch_size",
+                                                                                     state.get("num_samples"))}
+        if saved_order["weights"] != mine["weights"]:
+            then = f"weights from {state.get('weights_from')}" if saved_order["weights"] else "no weights"
+            now = f"weights from {mine['weights_from']}" if mine["weights"] else "no weights"
+            keys = mine["weights_from"] or state.get("weights_from") or f"{name}.weights"
+            raise ValueError(f"loader state was saved with {then} (digest {saved_order['weights'] or '-'}), this "
+                             f"loader draws with {now} (digest {mine['weights'] or '-'}, from {self.config.source}); "
+                             f"set {keys} back as they were, on the same samples, to resume the same order")
         order_keys = (("seed", "seed"), ("shuffle", f"{name}.shuffle"), ("aug_repeats", f"{name}.aug_repeats"),
-                      ("block_size", f"{name}.block_size"))
+                      ("block_size", f"{name}.block_size"), ("epoch_size", f"{name}.epoch_size"))
         for key, config_key in order_keys:
             if saved_order.get(key) == mine[key]:
                 continue
@@ -326,12 +358,18 @@ class Loader(abc.ABC):
                   "num_samples": (0, INT64_MAX, "samples in the split"),
                   "seed": (0, INT64_MAX, "the config's seed"),
                   "aug_repeats": (1, MAX_PROCESSES, f"{self.split.name}.aug_repeats"),
-                  "block_size": (0, INT64_MAX, f"bytes of {self.split.name}.block_size; 0: no blocks")}
+                  "block_size": (0, INT64_MAX, f"bytes of {self.split.name}.block_size; 0: no blocks"),
+                  "epoch_size": (1, INT64_MAX, f"positions of an epoch's order ({self.split.name}.epoch_size)")}
+        for key in ("weights", "weights_from"):
+            if not isinstance(state.get(key, ""), str):
+                raise ValueError(f"loader state: {key} must be a string (the sample weights' digest and keys), got "
+                                 f"{state.get(key)!r}; pass the dict that loader.state_dict() returned")
         if not isinstance(state.get("shuffle"), bool) and state.get("shuffle") != "block":
             raise ValueError(f"loader state: shuffle must be true, false or 'block' ({self.split.name}.shuffle), got "
                              f"{state.get('shuffle')!r}; pass the dict that loader.state_dict() returned")
         for key, (low, high, meaning) in ranges.items():
-            value = state.get(key, {"aug_repeats": 1, "block_size": 0}.get(key))  # states before repeats, blocks
+            value = state.get(key, {"aug_repeats": 1, "block_size": 0,  # states before repeats, blocks, weights
+                                    "epoch_size": state.get("num_samples")}.get(key))
             if value is None or isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 found = "no such field" if value is None else f"{type(value).__name__} {value!r}"
                 raise ValueError(f"loader state: {key} must be an integer in [{low}, {high}] ({meaning}), got "

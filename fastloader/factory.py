@@ -23,6 +23,7 @@ from .schema import Config, SplitConfig
 from .screening import screen_index
 from .sources.formats import build_index
 from .sources.reading import cache_limit
+from .weights import check_epoch_size, read_weights_file, weighted_draws
 
 log = logging.getLogger("fastloader")
 
@@ -123,8 +124,11 @@ def create_loader(config: Config, split_name: str) -> Loader:
 def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo) -> PreparedSplit:
     """The split's index less its unusable files, and its pixel source: the uint8 cache when
     dataset.cache holds one for the split (it lists the files it could not decode, so no screening
-    is needed), else the image files, screened; and its block order where `shuffle: block`."""
+    is needed), else the image files, screened; its block order where `shuffle: block`, its weighted
+    draws where weights are set."""
     workers = worker_count(config, backend, ranks)
+    check_epoch_size(config, split, ranks)  # an epoch too small for the ranks, or a bad weights file, fails at once
+    table = read_weights_file(config, split)
     index = build_index(config, split)
     limit = cache_limit(index.ranges.files) if index.ranges is not None else None  # shards in an object store
     budget = block_budget(config, split, limit)
@@ -133,9 +137,12 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
         log.warning(cost)
     cache = open_split_cache(config, split, index)  # None: read the image files
     if cache is not None:
-        return PreparedSplit(cache.index, index.unusable + tuple(cache.bad), workers, pixels=cache.pixels,
-                             blocks=block_order(config, split, cache.index, budget))
+        bad = index.unusable + tuple(cache.bad)
+        return PreparedSplit(cache.index, bad, workers, pixels=cache.pixels,
+                             blocks=block_order(config, split, cache.index, budget),
+                             draws=weighted_draws(config, split, cache.index, table, [path for path, _ in bad]))
     screened = screen_index(config, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
-    return PreparedSplit(screened.index, index.unusable + tuple(screened.bad), workers,
-                         needs_substitute=screened.formats, sizes=screened.sizes,
-                         blocks=block_order(config, split, screened.index, budget))
+    bad = index.unusable + tuple(screened.bad)
+    return PreparedSplit(screened.index, bad, workers, needs_substitute=screened.formats, sizes=screened.sizes,
+                         blocks=block_order(config, split, screened.index, budget),
+                         draws=weighted_draws(config, split, screened.index, table, [path for path, _ in bad]))

@@ -15,7 +15,7 @@ import numpy as np
 
 from .cache import CachedPixels
 from .distributed import RankInfo, cpu_workers_per_rank
-from .order import BlockShuffle
+from .order import BlockShuffle, WeightedDraws
 from .samples import SampleIndex
 from .schema import Config
 
@@ -40,6 +40,9 @@ class PreparedSplit:
     blocks: BlockShuffle | None = None
     """The block order over `index` (its shards and the byte budget) where the split's shuffle is
     `block`, else None."""
+    draws: WeightedDraws | None = None
+    """The weighted draws over `index` where the split weighs its samples (weights, class_weights, the
+    sources' weights), else None."""
 
     @property
     def pixels_from(self) -> str:

@@ -73,6 +73,10 @@ class SampleIndex:
     unusable: tuple[tuple[str, str], ...] = ()
     """(name, reason) of what indexing found but could not make a sample of (a shard member without
     a label, a truncated shard ...), under dataset.on_bad_image: skip; already logged."""
+    source: np.ndarray | None = None
+    """int16 [n]: which of the split's `sources` each sample comes from (sources/multi.py); None: one source."""
+    source_names: tuple[str, ...] = ()
+    """The sources' names, by number (empty with one source)."""
 
     @classmethod
     def from_lists(cls, root: str, classes: Sequence[str], relpaths: Sequence[str],
@@ -94,9 +98,10 @@ class SampleIndex:
         pieces = [self.path_bytes[a:b] for a, b in zip(starts, ends)]
         path_bytes = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8)
         ranges = self.ranges.take(samples) if self.ranges is not None else None
+        source = self.source[samples] if self.source is not None else None
         return SampleIndex(root=self.root, classes=self.classes, path_bytes=path_bytes, offsets=offsets,
                            labels=self.labels[samples].copy(), excluded=self.excluded, ranges=ranges,
-                           unusable=self.unusable)
+                           unusable=self.unusable, source=source, source_names=self.source_names)
 
     def without(self, drop: Sequence[int]) -> "SampleIndex":
         """The same index less the samples at positions `drop` (files known to be unusable); the
@@ -137,7 +142,8 @@ class SampleIndex:
     @property
     def nbytes(self) -> int:
         ranges = self.ranges.nbytes if self.ranges is not None else 0
-        return self.path_bytes.nbytes + self.offsets.nbytes + self.labels.nbytes + ranges
+        source = self.source.nbytes if self.source is not None else 0
+        return self.path_bytes.nbytes + self.offsets.nbytes + self.labels.nbytes + ranges + source
 
     @functools.cached_property
     def fingerprint(self) -> str:

@@ -34,6 +34,9 @@ MAX_PROCESSES = 1024
 """The most workers, DALI threads or batches ahead a rank may ask for."""
 MAX_RANKS = 1 << 20
 """The largest world size (and rank, local rank) a config may name."""
+MAX_EPOCH_SIZE = 1 << 32
+"""The largest epoch_size: an epoch's order is made whole, 8 bytes a position (16 while drawing), so
+4,294,967,296 positions already take 32 GiB; a larger one fails at load with its key."""
 MAX_CLASSES_WITHOUT_NAMES = 100_000
 """Without dataset.classes, a label of a shard member or a file list is at most this minus 1: the classes
 are then 0 .. the largest label, and one stray `.cls` of 20000000 must not make 20 million classes."""
@@ -205,6 +208,35 @@ class MixupConfig:
     """CutMix: lam becomes 1 - the box's area / the image's once the box is clipped to the image."""
 
 
+@dataclass(frozen=True)
+class SourceConfig:
+    """One source of a split's `sources`: a folder tree, a file list or tar shards, with its weight and
+    its class mapping (docs/semantics.md, several sources)."""
+    folder: str | None = None
+    """A folder of class folders (<folder>/<class>/<image>), relative to dataset.root or absolute."""
+    file_list: str | None = None
+    """A text file of `relative/path label` lines, the paths relative to dataset.root."""
+    shards: str | tuple[str, ...] | None = None
+    """Tar shards: a path, glob or brace range, or a list of them (relative as the split's shards)."""
+    weight: float | None = field(default=None, metadata=_check(lambda v: v is None or v >= 0, "a number >= 0"))
+    """train: the source's share of each epoch's draws, against the other sources' weights (set on every
+    source or on none). Unset: the sources are one split, each sample once an epoch."""
+    classes: Literal["shared", "own"] = "shared"
+    """shared: its class names are the split's (a name the others lack is appended). own: its classes
+    are appended after the others', named `<name>/<class>`."""
+    name: str | None = field(default=None, metadata=_check(lambda v: v is None or (v != "" and "/" not in v),
+                                                           "a non-empty name without '/'"))
+    """What logs and own class names call it. Default: source<k>, k its place in the list from 0."""
+
+
+SOURCE_KINDS = ("folder", "file_list", "shards")
+"""The keys of a source that say where its samples are: exactly one of them."""
+MAX_SOURCES = 1024
+"""The most sources a split may list (a sample's source is an int16)."""
+DRAW_KEYS = ("weights", "class_weights", "epoch_size")
+"""Split keys that make a train order of draws: eval splits read every sample once and refuse them."""
+
+
 TRAIN_TRANSFORM_KEYS = ("size", "scale", "ratio", "hflip", "vflip", "auto_augment", "color_jitter", "interpolation",
                         "erase_prob", "erase_mode", "erase_area", "erase_ratio", "erase_count")
 EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation")
@@ -240,6 +272,22 @@ class SplitConfig:
     """dataset.format: webdataset: the split's tar shards: a path, glob or brace range
     (`train-{000000..000146}.tar`), or a list of them, relative to dataset.root when it is set, else to
     the config file's folder; or objects in a store (`s3://`, `gs://`, `az://`, `https://`: dataset.remote)."""
+    sources: tuple[SourceConfig, ...] | None = field(default=None, metadata=_check(
+        lambda v: v is None or 1 <= len(v) <= MAX_SOURCES, f"a list of 1 to {MAX_SOURCES} sources"))
+    """Several sources in one split, instead of folder / file_list / shards: each a folder, file_list or
+    shards, with its weight (the share of each epoch's draws) and its classes (shared or own)."""
+    weights: str | None = None
+    """train: a text file of `name weight` lines (names as `fastloader check` and dataset.exclude write
+    them, one line per sample): samples are drawn with replacement in proportion to their weights."""
+    class_weights: Literal["inverse", "sqrt"] | Mapping[str, float] | None = field(default=None, metadata=_check(
+        lambda v: not isinstance(v, Mapping) or (len(v) > 0 and all(w >= 0 for w in v.values())),
+        "inverse, sqrt, or a mapping of class names to weights >= 0"))
+    """train: each sample weighs 1 / its class's size (inverse: classes drawn equally often), 1 / sqrt
+    of it (sqrt), or its class's weight in a {class: weight} mapping (classes left out weigh 1)."""
+    epoch_size: int | None = field(default=None, metadata=_check(lambda v: v is None or 1 <= v <= MAX_EPOCH_SIZE,
+                                                                 f"an integer in [1, {MAX_EPOCH_SIZE}]"))
+    """train: positions of each epoch's order. Default: the split's size. Without weights, consecutive
+    shuffled passes over the split cut to this size; with them, this many weighted draws."""
     aug_repeats: int = field(default=1, metadata=_check(lambda v: 1 <= v <= MAX_PROCESSES,
                                                         f"an integer in [1, {MAX_PROCESSES}] (1: no repeats)"))
     """train: repeated augmentation (DeiT's RASampler): each sample chosen K times in a row of the

@@ -24,7 +24,7 @@ from conftest import REPO, cpu_only_env, write_solid_dataset
 
 BENCHMARKS = REPO / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in ("harness.py", "peer_loaders.py"))
-SYNTHETIC = ("block_order.py",)
+SYNTHETIC = ("block_order.py", "sampler.py")
 """Scripts that measure a split they make up and read no data folder (no --data)."""
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 HAS_TIMM = importlib.util.find_spec("timm") is not None
@@ -52,10 +52,13 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
                "--members", "2000"],
     "block_order": ["block_order.py", "--samples", "4000", "--shards", "20", "--classes", "10", "--mean-kb", "10",
                     "--batch-size", "32", "--budgets", "2MB,8MB"],
+    "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
+                "--file-samples", "2000"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
-    ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order"),
+    ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order",
+     "sampler"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "screening"),
 )
 
@@ -317,10 +320,24 @@ def test_block_order_measures_each_order_on_both_shard_layouts(run):
     assert report["py1e"] == "--streaming-python not given" and "skipped py1e: --streaming-python not given" in out
 
 
+@runs_for("sampler")
+def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
+    out, report = run
+    assert [size["samples"] for size in report["sizes"]] == [3000, 5000]
+    for size in report["sizes"]:
+        rows = size["orders"]
+        assert sorted(rows) == ["epoch_size 1.5 N (passes)", "shuffle: true", "weighted draws"]
+        assert rows["shuffle: true"]["draw_ratio"] == 1 and rows["weighted draws"]["kept_bytes"] == 8 * size["samples"]
+        assert rows["epoch_size 1.5 N (passes)"]["positions"] == size["samples"] * 3 // 2
+        assert all(row["draw_ms"] > 0 and row["plan_ms"] > 0 and row["draw_peak_bytes"] > 0 for row in rows.values())
+    assert "\n5,000 samples, 10 classes (long-tailed); plans for rank 0 of 2 at batch 8" in out
+    assert report["file"]["samples"] == 2000 and "building the weights of 2,000 samples" in out
+
+
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 12
+    assert len(SCRIPTS) == 13
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)

@@ -241,12 +241,16 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
         tally.add(screened)
     progress.finish()
     elapsed = time.perf_counter() - started
-    where = (f"file list {split.file_list}" if split.file_list else
+    where = (f"{_count(len(split.sources), 'source')} in {index.root}" if split.sources is not None else
+             f"file list {split.file_list}" if split.file_list else
              f"{_count(len(index.ranges.files), 'shard')} in {index.root}" if index.ranges is not None else index.root)
     left_out = index.excluded
     print(f"split {split.name}: {_count(len(index), 'image')} in {_count(len(index.classes), 'class')} ({where})"
           f"{f', {left_out} more left out by dataset.exclude' if left_out else ''}")
     print(f"  images per class: {class_counts(index.classes, index.class_counts().tolist())}")
+    drawn = draws_summary(config, split, index)
+    if drawn:
+        print(f"  {drawn}")
     for line in format_lines(tally, root) + size_lines(tally):
         print(f"  {line}")
     kind = "header check and full decode" if deep else "header check"
@@ -256,6 +260,24 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
     if split.mode == "train":
         print(f"  augmentation: {ops_summary(config, split)}")
     return tally
+
+
+def draws_summary(config: Config, split: SplitConfig, index) -> str | None:
+    """What a train epoch draws where the split weighs its samples or sets epoch_size: the draws and
+    the class shares they give (the effective class distribution); None for a plain permutation."""
+    from ..order import WeightedDraws
+    from ..weights import class_shares, draws_from, draws_origin, read_weights_file, sample_weights
+    keys = draws_from(split)
+    size = split.epoch_size or len(index)
+    if not keys:
+        passes = size / max(1, len(index))
+        return None if split.epoch_size is None else \
+            f"epoch: {_count(size, 'position')} ({passes:.3g} passes over the split, each in a new order)"
+    left_out = [name for name, _ in index.unusable]
+    weights = sample_weights(config, split, index, read_weights_file(config, split), left_out)
+    draws = WeightedDraws(weights, size)
+    return (f"epoch: {_count(size, 'draw')} with replacement, by {draws_origin(split)}; expected class shares: "
+            f"{class_shares(index, draws.probabilities)}")
 
 
 def ops_summary(config: Config, split: SplitConfig) -> str:

@@ -1,11 +1,13 @@
-"""dataset.format -> the module that indexes a split of it: the one place a format is chosen."""
+"""dataset.format -> the module that indexes a split of it: the one place a format is chosen (for a
+split, and for each of a split's `sources`)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from ..samples import SampleIndex
-from ..schema import Config, SplitConfig
-from . import folder, webdataset
+from ..schema import Config, SourceConfig, SplitConfig
+from . import folder, multi, webdataset
 
 FORMATS: dict[str, Callable[[Config, SplitConfig], SampleIndex]] = {
     "folder": folder.index_split,
@@ -15,5 +17,20 @@ FORMATS: dict[str, Callable[[Config, SplitConfig], SampleIndex]] = {
 
 
 def build_index(config: Config, split: SplitConfig) -> SampleIndex:
-    """The split's samples, names, labels and where their bytes are, in the config's format."""
+    """The split's samples, names, labels and where their bytes are, in the config's format; a split
+    of several sources, each in its own (sources/multi.py)."""
+    if split.sources is not None:
+        return multi.index_sources(config, split, index_source)
     return FORMATS[config.dataset.format](config, split)
+
+
+def source_format(source: SourceConfig) -> str:
+    """A source's format, from the key that says where its samples are: shards are webdataset, a
+    folder or a file list is folder (dataset.format is the split's, and a source says its own)."""
+    return "webdataset" if source.shards is not None else "folder"
+
+
+def index_source(config: Config, split: SplitConfig, source: SourceConfig) -> SampleIndex:
+    """One source of a split (as a split of its own, multi.source_split), indexed by its format's module."""
+    fmt = source_format(source)
+    return FORMATS[fmt](dataclasses.replace(config, dataset=dataclasses.replace(config.dataset, format=fmt)), split)

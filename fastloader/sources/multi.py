@@ -1,0 +1,180 @@
+"""Several sources in one split (`<split>.sources`): each source indexed by its format's module as a
+split of its own (so bad files and dataset.exclude work per source as they do for a split), then the
+indexes concatenated into one SampleIndex.
+
+Names stay unique and say which source a sample is from: each is prefixed by its source's root
+relative to the sources' common folder (`imagenet/train/n01/x.JPEG`, `extra/train/cat/y.jpg`), so
+the index's fingerprint, and so a loader state, changes with the sources. Two sources in the same
+folder keep their names, and may not hold the same sample. Labels are remapped into one class list:
+a `shared` source's class names are the split's (a name the others lack is appended), an `own`
+source's classes are appended after the others, named `<source name>/<class>`. Which source each
+sample is from is kept (`SampleIndex.source`), for the sources' weights (fastloader/weights.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..samples import ByteRanges, SampleIndex
+from ..schema import Config, SourceConfig, SplitConfig
+from ..words import plural
+
+log = logging.getLogger("fastloader")
+
+IndexSource = Callable[[Config, SplitConfig, SourceConfig], SampleIndex]
+"""(config, the source as a split of its own, the source) -> its index: formats.py chooses the format."""
+
+
+def source_name(source: SourceConfig, number: int) -> str:
+    """What logs and own class names call a source: its `name`, else source<k>."""
+    return source.name or f"source{number}"
+
+
+def source_key(split: SplitConfig, number: int) -> str:
+    """The config key of a split's source, `train.sources[1]`, for messages."""
+    return f"{split.name}.sources[{number}]"
+
+
+def source_split(split: SplitConfig, number: int) -> SplitConfig:
+    """A source as a split of its own, named by its key, so that every message of its indexer names
+    `train.sources[1].shards` rather than a key the config does not have."""
+    source = split.sources[number]
+    return dataclasses.replace(split, name=source_key(split, number), folder=source.folder,
+                               file_list=source.file_list, shards=source.shards, sources=None)
+
+
+def index_sources(config: Config, split: SplitConfig, index_source: IndexSource) -> SampleIndex:
+    """The split's sources, each indexed by `index_source`, as one index."""
+    parts = [index_source(config, source_split(split, number), source) for number, source in enumerate(split.sources)]
+    combined = combine(split, parts)
+    for number, (source, part) in enumerate(zip(split.sources, parts)):
+        weight = f", weight {source.weight:g}" if source.weight is not None else ""
+        log.info("split '%s', source %r (%s): %s in %s (%s classes)%s", split.name, source_name(source, number),
+                 source_key(split, number), plural(len(part), "sample"), part.root, source.classes, weight)
+    log.info("split '%s': %s from %s, %s", split.name, plural(len(combined), "sample"),
+             plural(len(parts), "source"), plural(len(combined.classes), "class"))
+    return combined
+
+
+def combine(split: SplitConfig, parts: Sequence[SampleIndex]) -> SampleIndex:
+    """The sources' indexes as one: names prefixed, labels remapped, byte ranges concatenated."""
+    kinds = [part.ranges is not None for part in parts]
+    if any(kinds) and not all(kinds):
+        files, shards = kinds.index(False), kinds.index(True)
+        raise ConfigError(f"{source_key(split, files)} reads image files and {source_key(split, shards)} tar shards: "
+                          f"the sources of one split are all image files (folders, file lists) or all shards. Pack "
+                          f"the image files into shards with `fastloader pack`, or read them as a split of their own")
+    classes, labels = _classes(split, parts)
+    root, prefixes = _common_folder([part.root for part in parts])
+    _refuse_shared_samples(split, parts, prefixes)
+    path_bytes, offsets = _names(parts, prefixes)
+    names = tuple(source_name(source, number) for number, source in enumerate(split.sources))
+    return SampleIndex(root=root, classes=classes, path_bytes=path_bytes, offsets=offsets,
+                       labels=np.concatenate(labels), excluded=sum(part.excluded for part in parts),
+                       ranges=_ranges([part.ranges for part in parts]) if all(kinds) else None,
+                       unusable=tuple(item for part in parts for item in part.unusable),
+                       source=np.repeat(np.arange(len(parts), dtype=np.int16), [len(part) for part in parts]),
+                       source_names=names)
+
+
+def _classes(split: SplitConfig, parts: Sequence[SampleIndex]) -> tuple[tuple[str, ...], list[np.ndarray]]:
+    """(the split's class names, each source's labels in them): shared names once, in the order the
+    sources bring them; own classes appended as `<source name>/<class>`."""
+    classes: list[str] = []
+    where: dict[str, int] = {}
+    labels = []
+    for number, (source, part) in enumerate(zip(split.sources, parts)):
+        names = part.classes if source.classes == "shared" else \
+            [f"{source_name(source, number)}/{name}" for name in part.classes]
+        table = np.empty(len(names), dtype=np.int64)
+        for label, name in enumerate(names):
+            if name not in where:
+                where[name] = len(classes)
+                classes.append(name)
+            table[label] = where[name]
+        labels.append(table[part.labels] if len(part) else part.labels)
+    return tuple(classes), labels
+
+
+def _common_folder(roots: Sequence[str]) -> tuple[str, list[str]]:
+    """(the folder the roots share, each root's rest): cut at '/', never normalized, so that a
+    remote root (`s3://bucket/train`) stays as it is written."""
+    split = [root.rstrip("/").split("/") if root.strip("/") else [""] for root in roots]
+    shared = 0
+    while all(len(parts) > shared for parts in split) and len({parts[shared] for parts in split}) == 1:
+        shared += 1
+    common = "/".join(split[0][:shared])
+    if shared == 1 and common == "":
+        common = "/"
+    rests = ["/".join(parts[shared:]) for parts in split]
+    return common, rests
+
+
+def _names(parts: Sequence[SampleIndex], prefixes: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The samples' names, each source's prefixed by its folder under the common one (a name that is
+    an absolute path is kept whole), as one byte buffer and its offsets."""
+    pieces, lengths = [], []
+    for part, prefix in zip(parts, prefixes):
+        data = part.path_bytes.tobytes()
+        bounds = part.offsets.tolist()
+        if not prefix:
+            pieces.append(data)
+            lengths.append(np.diff(part.offsets))
+            continue
+        head = prefix.encode("utf-8", "surrogateescape") + b"/"
+        names = [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        joined = [name if name.startswith(b"/") else head + name for name in names]
+        pieces.append(b"".join(joined))
+        lengths.append(np.fromiter(map(len, joined), dtype=np.int64, count=len(joined)))
+    offsets = np.zeros(sum(len(length) for length in lengths) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(lengths) if lengths else np.zeros(0, np.int64), out=offsets[1:])
+    return np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets
+
+
+def _refuse_shared_samples(split: SplitConfig, parts: Sequence[SampleIndex], prefixes: Sequence[str]) -> None:
+    """Sources whose folders nest (the same folder, or one inside the other) may name one file alike:
+    one name for two samples (its weight, a state's fingerprint), so a sample in two sources is refused.
+    Sources in folders apart cannot share a name, and are not compared."""
+    nested = sorted({number for number, prefix in enumerate(prefixes) for other, rest in enumerate(prefixes)
+                     if other != number and (not prefix or not rest or prefix == rest
+                                             or rest.startswith(prefix + "/") or prefix.startswith(rest + "/"))})
+    seen: dict[bytes, int] = {}
+    for number in nested:
+        part, head = parts[number], prefixes[number].encode("utf-8", "surrogateescape")
+        data, bounds = part.path_bytes.tobytes(), part.offsets.tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            name = data[a:b] if not head or data[a:b].startswith(b"/") else head + b"/" + data[a:b]
+            first = seen.setdefault(name, number)
+            if first != number:
+                shown = name.decode("utf-8", "surrogateescape")
+                raise ConfigError(f"{source_key(split, first)} and {source_key(split, number)} both hold {shown!r}: "
+                                  f"a sample may be in one source only. Remove it from one of them, or weigh it "
+                                  f"with {split.name}.weights instead")
+
+
+def _ranges(ranges: Sequence[ByteRanges]) -> ByteRanges:
+    """The sources' byte ranges as one: containers listed one source after the other, each sample's
+    container number moved along; per-container fields (tuples) and per-sample ones (arrays) joined,
+    those a source lacks filled with 'not checked' (None, 0)."""
+    moved, at = [], 0
+    for part in ranges:
+        moved.append(part.file.astype(np.int64) + at)
+        at += len(part.files)
+    values = {}
+    for field in dataclasses.fields(ByteRanges):
+        given = [getattr(part, field.name) for part in ranges]
+        if field.name == "file":
+            values["file"] = np.concatenate(moved).astype(np.int32)
+        elif all(value is None for value in given):
+            values[field.name] = None
+        elif isinstance(next(value for value in given if value is not None), tuple):  # one per container
+            values[field.name] = tuple(item for part, value in zip(ranges, given)
+                                       for item in (value if value is not None else (None,) * len(part.files)))
+        else:  # one per sample
+            values[field.name] = np.concatenate([value if value is not None else np.zeros(len(part.file), np.int64)
+                                                 for part, value in zip(ranges, given)])
+    return ByteRanges(**values)
