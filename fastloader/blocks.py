@@ -15,6 +15,7 @@ from .machine import human_bytes
 from .order import BlockShuffle, Containers
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
+from .sources.reading import is_remote
 from .units import parse_size
 from .words import plural
 
@@ -24,13 +25,22 @@ CACHE_KEY = "dataset.remote.cache_limit"
 """The node cache's limit, which gives the default budget where the shards are remote."""
 
 
+def check_budget(config: Config, split: SplitConfig) -> None:
+    """Before the split is indexed: a `shuffle: block` with no budget to be had (no block_size, and no
+    shards in an object store, whose node cache would give one) fails at once, not after indexing."""
+    patterns = [split.shards] + [source.shards for source in split.sources or ()]
+    names = [name for pattern in patterns if pattern for name in ((pattern,) if isinstance(pattern, str) else pattern)]
+    if not any(is_remote(name) for name in names):
+        block_budget(config, split)
+
+
 def block_budget(config: Config, split: SplitConfig, cache_limit: int | None = None) -> int | None:
     """The most bytes of shards one block of the split holds, or None where its order is not `block`.
 
     `<split>.block_size` when set; else half of `cache_limit` (the node cache's limit in bytes, where
     there is one): the next block is fetched while the current one trains, so two blocks must fit.
-    Neither: a ConfigError that names the key and the fix. Called before the split is indexed, so a
-    config without a budget fails at once."""
+    Neither: a ConfigError that names the key and the fix (see check_budget, which says so before the
+    split is indexed)."""
     if split.shuffle != "block":
         return None
     key = f"{split.name}.block_size"

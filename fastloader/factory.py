@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from .blocks import block_budget, block_order, uniform_cost
+from .blocks import block_budget, block_order, check_budget, uniform_cost
 from .cache import open_split_cache
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
@@ -127,7 +127,8 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
     is needed), else the image files, screened; its block order where `shuffle: block`, its weighted
     draws where weights are set."""
     workers = worker_count(config, backend, ranks)
-    check_epoch_size(config, split, ranks)  # an epoch too small for the ranks, or a bad weights file, fails at once
+    check_budget(config, split)  # a `shuffle: block` without a budget, an epoch too small for the ranks, or a bad
+    check_epoch_size(config, split, ranks)  # weights file fails at once, before the split is indexed
     table = read_weights_file(config, split)
     index = build_index(config, split)
     limit = cache_limit(index.ranges.files) if index.ranges is not None else None  # shards in an object store
