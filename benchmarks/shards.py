@@ -6,8 +6,9 @@ in one run, and what the shard index costs at ImageNet scale.
    benchmarks/trainer_thread.py), then the ratio shards / folder.
 2. The torch backend's worker path (read + decode + crop + resize) per image on one core, in this
    process, in interleaved rounds: what differs between the sources without the loaders' noise.
-3. The files a fresh loader opens in one epoch, counted with `strace -f -e trace=open,openat` in a
-   child process (image files or shards under the data folders; skipped where strace is absent).
+3. The files a fresh loader opens in one epoch (a shard: once to check its cached index, once to
+   read), counted with `strace -f -e trace=open,openat` in a child process (image files or shards
+   under the data folders; skipped where strace is absent).
 4. --members N: N synthesised tar members (N / 2 samples of a tiny image + a .cls), indexed cold with
    every core, then again from its cache; seconds per 100k members per core, and the index's bytes
    per sample (what every DataLoader worker holds).

@@ -389,8 +389,9 @@ def test_shards_reads_the_photos_as_folders_and_as_shards_and_indexes_synthetic_
             assert all(r["images_per_s"] > 0 and r["thread_us_per_sample"] > 0
                        for source in ("folder", "shards") for r in result["rounds"][source])
             opens = result["opens"]
-            if opens["shards"] is not None:  # strace present: one open a shard, one a file
-                assert opens["shards"] <= 3 < opens["folder"], opens
+            if opens["shards"] is not None:  # strace present: a file is opened each time it is read;
+                # a shard once to check its cached index (first and last bytes) and once to read it
+                assert opens["shards"] <= 2 * 3 < opens["folder"], opens
             assert f"{backend} {split} (" in out
     assert out.count("shards / folder: ") == (4 if HAS_DALI else 2)
     assert all(report[f"worker path {split}"]["shards"] > 0 for split in ("train", "val"))

@@ -293,11 +293,9 @@ def test_a_file_shrunk_after_screening_is_named_and_cropped_for_its_size_now(tex
     a loader without screening gives."""
     from PIL import Image
     config = base_config(textured_root, backend="dali", train={"batch_size": 4, "transform": {"size": 16}})
-    build_loader(config).close()  # screened, and the result cached
-    shrunk = sorted((textured_root / "train").rglob("*.png"))
-    for path in shrunk:  # every file: one of them surely gets a crop out of its new bounds
-        Image.open(path).resize((9, 7)).save(path)
-    with caplog.at_level(logging.INFO, logger="fastloader"), build_loader(config) as loader:
+    with caplog.at_level(logging.INFO, logger="fastloader"), build_loader(config) as loader:  # screened now
+        for path in sorted((textured_root / "train").rglob("*.png")):  # every file: one crop surely falls out
+            Image.open(path).resize((9, 7)).save(path)
         images, labels, _ = epoch(loader)
     assert "changed since it was screened: it is 7x9 (height x width) now, the screening result said" in caplog.text
     assert "the DALI pipeline failed" not in caplog.text

@@ -232,7 +232,7 @@ def test_a_resume_after_a_batch_whose_files_all_fail_repeats_nothing(tmp_path, b
     and logged, on both backends) and the position counts planned batches."""
     root = write_numbered_dataset(tmp_path / "data", per_class=8, splits=(split,))  # 24 samples, 6 batches
     config = base_config(root, backend=backend, dali={"threads": 2})
-    whole = build_loader(config, split)
+    whole, interrupted, resumed = (build_loader(config, split) for _ in range(3))  # all screened before
     for path in planned_files(whole, 1):
         path.write_bytes(HTML)
     with caplog.at_level(logging.WARNING, logger="fastloader"):
@@ -241,7 +241,6 @@ def test_a_resume_after_a_batch_whose_files_all_fail_repeats_nothing(tmp_path, b
     assert [len(batch) for batch in reference] == ([4] * 6 if split == "train" else [4, 0, 4, 4, 4, 4])
     if split == "val":
         assert f"{backend} loader, split 'val', epoch 0, rank 0: a batch of 4 samples comes out empty" in caplog.text
-    interrupted = build_loader(config, split)
     consumed = []
     for number, (images, _) in enumerate(interrupted):
         consumed.append(identities(images))
@@ -249,7 +248,6 @@ def test_a_resume_after_a_batch_whose_files_all_fail_repeats_nothing(tmp_path, b
             break
     state = interrupted.state_dict()
     assert state["position"] == 12
-    resumed = build_loader(config, split)
     resumed.load_state_dict(state)
     assert consumed + epoch_of(resumed) == reference
 

@@ -37,7 +37,9 @@ def test_a_recipe_names_its_source_and_trains_with_soft_targets_and_repeats(tmp_
     # in this process, as `python examples/train.py ...` would run (no torchrun: one process)
     monkeypatch.setattr(sys, "argv", ["train.py", str(path), *small, "--epochs", "1", "--log-every", "1"])
     with caplog.at_level(logging.INFO, logger="fastloader"):
-        runpy.run_path(str(REPO / "examples" / "train.py"), run_name="__main__")
+        with pytest.raises(SystemExit) as stopped:  # train.py ends with sys.exit(main())
+            runpy.run_path(str(REPO / "examples" / "train.py"), run_name="__main__")
+    assert stopped.value.code == 0
     out = capsys.readouterr().out
     assert "targets: soft, float [B, num_classes]: soft-target cross entropy" in out
     losses = [float(x) for x in re.findall(r"epoch 0 step \d loss (\d+\.\d+)", out)]
