@@ -747,8 +747,10 @@ def _structure_fits(value: Any, hint: Any) -> bool:
     """Whether a value has the shape of a list or mapping type (not of a scalar's): then its own
     refusal, which names the item or key inside it, is the one to give."""
     origin = typing.get_origin(hint)
-    if origin is tuple:
-        return isinstance(value, (list, tuple))
+    if origin is tuple:  # a list of another length is another option's (color_jitter: 3 or 4 numbers)
+        args = typing.get_args(hint)
+        variadic = len(args) == 2 and args[1] is Ellipsis
+        return isinstance(value, (list, tuple)) and (variadic or len(value) == len(args))
     return isinstance(value, Mapping) and (origin is collections.abc.Mapping or dataclasses.is_dataclass(hint))
 
 
