@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import REALPHOTOS
+from conftest import REALPHOTOS, requires_realphotos
 
 from fastloader.augment.ops import KIND_IDS
 from fastloader.augment.policy import RAND_WEIGHTED_3A, parse_policy, policy_problem
@@ -95,8 +95,7 @@ def test_the_3a_policies_give_the_same_pixels_on_torch_and_dali_cpu(text):
 
 
 @pytest.mark.parametrize("case", NEW_OPS)
-@pytest.mark.realdata
-@pytest.mark.skipif(not REALPHOTOS.is_dir(), reason=f"no real photos at {REALPHOTOS}")
+@requires_realphotos
 def test_grey_and_blur_on_the_real_photos_within_the_ops_tolerance(case):
     """Eight real ImageNet photos, centre crops of SIZE px: the same tolerance as the made-up images."""
     from PIL import Image
