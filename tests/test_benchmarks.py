@@ -52,6 +52,8 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
                "--members", "2000"],
     "block_order": ["block_order.py", "--samples", "4000", "--shards", "20", "--classes", "10", "--mean-kb", "10",
                     "--batch-size", "32", "--budgets", "2MB,8MB"],
+    "sizes": ["sizes.py", "--batch-size", "4", "--workers", "1", "--rounds", "1", "--epochs", "2", "--sizes", "24",
+              "32"],
     "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
                 "--file-samples", "2000"],
 }
@@ -59,7 +61,7 @@ LANES = (  # about the same time each. Scripts that count their process's childr
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order",
      "sampler"),
-    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "screening"),
+    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "sizes", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -398,3 +400,15 @@ def test_shards_reads_the_photos_as_folders_and_as_shards_and_indexes_synthetic_
     assert out.count("torch worker path, ") == 2
     index = report["index"]
     assert index["members"] == 2000 and index["samples"] == 1000 and 0 < index["bytes_per_sample"] < 100
+
+
+@runs_for("sizes")
+def test_sizes_measures_each_size_per_backend_and_a_run_of_ffcvs_schedule_against_224(run):
+    out, report = run
+    backends = ["torch", "dali"] if HAS_DALI else ["torch"]
+    assert sorted(report["rates"]) == sorted(f"{b} {s}" for b in backends for s in (24, 32))
+    assert all(rate > 0 for rate in report["rates"].values())
+    for backend in backends:
+        runs = report["runs"][backend]
+        assert runs["fixed_224_s"] > 0 and runs["ffcv_schedule_s"] > 0 and len(runs["schedule"]) == 2
+        assert f"  {backend:6} whole run: fixed 224 px" in out

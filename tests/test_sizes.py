@@ -213,3 +213,31 @@ def test_resolution_describes_itself():
     sizes = schedule(size=224, sizes=[128, 160])
     assert sizes.per_batch and sizes.largest == 160 and sizes.key() == "sizes 128,160"
     assert np.array_equal(sizes.batch_sizes(0, np.arange(4)), sizes.batch_sizes(0, np.arange(4)))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_on_the_gpu_each_batch_has_its_size_and_the_dali_graph_is_not_rebuilt(root, backend):
+    """The GPU flavour (DALI: the same graph, mixed decoders and GPU ops fed `out_size` as a CPU
+    argument input; torch: fresh uint8 batches through the CUDA prefetcher, finished on its stream)."""
+    config = base_config(root, backend=backend, output={"device": "cuda"},
+                         train={"transform": {"size": 32, "sizes": [16, 24, 32], "auto_augment": "3a"},
+                                "mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}})
+    with build_loader(config, "train") as loader:
+        pipe = getattr(loader, "_pipe", None)
+        planned = [int(b[0, 2]) for b in loader.order.batches(0)]
+        got = [images.shape[-1] for images, _ in loader]
+        assert got == planned and all(images.is_cuda for images, _ in loader)
+        assert getattr(loader, "_pipe", None) is pipe
+
+
+def test_show_takes_samples_across_batches_of_different_sizes(root):
+    """`fastloader show` joins the first samples of several batches: with a size per batch, the
+    smaller ones are shown at the largest size (nearest), not refused by torch.cat."""
+    from fastloader.commands.show import first_samples
+    config = base_config(root, train={"batch_size": 2, "transform": {"size": 32, "sizes": [16, 32]}})
+    with build_loader(config, "train") as loader:
+        assert len({int(b[0, 2]) for b in loader.order.batches(0)[:6]}) == 2
+        images, labels = first_samples(loader, 12)
+    assert images.shape == (12, 3, 32, 32) and len(labels) == 12
