@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import harness
+import psutil
 
 import fastloader
 from fastloader.machine import hardware
@@ -37,34 +38,53 @@ def config(data: Path, backend: str, workers: int, batch: int, transform: dict) 
             "train": {"batch_size": batch, "transform": {"interpolation": "bilinear", **transform}}}
 
 
-def epochs_timed(cfg: dict, epochs: int) -> tuple[float, int]:
-    """(seconds from each epoch's first batch to its last, summed; images after the first batches)."""
-    seconds, images = 0.0, 0
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its children alive now (the torch workers; DALI's
+    threads are this process's): what a loader costs the machine, which other jobs on a shared box
+    do not inflate as they do the wall time."""
+    total = 0.0
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def epochs_timed(cfg: dict, epochs: int) -> tuple[float, int, float]:
+    """(seconds from each epoch's first batch to its last, summed; images after the first batches;
+    CPU seconds of the process tree over the same spans)."""
+    seconds, images, cpu = 0.0, 0, 0.0
     with fastloader.build_loader(cfg, "train") as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             started = None
             for batch, _ in loader:
                 if started is None:
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), cpu_seconds()
                     continue
                 images += len(batch)
             if started is None:
                 raise SystemExit(f"an epoch of split 'train' has no batch at batch size {cfg['train']['batch_size']}: "
                                  f"lower --batch-size")
             seconds += time.perf_counter() - started
-    return seconds, images
+            cpu += cpu_seconds() - cpu_started
+    return seconds, images, cpu
 
 
-def run_time(cfg: dict, epochs: int) -> float:
-    """Seconds to iterate every epoch of a run, start-up included (what the run waits for, no model)."""
-    started = time.perf_counter()
+def run_time(cfg: dict, epochs: int) -> tuple[float, float]:
+    """(seconds to iterate every epoch of a run, start-up included: what the run waits for, no model;
+    CPU seconds of the process tree meanwhile, the workers' counted before they stop)."""
+    started, cpu_started = time.perf_counter(), cpu_seconds()
     with fastloader.build_loader(cfg, "train") as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             for _ in loader:
                 pass
-    return time.perf_counter() - started
+        cpu = cpu_seconds() - cpu_started
+    return time.perf_counter() - started, cpu
 
 
 def main() -> int:
@@ -76,7 +96,8 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="the sizes whose rates to measure")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of the per-size rates (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every measurement (median)")
+    parser.add_argument("--rate-epochs", type=int, default=3, help="epochs timed per rate measurement")
     parser.add_argument("--epochs", type=int, default=8, help="epochs of the scaled run (FFCV's: 88)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -84,15 +105,22 @@ def main() -> int:
     report = {"hardware": hardware(), "args": {k: str(v) for k, v in vars(args).items()}, "rates": {}, "runs": {}}
     print(f"{report['hardware']}\nsettings: batch {args.batch_size}, {args.workers} workers/threads, data {data}")
 
-    for backend in args.backends:
-        for size in args.sizes:
-            rates = []
-            for _ in range(args.rounds):
-                seconds, images = epochs_timed(config(data, backend, args.workers, args.batch_size, {"size": size}), 1)
-                rates.append(images / seconds)
-            report["rates"][f"{backend} {size}"] = statistics.median(rates)
-            print(f"  {backend:6} {size} px: {statistics.median(rates):7.1f} images/s  (rounds: "
-                  f"{', '.join(f'{r:.1f}' for r in rates)})", flush=True)
+    rates: dict[str, list[float]] = {f"{b} {s}": [] for b in args.backends for s in args.sizes}
+    cpu_ms: dict[str, list[float]] = {name: [] for name in rates}
+    for number in range(args.rounds):  # interleaved, the order reversed every other round: noise hits all alike
+        cases = [(b, s) for b in args.backends for s in args.sizes]
+        for backend, size in cases[::-1] if number % 2 else cases:
+            cfg = config(data, backend, args.workers, args.batch_size, {"size": size})
+            seconds, images, cpu = epochs_timed(cfg, args.rate_epochs)
+            rates[f"{backend} {size}"].append(images / seconds)
+            cpu_ms[f"{backend} {size}"].append(1000 * cpu / images)
+    report["cpu_ms_per_image"] = {}
+    for name, values in rates.items():
+        report["rates"][name] = statistics.median(values)
+        report["cpu_ms_per_image"][name] = statistics.median(cpu_ms[name])
+        print(f"  {name:>12} px: {statistics.median(values):7.1f} images/s (rounds: "
+              f"{', '.join(f'{r:.1f}' for r in values)}), CPU {statistics.median(cpu_ms[name]):.2f} ms per image "
+              f"(rounds: {', '.join(f'{c:.2f}' for c in cpu_ms[name])})", flush=True)
 
     start, end = round(FFCV["start"] * args.epochs), round(FFCV["end"] * args.epochs)
     ramp = {"size": FFCV["size"], "progressive": {"min_size": FFCV["min_size"], "start_epoch": start,
@@ -100,12 +128,26 @@ def main() -> int:
     schedule = [ramp_size(e, FFCV["min_size"], FFCV["size"], start, max(end, start + 1), 32)
                 for e in range(args.epochs)]
     print(f"FFCV's schedule over {args.epochs} epochs: {schedule}")
+    runs: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
+    for number in range(args.rounds):
+        cases = [(b, kind) for b in args.backends for kind in ("fixed", "ffcv")]
+        for backend, kind in cases[::-1] if number % 2 else cases:
+            transform = {"size": 224} if kind == "fixed" else ramp
+            cfg = config(data, backend, args.workers, args.batch_size, transform)
+            wall, cpu = run_time(cfg, args.epochs)
+            runs.setdefault((backend, kind), []).append(wall)
+            cpus.setdefault((backend, kind), []).append(cpu)
     for backend in args.backends:
-        fixed = run_time(config(data, backend, args.workers, args.batch_size, {"size": 224}), args.epochs)
-        ffcv = run_time(config(data, backend, args.workers, args.batch_size, ramp), args.epochs)
-        report["runs"][backend] = {"fixed_224_s": fixed, "ffcv_schedule_s": ffcv, "schedule": schedule}
+        fixed, ffcv = (statistics.median(runs[backend, kind]) for kind in ("fixed", "ffcv"))
+        cpu_fixed, cpu_ffcv = (statistics.median(cpus[backend, kind]) for kind in ("fixed", "ffcv"))
+        report["runs"][backend] = {"fixed_224_s": fixed, "ffcv_schedule_s": ffcv, "schedule": schedule,
+                                   "fixed_224_cpu_s": cpu_fixed, "ffcv_schedule_cpu_s": cpu_ffcv,
+                                   "rounds": {kind: runs[backend, kind] for kind in ("fixed", "ffcv")}}
         print(f"  {backend:6} whole run: fixed 224 px {fixed:.1f} s, FFCV's schedule {ffcv:.1f} s "
-              f"({ffcv / fixed:.2f}x)", flush=True)
+              f"({ffcv / fixed:.2f}x; rounds {', '.join(f'{t:.1f}' for t in runs[backend, 'fixed'])} against "
+              f"{', '.join(f'{t:.1f}' for t in runs[backend, 'ffcv'])}); CPU {cpu_fixed:.1f} s against "
+              f"{cpu_ffcv:.1f} s ({cpu_ffcv / cpu_fixed:.2f}x)", flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0

@@ -408,7 +408,9 @@ def test_sizes_measures_each_size_per_backend_and_a_run_of_ffcvs_schedule_agains
     backends = ["torch", "dali"] if HAS_DALI else ["torch"]
     assert sorted(report["rates"]) == sorted(f"{b} {s}" for b in backends for s in (24, 32))
     assert all(rate > 0 for rate in report["rates"].values())
+    assert report["cpu_ms_per_image"].keys() == report["rates"].keys()
     for backend in backends:
         runs = report["runs"][backend]
         assert runs["fixed_224_s"] > 0 and runs["ffcv_schedule_s"] > 0 and len(runs["schedule"]) == 2
+        assert runs["fixed_224_cpu_s"] > 0 and runs["ffcv_schedule_cpu_s"] > 0
         assert f"  {backend:6} whole run: fixed 224 px" in out
