@@ -241,3 +241,21 @@ def test_show_takes_samples_across_batches_of_different_sizes(root):
         assert len({int(b[0, 2]) for b in loader.order.batches(0)[:6]}) == 2
         images, labels = first_samples(loader, 12)
     assert images.shape == (12, 3, 32, 32) and len(labels) == 12
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_uint8_cache_gives_each_batch_its_planned_size(root, tmp_path, backend):
+    """Crops from the cache's stored images (the DALI pixel graph, the torch workers' from_pixels)
+    at each batch's size, with the same samples as from the files."""
+    from fastloader.cache_write import build_split_cache
+    from fastloader.sources.formats import build_index
+    plain = load_config(base_config(root))
+    build_split_cache(plain, plain.split("train"), build_index(plain, plain.split("train")), str(tmp_path / "cache"),
+                      40, workers=1)
+    config = base_config(root, backend=backend, train={"transform": {"size": 32, "sizes": [16, 24, 32]}})
+    cached = {**config, "dataset": {**config["dataset"], "cache": str(tmp_path / "cache")}}
+    with build_loader(cached, "train") as loader, build_loader(config, "train") as files:
+        assert loader.pixels_from != files.pixels_from
+        got = [(x.shape[-1], y.tolist()) for x, y in loader]
+        assert got == [(x.shape[-1], y.tolist()) for x, y in files]
+        assert len({side for side, _ in got}) > 1
