@@ -230,13 +230,13 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     _check_split_keys(config, split, key, source)
     stored = any(remote.is_url(pattern) for pattern in split.shards)
     if stored:
-        _configure_remote(config)
+        configure_remote(config)
     objects: dict[str, remote.ObjectInfo] = {}
     shards, missing = shard_paths(split.shards, key, source, objects)
     if not shards:
         raise ConfigError(f"{source}: {key}: no shard found ({missing[0][0]!r}: {missing[0][1]}); "
                           f"{_relative_to(config) if not stored else _store_hint(missing[0][0])}")
-    excluded = _Excluded(config)
+    excluded = Excluded(config)
     kept = [path for path in shards if not excluded(path)]  # a whole shard in dataset.exclude is not read
     if not kept:
         raise ConfigError(f"{source}: {key}: every shard is listed in dataset.exclude "
@@ -307,7 +307,7 @@ def _read_remote_class_names(url: str) -> tuple[str, ...]:
         return read_class_names(copy.name)
 
 
-def _configure_remote(config: Config) -> None:
+def configure_remote(config: Config) -> None:
     """dataset.remote for this process: the client's settings and the node cache (repaired if a run was killed)."""
     settings = config.dataset.remote
     remote.configure(remote.Settings(settings.options, settings.timeout, settings.retries, settings.retry_timeout))
@@ -339,7 +339,7 @@ def _check_split_keys(config: Config, split: SplitConfig, key: str, source: str)
                           f"shards, e.g. {split.name}: {{shards: '{split.name}-{{000000..000009}}.tar'}}")
 
 
-class _Excluded:
+class Excluded:
     """dataset.exclude for shards: whether a shard or `shard.tar:member` is listed (relative to
     dataset.root, as `check --exclude-list` writes it), and how many were left out."""
 
@@ -357,7 +357,7 @@ class _Excluded:
 
 
 def _samples(shards: list[str], scans: list[ShardScan], root: str, classes: Sequence[str] | None,
-             excluded: _Excluded) -> tuple[IndexBuilder, ByteRanges, list[tuple[str, str]]]:
+             excluded: Excluded) -> tuple[IndexBuilder, ByteRanges, list[tuple[str, str]]]:
     """The shards' samples as index rows (`shard.tar:member` names relative to root, labels) and
     byte ranges; and (name, reason) of each shard or member that cannot be a sample."""
     builder, problems = IndexBuilder(), []

@@ -1,0 +1,555 @@
+"""Parquet and Arrow files of Hugging Face datasets: `<split>.files` -> the split's SampleIndex, one row
+a sample, each row's image bytes a byte range in its file, found once as a tar member's is.
+
+Hugging Face's `datasets` writes an image column (a struct of `bytes` and `path`) uncompressed and PLAIN
+encoded, so that the Hub can deduplicate it: each image's bytes lie in the file as they are, after a
+4-byte length. Indexing walks each row group's pages of that column (the page headers, the definition
+levels and the lengths: a few small reads a row, never the images) and keeps each row's byte range;
+reading is then one pread of exactly the image's bytes (sources/reading.py), as for tar members, so the
+sampler's orders, exact-once eval, resume, screening, the uint8 cache and `pack` work unchanged. An
+Arrow file (`datasets`' cache, `save_to_disk`) is memory-mapped: its buffers are the file's bytes, and
+each value's offset in them is its byte range.
+
+Compressed or dictionary-encoded image pages have no byte range to read: a row would cost its whole row
+group (docs/performance.md, parquet: measured); such a file is refused with the command that rewrites
+it. Columns and class names follow Hugging Face's conventions: the `huggingface` schema metadata's Image
+and ClassLabel features (dataset.image_column / dataset.label_column choose others). Sample names are
+`file.parquet:row`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from array import array
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from ..bad_input import refuse
+from ..errors import BadImageError, ConfigError
+from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
+from ..schema import Config, SplitConfig
+from ..words import plural
+from . import remote
+from .reading import Identity, open_regular
+from .webdataset import Excluded, configure_remote, shard_paths
+
+log = logging.getLogger("fastloader")
+
+IMAGE_NAMES = ("image", "img")
+"""Column names taken as the image column where the metadata names none."""
+LABEL_NAMES = ("label", "labels")
+"""Column names taken as the label column where the metadata names no ClassLabel."""
+PARQUET_MAGIC = b"PAR1"
+REWRITE = ("rewrite it with the image column uncompressed and PLAIN, as `datasets` writes image columns: "
+           "`pq.write_table(pq.read_table(SRC), DST, compression='none', use_dictionary=False)` (pyarrow), or "
+           "`datasets.load_dataset(...).to_parquet(DST)`")
+"""The fix for a parquet file whose image pages cannot be read in place."""
+_HEADER_READ = 4096
+"""First read of a page header; a header holding large statistics (min / max images) is read again, longer."""
+_PLAIN, _DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 0, 2, 3
+
+
+class Unreadable(Exception):
+    """A table file that cannot be indexed (cut short, unreadable): named under dataset.on_bad_image."""
+
+
+class TableScan(NamedTuple):
+    """One file's rows: each row's image byte range (start -1: null bytes), its label or None, and the
+    file's class names (ClassLabel) where its metadata has them."""
+    start: np.ndarray
+    length: np.ndarray
+    labels: list
+    class_names: tuple[str, ...] | None
+    identity: Identity
+
+
+def index_parquet(config: Config, split: SplitConfig) -> SampleIndex:
+    """The split's samples from its parquet files (dataset.format: parquet)."""
+    return _index(config, split, "parquet")
+
+
+def index_arrow(config: Config, split: SplitConfig) -> SampleIndex:
+    """The split's samples from its Arrow files (dataset.format: arrow)."""
+    return _index(config, split, "arrow")
+
+
+def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
+    key, source = f"{split.name}.files", config.origin(f"{split.name}.files")
+    _check_split_keys(config, split, kind, key, source)
+    stored = any(remote.is_url(pattern) for pattern in split.files)
+    if stored and kind == "arrow":
+        raise ConfigError(f"{source}: {key}: Arrow files are memory-mapped, which needs them on a local disk; copy "
+                          f"them there, or read the dataset's parquet files from the store (dataset.format: parquet)")
+    if stored:
+        configure_remote(config)
+    objects: dict[str, remote.ObjectInfo] = {}
+    paths, missing = shard_paths(split.files, key, source, objects)
+    if not paths:
+        raise ConfigError(f"{source}: {key}: no file found ({missing[0][0]!r}: {missing[0][1]}); relative paths "
+                          f"are relative to dataset.root when it is set, else to the config file's folder")
+    excluded = Excluded(config)
+    kept = [path for path in paths if not excluded(path)]
+    excluded.count += len(paths) - len(kept)
+    if not kept:
+        raise ConfigError(f"{source}: {key}: every file is listed in dataset.exclude ({config.dataset.exclude})")
+    root = remote.common_root(kept) if objects else os.path.commonpath([os.path.dirname(path) for path in kept])
+    problems = [(path, f"file {reason}") for path, reason in missing if not excluded(path)]
+    scans: list[TableScan | None] = []
+    for path in kept:
+        try:
+            scans.append(_scan(path, kind, config, objects.get(path)))
+        except Unreadable as error:
+            problems.append((path, str(error)))
+            scans.append(None)
+    named = _class_names(kept, scans)
+    classes = config.dataset.classes or named
+    builder, ranges = IndexBuilder(), (array("i"), array("q"), array("q"))
+    for number, (path, scan) in enumerate(zip(kept, scans)):
+        if scan is not None:
+            _rows(path, number, scan, root, classes, excluded, builder, ranges, problems,
+                  "dataset.classes" if config.dataset.classes else "the ClassLabel")
+    if not len(builder):
+        first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
+        raise BadImageError(f"{source}: {key}: no usable row in {plural(len(kept), 'file')}{first}")
+    classes = classes or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
+    identities = tuple(scan.identity if scan is not None else Identity(0, 0, 0) for scan in scans)
+    byte_ranges = ByteRanges(tuple(kept), np.array(ranges[0], dtype=np.int32), np.array(ranges[1], dtype=np.int64),
+                             np.array(ranges[2], dtype=np.int64), None, identities)
+    unusable = refuse(config, problems, noun="files or rows")
+    log.info("indexed %s of split '%s' (%s): %s in %s%s%s", plural(len(kept), f"{kind} file"), split.name, root,
+             plural(len(builder), "row"), plural(len(classes), "class"),
+             f", {plural(len(unusable), 'row')} left out" if unusable else "",
+             f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
+    return builder.build(root, classes, excluded=excluded.count, ranges=byte_ranges, unusable=unusable)
+
+
+def _check_split_keys(config: Config, split: SplitConfig, kind: str, key: str, source: str) -> None:
+    other = next((name for name in ("shards", "file_list", "folder") if getattr(split, name)), None)
+    if other:
+        raise ConfigError(f"{config.origin(f'{split.name}.{other}')}: {split.name}.{other}: dataset.format: {kind} "
+                          f"reads the split from {key}; remove {split.name}.{other}, or set dataset.format to the "
+                          f"format of those files")
+    if not split.files:
+        suffix = "parquet" if kind == "parquet" else "arrow"
+        raise ConfigError(f"{source}: {key}: missing; dataset.format: {kind} reads each split from its files, e.g. "
+                          f"{split.name}: {{files: '{split.name}-*.{suffix}'}}")
+
+
+def _rows(path: str, number: int, scan: TableScan, root: str, classes: Sequence[str] | None, excluded: Excluded,
+          builder: IndexBuilder, ranges: tuple[array, array, array], problems: list[tuple[str, str]],
+          names_from: str) -> None:
+    """The file's usable rows into the index; (name, reason) of the others into problems."""
+    name = remote.relative(path, root) if remote.is_url(path) else os.path.relpath(path, root)
+    lookup = {value: label for label, value in enumerate(classes)} if classes else {}
+    for row, (start, length, value) in enumerate(zip(scan.start.tolist(), scan.length.tolist(), scan.labels)):
+        where = f"{path}:{row}"
+        if excluded(where):
+            excluded.count += 1
+            continue
+        if start < 0:
+            problems.append((where, "no image bytes (null)"))
+            continue
+        if value is None:
+            problems.append((where, "no label (null)"))
+            continue
+        if isinstance(value, str):
+            if value not in lookup:
+                problems.append((where, f"label {value[:40]!r} is not in dataset.classes"))
+                continue
+            label = lookup[value]
+        else:
+            label = int(value)
+            reason = label_problem(label, classes)
+            if reason and classes and names_from != "dataset.classes":
+                reason = f"label {label} is outside {names_from}'s {len(classes)} names"
+            if reason:
+                problems.append((where, reason))
+                continue
+        builder.add(f"{name}:{row}", label)
+        ranges[0].append(number)
+        ranges[1].append(start)
+        ranges[2].append(length)
+
+
+def _class_names(paths: list[str], scans: list[TableScan | None]) -> tuple[str, ...] | None:
+    """The ClassLabel names the files' metadata gives (all the same, or a ConfigError naming two that differ)."""
+    named = [(path, scan.class_names) for path, scan in zip(paths, scans) if scan is not None and scan.class_names]
+    if not named:
+        return None
+    first_path, names = named[0]
+    for path, other in named[1:]:
+        if other != names:
+            raise ConfigError(f"{path}: its ClassLabel names ({', '.join(other[:3])} ...) differ from those of "
+                              f"{first_path} ({', '.join(names[:3])} ...); set dataset.classes to the names in "
+                              f"label order, or read the files as splits of their own")
+    return names
+
+
+def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) -> TableScan:
+    """One file's rows, its columns found by the dataset's keys or Hugging Face's conventions."""
+    if kind == "arrow":
+        return _scan_arrow(path, config)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if info is not None:
+        reader = remote.RangeFile(info)
+        pread, size, identity = reader.pread, info.size, Identity(0, info.size, info.mtime_ns, info.etag)
+        source = reader
+    else:
+        fd = open_regular(path)
+        identity = Identity.of(os.fstat(fd))
+        size = identity.size
+
+        def pread(length: int, offset: int, fd=fd) -> bytes:
+            return os.pread(fd, length, offset)
+        source = path
+    try:
+        head, tail = pread(4, 0), pread(4, max(0, size - 4))
+        if head != PARQUET_MAGIC:
+            raise ConfigError(f"{path}: not a parquet file (it begins {head!r}, not {PARQUET_MAGIC!r}); list only "
+                              f"`.parquet` files in the split's files, or set dataset.format to the files' format")
+        if tail != PARQUET_MAGIC:
+            raise Unreadable(f"parquet file cut short ({size:,} bytes, no footer at its end); copy it again")
+        try:
+            file = pq.ParquetFile(source)
+            schema = file.schema_arrow
+            image, label = _columns(path, schema, config)
+            leaf, max_def = _image_leaf(path, file, schema, image)
+            labels = file.read(columns=[label], use_threads=False).column(0).combine_chunks()
+        except (OSError, pa.ArrowException) as error:
+            raise Unreadable(f"unreadable parquet file: {error}") from None
+        start, length = _parquet_ranges(path, file, leaf, max_def, pread, image)
+    finally:
+        if info is None:
+            os.close(fd)
+    return TableScan(start, length, _label_values(path, label, labels, config), _classlabel(schema, label), identity)
+
+
+def _parquet_ranges(path: str, file, leaf: int, max_def: int, pread: Callable[[int, int], bytes],
+                    image: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's image bytes in the file (start -1: null), from the pages of each row group's image column."""
+    starts, lengths = array("q"), array("q")
+    for group in range(file.metadata.num_row_groups):
+        chunk = file.metadata.row_group(group).column(leaf)
+        unusable = chunk.compression != "UNCOMPRESSED" and f"{chunk.compression}-compressed" or \
+            chunk.has_dictionary_page and "dictionary-encoded" or \
+            not set(chunk.encodings) <= {"PLAIN", "RLE", "BIT_PACKED"} and f"encoded {'/'.join(chunk.encodings)}"
+        if unusable:
+            rows = file.metadata.row_group(group).num_rows
+            raise ConfigError(f"{path}: its image column {image!r} is {unusable} (row group {group}: {rows} rows, "
+                              f"{chunk.total_compressed_size:,} bytes), so a row's image has no byte range to read in "
+                              f"place: each would cost its whole row group (docs/performance.md, parquet); "
+                              f"{REWRITE}")
+        before = len(starts)
+        try:
+            _walk_pages(pread, chunk.data_page_offset, chunk.data_page_offset + chunk.total_compressed_size,
+                        max_def, starts, lengths)
+        except (IndexError, ValueError, OSError) as error:
+            raise Unreadable(f"parquet row group {group}: its image pages cannot be read ({error})") from None
+        if len(starts) - before != chunk.num_values:
+            raise Unreadable(f"parquet row group {group}: its image pages hold {len(starts) - before} values, its "
+                             f"metadata says {chunk.num_values}")
+    return np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)
+
+
+def _walk_pages(pread: Callable[[int, int], bytes], at: int, end: int, max_def: int, starts: array,
+                lengths: array) -> None:
+    """The data pages of one column chunk (uncompressed, PLAIN): each value's (start, length), or
+    (-1, -1) where its definition level says null."""
+    while at < end:
+        header, size = _page_header(pread, at)
+        body, stored = at + size, header[3]
+        kind = header[1]
+        if kind == _DATA_PAGE:
+            page = header[5]
+            count, encoding = page[1], page[2]
+            if max_def:
+                levels_length = int.from_bytes(pread(4, body), "little")
+                levels = _hybrid(pread(levels_length, body + 4), max_def.bit_length(), count)
+                values = body + 4 + levels_length
+            else:
+                levels, values = [0] * count, body
+        elif kind == _DATA_PAGE_V2:
+            page = header[8]
+            count, encoding, def_length, rep_length = page[1], page[4], page[5], page[6]
+            levels = _hybrid(pread(def_length, body + rep_length), max_def.bit_length(), count) if max_def \
+                else [0] * count
+            values = body + rep_length + def_length
+        elif kind == _DICTIONARY_PAGE:
+            raise ValueError("a dictionary page")
+        else:  # an index page: nothing of ours
+            at = body + stored
+            continue
+        if encoding != _PLAIN:
+            raise ValueError(f"a page encoded {encoding}, not PLAIN")
+        for level in levels:
+            if level < max_def:
+                starts.append(-1)
+                lengths.append(-1)
+                continue
+            length = int.from_bytes(pread(4, values), "little")
+            starts.append(values + 4)
+            lengths.append(length)
+            values += 4 + length
+        if values > body + stored:
+            raise ValueError(f"the values run past their page's end at byte {body + stored}")
+        at = body + stored
+
+
+def _page_header(pread: Callable[[int, int], bytes], at: int) -> tuple[dict, int]:
+    """A page header (Thrift compact protocol) at `at`: its fields by number, and its size in bytes."""
+    want = _HEADER_READ
+    while True:
+        data = pread(want, at)
+        try:
+            return _struct(data, 0)
+        except IndexError:
+            if len(data) < want:
+                raise ValueError(f"a page header cut short at byte {at}") from None
+            want *= 8
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+
+
+def _zigzag(value: int) -> int:
+    return (value >> 1) ^ -(value & 1)
+
+
+def _struct(data: bytes, at: int) -> tuple[dict, int]:
+    fields, last = {}, 0
+    while True:
+        byte = data[at]
+        at += 1
+        if byte == 0:
+            return fields, at
+        kind, delta = byte & 0x0F, byte >> 4
+        if delta:
+            last += delta
+        else:
+            raw, at = _varint(data, at)
+            last = _zigzag(raw)
+        fields[last], at = _value(data, at, kind)
+
+
+def _value(data: bytes, at: int, kind: int):
+    """One Thrift compact value of this type (booleans, integers, binaries, lists, maps, structs)."""
+    if kind in (1, 2):
+        return kind == 1, at
+    if kind == 3:
+        return data[at], at + 1
+    if kind in (4, 5, 6):
+        raw, at = _varint(data, at)
+        return _zigzag(raw), at
+    if kind == 7:
+        data[at + 7]  # noqa: B018 - a double, skipped (IndexError where it is cut short)
+        return None, at + 8
+    if kind == 8:
+        length, at = _varint(data, at)
+        if at + length > len(data):
+            raise IndexError("binary cut short")
+        return None, at + length  # statistics' min / max: not needed, skipped
+    if kind in (9, 10):
+        head = data[at]
+        at += 1
+        count, item = head >> 4, head & 0x0F
+        if count == 15:
+            count, at = _varint(data, at)
+        items = []
+        for _ in range(count):
+            value, at = (data[at] == 1, at + 1) if item in (1, 2) else _value(data, at, item)
+            items.append(value)
+        return items, at
+    if kind == 11:
+        count, at = _varint(data, at)
+        if count:
+            types = data[at]
+            at += 1
+            for _ in range(count):
+                _, at = _value(data, at, types >> 4)
+                _, at = _value(data, at, types & 0x0F)
+        return None, at
+    if kind == 12:
+        return _struct(data, at)
+    raise ValueError(f"Thrift type {kind} in a page header")
+
+
+def _hybrid(data: bytes, width: int, count: int) -> list[int]:
+    """Definition levels in parquet's RLE / bit-packed hybrid encoding."""
+    levels: list[int] = []
+    at, mask, size = 0, (1 << width) - 1, (width + 7) // 8
+    while len(levels) < count:
+        header, at = _varint(data, at)
+        if header & 1:  # bit-packed groups of 8
+            groups = header >> 1
+            bits = int.from_bytes(data[at:at + groups * width], "little")
+            at += groups * width
+            levels += [(bits >> (k * width)) & mask for k in range(groups * 8)]
+        else:
+            if at + size > len(data):
+                raise IndexError("definition levels cut short")
+            levels += [int.from_bytes(data[at:at + size], "little")] * (header >> 1)
+            at += size
+    return levels[:count]
+
+
+def _scan_arrow(path: str, config: Config) -> TableScan:
+    """An Arrow file (IPC file or stream, as `datasets` writes its cache) memory-mapped: each value's
+    place in the mapped buffers is its byte range in the file."""
+    import pyarrow as pa
+
+    fd = open_regular(path)  # a FIFO or a folder is refused before pyarrow maps it
+    identity = Identity.of(os.fstat(fd))
+    os.close(fd)
+    try:
+        mapped = pa.memory_map(path, "r")
+        base = _base_address(mapped)
+        try:
+            reader = pa.ipc.open_file(mapped)
+            schema, batches = reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        except pa.ArrowInvalid:
+            mapped.seek(0)
+            reader = pa.ipc.open_stream(mapped)
+            schema, batches = reader.schema, list(reader)
+    except (OSError, pa.ArrowException) as error:
+        head = open(path, "rb").read(8)
+        if not head.startswith((b"ARROW1", b"\xff\xff\xff\xff")):
+            raise ConfigError(f"{path}: not an Arrow file (it begins {head!r}); list only the `.arrow` files "
+                              f"`datasets` writes (its cache, `save_to_disk`), or set dataset.format to the files' "
+                              f"format") from None
+        raise Unreadable(f"unreadable Arrow file (cut short?): {error}") from None
+    image, label = _columns(path, schema, config)
+    starts, lengths, labels = array("q"), array("q"), []
+    for batch in batches:
+        column = batch.column(schema.get_field_index(image))
+        values = column.field("bytes") if pa.types.is_struct(column.type) else column
+        null = np.asarray(column.is_null().to_numpy(zero_copy_only=False)) | \
+            np.asarray(values.is_null().to_numpy(zero_copy_only=False))
+        offsets_buffer, data = values.buffers()[1], values.buffers()[2]
+        wide = pa.types.is_large_binary(values.type)
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)[
+            values.offset:values.offset + len(values) + 1].astype(np.int64)
+        if data is None:
+            data_at = 0
+        else:
+            data_at = data.address - base
+            if not 0 <= data_at <= identity.size - data.size:
+                raise ConfigError(f"{path}: its image column {image!r} is stored compressed, so a row's image has "
+                                  f"no byte range to read in place; write the file uncompressed (as `datasets` "
+                                  f"does), or use its parquet files")
+        row_start = data_at + offsets[:-1]
+        row_length = np.diff(offsets)
+        starts.extend(np.where(null, -1, row_start).tolist())
+        lengths.extend(np.where(null, -1, row_length).tolist())
+        labels += batch.column(schema.get_field_index(label)).to_pylist()
+    labels = _label_values(path, label, pa.array(labels, type=schema.field(label).type) if labels else
+                           pa.array([], schema.field(label).type), config)
+    return TableScan(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), labels,
+                     _classlabel(schema, label), identity)
+
+
+def _base_address(mapped) -> int:
+    """Where the memory map begins: buffers read from it point into it (zero copy)."""
+    mapped.seek(0)
+    first = mapped.read_buffer(1)
+    mapped.seek(0)
+    return first.address
+
+
+def _hf_features(schema) -> dict:
+    """The `huggingface` schema metadata's features ({} where there is none, or it is not JSON)."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    try:
+        features = json.loads(raw)["info"]["features"] if raw else {}
+    except (ValueError, KeyError, TypeError):
+        return {}
+    return features if isinstance(features, dict) else {}
+
+
+def _columns(path: str, schema, config: Config) -> tuple[str, str]:
+    """(the image column, the label column): the dataset's keys, else Hugging Face's conventions; a
+    ConfigError that lists the file's columns where one is not found."""
+    import pyarrow as pa
+
+    names = list(schema.names)
+    features = _hf_features(schema)
+    listed = ", ".join(f"{name} ({schema.field(name).type})" for name in names)
+    image = config.dataset.image_column or \
+        next((name for name, feature in features.items() if isinstance(feature, dict) and
+              feature.get("_type") == "Image" and name in names), None) or \
+        next((name for name in IMAGE_NAMES if name in names), None)
+    if image is None or image not in names:
+        given = f"dataset.image_column ({image}) is not one of them" if image else "none is an Image feature or " \
+            f"named {' or '.join(IMAGE_NAMES)}"
+        raise ConfigError(f"{path}: no image column: its columns are {listed}; {given}. Set dataset.image_column to "
+                          f"the column of the images")
+    kind = schema.field(image).type
+    plain = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+    if not plain and not (pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0 and
+                          (pa.types.is_binary(kind.field("bytes").type) or
+                           pa.types.is_large_binary(kind.field("bytes").type))):
+        raise ConfigError(f"{path}: the image column {image!r} holds {kind}, not image bytes (binary, or a struct with "
+                          f"a binary `bytes` field, as Hugging Face's Image feature); its columns are {listed}. Set "
+                          f"dataset.image_column to the column of the images")
+    label = config.dataset.label_column or \
+        next((name for name, feature in features.items() if isinstance(feature, dict) and
+              feature.get("_type") == "ClassLabel" and name in names), None) or \
+        next((name for name in LABEL_NAMES if name in names), None)
+    if label is None or label not in names:
+        given = f"dataset.label_column ({label}) is not one of them" if label else "none is a ClassLabel feature or " \
+            f"named {' or '.join(LABEL_NAMES)}"
+        raise ConfigError(f"{path}: no label column: its columns are {listed}; {given}. Set dataset.label_column to "
+                          f"the column of the labels")
+    return image, label
+
+
+def _image_leaf(path: str, file, schema, image: str) -> tuple[int, int]:
+    """(the parquet leaf column of the image bytes, its largest definition level)."""
+    import pyarrow as pa
+
+    wanted = f"{image}.bytes" if pa.types.is_struct(schema.field(image).type) else image
+    parquet_schema = file.metadata.schema
+    for leaf in range(len(parquet_schema)):
+        column = parquet_schema.column(leaf)
+        if column.path == wanted:
+            if column.max_repetition_level:
+                raise ConfigError(f"{path}: the image column {image!r} is a list; a row holds one image")
+            return leaf, column.max_definition_level
+    raise ConfigError(f"{path}: no parquet column {wanted!r} for the image column {image!r}")
+
+
+def _classlabel(schema, label: str) -> tuple[str, ...] | None:
+    """The label column's ClassLabel names, where the metadata has them."""
+    feature = _hf_features(schema).get(label)
+    names = feature.get("names") if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" else None
+    return tuple(str(name) for name in names) if isinstance(names, list) and names else None
+
+
+def _label_values(path: str, label: str, column, config: Config) -> list:
+    """The label column as Python ints (or class names, which need dataset.classes); None where null."""
+    import pyarrow as pa
+
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column, kind = column.cast(kind.value_type), kind.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        if not config.dataset.classes:
+            raise ConfigError(f"{path}: the label column {label!r} holds class names (strings), and "
+                              f"dataset.classes is not set; set dataset.classes to the class names in label order "
+                              f"(or the path of a file of them, one a line)")
+        return column.to_pylist()
+    if not pa.types.is_integer(kind):
+        raise ConfigError(f"{path}: the label column {label!r} holds {kind}, not integer labels or class names; set "
+                          f"dataset.label_column to the column of the labels")
+    return column.to_pylist()
