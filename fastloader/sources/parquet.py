@@ -18,9 +18,13 @@ and ClassLabel features (dataset.image_column / dataset.label_column choose othe
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import io
 import json
 import logging
 import os
+import threading
 from array import array
 from typing import Callable, NamedTuple, Sequence
 
@@ -28,11 +32,12 @@ import numpy as np
 
 from ..bad_input import refuse
 from ..errors import BadImageError, ConfigError
+from ..paths import cache_home
 from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
 from ..words import plural
 from . import remote
-from .reading import Identity, open_regular
+from .reading import Identity, open_regular, stat_stamp
 from .webdataset import Excluded, configure_remote, shard_paths
 
 log = logging.getLogger("fastloader")
@@ -46,6 +51,8 @@ REWRITE = ("rewrite it with the image column uncompressed and PLAIN, as `dataset
            "`pq.write_table(pq.read_table(SRC), DST, compression='none', use_dictionary=False)` (pyarrow), or "
            "`datasets.load_dataset(...).to_parquet(DST)`")
 """The fix for a parquet file whose image pages cannot be read in place."""
+SCAN_VERSION = 1
+"""Raised when a cached scan of a file would read otherwise."""
 _HEADER_READ = 4096
 """First read of a page header; a header holding large statistics (min / max images) is read again, longer."""
 _PLAIN, _DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 0, 2, 3
@@ -97,12 +104,12 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
     root = remote.common_root(kept) if objects else os.path.commonpath([os.path.dirname(path) for path in kept])
     problems = [(path, f"file {reason}") for path, reason in missing if not excluded(path)]
     scans: list[TableScan | None] = []
-    for path in kept:
-        try:
-            scans.append(_scan(path, kind, config, objects.get(path)))
-        except Unreadable as error:
-            problems.append((path, str(error)))
-            scans.append(None)
+    scan = functools.partial(_cached_scan, kind=kind, config=config, objects=objects)
+    found = remote.in_parallel(scan, kept) if objects else map(scan, kept)
+    for path, result in zip(kept, found):
+        if isinstance(result, Unreadable):
+            problems.append((path, str(result)))
+        scans.append(result if isinstance(result, TableScan) else None)
     named = _class_names(kept, scans)
     classes = config.dataset.classes or named
     builder, ranges = IndexBuilder(), (array("i"), array("q"), array("q"))
@@ -187,6 +194,35 @@ def _class_names(paths: list[str], scans: list[TableScan | None]) -> tuple[str, 
     return names
 
 
+def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote.ObjectInfo]) -> TableScan | Unreadable:
+    """The file's scan from the cache where the file is unchanged (its stat stamp; in a store: its size
+    and ETag), else scanned now and cached: a file in a store costs a ranged read a row to scan."""
+    info = objects.get(path)
+    stamp = (info.size, info.etag) if info is not None else stat_stamp(os.stat(path))
+    key = json.dumps([SCAN_VERSION, kind, path, stamp, config.dataset.image_column, config.dataset.label_column])
+    cache = cache_home() / "tables" / (hashlib.blake2b(key.encode("utf-8", "surrogateescape"),
+                                                         digest_size=8).hexdigest() + ".npz")
+    try:
+        with np.load(cache) as stored:
+            extra = json.loads(str(stored["extra"]))
+            names = tuple(extra["classes"]) if extra["classes"] is not None else None
+            return TableScan(stored["start"], stored["length"], extra["labels"], names, Identity(*extra["identity"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        scan = _scan(path, kind, config, info)
+    except Unreadable as error:
+        return error
+    except OSError as error:  # a FIFO, a folder, no permission: named, never waited on
+        return Unreadable(f"unreadable: {error.strerror or error}")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_name(f"{cache.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
+    extra = {"labels": scan.labels, "classes": scan.class_names, "identity": list(scan.identity)}
+    np.savez(partial, start=scan.start, length=scan.length, extra=np.array(json.dumps(extra)))
+    os.replace(partial, cache)
+    return scan
+
+
 def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) -> TableScan:
     """One file's rows, its columns found by the dataset's keys or Hugging Face's conventions."""
     if kind == "arrow":
@@ -197,7 +233,7 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
     if info is not None:
         reader = remote.RangeFile(info)
         pread, size, identity = reader.pread, info.size, Identity(0, info.size, info.mtime_ns, info.etag)
-        source = reader
+        source = _StoredFile(reader, info.size)
     else:
         fd = open_regular(path)
         identity = Identity.of(os.fstat(fd))
@@ -226,6 +262,33 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
         if info is None:
             os.close(fd)
     return TableScan(start, length, _label_values(path, label, labels, config), _classlabel(schema, label), identity)
+
+
+class _StoredFile(io.RawIOBase):
+    """An object in a store as the file object pyarrow reads a footer and a label column from (ranged reads)."""
+
+    def __init__(self, reader: remote.RangeFile, size: int):
+        super().__init__()
+        self.reader, self.size, self.at = reader, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.at = offset if whence == 0 else self.at + offset if whence == 1 else self.size + offset
+        return self.at
+
+    def tell(self) -> int:
+        return self.at
+
+    def readinto(self, buffer) -> int:
+        data = self.reader.pread(min(len(buffer), max(0, self.size - self.at)), self.at)
+        buffer[:len(data)] = data
+        self.at += len(data)
+        return len(data)
 
 
 def _parquet_ranges(path: str, file, leaf: int, max_def: int, pread: Callable[[int, int], bytes],
@@ -440,7 +503,7 @@ def _scan_arrow(path: str, config: Config) -> TableScan:
         wide = pa.types.is_large_binary(values.type)
         offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)[
             values.offset:values.offset + len(values) + 1].astype(np.int64)
-        if data is None:
+        if data is None or not data.size:  # no bytes in this batch: nulls, or empty values
             data_at = 0
         else:
             data_at = data.address - base
