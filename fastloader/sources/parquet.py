@@ -10,14 +10,20 @@ sampler's orders, exact-once eval, resume, screening, the uint8 cache and `pack`
 Arrow file (`datasets`' cache, `save_to_disk`) is memory-mapped: its buffers are the file's bytes, and
 each value's offset in them is its byte range.
 
-Compressed or dictionary-encoded image pages have no byte range to read: a row would cost its whole row
-group (docs/performance.md, parquet: measured); such a file is refused with the command that rewrites
-it. Columns and class names follow Hugging Face's conventions: the `huggingface` schema metadata's Image
+Compressed or dictionary-encoded image pages (pyarrow's defaults, older `datasets`) have no byte range:
+such a row group's rows are read by decoding the row group's image column (`read_row`, a cache of
+ROW_GROUP_CACHE bytes per process), which costs the whole row group for one row in a uniform order;
+the block order over row groups reads each once an epoch (order.Containers), and the loader says so
+(docs/performance.md, parquet: both measured).
+
+Columns and class names follow Hugging Face's conventions: the `huggingface` schema metadata's Image
 and ClassLabel features (dataset.image_column / dataset.label_column choose others). Sample names are
 `file.parquet:row`.
 """
 from __future__ import annotations
 
+import collections
+import errno
 import functools
 import hashlib
 import io
@@ -37,7 +43,7 @@ from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
 from ..words import plural
 from . import remote
-from .reading import Identity, open_regular, stat_stamp
+from .reading import ContainerChanged, Identity, Location, open_regular, stat_stamp
 from .webdataset import Excluded, configure_remote, shard_paths
 
 log = logging.getLogger("fastloader")
@@ -51,11 +57,21 @@ REWRITE = ("rewrite it with the image column uncompressed and PLAIN, as `dataset
            "`pq.write_table(pq.read_table(SRC), DST, compression='none', use_dictionary=False)` (pyarrow), or "
            "`datasets.load_dataset(...).to_parquet(DST)`")
 """The fix for a parquet file whose image pages cannot be read in place."""
-SCAN_VERSION = 1
+SCAN_VERSION = 2
 """Raised when a cached scan of a file would read otherwise."""
+ROW_GROUP_CACHE = 256 << 20
+"""Bytes of decoded row groups (compressed image pages) each reading process keeps: a block of at most
+this many bytes (`<split>.block_size`) has each of its row groups read once."""
 _HEADER_READ = 4096
 """First read of a page header; a header holding large statistics (min / max images) is read again, longer."""
 _PLAIN, _DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 0, 2, 3
+
+
+class EmptyRow(OSError):
+    """A row read with its row group whose image bytes are null."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class Unreadable(Exception):
@@ -63,13 +79,17 @@ class Unreadable(Exception):
 
 
 class TableScan(NamedTuple):
-    """One file's rows: each row's image byte range (start -1: null bytes), its label or None, and the
-    file's class names (ClassLabel) where its metadata has them."""
+    """One file's rows: each row's image byte range (start -1: null bytes), or for a row of compressed
+    pages its row group's image column chunk (table_row 1 + its row); its label or None; the file's
+    class names (ClassLabel) where its metadata has them."""
     start: np.ndarray
     length: np.ndarray
     labels: list
     class_names: tuple[str, ...] | None
     identity: Identity
+    table_row: np.ndarray
+    column: str | None = None
+    """The image column's parquet leaf path (`image.bytes`) where rows are read by row group."""
 
 
 def index_parquet(config: Config, split: SplitConfig) -> SampleIndex:
@@ -112,7 +132,7 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
         scans.append(result if isinstance(result, TableScan) else None)
     named = _class_names(kept, scans)
     classes = config.dataset.classes or named
-    builder, ranges = IndexBuilder(), (array("i"), array("q"), array("q"))
+    builder, ranges = IndexBuilder(), (array("i"), array("q"), array("q"), array("q"))
     for number, (path, scan) in enumerate(zip(kept, scans)):
         if scan is not None:
             _rows(path, number, scan, root, classes, excluded, builder, ranges, problems,
@@ -122,14 +142,43 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
         raise BadImageError(f"{source}: {key}: no usable row in {plural(len(kept), 'file')}{first}")
     classes = classes or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
     identities = tuple(scan.identity if scan is not None else Identity(0, 0, 0) for scan in scans)
+    table_row = np.array(ranges[3], dtype=np.int64)
+    grouped = [path for path, scan in zip(kept, scans) if scan is not None and scan.table_row.any()]
     byte_ranges = ByteRanges(tuple(kept), np.array(ranges[0], dtype=np.int32), np.array(ranges[1], dtype=np.int64),
-                             np.array(ranges[2], dtype=np.int64), None, identities)
+                             np.array(ranges[2], dtype=np.int64), None, identities,
+                             table_row if grouped else None,
+                             tuple(scan.column if scan is not None else None for scan in scans) if grouped else None)
+    if grouped:
+        _say_row_group_cost(config, split, grouped, scans)
     unusable = refuse(config, problems, noun="files or rows")
     log.info("indexed %s of split '%s' (%s): %s in %s%s%s", plural(len(kept), f"{kind} file"), split.name, root,
              plural(len(builder), "row"), plural(len(classes), "class"),
              f", {plural(len(unusable), 'row')} left out" if unusable else "",
              f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
     return builder.build(root, classes, excluded=excluded.count, ranges=byte_ranges, unusable=unusable)
+
+
+def _say_row_group_cost(config: Config, split: SplitConfig, grouped: list[str], scans) -> None:
+    """What reading rows by row group costs in the split's order, and how to choose a cheaper one."""
+    compressed = [scan for scan in scans if scan is not None and scan.table_row.any()]
+    rows = sum(int((scan.table_row > 0).sum()) for scan in compressed)
+    groups = sum(len(np.unique(scan.start[scan.table_row > 0])) for scan in compressed)
+    group_bytes = sum(int(np.unique(np.stack([scan.start, scan.length])[:, scan.table_row > 0], axis=1)[1].sum())
+                      for scan in compressed)
+    per_group, mean_bytes = rows / max(groups, 1), group_bytes / max(groups, 1)
+    more = " ..." if len(grouped) > 1 else ""
+    files = f"{plural(len(grouped), 'parquet file')} ({os.path.basename(grouped[0])}{more})"
+    what = (f"split '{split.name}': the image column of {files} is compressed or dictionary-encoded, so each of "
+            f"its {rows:,} rows is read by decoding its row group ({per_group:.0f} rows, {mean_bytes / 1e6:.1f} MB "
+            f"on average), kept in a cache of {ROW_GROUP_CACHE >> 20} MiB per reading process")
+    if split.shuffle is True:
+        log.warning("%s; in a uniform order (%s.shuffle: true) nearly every row costs its whole row group: about "
+                    "%.0f times the image bytes an epoch (%.1f GB instead of %.2f GB). Set %s.shuffle: block with "
+                    "%s.block_size: %dMB (the cache) to read each row group once an epoch per reading process, or %s",
+                    what, split.name, per_group, per_group * group_bytes / 1e9, group_bytes / 1e9, split.name,
+                    split.name, ROW_GROUP_CACHE >> 20, REWRITE)
+    else:
+        log.info("%s; %s.shuffle: %s reads a row group's rows together", what, split.name, split.shuffle)
 
 
 def _check_split_keys(config: Config, split: SplitConfig, kind: str, key: str, source: str) -> None:
@@ -145,12 +194,13 @@ def _check_split_keys(config: Config, split: SplitConfig, kind: str, key: str, s
 
 
 def _rows(path: str, number: int, scan: TableScan, root: str, classes: Sequence[str] | None, excluded: Excluded,
-          builder: IndexBuilder, ranges: tuple[array, array, array], problems: list[tuple[str, str]],
+          builder: IndexBuilder, ranges: tuple[array, ...], problems: list[tuple[str, str]],
           names_from: str) -> None:
     """The file's usable rows into the index; (name, reason) of the others into problems."""
     name = remote.relative(path, root) if remote.is_url(path) else os.path.relpath(path, root)
     lookup = {value: label for label, value in enumerate(classes)} if classes else {}
-    for row, (start, length, value) in enumerate(zip(scan.start.tolist(), scan.length.tolist(), scan.labels)):
+    for row, (start, length, value, by_group) in enumerate(zip(scan.start.tolist(), scan.length.tolist(), scan.labels,
+                                                               scan.table_row.tolist())):
         where = f"{path}:{row}"
         if excluded(where):
             excluded.count += 1
@@ -178,6 +228,7 @@ def _rows(path: str, number: int, scan: TableScan, root: str, classes: Sequence[
         ranges[0].append(number)
         ranges[1].append(start)
         ranges[2].append(length)
+        ranges[3].append(by_group)
 
 
 def _class_names(paths: list[str], scans: list[TableScan | None]) -> tuple[str, ...] | None:
@@ -206,7 +257,8 @@ def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote
         with np.load(cache) as stored:
             extra = json.loads(str(stored["extra"]))
             names = tuple(extra["classes"]) if extra["classes"] is not None else None
-            return TableScan(stored["start"], stored["length"], extra["labels"], names, Identity(*extra["identity"]))
+            return TableScan(stored["start"], stored["length"], extra["labels"], names, Identity(*extra["identity"]),
+                             stored["table_row"], extra["column"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
@@ -217,8 +269,8 @@ def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote
         return Unreadable(f"unreadable: {error.strerror or error}")
     cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.with_name(f"{cache.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
-    extra = {"labels": scan.labels, "classes": scan.class_names, "identity": list(scan.identity)}
-    np.savez(partial, start=scan.start, length=scan.length, extra=np.array(json.dumps(extra)))
+    extra = {"labels": scan.labels, "classes": scan.class_names, "identity": list(scan.identity), "column": scan.column}
+    np.savez(partial, start=scan.start, length=scan.length, table_row=scan.table_row, extra=np.array(json.dumps(extra)))
     os.replace(partial, cache)
     return scan
 
@@ -257,11 +309,13 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
             labels = file.read(columns=[label], use_threads=False).column(0).combine_chunks()
         except (OSError, pa.ArrowException) as error:
             raise Unreadable(f"unreadable parquet file: {error}") from None
-        start, length = _parquet_ranges(path, file, leaf, max_def, pread, image)
+        start, length, table_row = _parquet_ranges(path, file, leaf, max_def, pread)
     finally:
         if info is None:
             os.close(fd)
-    return TableScan(start, length, _label_values(path, label, labels, config), _classlabel(schema, label), identity)
+    column = file.metadata.schema.column(leaf).path if table_row.any() else None
+    return TableScan(start, length, _label_values(path, label, labels, config), _classlabel(schema, label), identity,
+                     table_row, column)
 
 
 class _StoredFile(io.RawIOBase):
@@ -291,21 +345,23 @@ class _StoredFile(io.RawIOBase):
         return len(data)
 
 
-def _parquet_ranges(path: str, file, leaf: int, max_def: int, pread: Callable[[int, int], bytes],
-                    image: str) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's image bytes in the file (start -1: null), from the pages of each row group's image column."""
-    starts, lengths = array("q"), array("q")
+def _parquet_ranges(path: str, file, leaf: int, max_def: int,
+                    pread: Callable[[int, int], bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's image bytes in the file (start -1: null), from the pages of each row group's image
+    column; a row group whose image pages are compressed or encoded otherwise than PLAIN: its rows get
+    the column chunk's range and table_row 1 + their row, to be read with the row group."""
+    starts, lengths, table_row = array("q"), array("q"), array("q")
+    first = 0
     for group in range(file.metadata.num_row_groups):
         chunk = file.metadata.row_group(group).column(leaf)
-        unusable = chunk.compression != "UNCOMPRESSED" and f"{chunk.compression}-compressed" or \
-            chunk.has_dictionary_page and "dictionary-encoded" or \
-            not set(chunk.encodings) <= {"PLAIN", "RLE", "BIT_PACKED"} and f"encoded {'/'.join(chunk.encodings)}"
-        if unusable:
-            rows = file.metadata.row_group(group).num_rows
-            raise ConfigError(f"{path}: its image column {image!r} is {unusable} (row group {group}: {rows} rows, "
-                              f"{chunk.total_compressed_size:,} bytes), so a row's image has no byte range to read in "
-                              f"place: each would cost its whole row group (docs/performance.md, parquet); "
-                              f"{REWRITE}")
+        rows = file.metadata.row_group(group).num_rows
+        if not _in_place(chunk):
+            at = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+            starts.extend([at] * rows)
+            lengths.extend([chunk.total_compressed_size] * rows)
+            table_row.extend(range(first + 1, first + rows + 1))
+            first += rows
+            continue
         before = len(starts)
         try:
             _walk_pages(pread, chunk.data_page_offset, chunk.data_page_offset + chunk.total_compressed_size,
@@ -315,7 +371,16 @@ def _parquet_ranges(path: str, file, leaf: int, max_def: int, pread: Callable[[i
         if len(starts) - before != chunk.num_values:
             raise Unreadable(f"parquet row group {group}: its image pages hold {len(starts) - before} values, its "
                              f"metadata says {chunk.num_values}")
-    return np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)
+        table_row.extend([0] * rows)
+        first += rows
+    return (np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64),
+            np.array(table_row, dtype=np.int64))
+
+
+def _in_place(chunk) -> bool:
+    """Whether a column chunk's values lie in the file as they are: uncompressed, PLAIN, no dictionary."""
+    return chunk.compression == "UNCOMPRESSED" and not chunk.has_dictionary_page and \
+        set(chunk.encodings) <= {"PLAIN", "RLE", "BIT_PACKED"}
 
 
 def _walk_pages(pread: Callable[[int, int], bytes], at: int, end: int, max_def: int, starts: array,
@@ -519,7 +584,7 @@ def _scan_arrow(path: str, config: Config) -> TableScan:
     labels = _label_values(path, label, pa.array(labels, type=schema.field(label).type) if labels else
                            pa.array([], schema.field(label).type), config)
     return TableScan(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), labels,
-                     _classlabel(schema, label), identity)
+                     _classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64))
 
 
 def _base_address(mapped) -> int:
@@ -616,3 +681,97 @@ def _label_values(path: str, label: str, column, config: Config) -> list:
         raise ConfigError(f"{path}: the label column {label!r} holds {kind}, not integer labels or class names; set "
                           f"dataset.label_column to the column of the labels")
     return column.to_pylist()
+
+
+def read_row(location: Location) -> bytearray:
+    """The image bytes of a row of compressed parquet pages: its row group's image column decoded (or
+    found in this process's cache of row groups) and the row's value taken. OSError (EmptyRow for a null,
+    ContainerChanged for a file rewritten since it was indexed) naming the row where it cannot."""
+    return _row_groups.value(location)
+
+
+class _RowGroups:
+    """Decoded image columns of row groups, the most recent ROW_GROUP_CACHE bytes, per process: a forked
+    reader starts empty and opens the files itself (pyarrow's readers are not shared across a fork)."""
+
+    def __init__(self):
+        self.pid = -1
+
+    def _reset(self) -> None:
+        self.pid, self.lock = os.getpid(), threading.Lock()
+        self.groups: collections.OrderedDict[tuple, tuple[int, object]] = collections.OrderedDict()
+        self.size = 0
+        self.metadata: dict[tuple, object] = {}
+
+    def value(self, location: Location) -> bytearray:
+        if self.pid != os.getpid():
+            self._reset()
+        key = (location.file, location.identity, location.start)
+        with self.lock:
+            found = self.groups.get(key)
+            if found is not None:
+                self.groups.move_to_end(key)
+        if found is None:
+            found = self._read(location)
+            with self.lock:
+                self.groups[key] = found
+                self.size += found[1].nbytes
+                while self.size > ROW_GROUP_CACHE and len(self.groups) > 1:
+                    _, (_, dropped) = self.groups.popitem(last=False)
+                    self.size -= dropped.nbytes
+        first, values = found
+        at = location.row - first
+        if not 0 <= at < len(values):
+            raise ContainerChanged(errno.ESTALE, f"{location.name}: the row is not in its row group any more; the "
+                                                 f"file changed since it was indexed", location.file)
+        value = values[at]
+        if not value.is_valid:
+            raise EmptyRow(errno.ENODATA, "no image bytes (null)", location.name)
+        return bytearray(value.as_buffer())
+
+    def _read(self, location: Location) -> tuple[int, object]:
+        """(the row group's first row, its image values), read from the file (a file in a store: from the node
+        cache's copy), its identity checked as a shard's is."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            if remote.is_url(location.file):
+                from .node_cache import current
+                with current().opened(location) as fd:
+                    return self._group(pq, io.FileIO(os.dup(fd), "r"), location)
+            fd = open_regular(location.file)
+            try:
+                found = Identity.of(os.fstat(fd))
+                if location.identity is not None and found != location.identity:
+                    raise ContainerChanged(errno.ESTALE, f"the parquet file {location.file} changed since it was "
+                                                         f"indexed; its rows are refused until a new loader indexes "
+                                                         f"it again", location.file)
+                return self._group(pq, io.FileIO(os.dup(fd), "r"), location)
+            finally:
+                os.close(fd)
+        except pa.ArrowException as error:
+            raise OSError(errno.EIO, f"its row group cannot be read: {error}", location.file) from None
+
+    def _group(self, pq, handle, location: Location) -> tuple[int, object]:
+        with handle:
+            key = (location.file, location.identity)
+            metadata = self.metadata.get(key)
+            file = pq.ParquetFile(handle, metadata=metadata, pre_buffer=False)
+            self.metadata[key] = file.metadata
+            first = 0
+            for group in range(file.metadata.num_row_groups):
+                rows = file.metadata.row_group(group).num_rows
+                if location.row < first + rows:
+                    break
+                first += rows
+            top, _, field = location.column.partition(".")
+            column = file.read_row_group(group, columns=[top], use_threads=False).column(0).combine_chunks()
+            values = column.field(field) if field else column
+            if column.null_count:  # a null struct is a null image, whatever its field holds
+                import pyarrow.compute as pc
+                values = pc.if_else(column.is_valid(), values, None)
+            return first, values
+
+
+_row_groups = _RowGroups()
