@@ -1,19 +1,21 @@
-"""Parquet and Arrow against folders and tar shards: the same photos read four ways, both backends, and
+"""Parquet and Arrow against folders and tar shards: the same photos read five ways, both backends, and
 the way users read a Hub dataset today (`datasets` + a DataLoader) side by side; then what a row
 costs by byte range against a row-group read, the choice docs/performance.md records.
 
 1. Per (split, reader), fresh loaders in interleaved rounds, one epoch each: images/s, and the bytes
    the process and its workers read in the epoch (`rchar` of /proc/<pid>/io: every read and pread,
    from the page cache or the disk; memory-mapped reads are not counted: `datasets` maps its Arrow
-   cache, so its row shows next to nothing, and reads what it maps). Readers: fastloader's two backends over the folder, tar shards (64 samples each),
-   parquet (row groups of 100 rows, as Hugging Face writes image datasets, the image column
-   uncompressed and PLAIN) and Arrow (`datasets`' cache format); and `datasets.load_dataset
-   ("parquet")` + a torch DataLoader with torchvision's transforms (the same crop and size, the same
-   worker count), its one-time conversion into its Arrow cache timed apart.
+   cache, so its row shows next to nothing, and reads what it maps). Readers: fastloader's two
+   backends over the folder, tar shards (64 samples each), parquet (row groups of 100 rows, as
+   Hugging Face writes image datasets, the image column uncompressed and PLAIN), the same parquet as
+   pyarrow writes it by default (snappy, dictionary pages: rows read by row group, train in the
+   block order) and Arrow (`datasets`' cache format); and `datasets.load_dataset("parquet")` + a
+   torch DataLoader with torchvision's transforms (the same crop and size, the same worker count),
+   its one-time conversion into its Arrow cache timed apart.
 2. One row's image bytes, random rows, one core: (a) a pread of the row's byte range (what
-   dataset.format: parquet does), (b) pyarrow reading the row's row group (what random access by row
-   group costs, uncompressed and snappy-compressed), (c) row groups read in order, each once (the
-   best a block order of row groups could do): ms per row and bytes read per row.
+   dataset.format: parquet does where the pages are uncompressed), (b) pyarrow reading the row's row
+   group (random access by row group, uncompressed and snappy-compressed), (c) row groups read in
+   order, each once (what the block order over row groups gives): ms per row and bytes read per row.
 
     python benchmarks/parquet.py --data ../shared/data/realphotos [--rounds 3]
 """
@@ -35,8 +37,11 @@ from fastloader.config import IMAGE_EXTENSIONS, config_to_dict
 from fastloader.parallel import available_cores
 from fastloader.schema import IMAGENET_MEAN, IMAGENET_STD
 from fastloader.sources.folder import scan_folder
+from fastloader.sources.parquet import ROW_GROUP_CACHE
 
-READERS = ("folder", "shards", "parquet", "arrow")
+READERS = ("folder", "shards", "parquet", "parquet-snappy", "arrow")
+"""parquet-snappy: the same rows as pyarrow writes them by default (snappy, dictionary pages), read by row
+group; its train split in the block order (blocks of at most the row-group cache)."""
 
 
 def write_sources(data: Path, work: Path, per_shard: int, row_group: int) -> dict[str, dict[str, list[str]]]:
@@ -44,7 +49,7 @@ def write_sources(data: Path, work: Path, per_shard: int, row_group: int) -> dic
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files: dict[str, dict[str, list[str]]] = {"shards": {}, "parquet": {}, "arrow": {}}
+    files: dict[str, dict[str, list[str]]] = {"shards": {}, "parquet": {}, "parquet-snappy": {}, "arrow": {}}
     for split in ("train", "val"):
         index = scan_folder(str(data / split), IMAGE_EXTENSIONS)
         paths, labels = harness.listed_files(index, 1)
@@ -61,8 +66,9 @@ def write_sources(data: Path, work: Path, per_shard: int, row_group: int) -> dic
         pq.write_table(table, parquet, row_group_size=row_group, compression={"image.bytes": "none",
                        "image.path": "none", "label": "snappy"}, use_dictionary=["label"],
                        column_encoding={"image.bytes": "PLAIN", "image.path": "PLAIN"}, write_page_index=True)
-        pq.write_table(table, work / "parquet" / f"{split}.snappy", row_group_size=row_group)  # pyarrow's defaults
-        files["parquet"][split] = [str(parquet)]
+        snappy = work / "parquet" / f"{split}-snappy.parquet"
+        pq.write_table(table, snappy, row_group_size=row_group)  # pyarrow's defaults
+        files["parquet"][split], files["parquet-snappy"][split] = [str(parquet)], [str(snappy)]
         arrow = work / "arrow" / f"{split}.arrow"
         with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
             writer.write_table(table, max_chunksize=row_group)
@@ -80,13 +86,15 @@ def config_for(reader: str, backend: str, data: Path, files: dict, batch: int, s
         raw["dataset"] = {**raw["dataset"], "root": str(data)}
     else:
         raw["dataset"] = {key: value for key, value in raw["dataset"].items() if key not in ("root", "cache")}
-        raw["dataset"]["format"] = "webdataset" if reader == "shards" else reader
+        raw["dataset"]["format"] = "webdataset" if reader == "shards" else reader.split("-")[0]
     for split in ("train", "val"):
         raw[split] = {**raw[split], "batch_size": batch}
         if size:
             raw[split]["transform"] = {**raw[split].get("transform", {}), "size": size}
         if reader != "folder":
             raw[split]["shards" if reader == "shards" else "files"] = files[reader][split]
+        if reader == "parquet-snappy" and split == "train":
+            raw[split].update(shuffle="block", block_size=f"{ROW_GROUP_CACHE >> 20}MB")
     return raw
 
 
@@ -237,7 +245,7 @@ def main() -> None:
                     rows[name].append(timed_epoch(make, split))
             results[split] = rows
             show(split, rows)
-        results["row_costs"] = costs = row_costs(files["parquet"]["val"][0], str(work / "parquet" / "val.snappy"),
+        results["row_costs"] = costs = row_costs(files["parquet"]["val"][0], files["parquet-snappy"]["val"][0],
                                                  args.rows, 0)
         print(f"\none row's image bytes, {args.rows} random rows of val, one core "
               f"({costs['rows_per_group']:.0f} rows a row group):")

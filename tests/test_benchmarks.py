@@ -405,7 +405,7 @@ def test_shards_reads_the_photos_as_folders_and_as_shards_and_indexes_synthetic_
 @runs_for("parquet")
 def test_parquet_reads_the_photos_four_ways_and_through_datasets_and_costs_a_row(run):
     out, report = run
-    readers = ("folder", "shards", "parquet", "arrow")
+    readers = ("folder", "shards", "parquet", "parquet-snappy", "arrow")
     for split in ("train", "val"):
         rows = report[split]
         backends = ("torch", "dali") if HAS_DALI else ("torch",)
