@@ -16,8 +16,10 @@ costs by byte range against a row-group read, the choice docs/performance.md rec
    dataset.format: parquet does where the pages are uncompressed), (b) pyarrow reading the row's row
    group (random access by row group, uncompressed and snappy-compressed), (c) row groups read in
    order, each once (what the block order over row groups gives): ms per row and bytes read per row.
+3. --index-rows N: N rows of a JPEG stub in parquet files of 100,000 rows (row groups of 100, as
+   above), indexed cold (the page walk), then from its cache: seconds per 100k rows, bytes per sample.
 
-    python benchmarks/parquet.py --data ../shared/data/realphotos [--rounds 3]
+    python benchmarks/parquet.py --data ../shared/data/realphotos [--rounds 3] [--index-rows 1280000]
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from fastloader.config import IMAGE_EXTENSIONS, config_to_dict
 from fastloader.parallel import available_cores
 from fastloader.schema import IMAGENET_MEAN, IMAGENET_STD
 from fastloader.sources.folder import scan_folder
-from fastloader.sources.parquet import ROW_GROUP_CACHE
+from fastloader.sources.parquet import ROW_GROUP_CACHE, forget_row_groups
 
 READERS = ("folder", "shards", "parquet", "parquet-snappy", "arrow")
 """parquet-snappy: the same rows as pyarrow writes them by default (snappy, dictionary pages), read by row
@@ -112,7 +114,9 @@ def read_chars() -> int:
 
 def timed_epoch(make, split: str) -> dict:
     """One epoch of a fresh loader: images/s from the first next() to the last, and the bytes read in it
-    (not in the build, whose screening reads each new file once and is cached)."""
+    (not in the build, whose screening reads each new file once and is cached). Row groups that an
+    earlier loader of this process decoded are dropped first, as a fresh process would have none."""
+    forget_row_groups()
     loader, close = make()
     before = read_chars()
     samples, started = 0, time.perf_counter()
@@ -202,6 +206,35 @@ def row_costs(parquet: str, snappy: str, rows: int, seed: int) -> dict:
     return results
 
 
+def index_at_scale(rows: int, folder: Path, row_group: int) -> dict:
+    """Synthesised parquet files of `rows` rows, indexed cold and then from the cache."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastloader.sources.parquet import index_parquet
+    image = b"\xff\xd8\xff\xe0" + b"\0" * 60 + b"\xff\xd9"  # never decoded: indexing reads no image
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    per_file, files = 100_000, []
+    for number, first in enumerate(range(0, rows, per_file)):
+        count = min(per_file, rows - first)
+        table = pa.table({"image": pa.array([{"bytes": image, "path": None}] * count, image_type),
+                          "label": pa.array(np.arange(first, first + count) % 1000, pa.int64())})
+        path = folder / f"train-{number:05d}.parquet"
+        pq.write_table(table, path, row_group_size=row_group, compression={"image.bytes": "none",
+                       "image.path": "none", "label": "snappy"}, use_dictionary=["label"],
+                       column_encoding={"image.bytes": "PLAIN", "image.path": "PLAIN"})
+        files.append(str(path))
+    config = fastloader.load_config({"dataset": {"format": "parquet", "root": str(folder)}, "val": {"files": files}})
+    started = time.perf_counter()
+    index = index_parquet(config, config.split("val"))
+    cold = time.perf_counter() - started
+    started = time.perf_counter()
+    index_parquet(config, config.split("val"))
+    cached = time.perf_counter() - started
+    return {"rows": len(index), "files": len(files), "index_s": cold, "cached_index_s": cached,
+            "s_per_100k_rows": cold / len(index) * 1e5, "bytes_per_sample": index.nbytes / len(index)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_data_argument(parser)
@@ -212,6 +245,7 @@ def main() -> None:
     parser.add_argument("--per-shard", type=int, default=64, help="samples per tar shard")
     parser.add_argument("--row-group", type=int, default=100, help="rows per parquet row group (HF: 100)")
     parser.add_argument("--rows", type=int, default=200, help="random rows of the row-cost comparison")
+    parser.add_argument("--index-rows", type=int, default=0, help="also index this many synthesised rows")
     parser.add_argument("--backends", nargs="+", default=list(harness.BACKENDS), choices=harness.BACKENDS)
     parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
@@ -255,6 +289,12 @@ def main() -> None:
         if converted is not None:
             print(f"\ndatasets.load_dataset('parquet') into its Arrow cache, once: "
                   f"{results['datasets_conversion_s']:.2f} s")
+        if args.index_rows:
+            with tempfile.TemporaryDirectory(dir=work) as folder:
+                scale = results["index"] = index_at_scale(args.index_rows, Path(folder), args.row_group)
+            print(f"\nparquet index, {scale['rows']:,} rows in {scale['files']} files, cold, one process: "
+                  f"{scale['index_s']:.1f} s, {scale['s_per_100k_rows']:.2f} s per 100k rows; from its cache "
+                  f"{scale['cached_index_s']:.1f} s; {scale['bytes_per_sample']:.0f} bytes per sample in every process")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -690,6 +690,11 @@ def read_row(location: Location) -> bytearray:
     return _row_groups.value(location)
 
 
+def forget_row_groups() -> None:
+    """Drop the row groups this process keeps decoded (a benchmark's fresh reader starts without them)."""
+    _row_groups.pid = -1
+
+
 class _RowGroups:
     """Decoded image columns of row groups, the most recent ROW_GROUP_CACHE bytes, per process: a forked
     reader starts empty and opens the files itself (pyarrow's readers are not shared across a fork)."""
