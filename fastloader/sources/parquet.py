@@ -44,7 +44,7 @@ from ..schema import Config, SplitConfig
 from ..words import plural
 from . import remote
 from .reading import ContainerChanged, Identity, Location, open_regular, stat_stamp
-from .webdataset import Excluded, configure_remote, shard_paths
+from .webdataset import Excluded, listed_files
 
 log = logging.getLogger("fastloader")
 
@@ -105,23 +105,10 @@ def index_arrow(config: Config, split: SplitConfig) -> SampleIndex:
 def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
     key, source = f"{split.name}.files", config.origin(f"{split.name}.files")
     _check_split_keys(config, split, kind, key, source)
-    stored = any(remote.is_url(pattern) for pattern in split.files)
-    if stored and kind == "arrow":
+    if kind == "arrow" and any(remote.is_url(pattern) for pattern in split.files):
         raise ConfigError(f"{source}: {key}: Arrow files are memory-mapped, which needs them on a local disk; copy "
                           f"them there, or read the dataset's parquet files from the store (dataset.format: parquet)")
-    if stored:
-        configure_remote(config)
-    objects: dict[str, remote.ObjectInfo] = {}
-    paths, missing = shard_paths(split.files, key, source, objects)
-    if not paths:
-        raise ConfigError(f"{source}: {key}: no file found ({missing[0][0]!r}: {missing[0][1]}); relative paths "
-                          f"are relative to dataset.root when it is set, else to the config file's folder")
-    excluded = Excluded(config)
-    kept = [path for path in paths if not excluded(path)]
-    excluded.count += len(paths) - len(kept)
-    if not kept:
-        raise ConfigError(f"{source}: {key}: every file is listed in dataset.exclude ({config.dataset.exclude})")
-    root = remote.common_root(kept) if objects else os.path.commonpath([os.path.dirname(path) for path in kept])
+    kept, missing, objects, excluded, root = listed_files(config, split.files, key, f"{kind} file")
     problems = [(path, f"file {reason}") for path, reason in missing if not excluded(path)]
     scans: list[TableScan | None] = []
     scan = functools.partial(_cached_scan, kind=kind, config=config, objects=objects)
@@ -613,15 +600,7 @@ def _columns(path: str, schema, config: Config) -> tuple[str, str]:
     names = list(schema.names)
     features = _hf_features(schema)
     listed = ", ".join(f"{name} ({schema.field(name).type})" for name in names)
-    image = config.dataset.image_column or \
-        next((name for name, feature in features.items() if isinstance(feature, dict) and
-              feature.get("_type") == "Image" and name in names), None) or \
-        next((name for name in IMAGE_NAMES if name in names), None)
-    if image is None or image not in names:
-        given = f"dataset.image_column ({image}) is not one of them" if image else "none is an Image feature or " \
-            f"named {' or '.join(IMAGE_NAMES)}"
-        raise ConfigError(f"{path}: no image column: its columns are {listed}; {given}. Set dataset.image_column to "
-                          f"the column of the images")
+    image = _pick(path, config.dataset.image_column, "image", "Image", IMAGE_NAMES, features, names, listed)
     kind = schema.field(image).type
     plain = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
     if not plain and not (pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0 and
@@ -630,16 +609,25 @@ def _columns(path: str, schema, config: Config) -> tuple[str, str]:
         raise ConfigError(f"{path}: the image column {image!r} holds {kind}, not image bytes (binary, or a struct with "
                           f"a binary `bytes` field, as Hugging Face's Image feature); its columns are {listed}. Set "
                           f"dataset.image_column to the column of the images")
-    label = config.dataset.label_column or \
-        next((name for name, feature in features.items() if isinstance(feature, dict) and
-              feature.get("_type") == "ClassLabel" and name in names), None) or \
-        next((name for name in LABEL_NAMES if name in names), None)
-    if label is None or label not in names:
-        given = f"dataset.label_column ({label}) is not one of them" if label else "none is a ClassLabel feature or " \
-            f"named {' or '.join(LABEL_NAMES)}"
-        raise ConfigError(f"{path}: no label column: its columns are {listed}; {given}. Set dataset.label_column to "
-                          f"the column of the labels")
+    label = _pick(path, config.dataset.label_column, "label", "ClassLabel", LABEL_NAMES, features, names, listed)
     return image, label
+
+
+def _pick(path: str, chosen: str | None, what: str, feature_type: str, conventional: Sequence[str], features: dict,
+          names: list[str], listed: str) -> str:
+    """The `what` column: dataset.<what>_column, else the feature of that type in the metadata, else a
+    conventional name; a ConfigError listing the file's columns where there is none."""
+    column = chosen or \
+        next((name for name, feature in features.items() if isinstance(feature, dict) and
+              feature.get("_type") == feature_type and name in names), None) or \
+        next((name for name in conventional if name in names), None)
+    if column is None or column not in names:
+        given = f"dataset.{what}_column ({column}) is not one of them" if column else \
+            f"none is {'an' if feature_type[0] in 'AEIOU' else 'a'} {feature_type} feature or named " \
+            f"{' or '.join(conventional)}"
+        raise ConfigError(f"{path}: no {what} column: its columns are {listed}; {given}. Set dataset.{what}_column to "
+                          f"the column of the {what}s")
+    return column
 
 
 def _image_leaf(path: str, file, schema, image: str) -> tuple[int, int]:
