@@ -86,7 +86,7 @@ def test_tables_give_the_folders_samples_labels_order_and_pixels(tmp_path, backe
         assert table_labels == folder_labels, split
         for ours, theirs in zip(table_images, folder_images, strict=True):
             assert torch.equal(ours, theirs)
-    assert f".{fmt}:0" in from_table.index.path(0)
+    assert f".{fmt}:0" in from_table.index.path(0) and f" {fmt} files" in repr(from_table)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
