@@ -3,7 +3,7 @@ the node cache's limit; its blocks, made from the split's index and logged; and 
 costs a cache smaller than the shards, for the loader to say.
 
 The order itself is order.py's BlockShuffle; this module only turns config keys into its budget and
-says what the choice means.
+says what the choice means, and what a loader reading further ahead than a block costs.
 """
 from __future__ import annotations
 
@@ -120,3 +120,27 @@ def uniform_cost(config: Config, split: SplitConfig, index: SampleIndex, cache_l
             f"{split.name}.shuffle: block to fetch each shard once an epoch: blocks of half the cache "
             f"({human_bytes(cache_limit // 2)}) by default, {split.name}.block_size to choose (docs/semantics.md, "
             f"the block order)")
+
+
+def read_ahead_cost(config: Config, split: SplitConfig, index: SampleIndex, blocks: BlockShuffle | None,
+                    ahead: int) -> str | None:
+    """What reading `ahead` samples (all ranks together) ahead of the trainer costs a block order over
+    shards in an object store whose blocks hold fewer samples; None where they hold more, or the
+    shards are local (reading them ahead costs nothing).
+
+    The node cache holds two blocks: the one the trainer reads and the next, fetched while it trains.
+    Workers that read further ahead reach a third block, whose shards are fetched outside that plan
+    and evicted before the trainer gets there: fetched twice an epoch, or more."""
+    if blocks is None or index.ranges is None or not len(index.ranges.files) or not is_remote(index.ranges.files[0]):
+        return None
+    ends = [block.end for block in blocks.blocks(config.seed, 0)]
+    if len(ends) < 3:
+        return None
+    smallest = min(b - a for a, b in zip([0] + ends[:-1], ends))
+    if ahead <= smallest:
+        return None
+    key = f"{split.name}.block_size" if split.block_size is not None else CACHE_KEY
+    return (f"split '{split.name}': the loader reads up to {ahead:,} samples ahead of the trainer (prefetch depth x "
+            f"batch size x ranks), more than the smallest of its blocks holds ({smallest:,} samples): shards of the "
+            f"blocks after the next are fetched before the cache can keep them, so some are fetched twice an epoch. "
+            f"Raise {key} (blocks of more samples), or lower workers.num_workers or workers.prefetch_factor")

@@ -734,9 +734,9 @@ class _Builder:
 def _structure_fits(value: Any, hint: Any) -> bool:
     """Whether a value has the shape of a list or mapping type (not of a scalar's): then its own
     refusal, which names the item or key inside it, is the one to give."""
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        return isinstance(value, (list, tuple))
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:  # a fixed-length tuple fits a list of its length only (color_jitter: 3 or 4 numbers)
+        return isinstance(value, (list, tuple)) and (args[-1] is Ellipsis or len(value) == len(args))
     return isinstance(value, Mapping) and (origin is collections.abc.Mapping or dataclasses.is_dataclass(hint))
 
 

@@ -56,12 +56,14 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
                     "--batch-size", "32", "--budgets", "2MB,8MB"],
     "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
                 "--file-samples", "2000"],
+    "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
+               "--rounds", "1", "--batch-size", "4", "--size", "32", "--workers", "1", "--latency-ms", "5"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order",
      "sampler"),
-    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "parquet", "screening"),
+    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -322,6 +324,22 @@ def test_block_order_measures_each_order_on_both_shard_layouts(run):
     assert report["py1e"] == "--streaming-python not given" and "skipped py1e: --streaming-python not given" in out
 
 
+@runs_for("remote")
+def test_remote_reads_the_same_shards_locally_and_from_a_local_s3_server_with_and_without_latency(run):
+    out, report = run
+    assert report["shards"] == 4 and report["cache_limit"] == report["data_bytes"] // 2  # 36 samples, 9 a shard
+    for backend in ["torch"] + (["dali"] if HAS_DALI else []):
+        ways = report["backends"][backend]
+        assert list(ways) == ["local", "remote", "remote +5ms"]
+        assert all(way["images_per_s"] > 0 and way["first_batch_s"] > 0 for way in ways.values())
+        assert ways["local"]["fetched_over_data"] == 0
+        # a cache of half the data keeps some shards from one epoch to the next; read-ahead may fetch one twice
+        assert all(0.25 <= ways[way]["fetched_over_data"] <= 1.5 for way in ("remote", "remote +5ms")), ways
+        assert [r["images"] for r in ways["remote"]["rounds"][0]["epochs"]] == [36, 36]
+        assert f"{backend:5} remote +5ms    first batch " in out
+    assert "4 shards, " in out and "(0.5 of the data)" in out
+
+
 @runs_for("sampler")
 def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
     out, report = run
@@ -339,7 +357,7 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 14
+    assert len(SCRIPTS) == 15
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
