@@ -14,6 +14,7 @@ from conftest import (
     REALPHOTOS,
     base_config,
     everything,
+    identities,
     requires_realphotos,
     write_numbered_dataset,
     write_textured_dataset,
@@ -93,6 +94,36 @@ def test_tables_give_the_folders_samples_labels_order_and_pixels(tmp_path, backe
 def test_a_parquet_loader_resumes_mid_epoch_and_evaluates_each_row_once_across_ranks(tmp_path, backend):
     root = write_numbered_dataset(tmp_path / "d", per_class=6)
     resumes_and_evaluates_once(table_config("parquet", as_tables(root, tmp_path / "t", "parquet"), backend=backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_restart_with_more_ranks_re_shards_the_rest_of_a_parquet_epoch_exactly_once(tmp_path, backend):
+    """Device: CPU. 2 ranks read 16 of 36 rows (compressed pages, read by row group); restarted as 3
+    ranks with another batch size from that state, they read the other 20, each once."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=12, splits=("val",))
+    classes, images, labels = folder_rows(root / "val")
+    pq.write_table(table(images, labels, classes), tmp_path / "val.parquet", row_group_size=5)
+    config = table_config("parquet", {"val": str(tmp_path / "val.parquet")}, backend=backend)
+
+    def rank_loader(rank: int, world: int, batch: int):
+        return build_loader({**config, "distributed": {"rank": rank, "world_size": world},
+                             "val": {**config["val"], "batch_size": batch}}, "val")
+
+    before, state = [], None
+    for rank in range(2):
+        loader = rank_loader(rank, 2, 4)
+        for step, (batch, _) in enumerate(loader):
+            before += identities(batch)
+            if step == 1:
+                state = state or loader.state_dict()
+                break
+    rest = []
+    for rank in range(3):
+        loader = rank_loader(rank, 3, 5)
+        loader.load_state_dict(state)
+        rest += [i for batch, _ in loader for i in identities(batch)]
+    every = [i for batch, _ in build_loader(config, "val") for i in identities(batch)]
+    assert len(before) == 16 and len(rest) == 20 and sorted(before + rest) == sorted(every)
 
 
 def test_block_order_reads_parquet_files_block_by_block(tmp_path):
