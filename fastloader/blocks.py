@@ -28,7 +28,7 @@ CACHE_KEY = "dataset.remote.cache_limit"
 def check_budget(config: Config, split: SplitConfig) -> None:
     """Before the split is indexed: a `shuffle: block` with no budget to be had (no block_size, and no
     shards in an object store, whose node cache would give one) fails at once, not after indexing."""
-    patterns = [split.shards] + [source.shards for source in split.sources or ()]
+    patterns = [split.shards, split.files] + [source.shards for source in split.sources or ()]
     names = [name for pattern in patterns if pattern for name in ((pattern,) if isinstance(pattern, str) else pattern)]
     if not any(is_remote(name) for name in names):
         block_budget(config, split)
@@ -79,7 +79,9 @@ def block_order(config: Config, split: SplitConfig, index: SampleIndex, budget: 
     oversized = shuffle.oversized
     if len(oversized):
         sizes = dict(zip(containers.number.tolist(), containers.sizes.tolist()))
-        named = ", ".join(f"{os.path.basename(index.ranges.files[c])} ({human_bytes(sizes[c])})"
+        files = containers.file_of if containers.file_of is not None else containers.number
+        file_of = dict(zip(containers.number.tolist(), files.tolist()))
+        named = ", ".join(f"{os.path.basename(index.ranges.files[file_of[c]])} ({human_bytes(sizes[c])})"
                           for c in oversized[:3].tolist())
         log.warning("split '%s': %s larger than the block budget of %s (%s), each read as a block of its own: %s%s; "
                     "raise %s.block_size above the largest to keep every block within it", split.name,
