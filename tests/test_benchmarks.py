@@ -50,18 +50,22 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "mixing": ["mixing.py", "--step-ms", "1", *TINY, *ROUND],
     "shards": ["shards.py", "--rounds", "1", "--batch-size", "4", "--size", "32", "--per-shard", "5",
                "--members", "2000"],
+    "parquet": ["parquet.py", "--rounds", "1", "--batch-size", "4", "--size", "32", "--per-shard", "5", "--row-group",
+                "4", "--rows", "10", "--workers", "1"],
     "block_order": ["block_order.py", "--samples", "4000", "--shards", "20", "--classes", "10", "--mean-kb", "10",
                     "--batch-size", "32", "--budgets", "2MB,8MB"],
     "sizes": ["sizes.py", "--batch-size", "4", "--workers", "1", "--rounds", "1", "--epochs", "2", "--sizes", "24",
               "32"],
     "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
                 "--file-samples", "2000"],
+    "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
+               "--rounds", "1", "--batch-size", "4", "--size", "32", "--workers", "1", "--latency-ms", "5"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order",
-     "sampler"),
-    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "sizes", "screening"),
+     "sampler", "sizes"),
+    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -322,6 +326,22 @@ def test_block_order_measures_each_order_on_both_shard_layouts(run):
     assert report["py1e"] == "--streaming-python not given" and "skipped py1e: --streaming-python not given" in out
 
 
+@runs_for("remote")
+def test_remote_reads_the_same_shards_locally_and_from_a_local_s3_server_with_and_without_latency(run):
+    out, report = run
+    assert report["shards"] == 4 and report["cache_limit"] == report["data_bytes"] // 2  # 36 samples, 9 a shard
+    for backend in ["torch"] + (["dali"] if HAS_DALI else []):
+        ways = report["backends"][backend]
+        assert list(ways) == ["local", "remote", "remote +5ms"]
+        assert all(way["images_per_s"] > 0 and way["first_batch_s"] > 0 for way in ways.values())
+        assert ways["local"]["fetched_over_data"] == 0
+        # a cache of half the data keeps some shards from one epoch to the next; read-ahead may fetch one twice
+        assert all(0.25 <= ways[way]["fetched_over_data"] <= 1.5 for way in ("remote", "remote +5ms")), ways
+        assert [r["images"] for r in ways["remote"]["rounds"][0]["epochs"]] == [36, 36]
+        assert f"{backend:5} remote +5ms    first batch " in out
+    assert "4 shards, " in out and "(0.5 of the data)" in out
+
+
 @runs_for("sampler")
 def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
     out, report = run
@@ -339,7 +359,7 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 14
+    assert len(SCRIPTS) == 16
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -414,3 +434,18 @@ def test_sizes_measures_each_size_per_backend_and_a_run_of_ffcvs_schedule_agains
         assert runs["fixed_224_s"] > 0 and runs["ffcv_schedule_s"] > 0 and len(runs["schedule"]) == 2
         assert runs["fixed_224_cpu_s"] > 0 and runs["ffcv_schedule_cpu_s"] > 0
         assert f"  {backend:6} whole run: fixed 224 px" in out
+
+
+@runs_for("parquet")
+def test_parquet_reads_the_photos_four_ways_and_through_datasets_and_costs_a_row(run):
+    out, report = run
+    readers = ("folder", "shards", "parquet", "parquet-snappy", "arrow")
+    for split in ("train", "val"):
+        rows = report[split]
+        backends = ("torch", "dali") if HAS_DALI else ("torch",)
+        names = [f"{backend} {reader}" for backend in backends for reader in readers]
+        assert set(names) <= set(rows) and "datasets + DataLoader" in rows
+        assert all(r["images_per_s"] > 0 and r["samples"] in (12, 8) for runs in rows.values() for r in runs)
+    costs = report["row_costs"]
+    assert costs["rows_per_group"] == 4 and costs["row_group"]["bytes_per_row"] > costs["byte_range"]["bytes_per_row"]
+    assert "one row's image bytes, 10 random rows of val" in out and "datasets.load_dataset('parquet')" in out
