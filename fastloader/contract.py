@@ -80,7 +80,8 @@ class Loader(abc.ABC):
         self._empty_batches = 0  # batches yielded empty because none of their files decodes
         self.augmentation = Augmenter(split.transform, config.normalize.mean) if split.mode == "train" else None
         """The train split's augmentation spec (fastloader.augment): what each sample's seed draws."""
-        if self.augmentation and self.augmentation.policy and split.transform.color_jitter is not None:
+        policy = self.augmentation.policy if self.augmentation else None
+        if policy and not policy.keeps_color_jitter and split.transform.color_jitter is not None:
             log.info("%s: %s.transform.color_jitter is off because %s.transform.auto_augment is set, as in timm",
                      config.source, split.name, split.name)
         self.finisher = BatchFinisher.for_split(split, len(index.classes))

@@ -113,3 +113,17 @@ def test_grey_and_blur_on_the_real_photos_within_the_ops_tolerance(case):
     ours = dali_runner(spec, images, [dali_arrays(draws, spec)])().astype(int)
     difference = np.abs(ours - torch_apply(spec, images, draws).astype(int))
     assert difference.mean() <= OP_TOLERANCE[0] and difference.max() <= OP_TOLERANCE[1], case
+
+
+def test_the_loader_says_colour_jitter_is_off_only_where_it_is(tmp_path, caplog):
+    """With a 3a policy colour jitter stays on (timm), so the 'off' line must not be logged."""
+    from conftest import base_config, write_solid_dataset
+
+    from fastloader import build_loader
+    root = write_solid_dataset(tmp_path / "data", per_class=2)
+    for policy, said in (("three_augment", False), ("rand-m9-mstd0.5-inc1", True)):
+        caplog.clear()
+        config = base_config(root, train={"transform": {"size": 32, "auto_augment": policy, "color_jitter": 0.3}})
+        with caplog.at_level("INFO", logger="fastloader"), build_loader(config, "train"):
+            pass
+        assert any("color_jitter is off" in r.getMessage() for r in caplog.records) == said, policy
