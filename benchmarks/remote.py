@@ -188,6 +188,8 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers or DALI threads (default: 2)")
     parser.add_argument("--streaming-python", help="a Python with mosaicml-streaming installed, to measure it beside")
+    parser.add_argument("--streaming-predownload", type=int,
+                        help="samples each Streaming worker downloads ahead (default: Streaming's, 8 batches)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     data = harness.check_data(parser, args.data, ["train"])
@@ -264,8 +266,11 @@ def write_streaming(args: argparse.Namespace, work: Path, store, shard_bytes: fl
     setting["block_samples"] = max(1, round(block_share * setting["samples"]))
     setting["arguments"] = ["--block-samples", str(setting["block_samples"]), "--batch-size", str(args.batch_size),
                             "--size", str(args.size), "--workers", str(args.workers)]
+    if args.streaming_predownload:
+        setting["arguments"] += ["--predownload", str(args.streaming_predownload)]
     print(f"Streaming: {setting['shards']} MDS shards, {setting['data_bytes'] / 1e6:.1f} MB; cache limit "
-          f"{setting['cache_limit'] / 1e6:.1f} MB; py1e blocks of {setting['block_samples']} samples")
+          f"{setting['cache_limit'] / 1e6:.1f} MB; py1e blocks of {setting['block_samples']} samples; "
+          f"predownload {args.streaming_predownload or 'Streaming default'}")
     return setting
 
 

@@ -92,7 +92,7 @@ def read(args: argparse.Namespace) -> dict:
     began = time.perf_counter()
     dataset = Photos(args.size, remote=args.remote, local=str(args.local), cache_limit=args.cache_limit,
                      shuffle=True, shuffle_algo="py1e", shuffle_seed=args.seed, shuffle_block_size=args.block_samples,
-                     batch_size=args.batch_size)
+                     batch_size=args.batch_size, predownload=args.predownload)
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
     first = None
     for epoch in range(args.epochs):
@@ -123,6 +123,7 @@ def main() -> None:
     reading.add_argument("--local", type=Path, required=True, help="Streaming's local folder (its cache)")
     reading.add_argument("--cache-limit", type=int, help="bytes (with --remote)")
     reading.add_argument("--block-samples", type=int, required=True, help="py1e's shuffle_block_size")
+    reading.add_argument("--predownload", type=int, help="samples a worker downloads ahead (default: Streaming's)")
     for name, default in (("epochs", 3), ("batch-size", 32), ("size", 224), ("workers", 2), ("seed", 0)):
         reading.add_argument(f"--{name}", type=int, default=default)
     args = parser.parse_args()
