@@ -3,7 +3,7 @@ the node cache's limit; its blocks, made from the split's index and logged; and 
 costs a cache smaller than the shards, for the loader to say.
 
 The order itself is order.py's BlockShuffle; this module only turns config keys into its budget and
-says what the choice means.
+says what the choice means, and what a loader reading further ahead than a block costs.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ CACHE_KEY = "dataset.remote.cache_limit"
 def check_budget(config: Config, split: SplitConfig) -> None:
     """Before the split is indexed: a `shuffle: block` with no budget to be had (no block_size, and no
     shards in an object store, whose node cache would give one) fails at once, not after indexing."""
-    patterns = [split.shards] + [source.shards for source in split.sources or ()]
+    patterns = [split.shards, split.files] + [source.shards for source in split.sources or ()]
     names = [name for pattern in patterns if pattern for name in ((pattern,) if isinstance(pattern, str) else pattern)]
     if not any(is_remote(name) for name in names):
         block_budget(config, split)
@@ -79,7 +79,9 @@ def block_order(config: Config, split: SplitConfig, index: SampleIndex, budget: 
     oversized = shuffle.oversized
     if len(oversized):
         sizes = dict(zip(containers.number.tolist(), containers.sizes.tolist()))
-        named = ", ".join(f"{os.path.basename(index.ranges.files[c])} ({human_bytes(sizes[c])})"
+        files = containers.file_of if containers.file_of is not None else containers.number
+        file_of = dict(zip(containers.number.tolist(), files.tolist()))
+        named = ", ".join(f"{os.path.basename(index.ranges.files[file_of[c]])} ({human_bytes(sizes[c])})"
                           for c in oversized[:3].tolist())
         log.warning("split '%s': %s larger than the block budget of %s (%s), each read as a block of its own: %s%s; "
                     "raise %s.block_size above the largest to keep every block within it", split.name,
@@ -118,3 +120,27 @@ def uniform_cost(config: Config, split: SplitConfig, index: SampleIndex, cache_l
             f"{split.name}.shuffle: block to fetch each shard once an epoch: blocks of half the cache "
             f"({human_bytes(cache_limit // 2)}) by default, {split.name}.block_size to choose (docs/semantics.md, "
             f"the block order)")
+
+
+def read_ahead_cost(config: Config, split: SplitConfig, index: SampleIndex, blocks: BlockShuffle | None,
+                    ahead: int) -> str | None:
+    """What reading `ahead` samples (all ranks together) ahead of the trainer costs a block order over
+    shards in an object store whose blocks hold fewer samples; None where they hold more, or the
+    shards are local (reading them ahead costs nothing).
+
+    The node cache holds two blocks: the one the trainer reads and the next, fetched while it trains.
+    Workers that read further ahead reach a third block, whose shards are fetched outside that plan
+    and evicted before the trainer gets there: fetched twice an epoch, or more."""
+    if blocks is None or index.ranges is None or not len(index.ranges.files) or not is_remote(index.ranges.files[0]):
+        return None
+    ends = [block.end for block in blocks.blocks(config.seed, 0)]
+    if len(ends) < 3:
+        return None
+    smallest = min(b - a for a, b in zip([0] + ends[:-1], ends))
+    if ahead <= smallest:
+        return None
+    key = f"{split.name}.block_size" if split.block_size is not None else CACHE_KEY
+    return (f"split '{split.name}': the loader reads up to {ahead:,} samples ahead of the trainer (prefetch depth x "
+            f"batch size x ranks), more than the smallest of its blocks holds ({smallest:,} samples): shards of the "
+            f"blocks after the next are fetched before the cache can keep them, so some are fetched twice an epoch. "
+            f"Raise {key} (blocks of more samples), or lower workers.num_workers or workers.prefetch_factor")

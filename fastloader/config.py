@@ -204,8 +204,10 @@ def _set_dotted(raw: dict, key: str, value: Any, origin: str, source: str) -> No
     node[parts[-1]] = value
 
 
-DEFAULT_SHARD_ROOT = "the config's folder (dataset.format: webdataset)"
+DEFAULT_SHARD_ROOT = "the config's folder (dataset.format: webdataset, parquet or arrow)"
 """Where dataset.root came from when a webdataset config leaves it out (its origin, in messages)."""
+CONTAINER_FORMATS = ("webdataset", "parquet", "arrow")
+"""The formats whose splits name their files (`shards`, `files`), so that dataset.root may be left out."""
 DATASET_PATHS = ("root", "exclude", "cache")
 """dataset keys that hold paths: relative ones are resolved against the config file's folder."""
 REMOTE_PATHS = ("cache_dir",)
@@ -271,21 +273,22 @@ def _resolve_shards(raw: dict, base_dir: Path, origins: Mapping[str, str]) -> No
     for name, section in raw.items():
         if name in SECTIONS or not isinstance(section, dict):
             continue
-        for key, item in [("shards", section), *(("sources", source) for source in _sources_of(section))]:
-            if "shards" not in item:
+        for key, item, field_name in [("shards", section, "shards"), ("files", section, "files"),
+                                      *(("sources", source, "shards") for source in _sources_of(section))]:
+            if field_name not in item:
                 continue
             overridden = any(set_by in origins for set_by in (name, f"{name}.{key}"))
             base = root if given and is_url(root) else \
                 Path(os.path.expanduser(os.path.expandvars(root))).absolute() if given else \
                 Path.cwd() if overridden else base_dir
-            item["shards"] = _resolve_one(item["shards"], base)
+            item[field_name] = _resolve_one(item[field_name], base)
 
 
 def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> None:
     """format: webdataset names its shards per split; dataset.root, which it does not need, defaults
     to the config's folder."""
     dataset = raw.get("dataset")
-    if isinstance(dataset, dict) and dataset.get("format") == "webdataset" and "root" not in dataset:
+    if isinstance(dataset, dict) and dataset.get("format") in CONTAINER_FORMATS and "root" not in dataset:
         dataset["root"] = str(base_dir)
         origins["dataset.root"] = DEFAULT_SHARD_ROOT
 
@@ -486,7 +489,7 @@ class _Builder:
                 self.origins.setdefault(key, f"the default, as {self.source} does not set it")
         if "dataset" not in values:
             self.fail("dataset", "missing; every config needs 'dataset: {root: PATH}'")
-        if is_url(values["dataset"].root) and values["dataset"].format != "webdataset":
+        if is_url(values["dataset"].root) and values["dataset"].format not in ("webdataset", "parquet"):
             self.fail("dataset.root", f"{values['dataset'].root!r} is in an object store, which fastloader reads as "
                                       f"tar shards: set dataset.format: webdataset and each split's shards (pack a "
                                       f"folder with `fastloader pack`, then upload the shards)")
@@ -555,14 +558,15 @@ class _Builder:
                                            f"reads every sample exactly once, and {key} would draw some samples "
                                            f"more than once and others never; remove {name}.{key}, or set "
                                            f"{name}.mode: train")
-        for key in ("batch_size", "shuffle", "block_size", "drop_last", "folder", "file_list", "shards", "sources",
-                    "weights", "class_weights", "epoch_size", "aug_repeats", "label_smoothing"):
+        for key in ("batch_size", "shuffle", "block_size", "drop_last", "folder", "file_list", "shards", "files",
+                    "sources", "weights", "class_weights", "epoch_size", "aug_repeats", "label_smoothing"):
             if key in raw and (key not in DRAW_KEYS + ("sources",) or raw[key] is not None):
                 values[key] = self.coerce(raw[key], hints[key], f"{name}.{key}")
             elif key in defaults:
                 values[key] = defaults[key]
-        if isinstance(values.get("shards"), str):
-            values["shards"] = (values["shards"],)
+        for key in ("shards", "files"):
+            if isinstance(values.get(key), str):
+                values[key] = (values[key],)
         if values.get("sources") is not None:
             self.check_sources(name, mode, values)
         if values.get("block_size") is not None and values["shuffle"] != "block":
@@ -730,9 +734,9 @@ class _Builder:
 def _structure_fits(value: Any, hint: Any) -> bool:
     """Whether a value has the shape of a list or mapping type (not of a scalar's): then its own
     refusal, which names the item or key inside it, is the one to give."""
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        return isinstance(value, (list, tuple))
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:  # a fixed-length tuple fits a list of its length only (color_jitter: 3 or 4 numbers)
+        return isinstance(value, (list, tuple)) and (args[-1] is Ellipsis or len(value) == len(args))
     return isinstance(value, Mapping) and (origin is collections.abc.Mapping or dataclasses.is_dataclass(hint))
 
 

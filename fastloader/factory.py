@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from .blocks import block_budget, block_order, check_budget, uniform_cost
+from .blocks import block_budget, block_order, check_budget, read_ahead_cost, uniform_cost
 from .cache import open_split_cache
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
@@ -118,7 +118,12 @@ def create_loader(config: Config, split_name: str) -> Loader:
     prepared = prepare_split(config, split, backend, ranks)
     module, name = BACKENDS[backend]
     loader_class = getattr(importlib.import_module(module), name)
-    return loader_class(config, split, prepared, ranks, device)
+    loader = loader_class(config, split, prepared, ranks, device)
+    cost = read_ahead_cost(config, split, prepared.index, prepared.blocks,
+                           loader.prefetch_depth * loader.batch_size * ranks.world_size)
+    if cost:
+        log.warning(cost)
+    return loader
 
 
 def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo) -> PreparedSplit:

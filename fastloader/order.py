@@ -130,11 +130,32 @@ class Containers:
         the index knows each container's file (its identity: local or in an object store alike), a
         container's bytes are the whole file's, as a node cache holds it: tar headers, label members
         and padding too, which small shards' budgets must count or the next block does not fit."""
+        table_row = getattr(ranges, "table_row", None)
+        if table_row is not None and np.any(table_row):
+            return cls._row_groups(ranges, table_row)
         containers = cls(ranges.file, ranges.start, ranges.length)
         if getattr(ranges, "identities", None) is not None and len(containers.number):
             whole = np.array([identity.size for identity in ranges.identities], dtype=np.int64)
             containers.sizes = np.maximum(containers.sizes, whole[containers.number])
         return containers
+
+
+    @classmethod
+    def _row_groups(cls, ranges, table_row: np.ndarray) -> "Containers":
+        """Parquet rows read with their row group (compressed pages): each row group is a container of
+        its image column chunk's bytes, so that a block reads each row group once; rows read by byte
+        range are grouped by file. `file_of` gives each container's file."""
+        file = np.asarray(ranges.file, dtype=np.int64)
+        chunk = np.where(table_row > 0, ranges.start, -1)
+        new = np.r_[True, (file[1:] != file[:-1]) | (chunk[1:] != chunk[:-1])] if len(file) else np.zeros(0, bool)
+        group = np.cumsum(new) - 1
+        ends = np.where(table_row > 0, ranges.length, ranges.start + ranges.length)
+        containers = cls(group, np.zeros_like(ends), ends)
+        containers.file_of = file[new]
+        return containers
+
+    file_of: np.ndarray | None = None
+    """Each container's file (ByteRanges.files) where containers are row groups; None: the containers are the files."""
 
 
 class Block(NamedTuple):

@@ -8,6 +8,7 @@ added to a loader after it is built.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -50,7 +51,10 @@ class PreparedSplit:
         if self.pixels is not None:
             return f"the cache {self.pixels.folder}"
         ranges = self.index.ranges
-        return "the image files" if ranges is None else f"{len(ranges.files)} tar shards"
+        if ranges is None:
+            return "the image files"
+        return f"{len(ranges.files)} tar shards" if ranges.header is not None else \
+            f"{len(ranges.files)} {os.path.splitext(ranges.files[0])[1].lstrip('.') or 'table'} files"
 
 
 def worker_count(config: Config, backend: str, ranks: RankInfo) -> int:

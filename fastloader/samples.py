@@ -42,16 +42,24 @@ class ByteRanges:
     read checks it (sources/reading.py), so a shard rewritten under a run is refused, not misread."""
     identities: tuple[Identity, ...] | None = None
     """Each container's identity (inode, size, mtime) when it was indexed, checked when it is opened."""
+    table_row: np.ndarray | None = None
+    """int64 [n], parquet files: 1 + the sample's row in its file where its image is read with its row
+    group (compressed image pages: start and length are then the row group's image column chunk); 0:
+    the sample's bytes are the byte range itself. None: no such rows."""
+    columns: tuple[str | None, ...] | None = None
+    """Each container's image column (a parquet leaf path, `image.bytes`), for the rows read by row group."""
 
     def take(self, samples: np.ndarray) -> "ByteRanges":
         header = self.header[samples] if self.header is not None else None
+        table_row = self.table_row[samples] if self.table_row is not None else None
         return ByteRanges(self.files, self.file[samples], self.start[samples], self.length[samples], header,
-                          self.identities)
+                          self.identities, table_row, self.columns)
 
     @property
     def nbytes(self) -> int:
         header = self.header.nbytes if self.header is not None else 0
-        return self.file.nbytes + self.start.nbytes + self.length.nbytes + header
+        table_row = self.table_row.nbytes if self.table_row is not None else 0
+        return self.file.nbytes + self.start.nbytes + self.length.nbytes + header + table_row
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,9 +134,11 @@ class SampleIndex:
             return Location(name, name)
         ranges = self.ranges
         file = int(ranges.file[i])
+        row = int(ranges.table_row[i]) - 1 if ranges.table_row is not None else -1
         return Location(name, ranges.files[file], int(ranges.start[i]), int(ranges.length[i]),
                         int(ranges.header[i]) if ranges.header is not None else 0,
-                        ranges.identities[file] if ranges.identities is not None else None)
+                        ranges.identities[file] if ranges.identities is not None else None,
+                        row, ranges.columns[file] or "" if row >= 0 and ranges.columns is not None else "")
 
     def label(self, i: int) -> int:
         return int(self.labels[i])

@@ -110,9 +110,11 @@ class DatasetConfig:
     root: str = field(metadata=_check(lambda v: v != "", "a non-empty path"))
     """Folder holding one sub-folder per split (root/<split>/<class>/<image>), or `builtin:sample`.
     With format: webdataset it may be left out (the config's folder)."""
-    format: Literal["folder", "webdataset"] = "folder"
-    """How the images are stored: folder (image files: ImageFolder trees, or a split's file_list) or
-    webdataset (tar shards of {key}.jpg + {key}.cls members, listed by each split's `shards`)."""
+    format: Literal["folder", "webdataset", "parquet", "arrow"] = "folder"
+    """How the images are stored: folder (image files: ImageFolder trees, or a split's file_list),
+    webdataset (tar shards of {key}.jpg + {key}.cls members, listed by each split's `shards`), parquet or
+    arrow (a Hugging Face dataset's `.parquet` files, or the Arrow files `datasets` keeps in its cache,
+    listed by each split's `files`: an image column and a label column, one row a sample)."""
     classes: tuple[str, ...] | None = field(default=None, metadata=_check(
         lambda v: v is None or (len(v) > 0 and len(set(v)) == len(v) and all(v)),
         "a list of distinct, non-empty class names (or the path of a file of them, one a line)"))
@@ -130,6 +132,13 @@ class DatasetConfig:
     """What a file that cannot be decoded does: skip (logged once per file, listed in
     loader.bad_samples; in train mode its batch slot refilled with a substitute drawn from the
     slot's seed, in eval mode its batch one shorter) or raise (an error naming the file)."""
+    image_column: str | None = None
+    """format: parquet or arrow: the column of the images (a struct of `bytes` and `path`, as Hugging Face's
+    Image feature stores them, or plain binary). Default: the column the file's `huggingface` metadata calls
+    an Image, else one named `image` or `img`."""
+    label_column: str | None = None
+    """format: parquet or arrow: the column of the labels (integers, or class names with dataset.classes).
+    Default: the column the `huggingface` metadata calls a ClassLabel, else one named `label` or `labels`."""
     screen: bool = True
     """Check every file's header when a loader is built (cached per dataset) and leave out the files
     that cannot be decoded, before a decoder sees them."""
@@ -272,6 +281,9 @@ class SplitConfig:
     """dataset.format: webdataset: the split's tar shards: a path, glob or brace range
     (`train-{000000..000146}.tar`), or a list of them, relative to dataset.root when it is set, else to
     the config file's folder; or objects in a store (`s3://`, `gs://`, `az://`, `https://`: dataset.remote)."""
+    files: str | tuple[str, ...] | None = None
+    """dataset.format: parquet or arrow: the split's `.parquet` (or `.arrow`) files: a path, glob or brace
+    range, or a list of them, relative as `shards` are; parquet files may be objects in a store (dataset.remote)."""
     sources: tuple[SourceConfig, ...] | None = field(default=None, metadata=_check(
         lambda v: v is None or 1 <= len(v) <= MAX_SOURCES, f"a list of 1 to {MAX_SOURCES} sources"))
     """Several sources in one split, instead of folder / file_list / shards: each a folder, file_list or

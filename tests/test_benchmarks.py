@@ -53,6 +53,8 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "mixing": ["mixing.py", "--step-ms", "1", *TINY, *ROUND],
     "shards": ["shards.py", "--rounds", "1", "--batch-size", "4", "--size", "32", "--per-shard", "5",
                "--members", "2000"],
+    "parquet": ["parquet.py", "--rounds", "1", "--batch-size", "4", "--size", "32", "--per-shard", "5", "--row-group",
+                "4", "--rows", "10", "--workers", "1"],
     "block_order": ["block_order.py", "--samples", "4000", "--shards", "20", "--classes", "10", "--mean-kb", "10",
                     "--batch-size", "32", "--budgets", "2MB,8MB"],
     "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
@@ -64,7 +66,7 @@ LANES = (  # about the same time each. Scripts that count their process's childr
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order",
      "sampler"),
-    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "screening"),
+    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -360,7 +362,7 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 14
+    assert len(SCRIPTS) == 15
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -421,3 +423,18 @@ def test_shards_reads_the_photos_as_folders_and_as_shards_and_indexes_synthetic_
     assert out.count("torch worker path, ") == 2
     index = report["index"]
     assert index["members"] == 2000 and index["samples"] == 1000 and 0 < index["bytes_per_sample"] < 100
+
+
+@runs_for("parquet")
+def test_parquet_reads_the_photos_four_ways_and_through_datasets_and_costs_a_row(run):
+    out, report = run
+    readers = ("folder", "shards", "parquet", "parquet-snappy", "arrow")
+    for split in ("train", "val"):
+        rows = report[split]
+        backends = ("torch", "dali") if HAS_DALI else ("torch",)
+        names = [f"{backend} {reader}" for backend in backends for reader in readers]
+        assert set(names) <= set(rows) and "datasets + DataLoader" in rows
+        assert all(r["images_per_s"] > 0 and r["samples"] in (12, 8) for runs in rows.values() for r in runs)
+    costs = report["row_costs"]
+    assert costs["rows_per_group"] == 4 and costs["row_group"]["bytes_per_row"] > costs["byte_range"]["bytes_per_row"]
+    assert "one row's image bytes, 10 random rows of val" in out and "datasets.load_dataset('parquet')" in out

@@ -111,7 +111,7 @@ def screen_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screene
     location = as_location(where)
     try:
         with open_bytes(location) as handle:
-            size = os.fstat(handle.fileno()).st_size if location.whole_file else location.length
+            size = os.fstat(handle.fileno()).st_size if location.whole_file else len(handle.getbuffer())
             return _screen_open(location.name, handle, size, max_pixels)
     except OSError as error:
         return Screened(location.name, problem=unreadable(location, error))

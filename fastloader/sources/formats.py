@@ -7,11 +7,13 @@ from typing import Callable
 
 from ..samples import SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
-from . import folder, multi, webdataset
+from . import folder, multi, parquet, webdataset
 
 FORMATS: dict[str, Callable[[Config, SplitConfig], SampleIndex]] = {
     "folder": folder.index_split,
     "webdataset": webdataset.index_split,
+    "parquet": parquet.index_parquet,
+    "arrow": parquet.index_arrow,
 }
 """The choices of dataset.format and what indexes each (schema.DatasetConfig.format lists them too)."""
 

@@ -1,9 +1,11 @@
 """Where a sample's encoded bytes are, and the one way to read them.
 
 A sample's bytes are a whole file (folders, file lists, the demo) or a byte range of a container
-file (a member of a tar shard). Everything that reads image bytes (screening, both backends, the
-cache writer, `check`) reads a `Location` through `read_bytes` or `open_bytes`, so a new container
-format only has to say where its samples' bytes are.
+file (a member of a tar shard, a row of a parquet or Arrow file); a row of a parquet file whose
+image pages are compressed is decoded with its row group (sources/parquet.py `read_row`).
+Everything that reads image bytes (screening, both backends, the cache writer, `check`) reads a
+`Location` through `read_bytes` or `open_bytes`, so a new container format only has to say where its
+samples' bytes are.
 
 A range is read with `os.pread` on a descriptor kept open per container and per process: one open
 per shard, not per sample, which is what a cluster filesystem's metadata server can bear. A shard in
@@ -65,6 +67,11 @@ class Location(NamedTuple):
     """A range's tar header digest as indexed (`header_digest` of the block before `start`); 0: not checked."""
     identity: Identity | None = None
     """The container's identity when it was indexed; None: not checked."""
+    row: int = -1
+    """A row of a parquet file whose image pages are compressed: its row in the file, read with its row
+    group (sources/parquet.py; start and length: the row group's image column chunk); -1: a byte range."""
+    column: str = ""
+    """That row's image column (its parquet leaf path)."""
 
     @property
     def whole_file(self) -> bool:
@@ -151,6 +158,9 @@ def read_bytes(where: str | Location) -> bytearray:
     object store is read from the node cache's copy, fetched first where it is missing (StoreError
     where the store or the cache cannot serve it)."""
     location = as_location(where)
+    if location.row >= 0:  # a row of compressed parquet pages: decoded with its row group
+        from .parquet import read_row
+        return read_row(location)
     if is_url(location.file):
         from .node_cache import current
         with current().opened(location) as fd:
@@ -200,8 +210,10 @@ def open_bytes(where: str | Location) -> BinaryIO:
 
 def byte_count(where: str | Location) -> int:
     location = as_location(where)
-    if not location.whole_file:
+    if not location.whole_file and location.row < 0:
         return location.length
+    if location.row >= 0:
+        return len(read_bytes(location))
     return location.identity.size if is_url(location.file) and location.identity else \
         len(read_bytes(location)) if is_url(location.file) else os.stat(location.file).st_size
 

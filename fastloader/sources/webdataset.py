@@ -26,7 +26,7 @@ import re
 import tarfile
 import time
 from array import array
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -228,28 +228,9 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     """The split's samples from its shards; what cannot be a sample follows dataset.on_bad_image."""
     key, source = f"{split.name}.shards", config.origin(f"{split.name}.shards")
     _check_split_keys(config, split, key, source)
-    stored = any(remote.is_url(pattern) for pattern in split.shards)
-    if stored:
-        _configure_remote(config)
-    objects: dict[str, remote.ObjectInfo] = {}
-    shards, missing = shard_paths(split.shards, key, source, objects)
-    if not shards:
-        raise ConfigError(f"{source}: {key}: no shard found ({missing[0][0]!r}: {missing[0][1]}); "
-                          f"{_relative_to(config) if not stored else _store_hint(missing[0][0])}")
-    excluded = _Excluded(config)
-    kept = [path for path in shards if not excluded(path)]  # a whole shard in dataset.exclude is not read
-    if not kept:
-        raise ConfigError(f"{source}: {key}: every shard is listed in dataset.exclude "
-                          f"({config.dataset.exclude}); remove them from the list or from {key}")
-    excluded.count += len(shards) - len(kept) + sum(1 for path, _ in missing if excluded(path))
-    shards = kept
+    shards, missing, objects, excluded, root = listed_files(config, split.shards, key, "shard")
     extensions = tuple(e.lower().lstrip(".") for e in config.dataset.extensions)
-    if objects:
-        scans = _scans(shards, extensions, [objects[url] for url in shards])
-        root = remote.common_root(shards)
-    else:
-        scans = _scans(shards, extensions)
-        root = os.path.commonpath([os.path.dirname(path) for path in shards])
+    scans = _scans(shards, extensions, [objects[url] for url in shards] if objects else None)
     names = config.dataset.classes or _classes_beside(shards)
     builder, ranges, problems = _samples(shards, scans, root, names, excluded)
     problems += [(path, f"shard {reason}") for path, reason in missing if not excluded(path)]
@@ -264,6 +245,42 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
              f", {plural(len(unusable), 'member')} left out" if unusable else "",
              f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
     return builder.build(root, classes, excluded=excluded.count, ranges=ranges, unusable=unusable)
+
+
+class Listed(NamedTuple):
+    files: list[str]
+    """The files to read, in the order named, each once, less those dataset.exclude lists."""
+    missing: list[tuple[str, str]]
+    """(pattern, reason) of each that names no file."""
+    objects: dict[str, remote.ObjectInfo]
+    """What the store says of each file in an object store (size, ETag)."""
+    excluded: "Excluded"
+    """dataset.exclude, counting what it left out."""
+    root: str
+    """The folder (or URL) the files share: their names are relative to it."""
+
+
+def listed_files(config: Config, patterns: Sequence[str], key: str, noun: str) -> Listed:
+    """A split's container files (tar shards, parquet files) as its key names them: looked up (in a
+    store through remote.py, its client configured first), those in dataset.exclude left out (never
+    read). A ConfigError names the key where none is found, or every one is excluded."""
+    source = config.origin(key)
+    stored = any(remote.is_url(pattern) for pattern in patterns)
+    if stored:
+        configure_remote(config)
+    objects: dict[str, remote.ObjectInfo] = {}
+    found, missing = shard_paths(patterns, key, source, objects)
+    if not found:
+        raise ConfigError(f"{source}: {key}: no {noun} found ({missing[0][0]!r}: {missing[0][1]}); "
+                          f"{_relative_to(config, noun) if not stored else _store_hint(missing[0][0])}")
+    excluded = Excluded(config)
+    kept = [path for path in found if not excluded(path)]  # a whole file in dataset.exclude is not read
+    if not kept:
+        raise ConfigError(f"{source}: {key}: every {noun} is listed in dataset.exclude "
+                          f"({config.dataset.exclude}); remove them from the list or from {key}")
+    excluded.count += len(found) - len(kept) + sum(1 for path, _ in missing if excluded(path))
+    root = remote.common_root(kept) if objects else os.path.commonpath([os.path.dirname(path) for path in kept])
+    return Listed(kept, missing, objects, excluded, root)
 
 
 CLASSES_FILE = "{prefix}-classes.txt"
@@ -307,7 +324,7 @@ def _read_remote_class_names(url: str) -> tuple[str, ...]:
         return read_class_names(copy.name)
 
 
-def _configure_remote(config: Config) -> None:
+def configure_remote(config: Config) -> None:
     """dataset.remote for this process: the client's settings and the node cache (repaired if a run was killed)."""
     settings = config.dataset.remote
     remote.configure(remote.Settings(settings.options, settings.timeout, settings.retries, settings.retry_timeout))
@@ -320,11 +337,11 @@ def _store_hint(url: str) -> str:
             f"{remote.credentials_words(url)})")
 
 
-def _relative_to(config: Config) -> str:
-    """What relative shard paths were read against, for a message."""
+def _relative_to(config: Config, noun: str) -> str:
+    """What relative paths of shards (or files) were read against, for a message."""
     if config.origin("dataset.root") == DEFAULT_SHARD_ROOT:
-        return "relative shard paths are relative to the config file's folder, or to dataset.root when it is set"
-    return (f"relative shard paths are relative to dataset.root ({config.dataset.root}, from "
+        return f"relative {noun} paths are relative to the config file's folder, or to dataset.root when it is set"
+    return (f"relative {noun} paths are relative to dataset.root ({config.dataset.root}, from "
             f"{config.origin('dataset.root')})")
 
 
@@ -339,7 +356,7 @@ def _check_split_keys(config: Config, split: SplitConfig, key: str, source: str)
                           f"shards, e.g. {split.name}: {{shards: '{split.name}-{{000000..000009}}.tar'}}")
 
 
-class _Excluded:
+class Excluded:
     """dataset.exclude for shards: whether a shard or `shard.tar:member` is listed (relative to
     dataset.root, as `check --exclude-list` writes it), and how many were left out."""
 
@@ -357,7 +374,7 @@ class _Excluded:
 
 
 def _samples(shards: list[str], scans: list[ShardScan], root: str, classes: Sequence[str] | None,
-             excluded: _Excluded) -> tuple[IndexBuilder, ByteRanges, list[tuple[str, str]]]:
+             excluded: Excluded) -> tuple[IndexBuilder, ByteRanges, list[tuple[str, str]]]:
     """The shards' samples as index rows (`shard.tar:member` names relative to root, labels) and
     byte ranges; and (name, reason) of each shard or member that cannot be a sample."""
     builder, problems = IndexBuilder(), []
