@@ -30,6 +30,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+import harness
 import numpy as np
 
 from fastloader.order import BlockShuffle, Containers, uniform_permutation
@@ -124,14 +125,6 @@ def py1e_order(python: str, split: Split, block_samples: int, seed: int, epoch: 
         return np.load(out), float(done.stdout.split()[-1])
 
 
-def streaming_problem(python: str | None) -> str | None:
-    if not python:
-        return "--streaming-python not given"
-    found = subprocess.run([python, "-c", "import streaming; print(streaming.__version__)"], capture_output=True,
-                           text=True)
-    return None if found.returncode == 0 else f"{python} cannot import streaming: {found.stderr.strip()[-200:]}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=1_281_167, help="default: 1,281,167 (ImageNet's train)")
@@ -151,7 +144,7 @@ def main() -> int:
     if args.samples < args.shards or args.shards < 1 or args.batch_size < 1:
         parser.error("--samples must be at least --shards, and both and --batch-size at least 1")
     budgets = [(text, parse_size(text, "--budgets")) for text in args.budgets.split(",")]
-    skipped = streaming_problem(args.streaming_python)
+    skipped = harness.missing_streaming(args.streaming_python)
     results = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "layouts": {}}
     if skipped:
         print(f"skipped py1e: {skipped}")

@@ -14,6 +14,7 @@ import json
 import math
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,6 +75,15 @@ def missing_dali() -> str | None:
     except ImportError as error:
         return f"NVIDIA DALI is not installed ({error})"
     return None
+
+
+def missing_streaming(python: str | None) -> str | None:
+    """None where `python` (--streaming-python: a Python of its own, as Streaming 0.13 pins an older
+    numpy than this project's) imports MosaicML Streaming, else why its peer is skipped."""
+    if not python:
+        return "--streaming-python not given"
+    found = subprocess.run([python, "-c", "import streaming"], capture_output=True, text=True)
+    return None if found.returncode == 0 else f"{python} cannot import streaming: {found.stderr.strip()[-200:]}"
 
 
 def add_backends_argument(parser: argparse.ArgumentParser) -> None:

@@ -22,8 +22,16 @@ images/s in the same run (goal >= 0.9 at steady state).
     python benchmarks/remote.py
     python benchmarks/remote.py --backends torch --epochs 4 --latency-ms 30 --json remote.json
 
-MosaicML Streaming and LitData are not measured beside it: neither installs into this project's
-Python here without replacing its torch (see docs/performance.md).
+With --streaming-python (a Python of its own with MosaicML Streaming installed: Streaming 0.13
+pins numpy < 2.2, older than this project's), Streaming reads the same photos the same three ways, in the same rounds:
+benchmarks/streaming_peer.py, run by that Python, writes them as MDS shards of about our shards'
+size, uploads them to the same server, and reads them with StreamingDataset (py1e shuffle, a block
+of as many samples as ours holds; the same cache fraction) in a DataLoader of --workers, with
+torchvision's reference train transform. Its bytes per epoch are what the server sent (counted by
+the proxy, for ours too); its cache folder's peak size (polled) is checked against its limit.
+LitData is not measured.
+
+    python benchmarks/remote.py --streaming-python /tmp/streaming-venv/bin/python
 """
 from __future__ import annotations
 
@@ -45,6 +53,8 @@ import psutil
 from fastloader import build_loader
 
 sys.path.insert(0, str(harness.REPO_ROOT / "tests"))  # the tests' server and proxy, not a copy of them
+PEER = Path(__file__).with_name("streaming_peer.py")
+STREAMING_URL = "s3://bench/mds"
 
 
 def copied(data: Path, folder: Path, copies: int) -> Path:
@@ -102,7 +112,7 @@ def cpu_seconds(process) -> float:
     return times.user + times.system
 
 
-def measure(config: dict, epochs: int, data_bytes: int, server) -> dict:
+def measure(config: dict, epochs: int, data_bytes: int, store, server) -> dict:
     """Time to the first batch from build, then images/s, fetches and the server's CPU time of each epoch."""
     began = time.perf_counter()
     loader = build_loader(config, "train")
@@ -111,23 +121,55 @@ def measure(config: dict, epochs: int, data_bytes: int, server) -> dict:
     try:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
-            started, images, server_began = time.perf_counter(), 0, cpu_seconds(server)
+            started, images, server_began, sent = time.perf_counter(), 0, cpu_seconds(server), store.proxy.sent
             for batch, (_, labels) in enumerate(loader):
                 if first is None:
                     first = time.perf_counter() - began
                 images += len(labels)
-            seconds = time.perf_counter() - started
-            rows.append({"epoch": epoch, "images": images, "images_per_s": images / seconds,
+            rows.append({"epoch": epoch, "images": images, "seconds": time.perf_counter() - started,
                          "fetched_over_data": loader.stats.fetched_bytes / data_bytes,
+                         "sent_over_data": (store.proxy.sent - sent) / data_bytes,
                          "network_wait_s": loader.stats.network_wait_s,
-                         "server_cpu_s": cpu_seconds(server) - server_began, "seconds": seconds})
+                         "server_cpu_s": cpu_seconds(server) - server_began})
     finally:
         loader.close()
-    steady = rows[1:] or rows
-    return {"build_s": built - began, "first_batch_s": first, "epochs": rows,
-            "images_per_s": sum(r["images"] for r in steady) / sum(r["images"] / r["images_per_s"] for r in steady),
-            "fetched_over_data": max(r["fetched_over_data"] for r in steady),
-            "server_cpu_share": sum(r["server_cpu_s"] for r in steady) / sum(r["seconds"] for r in steady)}
+    return {"build_s": built - began, "first_batch_s": first, "epochs": rows, **steady(rows)}
+
+
+def steady(rows: list[dict]) -> dict:
+    """images/s over the epochs after the first, the most fetched in one, the server's share of a core."""
+    rows = rows[1:] or rows
+    seconds = sum(r["seconds"] for r in rows)
+    moved = {key: max(r[key] for r in rows) for key in ("fetched_over_data", "sent_over_data") if key in rows[0]}
+    return {"images_per_s": sum(r["images"] for r in rows) / seconds, **moved,
+            "server_cpu_share": sum(r["server_cpu_s"] for r in rows) / seconds}
+
+
+def peer_lines(python: str, arguments: list[str], store):
+    """The JSON lines streaming_peer.py prints, as it prints them; its error output where it fails."""
+    with tempfile.TemporaryFile("w+") as errors, subprocess.Popen(
+            [python, str(PEER), *arguments], stdout=subprocess.PIPE, stderr=errors, text=True,
+            env={**os.environ, "S3_ENDPOINT_URL": store.endpoint}) as process:  # Streaming's name for it
+        for line in process.stdout:
+            if line.startswith("{"):
+                yield json.loads(line)
+        if process.wait():
+            errors.seek(0)
+            raise RuntimeError(f"{PEER.name} {arguments[0]} exited {process.returncode}: {errors.read()[-3000:]}")
+
+
+def measure_streaming(python: str, arguments: list[str], epochs: int, data_bytes: int, store, server) -> dict:
+    """Streaming's run: it times its epochs; the server's bytes sent and CPU time are read here as each
+    epoch's line arrives (its DataLoader's workers have ended by then)."""
+    rows, last, sent, cpu = [], {}, store.proxy.sent, cpu_seconds(server)
+    for line in peer_lines(python, ["read", *arguments, "--epochs", str(epochs)], store):
+        if "epoch" not in line:
+            last = line
+            continue
+        rows.append({**line, "sent_over_data": (store.proxy.sent - sent) / data_bytes,
+                     "server_cpu_s": cpu_seconds(server) - cpu})
+        sent, cpu = store.proxy.sent, cpu_seconds(server)
+    return {**last, "epochs": rows, **steady(rows)}
 
 
 def main() -> int:
@@ -136,7 +178,7 @@ def main() -> int:
     harness.add_backends_argument(parser)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per way (default: 3; the first warms up)")
     parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds of the three ways, their order reversed each round; the median is shown")
+                        help="rounds of every way, their order reversed each round; the median is shown")
     parser.add_argument("--copies", type=int, default=4, help="the photos this many times over (default: 4)")
     parser.add_argument("--per-shard", type=int, default=100, help="samples per shard (default: 100: 16 shards)")
     parser.add_argument("--cache-fraction", type=float, default=0.25,
@@ -145,15 +187,21 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers or DALI threads (default: 2)")
+    parser.add_argument("--streaming-python", help="a Python with mosaicml-streaming installed, to measure it beside")
+    parser.add_argument("--streaming-predownload", type=int,
+                        help="samples each Streaming worker downloads ahead (default: Streaming's, 8 batches)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     data = harness.check_data(parser, args.data, ["train"])
     backends = harness.usable_backends(parser, args.backends)
     if shutil.which("moto_server", path=os.path.dirname(sys.executable)) is None:
         parser.error("moto's server is not installed here: pip install 'moto[server]' (in the test extra)")
+    skipped = harness.missing_streaming(args.streaming_python)
+    if skipped:
+        print(f"skipped Streaming: {skipped}")
     from objectstore import start_server, stop_server
 
-    results: dict = {"backends": {}}
+    results: dict = {"backends": {}, "streaming": {"skipped": skipped}}
     with tempfile.TemporaryDirectory(prefix="remote_bench_") as work:
         work = Path(work)
         shards = pack(copied(data, work / "photos", args.copies), work / "shards", args.per_shard)
@@ -169,46 +217,99 @@ def main() -> int:
             print(f"{len(shards)} shards, {data_bytes / 1e6:.1f} MB; node cache {cache_limit / 1e6:.1f} MB "
                   f"({args.cache_fraction:g} of the data), blocks of {block / 1e6:.1f} MB; "
                   f"batch {args.batch_size} at {args.size} px; {args.workers} workers; {os.cpu_count()} cores")
+            ways = {"local": None, "remote": 0.0, f"remote +{args.latency_ms:g}ms": args.latency_ms / 1000}
+            loaders = list(backends)
+            if not skipped:
+                streaming = write_streaming(args, work, store, data_bytes / len(shards), block / data_bytes)
+                loaders.append("streaming")
             server = psutil.Process(store.process.pid)
-            for backend in backends:
-                ways = {"local": None, "remote": 0.0, f"remote +{args.latency_ms:g}ms": args.latency_ms / 1000}
-                runs = {way: [] for way in ways}
-                for number in range(args.rounds):
-                    for way in (list(ways) if number % 2 == 0 else list(ways)[::-1]):
-                        latency = ways[way]
-                        if latency is None:
-                            config = config_for(backend, str(work / "shards" / "train-*.tar"), block, args)
-                        else:
-                            store.proxy.latency = latency
-                            node = work / f"node-{backend}-{number}-{way.replace(' ', '')}"  # fresh each time
-                            config = config_for(backend, f"{url}/train-*.tar", block, args,
-                                                {"cache_dir": str(node), "cache_limit": f"{cache_limit}B"})
-                        runs[way].append(measure(config, args.epochs, data_bytes, server))
-                results["backends"][backend] = summary = {way: median_run(rows) for way, rows in runs.items()}
-                show(backend, summary)
+            runs = {(loader, way): [] for loader in loaders for way in ways}
+            for number in range(args.rounds):
+                for loader, way in (list(runs) if number % 2 == 0 else list(runs)[::-1]):
+                    latency = ways[way]
+                    store.proxy.latency = latency or 0.0
+                    node = work / f"node-{loader}-{number}-{way.replace(' ', '')}"  # a fresh node cache each time
+                    if loader == "streaming":
+                        where = (["--local", str(work / "mds")] if latency is None else
+                                 ["--remote", STREAMING_URL, "--local", str(node),
+                                  "--cache-limit", str(streaming["cache_limit"])])
+                        result = measure_streaming(args.streaming_python, [*where, *streaming["arguments"]],
+                                                   args.epochs, streaming["data_bytes"], store, server)
+                    else:
+                        at, remote = (str(work / "shards"), None) if latency is None else (
+                            url, {"cache_dir": str(node), "cache_limit": f"{cache_limit}B"})
+                        config = config_for(loader, f"{at}/train-*.tar", block, args, remote)
+                        result = measure(config, args.epochs, data_bytes, store, server)
+                    runs[loader, way].append(result)
+                    print(f"round {number + 1} of {args.rounds}: {loader} {way}: {result['images_per_s']:.1f} images/s",
+                          flush=True)
+            summaries = {loader: {way: median_run(runs[loader, way]) for way in ways} for loader in loaders}
         finally:
             stop_server(store)
+    for backend in backends:
+        results["backends"][backend] = summaries[backend]
+        show(backend, summaries[backend])
+    if not skipped:
+        results["streaming"] = {**streaming, "skipped": None, "ways": summaries["streaming"]}
+        show_streaming(streaming, summaries["streaming"], results["backends"])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
 
 
+def write_streaming(args: argparse.Namespace, work: Path, store, shard_bytes: float, block_share: float) -> dict:
+    """The photos as MDS shards of about our shards' size, uploaded; the arguments every read of them takes
+    (py1e's block: as many samples as our block holds)."""
+    (setting,) = peer_lines(args.streaming_python, [
+        "write", "--photos", str(work / "photos"), "--out", str(work / "mds"), "--remote", STREAMING_URL,
+        "--shard-bytes", str(int(shard_bytes)), "--cache-fraction", str(args.cache_fraction)], store)
+    setting["block_samples"] = max(1, round(block_share * setting["samples"]))
+    setting["arguments"] = ["--block-samples", str(setting["block_samples"]), "--batch-size", str(args.batch_size),
+                            "--size", str(args.size), "--workers", str(args.workers)]
+    if args.streaming_predownload:
+        setting["arguments"] += ["--predownload", str(args.streaming_predownload)]
+    print(f"Streaming: {setting['shards']} MDS shards, {setting['data_bytes'] / 1e6:.1f} MB; cache limit "
+          f"{setting['cache_limit'] / 1e6:.1f} MB; py1e blocks of {setting['block_samples']} samples; "
+          f"predownload {args.streaming_predownload or 'Streaming default'}")
+    return setting
+
+
 def median_run(runs: list[dict]) -> dict:
     """Each figure's median over the rounds, and the rounds themselves."""
-    keys = ("build_s", "first_batch_s", "images_per_s", "fetched_over_data", "server_cpu_share")
-    return {**{key: statistics.median(run[key] for run in runs) for key in keys},
-            "network_wait_s": statistics.median(sum(r["network_wait_s"] for r in run["epochs"][1:]) for run in runs),
-            "rounds": runs}
+    figures = [key for key, value in runs[0].items() if type(value) in (int, float) and key != "cache_peak_bytes"]
+    summary = {key: statistics.median(run[key] for run in runs) for key in figures}
+    if "network_wait_s" in runs[0]["epochs"][0]:
+        summary["network_wait_s"] = statistics.median(sum(r["network_wait_s"] for r in run["epochs"][1:])
+                                                      for run in runs)
+    if "cache_peak_bytes" in runs[0]:  # Streaming's, over the rounds: the largest, and whether all kept the limit
+        summary["cache_peak_bytes"] = max(run["cache_peak_bytes"] for run in runs)
+        summary["cache_limit_respected"] = all(run["cache_limit_respected"] for run in runs)
+    return {**summary, "rounds": runs}
 
 
 def show(backend: str, ways: dict) -> None:
     local = ways["local"]["images_per_s"]
     for way, result in ways.items():
-        fetched = f"{result['fetched_over_data']:.2f}x the data fetched an epoch" if way != "local" else "local disk"
+        moved = "local disk" if way == "local" else (f"{result['fetched_over_data']:.2f}x the data fetched an epoch "
+                                                     f"({result['sent_over_data']:.2f}x sent)")
         print(f"{backend:5} {way:14} first batch {result['first_batch_s']:5.2f} s, "
-              f"{result['images_per_s']:6.1f} images/s ({result['images_per_s'] / local:.2f}x local), {fetched}, "
+              f"{result['images_per_s']:6.1f} images/s ({result['images_per_s'] / local:.2f}x local), {moved}, "
               f"waited {result['network_wait_s']:.2f} s on the network after epoch 0, "
               f"server busy {result['server_cpu_share']:.2f} of a core")
+
+
+def show_streaming(setting: dict, ways: dict, ours: dict) -> None:
+    """Streaming's rows, its images/s over its own local way's and over ours (local, and the same way)."""
+    for way, result in ways.items():
+        speed = result["images_per_s"]
+        ratios = [f"{speed / ways['local']['images_per_s']:.2f}x local"] + [
+            f"{speed / ours[backend][against]['images_per_s']:.2f}x {backend} {against}"
+            for backend in ours for against in dict.fromkeys(("local", way))]
+        moved = "local disk" if way == "local" else (
+            f"{result['sent_over_data']:.2f}x the data sent an epoch, cache folder's peak "
+            f"{result['cache_peak_bytes'] / 1e6:.1f} MB of its limit {setting['cache_limit'] / 1e6:.1f} MB")
+        print(f"streaming {way:14} first batch {result['first_batch_s']:5.2f} s, {speed:6.1f} images/s "
+              f"({', '.join(ratios)}), {moved}, server busy {result['server_cpu_share']:.2f} of a core")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ class Proxy:
         self.latency = 0.0
         """Seconds added before each request is forwarded (a distant store)."""
         self.requests = 0
+        self.sent = 0
+        """Bytes the server sent back to clients (bodies and headers): what they fetched, by any client."""
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -95,6 +97,9 @@ class Proxy:
                         self.requests += 1
                         if self.latency:
                             time.sleep(self.latency)
+                    else:
+                        with self._lock:
+                            self.sent += len(data)
                     pair[sock].sendall(data)
         except (OSError, ValueError):  # a socket stop() closed under us
             return

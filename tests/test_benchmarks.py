@@ -23,7 +23,10 @@ import pytest
 from conftest import REPO, cpu_only_env, write_solid_dataset
 
 BENCHMARKS = REPO / "benchmarks"
-SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in ("harness.py", "peer_loaders.py"))
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py")
+                 if p.name not in ("harness.py", "peer_loaders.py", "streaming_peer.py"))
+"""The scripts one runs; the others are modules, or run by another Python (streaming_peer.py, by remote.py's
+--streaming-python)."""
 SYNTHETIC = ("block_order.py", "sampler.py")
 """Scripts that measure a split they make up and read no data folder (no --data)."""
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
@@ -334,12 +337,14 @@ def test_remote_reads_the_same_shards_locally_and_from_a_local_s3_server_with_an
         ways = report["backends"][backend]
         assert list(ways) == ["local", "remote", "remote +5ms"]
         assert all(way["images_per_s"] > 0 and way["first_batch_s"] > 0 for way in ways.values())
-        assert ways["local"]["fetched_over_data"] == 0
+        assert ways["local"]["fetched_over_data"] == 0 and ways["local"]["sent_over_data"] == 0
         # a cache of half the data keeps some shards from one epoch to the next; read-ahead may fetch one twice
         assert all(0.25 <= ways[way]["fetched_over_data"] <= 1.5 for way in ("remote", "remote +5ms")), ways
         assert [r["images"] for r in ways["remote"]["rounds"][0]["epochs"]] == [36, 36]
         assert f"{backend:5} remote +5ms    first batch " in out
     assert "4 shards, " in out and "(0.5 of the data)" in out
+    assert report["streaming"] == {"skipped": "--streaming-python not given"}
+    assert "skipped Streaming: --streaming-python not given" in out
 
 
 @runs_for("sampler")
