@@ -64,7 +64,7 @@ class _MappedBatch(BatchPool):
         super().__init__(0, 0, (batch_size, 3, size, size), dtype, channels_last=False)
         self.batch = torch.zeros(self.shape, dtype=dtype)
 
-    def take(self, count):
+    def take(self, count, side=None):
         return self.batch[:count], None, -1
 
 

@@ -38,22 +38,33 @@ upright source pixels (fn.decoders.image_slice / fn.slice with axis_names="WH"),
 OP_INPUTS = [("aug_op", types.INT32), ("aug_param", types.FLOAT)]
 """Per-sample inputs when the split has ops: int32 [slots] branch numbers (slot_branches), float32
 [slots, 2] parameters."""
+SIZE_INPUTS = [("out_size", types.FLOAT)]
+"""Per-sample input under a size schedule (fastloader.resolution): float32 [2], the batch's output
+(height, width), which the resize and the warps take as argument inputs: one graph for every size,
+nothing rebuilt when it changes."""
 
 
-def feed_inputs(augmenter: Augmenter) -> list[tuple[str, types.DALIDataType]]:
-    """(name, DALI dtype) of the inputs the feed passes with each train batch, in feed_arrays' order."""
-    return CROP_INPUTS + (OP_INPUTS if augmenter.slots else [])
+def feed_inputs(augmenter: Augmenter, sized: bool = False) -> list[tuple[str, types.DALIDataType]]:
+    """(name, DALI dtype) of the inputs the feed passes with each train batch, in feed_arrays' order;
+    `sized`: the batches carry their output size (a size schedule)."""
+    return CROP_INPUTS + (OP_INPUTS if augmenter.slots else []) + (SIZE_INPUTS if sized else [])
 
 
-def feed_arrays(augmenter: Augmenter, seeds: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+def feed_arrays(augmenter: Augmenter, seeds: np.ndarray, sizes: np.ndarray,
+                side: int | None = None) -> tuple[np.ndarray, ...]:
     """A batch's dense arrays for feed_inputs, from its sample seeds (int64 [B]) and upright sizes
-    (int64 [B, 2], height and width): one vectorized draw, no loop over samples."""
-    return dali_arrays(augmenter.draw(seeds, sizes), augmenter)
+    (int64 [B, 2], height and width): one vectorized draw, no loop over samples. `side`: the
+    batch's output size under a size schedule (then fed too), else None (transform.size)."""
+    arrays = dali_arrays(augmenter.draw(seeds, sizes, side), augmenter, side)
+    if side is None:
+        return arrays
+    return (*arrays, np.full((len(seeds), 2), side, dtype=np.float32))
 
 
-def dali_arrays(draws: Draws, augmenter: Augmenter) -> tuple[np.ndarray, ...]:
+def dali_arrays(draws: Draws, augmenter: Augmenter, side: int | None = None) -> tuple[np.ndarray, ...]:
     """Draws -> the arrays of feed_inputs: crop_anchor, crop_shape float32 [B, 2], hflip, vflip
-    int32 [B], and with ops aug_op int32 [B, slots], aug_param float32 [B, slots, 2]."""
+    int32 [B], and with ops aug_op int32 [B, slots], aug_param float32 [B, slots, 2] (for images of
+    `side` pixels, default transform.size)."""
     left, top, right, bottom = draws.crop.T
     arrays = (np.stack([left, top], axis=1).astype(np.float32), np.stack([right - left, bottom - top], axis=1)
               .astype(np.float32), draws.hflip.astype(np.int32), draws.vflip.astype(np.int32))
@@ -65,7 +76,7 @@ def dali_arrays(draws: Draws, augmenter: Augmenter) -> tuple[np.ndarray, ...]:
         row, slot = np.argwhere(branches < 0)[0]
         raise ValueError(f"slot {slot} drew {KINDS[draws.op[row, slot]].name}, which its policy cannot draw "
                          f"(Augmenter.slot_kinds)")
-    return (*arrays, branches, dali_params(draws.op, draws.param, augmenter.size))
+    return (*arrays, branches, dali_params(draws.op, draws.param, side or augmenter.size))
 
 
 @functools.lru_cache(maxsize=32)
@@ -92,8 +103,8 @@ def dali_params(op: np.ndarray, param: np.ndarray, size: int) -> np.ndarray:
     param = param.astype(np.float64)
     out = np.zeros((*op.shape, 2), np.float64)
     out[..., 0] = param
-    for kind, axis, scale in (("shear_x", 0, -1.0), ("shear_y", 1, -1.0), ("translate_x", 0, -size),
-                              ("translate_y", 1, -size)):
+    for kind, axis, scale in (("shear_x", 0, -1.0), ("shear_y", 1, -1.0), ("translate_x", 0, -float(size)),
+                              ("translate_y", 1, -float(size))):
         chosen = op == KIND_IDS[kind]
         out[chosen] = 0.0
         out[chosen, axis] = param[chosen] * scale
@@ -108,12 +119,30 @@ def dali_params(op: np.ndarray, param: np.ndarray, size: int) -> np.ndarray:
 # -- the ops, one function per kind: (images, parameter pair [2], settings) -> images --------------
 
 class Settings:
-    """What the ops need besides the parameter: the fill colour, the warp's interpolation, the side."""
+    """What the ops need besides the parameter: the fill colour, the warp's interpolation, the side
+    (a constant, or under a size schedule the feed's per-sample `out_size`: (height, width))."""
 
-    def __init__(self, fill: tuple[int, int, int], nearest: bool, size: int):
+    def __init__(self, fill: tuple[int, int, int], nearest: bool, size: int, out_size: DataNode | None = None):
         self.fill = [float(value) for value in fill]
         self.interp = types.INTERP_NN if nearest else types.INTERP_LINEAR
-        self.size = size
+        self.size, self.out_size = size, out_size
+
+    @property
+    def shape(self):
+        """The images' (height, width): a constant pair, or the per-sample argument input."""
+        return self.out_size if self.out_size is not None else [float(self.size), float(self.size)]
+
+    @property
+    def framed(self):
+        """The shape of an image framed by one pixel on each side."""
+        if self.out_size is None:
+            return [self.size + 2, self.size + 2]
+        return fn.cast(self.out_size + 2.0, dtype=types.INT32)  # fn.slice takes an integer shape with start
+
+    @property
+    def centre(self):
+        """The images' centre, (x, y)."""
+        return self.out_size * 0.5 if self.out_size is not None else [self.size / 2, self.size / 2]
 
 
 def _param_on(images: DataNode, value: DataNode) -> DataNode:
@@ -127,11 +156,10 @@ def _warped(images: DataNode, settings: Settings, transform) -> DataNode:
     the edge clamped, so that samples beyond the image read the fill and edge pixels blend with it.
     `transform(start)` appends the op's forward map (fn.transforms.*) to `start`, which moves the
     framed image's coordinates onto the image's. On the CPU this costs half of a filled warp."""
-    size = settings.size
-    framed = fn.slice(images, start=[-1, -1], shape=[size + 2, size + 2], axis_names="HW",
+    framed = fn.slice(images, start=[-1, -1], shape=settings.framed, axis_names="HW",
                       out_of_bounds_policy="pad", fill_values=settings.fill)
     matrix = transform(fn.transforms.translation(offset=[-1.0, -1.0]))
-    return fn.warp_affine(framed, matrix=matrix, size=[size, size], interp_type=settings.interp, inverse_map=False)
+    return fn.warp_affine(framed, matrix=matrix, size=settings.shape, interp_type=settings.interp, inverse_map=False)
 
 
 def identity(images, p, settings):
@@ -151,7 +179,7 @@ def invert(images, p, settings):
 
 
 def rotate(images, p, settings):
-    centre = [settings.size / 2, settings.size / 2]
+    centre = settings.centre  # square images: (x, y) is (height, width) halved
     return _warped(images, settings, lambda start: fn.transforms.rotation(start, angle=-p[0], center=centre))
 
 
@@ -206,11 +234,20 @@ def hue(images, p, settings):
     return fn.hue(images, hue=p[0])
 
 
+def grayscale(images, p, settings):
+    return aa.color.op(images, p[0] * 0.0)  # the torch backend's grey: color at factor 0
+
+
+def gaussian_blur(images, p, settings):
+    return fn.gaussian_blur(images, sigma=p[0])  # window 2 ceil(3 sigma) + 1, border reflect 101
+
+
 DALI_OPS = {
     "identity": identity, "auto_contrast": auto_contrast, "equalize": equalize, "invert": invert,
     "rotate": rotate, "shear_x": shear_x, "shear_y": shear_y, "translate_x": translate_x,
     "translate_y": translate_y, "posterize": posterize, "solarize": solarize, "solarize_add": solarize_add,
     "color": color, "contrast": contrast, "brightness": brightness, "sharpness": sharpness, "hue": hue,
+    "grayscale": grayscale, "gaussian_blur": gaussian_blur,
 }
 """Kind name -> its function; every kind of fastloader.augment.ops.KINDS has one (tests hold it)."""
 
@@ -222,7 +259,7 @@ def augment_images(images: DataNode, inputs: dict[str, DataNode], augmenter: Aug
     images = fn.flip(images, horizontal=inputs["hflip"], vertical=inputs["vflip"])
     if not augmenter.slots:
         return images
-    settings = Settings(augmenter.fill, nearest, augmenter.size)
+    settings = Settings(augmenter.fill, nearest, augmenter.size, inputs.get("out_size"))
     functions, _ = slot_branches(augmenter.slot_kinds)
     for slot, branches in enumerate(functions):
         images = select(list(branches), inputs["aug_op"][slot], images, inputs["aug_param"][slot], settings)

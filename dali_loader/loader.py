@@ -33,7 +33,7 @@ from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError, add_note, error_text, refused_file
 from fastloader.imaging.screen import BOMB_PIXELS, DALI_FORMATS, Screened, read_screened
-from fastloader.order import substitutes
+from fastloader.order import output_size, substitutes
 from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
 from fastloader.schema import Config, SplitConfig
@@ -74,8 +74,10 @@ class _Feed:
     def __init__(self, index: SampleIndex, split: SplitConfig, substitutes: dict[int, str],
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
                  stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
-                 max_pixels: int = BOMB_PIXELS, refill: bool = False):
+                 max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False):
         self.index = index
+        self.sized = sized
+        """The planned batches carry their output size (a size schedule): fed with the draws."""
         self.pixels = pixels
         self.split, self.augmenter = split, augmenter
         self.max_pixels, self.refill = max_pixels, refill
@@ -116,7 +118,8 @@ class _Feed:
                 break
             self.empty.append(planned)
         if self.split.mode == "train":  # every random choice of each sample, drawn from its seed
-            data += feed_arrays(self.augmenter, batch[:, 1], sizes)
+            side = output_size(planned, self.split.transform.size) if self.sized else None
+            data += feed_arrays(self.augmenter, batch[:, 1], sizes, side)
         else:
             data += (centre_boxes(sizes, self.split),)
         self.fed.append(Fed(batch, self.skipped, self.empty))
@@ -246,7 +249,8 @@ class DaliLoader(Loader):
         substitutes = transcoded_for_dali(prepared.index, prepared.needs_substitute)
         self._feed = _Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
                            prepared.sizes, self.augmentation, config.dataset.max_pixels,
-                           refill=split.mode == "train" and config.dataset.on_bad_image == "skip")
+                           refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
+                           sized=self.order.resolution is not None)
         self._pipe = self._build()
         self._pid = os.getpid()  # a forked child cannot run the pipeline: DALI's threads stay here
         self._stream = torch.cuda.Stream(device) if self.flavour == "gpu" else None
@@ -263,7 +267,7 @@ class DaliLoader(Loader):
             self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
-            seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation)
+            seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation, sized=self._feed.sized)
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
@@ -407,7 +411,8 @@ class DaliLoader(Loader):
         the sizes of the bytes it fed (kept in its size table), which the probe decodes as the train
         graph does."""
         sizes = self._feed.sizes.sizes[plan[:, 0]]
-        anchor, shape = feed_arrays(self.augmentation, plan[:, 1], sizes)[:2]
+        side = output_size(plan, self.split.transform.size) if self._feed.sized else None
+        anchor, shape = feed_arrays(self.augmentation, plan[:, 1], sizes, side)[:2]
         return anchor, shape
 
     def _failed(self, error: RuntimeError, number: int, batch: np.ndarray) -> RuntimeError:

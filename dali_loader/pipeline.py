@@ -89,7 +89,7 @@ def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool
     """
     if split.mode == "train":  # the crop fits: drawn for the size of the very bytes fed (loader.py)
         images = decode(encoded, config, gpu, (inputs["crop_anchor"], inputs["crop_shape"]), threads)
-        images = resize_to_size(images, split)
+        images = resize_to_size(images, split, inputs.get("out_size"))
     else:
         images = resize_box(decode(encoded, config, gpu, threads=threads), inputs["box"], split)
     return finish(images, config, split, inputs, augmenter)
@@ -117,15 +117,18 @@ def pixel_graph(pixels: DataNode, config: Config, split: SplitConfig, gpu: bool,
     if split.mode == "train":
         images = fn.slice(images, inputs["crop_anchor"], inputs["crop_shape"], axis_names="WH",
                           normalized_anchor=False, normalized_shape=False)
-        images = resize_to_size(images, split)
+        images = resize_to_size(images, split, inputs.get("out_size"))
     else:
         images = resize_box(images, inputs["box"], split)
     return finish(images, config, split, inputs, augmenter)
 
 
-def resize_to_size(images: DataNode, split: SplitConfig) -> DataNode:
-    """Train: the crop, stretched to size x size (RandomResizedCrop's resize)."""
+def resize_to_size(images: DataNode, split: SplitConfig, out_size: DataNode | None = None) -> DataNode:
+    """Train: the crop, stretched to size x size (RandomResizedCrop's resize); under a size schedule
+    to the batch's size, a per-sample argument input (`out_size`: height, width) of the one graph."""
     t = split.transform
+    if out_size is not None:
+        return fn.resize(images, size=out_size, **_resampling(t))
     return fn.resize(images, resize_x=t.size, resize_y=t.size, **_resampling(t))
 
 
@@ -173,16 +176,16 @@ FEEDS = ("bytes", "pixels")
 by the feed), or the uint8 cache's decoded pixels."""
 
 
-def feed_layout(split: SplitConfig, feed: str,
-                augmenter: Augmenter | None) -> list[tuple[str, types.DALIDataType]]:
+def feed_layout(split: SplitConfig, feed: str, augmenter: Augmenter | None,
+                sized: bool = False) -> list[tuple[str, types.DALIDataType]]:
     """(name, DALI dtype) of the arrays the feed gives with each batch, in order: the encoded bytes
     (a list of uint8 arrays), or the cache's pixels (a list of HWC uint8 arrays); then in eval mode
     the centre boxes (float32 [n, 4]: roi_start, roi_end in (y, x), from centre_boxes), in train mode the crops,
     flips and ops the host drew
-    (dali_loader.augment.feed_inputs)."""
+    (dali_loader.augment.feed_inputs), with each sample's output size under a size schedule (`sized`)."""
     layout = {"pixels": [("pixels", types.UINT8)], "bytes": [("encoded", types.UINT8)]}[feed]
     if split.mode == "train":
-        return layout + feed_inputs(augmenter)
+        return layout + feed_inputs(augmenter, sized)
     return layout + [("box", types.FLOAT)]
 
 
@@ -221,7 +224,7 @@ DALI's list."""
 
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
-                   feed: str = "bytes", augmenter: Augmenter | None = None) -> Pipeline:
+                   feed: str = "bytes", augmenter: Augmenter | None = None, sized: bool = False) -> Pipeline:
     """A built pipeline whose output is the images of the batches it pulls from `source`, the
     arrays of feed_layout for `feed` (FEEDS). Files and shard members come as bytes, read and
     checked by the feed on the driver thread, so that no decoder sees bytes the host has not
@@ -233,10 +236,11 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     `source` is called once per batch, ahead of use by `prefetch_queue_depth` batches, on the
     thread that runs the pipeline (driver.py); raising StopIteration ends the epoch. device_id None
     builds the cpu flavour. A train split with ops needs DALI's conditionals (auto_aug's `select`),
-    which only a @pipeline_def function gets.
+    which only a @pipeline_def function gets. `sized`: each batch comes with its output size (a size
+    schedule), which the same graph takes as an argument input: no pipeline per size.
     """
     gpu = device_id is not None
-    layout = feed_layout(split, feed, augmenter)
+    layout = feed_layout(split, feed, augmenter, sized)
 
     def graph():
         arrays = fn.external_source(source=source, num_outputs=len(layout), batch=True,

@@ -183,7 +183,9 @@ def train(args) -> int:
     ctrl_c = CtrlC()
     for epoch in range(train.epoch, args.epochs):
         started, images_seen, loss = time.perf_counter(), 0, torch.tensor(float("nan"), device=device)
-        for images, labels in ctrl_c.batches(train):  # after a resume, the first loop is the rest of the saved epoch
+        sides = set()  # the train sizes of the epoch: one (progressive resolution) or several (a size per batch)
+        for images, labels in ctrl_c.batches(train):
+            sides.add(images.shape[-1])  # after a resume, the first loop is the rest of the saved epoch
             if steps_this_run == 0:
                 soft = labels.is_floating_point()
                 say("targets: " + ("soft, float [B, num_classes]: soft-target cross entropy" if soft
@@ -217,7 +219,7 @@ def train(args) -> int:
         seconds = time.perf_counter() - started
         accuracy, scored = evaluate(model, val)
         say(f"epoch {epoch} done: loss {loss.item():.3f}, val accuracy {accuracy:.3f} on {scored} images, "
-            f"{images_seen / seconds:.0f} images/s")
+            f"{images_seen / seconds:.0f} images/s, train size {'/'.join(map(str, sorted(sides)))} px")
         if args.checkpoint:
             save(args.checkpoint, model, optimizer, train, step)
     return finish(train, val)

@@ -586,10 +586,26 @@ class _Builder:
                           f"applies only to {'eval' if mode == 'train' else 'train'} mode, and split '{name}' "
                           f"has mode: {mode}; {mode} mode takes {', '.join(allowed)}")
         values["transform"] = self.section(TransformConfig, transform, f"{name}.transform")
+        self.check_sizes(name, values["transform"])
         if "mixup" in raw:
             values["mixup"] = self.section(MixupConfig, raw["mixup"], f"{name}.mixup")
         self.validate_fields(SplitConfig, values, name)
         return SplitConfig(**values)
+
+    def check_sizes(self, name: str, t: TransformConfig) -> None:
+        """A size schedule that can be followed: a ramp that goes up and ends after it starts; one
+        schedule, not two (docs/semantics.md#output-sizes)."""
+        ramp, key = t.progressive, f"{name}.transform.progressive"
+        if ramp is not None:
+            if ramp.min_size > t.size:
+                self.fail(f"{key}.min_size", f"{ramp.min_size} is above {name}.transform.size {t.size}, where the "
+                                             f"ramp ends; set min_size <= size (FFCV's ResNet-50: 160 up to 192)")
+            if ramp.end_epoch <= ramp.start_epoch:
+                self.fail(f"{key}.end_epoch", f"{ramp.end_epoch} is not after start_epoch {ramp.start_epoch}: the ramp "
+                                              f"would end before it starts; set end_epoch > start_epoch")
+            if t.sizes is not None:
+                self.fail(f"{name}.transform.sizes", f"a size per batch and {key} are two schedules of one size; "
+                                                     f"keep one of them")
 
     def check_sources(self, name: str, mode: str, values: dict) -> None:
         """A split's sources: each says where its samples are with one key; the split itself then says

@@ -23,6 +23,7 @@ from .distributed import RankInfo
 from .machine import human_bytes
 from .order import EpochOrder
 from .prepared import PreparedSplit
+from .resolution import Resolution
 from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
 from .sources import reading
 from .stats import LOG_LEVELS, LoaderStats
@@ -52,11 +53,14 @@ class Loader(abc.ABC):
         self.device = device
         self.pixels_from = prepared.pixels_from
         """Where the pixels come from: the image files, or a uint8 cache folder."""
+        self.resolution = Resolution(split.transform, config.seed) if split.mode == "train" else None
+        """The train split's size schedule (fastloader.resolution): a size per epoch or per batch."""
         self.order = EpochOrder(len(index), split.batch_size, mode=split.mode, shuffle=split.shuffle,
                                 drop_last=split.drop_last, seed=config.seed, rank=ranks.rank,
                                 world_size=ranks.world_size, repeats=split.aug_repeats, blocks=prepared.blocks,
                                 draws=prepared.draws,
-                                epoch_size=split.epoch_size if prepared.draws is None else None)
+                                epoch_size=split.epoch_size if prepared.draws is None else None,
+                                resolution=self.resolution if self.resolution and not self.resolution.fixed else None)
         self._draw_words = self._describe_draws()
         self._epoch = 0
         self._epoch_set = True  # the first loop runs epoch 0
@@ -76,7 +80,8 @@ class Loader(abc.ABC):
         self._empty_batches = 0  # batches yielded empty because none of their files decodes
         self.augmentation = Augmenter(split.transform, config.normalize.mean) if split.mode == "train" else None
         """The train split's augmentation spec (fastloader.augment): what each sample's seed draws."""
-        if self.augmentation and self.augmentation.policy and split.transform.color_jitter is not None:
+        policy = self.augmentation.policy if self.augmentation else None
+        if policy and not policy.keeps_color_jitter and split.transform.color_jitter is not None:
             log.info("%s: %s.transform.color_jitter is off because %s.transform.auto_augment is set, as in timm",
                      config.source, split.name, split.name)
         self.finisher = BatchFinisher.for_split(split, len(index.classes))
@@ -132,6 +137,13 @@ class Loader(abc.ABC):
     @property
     def epoch(self) -> int:
         return self._epoch
+
+    @property
+    def size(self) -> int:
+        """The output side of the current epoch's images (progressive resolution: this epoch's size);
+        with a size per batch (transform.sizes), the largest a batch may have: each batch's is its
+        images' last dimension."""
+        return self.resolution.epoch_size(self._epoch) if self.resolution else self.split.transform.size
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch."""
@@ -230,7 +242,7 @@ class Loader(abc.ABC):
                 "can be decoded%s", self.backend, self.split.name, self.epoch, self.ranks.rank, planned,
                 "" if self._empty_batches else " (later empty batches are logged at DEBUG level)")
         self._empty_batches += 1
-        size = self.split.transform.size
+        size = self.size
         memory_format = torch.channels_last if self.config.output.channels_last else torch.contiguous_format
         images = torch.empty((0, 3, size, size), dtype=getattr(torch, self.config.output.dtype), device=self.device,
                              memory_format=memory_format)
@@ -250,12 +262,13 @@ class Loader(abc.ABC):
         level = LOG_LEVELS.get(self.config.stats.log_level)
         if level is not None and stats.batches:
             log.log(level, "%s loader, split '%s', epoch %d, rank %d: %s%s", self.backend, self.split.name,
-                    stats.epoch, self.ranks.rank, stats.summary(), self._recipe_words())
+                    stats.epoch, self.ranks.rank, stats.summary(), self._recipe_words(stats.epoch))
 
-    def _recipe_words(self) -> str:
-        """'; mixing ..., repeated augmentation ...' when they are on, for the epoch's line."""
+    def _recipe_words(self, epoch: int | None = None) -> str:
+        """'; size ...; mixing ..., repeated augmentation ...' when they are on, for the epoch's line."""
         mixer = self.finisher.mixer if self.finisher is not None else None
-        words = [mixer.describe()] if mixer is not None else []
+        words = [self.resolution.describe(epoch)] if self.resolution and not self.resolution.fixed else []
+        words += [mixer.describe()] if mixer is not None else []
         if self._draw_words:
             words.append(self._draw_words)
         if self.order.repeats > 1:
@@ -274,7 +287,9 @@ class Loader(abc.ABC):
                 "shuffle": self.split.shuffle, "block_size": self.order.blocks.budget if self.order.blocks else 0,
                 "weights": self.order.draws.digest if self.order.draws else "",
                 "weights_from": self.order.draws.origin if self.order.draws else "",
-                "epoch_size": self.order.length, "aug_repeats": self.order.repeats, "epoch": self._epoch,
+                "epoch_size": self.order.length, "aug_repeats": self.order.repeats,
+                "sizes": self.resolution.key() if self.resolution else f"size {self.split.transform.size}",
+                "epoch": self._epoch,
                 "position": min(self._position, self.order.epoch_length),
                 "batch_size": self.batch_size, "world_size": self.ranks.world_size}
 
@@ -332,8 +347,12 @@ class Loader(abc.ABC):
             raise ValueError(f"loader state was saved with {then} (digest {saved_order['weights'] or '-'}), this "
                              f"loader draws with {now} (digest {mine['weights'] or '-'}, from {self.config.source}); "
                              f"set {keys} back as they were, on the same samples, to resume the same order")
+        saved_order["sizes"] = state.get("sizes", mine["sizes"])  # states before size schedules: not checked
+        if str(saved_order["sizes"]).startswith("size ") and mine["sizes"].startswith("size "):
+            saved_order["sizes"] = mine["sizes"]  # a fixed size may change on resume: the samples are the same
         order_keys = (("seed", "seed"), ("shuffle", f"{name}.shuffle"), ("aug_repeats", f"{name}.aug_repeats"),
-                      ("block_size", f"{name}.block_size"), ("epoch_size", f"{name}.epoch_size"))
+                      ("block_size", f"{name}.block_size"), ("epoch_size", f"{name}.epoch_size"),
+                      ("sizes", f"{name}.transform's size schedule (size, progressive, sizes)"))
         for key, config_key in order_keys:
             if saved_order.get(key) == mine[key]:
                 continue
@@ -433,8 +452,10 @@ class Loader(abc.ABC):
     def __repr__(self) -> str:
         """What the loader is doing, so that `print(loader)` answers "which backend, where, how wide"."""
         closed = ", closed" if self._closed else ""
+        sizes = self.resolution and self.resolution.per_batch
+        size = f"sizes={self.split.transform.sizes!r}" if sizes else f"size={self.size}"
         return (f"{type(self).__name__}(split={self.split.name!r}, backend={self.backend!r}, {self._parallelism()}, "
-                f"device={str(self.device)!r}, samples={self.num_samples}, batches={len(self)} of "
+                f"device={str(self.device)!r}, {size}, samples={self.num_samples}, batches={len(self)} of "
                 f"{self.batch_size}, rank={self.ranks.rank}/{self.ranks.world_size}, pixels from "
                 f"{self.pixels_from}{self._ops_repr()}{closed})")
 

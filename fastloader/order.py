@@ -90,6 +90,12 @@ def substitutes(seed: int, num_samples: int) -> list[int]:
     return np.minimum((draws * num_samples).astype(np.int64), num_samples - 1).tolist()
 
 
+def output_size(batch: np.ndarray, default: int) -> int:
+    """A planned batch's output size: its third column where a size schedule planned it
+    (fastloader.resolution), else `default` (the transform's size)."""
+    return int(batch[0, 2]) if batch.ndim == 2 and batch.shape[1] > 2 and len(batch) else default
+
+
 def in_index_order(seed: int, epoch: int, n: int) -> np.ndarray:
     """`shuffle: false`: the samples as the index lists them (int64 [n])."""
     return np.arange(n, dtype=np.int64)
@@ -344,7 +350,7 @@ class EpochOrder:
     def __init__(self, num_samples: int, batch_size: int, *, mode: str, shuffle: bool | str, drop_last: bool,
                  seed: int, rank: int = 0, world_size: int = 1, repeats: int = 1,
                  blocks: BlockShuffle | None = None, draws: WeightedDraws | None = None,
-                 epoch_size: int | None = None):
+                 epoch_size: int | None = None, resolution=None):
         if mode not in ("train", "eval"):
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
         if mode == "eval" and drop_last:
@@ -364,6 +370,9 @@ class EpochOrder:
         """The block order's containers and budget (shuffle: block), else None."""
         self.draws = draws
         """The weighted draws (weights, class weights, weighted sources), else None."""
+        self.resolution = resolution
+        """A size schedule (fastloader.resolution.Resolution, not fixed), else None: each batch then
+        carries its output size as a third column, drawn from its global step."""
         self.num_samples, self.batch_size = num_samples, batch_size
         self.mode, self.shuffle, self.drop_last = mode, shuffle, drop_last
         self.seed, self.rank, self.world_size, self.repeats = seed, rank, world_size, repeats
@@ -476,7 +485,17 @@ class EpochOrder:
 
     def batches(self, epoch: int, position: int = 0) -> list[np.ndarray]:
         """The epoch's batches after global position `position`: int64 arrays [k, 2] of
-        (sample index, sample seed). Position 0 is the whole epoch; k batches in, it is k x batch x world."""
+        (sample index, sample seed), or [k, 3] with each batch's output size where a size schedule
+        is set. Position 0 is the whole epoch; k batches in, it is k x batch x world.
+
+        A batch's size is a function of its global step, position // (batch x world) + its number
+        here: the same on every rank, and the same after a resume at that position."""
         indices, copies, draws = self._rank_places(epoch, position)
-        pairs = np.stack([indices, self.sample_seeds(epoch, indices, copies, draws)], axis=1)
+        columns = [indices, self.sample_seeds(epoch, indices, copies, draws)]
+        if self.resolution is not None:
+            first = position // (self.batch_size * self.world_size)
+            steps = first + np.arange(len(indices), dtype=np.int64) // self.batch_size
+            columns.append(self.resolution.batch_sizes(epoch, np.arange(first, first + len(indices) // self.batch_size
+                                                                        + 1))[steps - first])
+        pairs = np.stack(columns, axis=1)
         return [pairs[start:start + self.batch_size] for start in range(0, len(pairs), self.batch_size)]

@@ -154,9 +154,31 @@ class DatasetConfig:
 
 
 @dataclass(frozen=True)
+class ProgressiveConfig:
+    """train: progressive resolution (FFCV's start_ramp / end_ramp): the output size of each epoch
+    ramps linearly from min_size to the transform's size (docs/semantics.md#output-sizes)."""
+    min_size: int = field(metadata=_in_range(1, MAX_SIZE))
+    """The size of every epoch up to start_epoch."""
+    start_epoch: int = field(metadata=_in_range(0, INT64_MAX))
+    """The last epoch at min_size; the ramp starts after it."""
+    end_epoch: int = field(metadata=_in_range(0, INT64_MAX))
+    """The first epoch at the transform's size; every later epoch keeps it."""
+    multiple: int = field(default=32, metadata=_in_range(1, MAX_SIZE))
+    """Sizes on the ramp are rounded down to a multiple of this (never below min_size)."""
+
+
+@dataclass(frozen=True)
 class TransformConfig:
     size: int = field(default=224, metadata=_in_range(1, MAX_SIZE))
-    """Output height and width in pixels."""
+    """Output height and width in pixels (train with progressive: the size the ramp ends at)."""
+    progressive: ProgressiveConfig | None = None
+    """train: ramp the output size over the epochs from progressive.min_size to size (FFCV's
+    ResNet recipes): {min_size, start_epoch, end_epoch, multiple (32)}. null: every epoch at size."""
+    sizes: tuple[int, ...] | None = field(default=None, metadata=_check(
+        lambda v: v is None or (0 < len(v) <= 64 and all(1 <= s <= MAX_SIZE for s in v)),
+        f"null or a list of 1 to 64 sizes, each an integer in [1, {MAX_SIZE}]"))
+    """train: one output size per batch, drawn from this list (timm's --train-img-sizes), the same on
+    every rank at the same step; buffers are sized for the largest. null: every batch at size."""
     scale: tuple[float, float] = field(
         default=(0.08, 1.0), metadata=_check(lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"))
     """train: range of the crop's area as a fraction of the image (RandomResizedCrop)."""
@@ -170,11 +192,12 @@ class TransformConfig:
     auto_augment: str | None = field(default=None, metadata=_check(lambda v: v is None or not policy_problem(v)[0],
                                                                     _policy_message))
     """train: a policy of ops per sample, in timm's grammar: rand-m{M}[-n{N}][-mstd{S}][-mmax{X}][-inc{0|1}][-p{P}]
-    (RandAugment), original or v0 (AutoAugment's ImageNet policies), ta_wide (TrivialAugmentWide). null: off."""
+    [-t{3a|3aw|weights}] (RandAugment; t: timm's op sets), original or v0 (AutoAugment's ImageNet policies), 3a or
+    three_augment (DeiT III's 3-Augment), ta_wide (TrivialAugmentWide). null: off."""
     color_jitter: float | tuple[float, float, float] | tuple[float, float, float, float] | None = field(
         default=None, metadata=_check(_jitter_ok, "brightness, contrast, saturation >= 0 and hue in [0, 0.5]"))
     """train: torchvision's ColorJitter: one strength for brightness, contrast and saturation, or
-    [brightness, contrast, saturation] or with hue. Off when auto_augment is set (as in timm)."""
+    [brightness, contrast, saturation] or with hue. Off when auto_augment is set, but for a 3a policy (as in timm)."""
     crop_pct: float = field(default=0.875, metadata=_check(lambda v: 0 < v <= 1, "in (0, 1]"))
     """eval: resize the shorter side to floor(size / crop_pct), then centre-crop size x size."""
     interpolation: Interpolation = "bilinear"
@@ -193,6 +216,13 @@ class TransformConfig:
     erase_count: tuple[int, int] = field(
         default=(1, 1), metadata=_check(lambda v: 1 <= v[0] <= v[1] <= 16, "1 <= min <= max <= 16"))
     """train: range of the number of boxes erased in an image."""
+    grayscale_prob: float = field(default=0.0, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
+    """train: probability that an image turns grey (timm's --grayscale-prob, RandomGrayscale), after the
+    policy and the colour jitter. 0: off."""
+    gaussian_blur_prob: float = field(default=0.0, metadata=_check(lambda v: 0 <= v <= 1,
+                                                                   "a probability in [0, 1]"))
+    """train: probability that an image is blurred, sigma uniform in [0.1, 2] pixels (timm's
+    --gaussian-blur-prob), after grayscale_prob. 0: off."""
 
 
 @dataclass(frozen=True)
@@ -246,8 +276,9 @@ DRAW_KEYS = ("weights", "class_weights", "epoch_size")
 """Split keys that make a train order of draws: eval splits read every sample once and refuse them."""
 
 
-TRAIN_TRANSFORM_KEYS = ("size", "scale", "ratio", "hflip", "vflip", "auto_augment", "color_jitter", "interpolation",
-                        "erase_prob", "erase_mode", "erase_area", "erase_ratio", "erase_count")
+TRAIN_TRANSFORM_KEYS = ("size", "progressive", "sizes", "scale", "ratio", "hflip", "vflip", "auto_augment",
+                        "color_jitter", "interpolation", "erase_prob", "erase_mode", "erase_area", "erase_ratio",
+                        "erase_count", "grayscale_prob", "gaussian_blur_prob")
 EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation")
 TRAIN_SPLIT_KEYS = ("aug_repeats", "label_smoothing", "mixup")
 """Split keys that only train mode takes: eval batches are never repeated, mixed or smoothed."""

@@ -57,6 +57,8 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
                 "4", "--rows", "10", "--workers", "1"],
     "block_order": ["block_order.py", "--samples", "4000", "--shards", "20", "--classes", "10", "--mean-kb", "10",
                     "--batch-size", "32", "--budgets", "2MB,8MB"],
+    "sizes": ["sizes.py", "--batch-size", "4", "--workers", "1", "--rounds", "1", "--epochs", "2", "--sizes", "24",
+              "32"],
     "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
                 "--file-samples", "2000"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
@@ -65,7 +67,7 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order",
-     "sampler"),
+     "sampler", "sizes"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "screening"),
 )
 
@@ -362,7 +364,7 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 15
+    assert len(SCRIPTS) == 16
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -423,6 +425,20 @@ def test_shards_reads_the_photos_as_folders_and_as_shards_and_indexes_synthetic_
     assert out.count("torch worker path, ") == 2
     index = report["index"]
     assert index["members"] == 2000 and index["samples"] == 1000 and 0 < index["bytes_per_sample"] < 100
+
+
+@runs_for("sizes")
+def test_sizes_measures_each_size_per_backend_and_a_run_of_ffcvs_schedule_against_224(run):
+    out, report = run
+    backends = ["torch", "dali"] if HAS_DALI else ["torch"]
+    assert sorted(report["rates"]) == sorted(f"{b} {s}" for b in backends for s in (24, 32))
+    assert all(rate > 0 for rate in report["rates"].values())
+    assert report["cpu_ms_per_image"].keys() == report["rates"].keys()
+    for backend in backends:
+        runs = report["runs"][backend]
+        assert runs["fixed_224_s"] > 0 and runs["ffcv_schedule_s"] > 0 and len(runs["schedule"]) == 2
+        assert runs["fixed_224_cpu_s"] > 0 and runs["ffcv_schedule_cpu_s"] > 0
+        assert f"  {backend:6} whole run: fixed 224 px" in out
 
 
 @runs_for("parquet")

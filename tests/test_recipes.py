@@ -48,3 +48,45 @@ def test_a_recipe_names_its_source_and_trains_with_soft_targets_and_repeats(tmp_
     epoch_line = next(r.getMessage() for r in caplog.records if "split 'train', epoch 0, rank 0:" in r.getMessage())
     assert f"mixup {mixup:g} + cutmix {cutmix:g} (mode batch, prob 1, switch 0.5)" in epoch_line
     assert f"repeated augmentation x{repeats} (18 positions per epoch over 1 rank)" in epoch_line
+
+
+SCHEDULE_RECIPES = {  # file: (train size, progressive (min, start, end) or None, val size, policy, smoothing, source)
+    "ffcv-rn50.yaml": (192, (160, 65, 76), 256, None, 0.1, "libffcv/ffcv-imagenet"),
+    "deit3.yaml": (192, None, 224, "three_augment", 0.0, "facebookresearch/deit"),
+}
+
+
+@pytest.mark.parametrize("recipe", SCHEDULE_RECIPES)
+def test_a_size_recipe_names_its_source_and_trains_logging_the_size_per_epoch(tmp_path, recipe, monkeypatch, capsys):
+    """ffcv-rn50 (progressive resolution) and deit3 (3-Augment, low-resolution training): their keys
+    as the source sets them; examples/train.py runs 2 epochs of each, scaled down (the ramp moved to
+    epochs 0-1, 16 to 32 px), and says each epoch's train size."""
+    size, ramp, val_size, policy, smoothing, source = SCHEDULE_RECIPES[recipe]
+    path = REPO / "configs" / "recipes" / recipe
+    header = path.read_text().split("\nbackend:")[0]
+    assert "Source:" in header and source in header
+    config = load_config(path)
+    train = config.split("train")
+    progressive = train.transform.progressive
+    assert train.transform.size == size and config.split("val").transform.size == val_size
+    if ramp:
+        assert (progressive.min_size, progressive.start_epoch, progressive.end_epoch) == ramp
+    else:
+        assert progressive is None
+    assert train.transform.auto_augment == policy and train.label_smoothing == smoothing
+
+    root = write_solid_dataset(tmp_path / "data", per_class=6)
+    small = {"dataset.root": root, "backend": "torch", "output.device": "cpu", "workers.num_workers": 0,
+             "train.batch_size": 8, "val.batch_size": 8, "train.transform.size": 32, "val.transform.size": 32,
+             "train.aug_repeats": 1}
+    if ramp:
+        small.update({"train.transform.progressive.min_size": 16, "train.transform.progressive.start_epoch": 0,
+                      "train.transform.progressive.end_epoch": 1, "train.transform.progressive.multiple": 16})
+    argv = [f"--set={key}={value}" for key, value in small.items()]
+    monkeypatch.setattr(sys, "argv", ["train.py", str(path), *argv, "--epochs", "2", "--log-every", "1"])
+    with pytest.raises(SystemExit) as stopped:  # train.py ends with sys.exit(main())
+        runpy.run_path(str(REPO / "examples" / "train.py"), run_name="__main__")
+    assert stopped.value.code == 0
+    out = capsys.readouterr().out
+    sizes = [int(s) for s in re.findall(r"epoch \d done: .*train size (\d+) px", out)]
+    assert sizes == ([16, 32] if ramp else [32, 32]), out

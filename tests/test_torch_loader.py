@@ -321,7 +321,7 @@ def test_workers_reuse_dropped_batches_and_never_overwrite_kept_ones(textured_ro
     with build_loader(config) as loader:
         slots = []  # the buffers the workers wrote the batches into, as the main process receives them
         handed = loader._pool.batch
-        loader._pool.batch = lambda slot, count: (slots.append(slot), handed(slot, count))[1]
+        loader._pool.batch = lambda slot, count, side=None: (slots.append(slot), handed(slot, count, side))[1]
         for _ in range(2):
             for images, labels in loader:  # each batch dropped at the next one
                 pass
@@ -340,7 +340,7 @@ def test_workers_reuse_dropped_batches_and_never_overwrite_kept_ones(textured_ro
 def test_repr_names_backend_workers_device_samples_batches_and_pixels(solid_root):
     loader = build_loader(base_config(solid_root, output={"device": "cpu"}), "val")
     assert repr(loader) == ("TorchLoader(split='val', backend='torch', workers=0 (normalizing in the workers), "
-                            "device='cpu', samples=15, batches=4 of 4, rank=0/1, pixels from the image files)")
+                            "device='cpu', size=32, samples=15, batches=4 of 4, rank=0/1, pixels from the image files)")
     assert loader.prefetch_depth == 0  # no workers: nothing is prepared ahead
     loader.close()
     assert repr(loader).endswith("pixels from the image files, closed)")

@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as functional
+from torchvision.transforms.v2 import functional as F
 
 from fastloader.augment.ops import IDENTITY, KINDS
 
@@ -91,6 +92,23 @@ def hue(image: Image, param: float, ctx: Context) -> Image:
     matrix = (torch.linalg.inv(_RGB_TO_YIQ) @ rotation @ _RGB_TO_YIQ).float()
     x = image.float()
     return _round(torch.einsum("ij,jhw->ihw", matrix, x))
+
+
+def grayscale(image: Image, param: float, ctx: Context) -> Image:
+    """The grey image in all three channels: color at factor 0 (Pillow's L conversion, rounded)."""
+    return color(image, 0.0, ctx)
+
+
+def blur_window(sigma: float) -> int:
+    """The Gaussian kernel's width for a sigma: 2 ceil(3 sigma) + 1, DALI's default window."""
+    return 2 * math.ceil(3 * sigma) + 1
+
+
+def gaussian_blur(image: Image, param: float, ctx: Context) -> Image:
+    """torchvision.transforms.v2's gaussian_blur (a separable normalized Gaussian, the border
+    reflected without repeating the edge), with DALI's default window for the sigma."""
+    window = blur_window(param)
+    return F.gaussian_blur(image, [window, window], [param, param])
 
 
 def sharpness(image: Image, param: float, ctx: Context) -> Image:
@@ -198,6 +216,7 @@ TORCH_OPS: dict[str, Callable[[Image, float, Context], Image]] = {
     "rotate": rotate, "shear_x": shear_x, "shear_y": shear_y, "translate_x": translate_x,
     "translate_y": translate_y, "posterize": posterize, "solarize": solarize, "solarize_add": solarize_add,
     "color": color, "contrast": contrast, "brightness": brightness, "sharpness": sharpness, "hue": hue,
+    "grayscale": grayscale, "gaussian_blur": gaussian_blur,
 }
 """Kind name -> its function; every kind of fastloader.augment.ops.KINDS has one (tests hold it)."""
 _BY_ID = [TORCH_OPS[kind.name] for kind in KINDS]

@@ -30,15 +30,19 @@ from .dataset import Decoded, Missed, Skipped
 from .prefetch import Normalizer
 
 
+def _strides(shape: tuple[int, int, int, int], channels_last: bool) -> tuple[int, int, int, int]:
+    """The strides of a dense [B, C, H, W] batch in NHWC (channels_last) or NCHW memory."""
+    b, c, h, w = shape
+    return (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
+
+
 def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
     """An uninitialized [B, C, H, W] tensor; in shared memory when called in a DataLoader worker."""
     if torch.utils.data.get_worker_info() is None:
         memory_format = torch.channels_last if channels_last else torch.contiguous_format
         return torch.empty(shape, dtype=dtype, memory_format=memory_format)
-    b, c, h, w = shape
-    stride = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
     storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape, channels_last))
 
 
 Batch = tuple[torch.Tensor | None, np.ndarray, tuple[tuple[int, Skipped, bool], ...], int, np.ndarray | None]
@@ -114,38 +118,46 @@ class BatchPool:
         self.count = max(1, num_workers) * slots
         self.image_bytes = -(-math.prod(shape) * dtype.itemsize // 4) * 4  # float32 targets follow, aligned
         self.nbytes = self.image_bytes + shape[0] * classes * 4
-        b, c, h, w = shape
-        self.stride = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
         # MAP_SHARED | MAP_ANONYMOUS: forked workers write these very pages; none is touched until used
         self.memory = mmap.mmap(-1, self.count * self.nbytes) if self.count else None
         self.busy = np.frombuffer(mmap.mmap(-1, max(1, self.count)), dtype=np.uint8)
         self._handed: set[int] = set()  # main process: slots whose batch the trainer may still hold
 
-    def take(self, count: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    def fits(self, shape: tuple[int, int, int, int]) -> bool:
+        """Whether a batch of this shape fits a slot: as many channels, no larger a side (a size
+        schedule's smaller batches use the front of the largest one's buffer)."""
+        return shape[1] == self.shape[1] and shape[2] <= self.shape[2] and shape[3] <= self.shape[3]
+
+    def take(self, count: int, side: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """In a worker (or the main process without workers): (an uninitialized batch of `count`
-        images, room for their soft targets or None, its slot), or a fresh batch in shared memory,
-        None and -1."""
+        images of `side` x `side` (default the pool's), room for their soft targets or None, its
+        slot), or a fresh batch in shared memory, None and -1."""
         worker = torch.utils.data.get_worker_info()
         first = (worker.id if worker is not None else 0) * self.slots
         for slot in range(first, first + self.slots):
             if not self.busy[slot]:
                 self.busy[slot] = 1
                 flat = torch.frombuffer(self.memory, dtype=torch.uint8, count=self.nbytes, offset=slot * self.nbytes)
-                return (*self._views(flat, count), slot)
-        return empty_batch((count, *self.shape[1:]), self.dtype, self.channels_last), None, -1
+                return (*self._views(flat, count, side), slot)
+        side = side or self.shape[2]
+        return empty_batch((count, self.shape[1], side, side), self.dtype, self.channels_last), None, -1
 
-    def batch(self, slot: int, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """In the main process: the batch of `count` images a worker wrote into `slot` (and their
-        soft targets, or None), as tensors whose storage holds a numpy view of the slot; when the
-        trainer drops the last of them the view dies and the slot is free again."""
+    def batch(self, slot: int, count: int, side: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """In the main process: the batch of `count` images of `side` x `side` a worker wrote into
+        `slot` (and their soft targets, or None), as tensors whose storage holds a numpy view of the
+        slot; when the trainer drops the last of them the view dies and the slot is free again."""
         view = np.frombuffer(self.memory, dtype=np.uint8, count=self.nbytes, offset=slot * self.nbytes)
         self._handed.add(slot)
         weakref.finalize(view, self._free, slot)
-        return self._views(torch.from_numpy(view), count)
+        return self._views(torch.from_numpy(view), count, side)
 
-    def _views(self, flat: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        images = flat[:self.image_bytes].view(self.dtype)[:math.prod(self.shape)]
-        images = images.as_strided(self.shape, self.stride)[:count]
+    def _views(self, flat: torch.Tensor, count: int, side: int | None = None) -> tuple[torch.Tensor,
+                                                                                     torch.Tensor | None]:
+        b, c, h, w = self.shape
+        shape = (b, c, side or h, side or w)
+        stride = _strides(shape, self.channels_last)
+        images = flat[:self.image_bytes].view(self.dtype)[:math.prod(shape)]
+        images = images.as_strided(shape, stride)[:count]
         if not self.classes:
             return images, None
         return images, flat[self.image_bytes:].view(torch.float32).view(self.shape[0], self.classes)[:count]
@@ -175,9 +187,9 @@ class NormalizingCollate:
         if not decoded:
             return None, _labels(decoded), skipped, -1, None
         shape = _check_shapes(decoded)
-        if shape[1:] == self.pool.shape[1:]:
-            images, room, slot = self.pool.take(len(decoded))
-        else:  # only if the transform's output size differs from the pool's (it does not)
+        if self.pool.fits(shape) and shape[2] == shape[3]:
+            images, room, slot = self.pool.take(len(decoded), shape[2])
+        else:  # only if the transform's output is larger than the pool's largest size (it is not)
             images, room, slot = empty_batch(shape, self.normalizer.dtype, self.normalizer.channels_last), None, -1
         for view, (image, *_) in zip(images, decoded):
             self.normalizer.into(view, image)

@@ -20,7 +20,7 @@ import torch.utils.data
 
 from fastloader.cache import CachedPixels
 from fastloader.errors import BadImageError, CacheError, refused_file
-from fastloader.order import substitutes
+from fastloader.order import output_size, substitutes
 from fastloader.samples import SampleIndex
 
 from .transforms import SampleOps, SampleTransform
@@ -55,25 +55,26 @@ class ImageDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, item, ops: SampleOps | None = None) -> Decoded | Missed:
+    def __getitem__(self, item, ops: SampleOps | None = None, size: int | None = None) -> Decoded | Missed:
         sample, seed = int(item[0]), int(item[1])
-        decoded = self._decode(sample, seed, ops)
+        size = size or (int(item[2]) if len(item) > 2 else None)
+        decoded = self._decode(sample, seed, ops, size)
         if not isinstance(decoded, Skipped):
             return decoded
         failed = [decoded]
         for substitute in substitutes(seed, len(self.index)) if self.refill else ():
-            decoded = self._decode(substitute, seed, ops)  # the slot's seed: its crop, flips and ops
+            decoded = self._decode(substitute, seed, ops, size)  # the slot's seed: its crop, flips and ops
             if not isinstance(decoded, Skipped):
                 return Missed(tuple(failed), decoded)
             failed.append(decoded)
         return Missed(tuple(failed), None)
 
-    def _decode(self, sample: int, seed: int, ops: SampleOps | None) -> Decoded | Skipped:
+    def _decode(self, sample: int, seed: int, ops: SampleOps | None, size: int | None = None) -> Decoded | Skipped:
         try:
             if self.pixels is None:
-                image = self.transform(self.index.location(sample), seed, ops)
+                image = self.transform(self.index.location(sample), seed, ops, size)
             else:
-                image = self.transform.from_pixels(self.pixels.image(sample), seed, ops)
+                image = self.transform.from_pixels(self.pixels.image(sample), seed, ops, size)
         except CacheError:
             raise  # the cache, not this sample's file: skipping would blame the file, sample after sample
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
@@ -84,7 +85,10 @@ class ImageDataset(torch.utils.data.Dataset):
         return image, self.index.label(sample), seed
 
     def __getitems__(self, batch: np.ndarray) -> list[Decoded | Missed]:
-        """A whole batch per call: the DataLoader hands us the [k, 2] array from the sampler. The
-        batch's flips and ops are drawn at once, as a sample alone would draw them (per row)."""
-        ops = self.transform.sample_ops(np.asarray(batch)[:, 1])
-        return [self.__getitem__(pair, row) for pair, row in zip(batch, ops)]
+        """A whole batch per call: the DataLoader hands us the [k, 2] array from the sampler ([k, 3]
+        with the batch's output size under a size schedule). The batch's flips and ops are drawn at
+        once, as a sample alone would draw them (per row)."""
+        batch = np.asarray(batch)
+        size = output_size(batch, self.transform.size)
+        ops = self.transform.sample_ops(batch[:, 1], size)
+        return [self.__getitem__(pair, row, size) for pair, row in zip(batch, ops)]

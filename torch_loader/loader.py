@@ -23,7 +23,7 @@ from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError
 from fastloader.imaging.decode import describe as describe_decoders
-from fastloader.order import EpochOrder
+from fastloader.order import EpochOrder, output_size
 from fastloader.parallel import die_with, fork_context, in_main_thread
 from fastloader.prepared import PreparedSplit
 from fastloader.schema import Config, SplitConfig
@@ -118,7 +118,7 @@ class TorchLoader(Loader):
         self._side_stream = prefetch_stream(device) if on_cuda else None  # one for the loader's life
         # CPU output: float batches, written into buffers the main process dropped (see collate.py).
         # A worker's buffers: those in flight (prefetch_factor), the trainer's, one not yet swept.
-        size = split.transform.size
+        size = self.resolution.largest if self.resolution else split.transform.size  # a size schedule's largest
         soft_targets = self.finisher is not None and self.finisher.mixer is not None
         self._pool = None if on_cuda else BatchPool(num_workers, workers.prefetch_factor + 2,
                                                     (split.batch_size, 3, size, size), self._normalizer.dtype,
@@ -246,10 +246,11 @@ class TorchLoader(Loader):
         try:
             for _ in range(count):
                 images, labels, skipped, slot, targets = self._next_batch()
-                self._feed.sent.popleft()
+                planned = self._feed.sent.popleft()
                 labels = torch.from_numpy(labels if targets is None else targets)
                 if slot >= 0:
-                    images, in_slot = self._pool.batch(slot, len(labels))
+                    side = output_size(planned, self.split.transform.size)
+                    images, in_slot = self._pool.batch(slot, len(labels), side)
                     labels = labels if in_slot is None else in_slot
                 received = images, labels, skipped
         except BaseException as error:

@@ -70,12 +70,13 @@ class SampleTransform:
         self.max_pixels = max_pixels
         allow_pixels(max_pixels)
 
-    def sample_ops(self, seeds: np.ndarray) -> list[SampleOps | None]:
-        """The draws of a batch's samples that need no image size, at once (None each in eval mode)."""
+    def sample_ops(self, seeds: np.ndarray, size: int | None = None) -> list[SampleOps | None]:
+        """The draws of a batch's samples that need no image size, at once (None each in eval mode);
+        `size`: the batch's output side, where a size schedule sets it."""
         if not self.train:
             return [None] * len(seeds)
         seeds = np.asarray(seeds, dtype=np.int64)
-        hflip, vflip, op, param = self.augmenter.draw_ops(seeds)
+        hflip, vflip, op, param = self.augmenter.draw_ops(seeds, size)
         return [SampleOps(*row) for row in zip(self.augmenter.crop_uniforms(seeds), hflip.tolist(), vflip.tolist(),
                                                 op.tolist(), param.tolist())]
 
@@ -86,24 +87,29 @@ class SampleTransform:
             return Crop(*box, flip=ops.hflip)
         return center_crop(width, height, self.size, self.crop_pct)
 
-    def __call__(self, where: str | Location, seed: int, ops: SampleOps | None = None) -> torch.Tensor:
-        """The sample's crop, from its file's path or its Location (a shard member)."""
-        ops = ops or self.sample_ops([seed])[0]
-        pixels, crop, _ = load_region(where, lambda w, h: self.crop_for(w, h, ops), self.size,
+    def __call__(self, where: str | Location, seed: int, ops: SampleOps | None = None,
+                 size: int | None = None) -> torch.Tensor:
+        """The sample's crop, from its file's path or its Location (a shard member), at `size`
+        (default transform.size; a size schedule's: the batch's)."""
+        size = size or self.size
+        ops = ops or self.sample_ops([seed], size)[0]
+        pixels, crop, _ = load_region(where, lambda w, h: self.crop_for(w, h, ops), size,
                                    exif_orientation=self.exif_orientation, use_draft=self.use_draft,
                                    max_pixels=self.max_pixels)
-        return self.augment(self.resize(pixels, crop), ops)
+        return self.augment(self.resize(pixels, crop, size), ops)
 
-    def from_pixels(self, pixels: np.ndarray, seed: int, ops: SampleOps | None = None) -> torch.Tensor:
+    def from_pixels(self, pixels: np.ndarray, seed: int, ops: SampleOps | None = None,
+                    size: int | None = None) -> torch.Tensor:
         """Already decoded upright HWC uint8 pixels (the cache's): the crop is chosen from their size."""
-        ops = ops or self.sample_ops([seed])[0]
+        size = size or self.size
+        ops = ops or self.sample_ops([seed], size)[0]
         height, width = pixels.shape[:2]
-        return self.augment(self.resize(torch.from_numpy(pixels), self.crop_for(width, height, ops)), ops)
+        return self.augment(self.resize(torch.from_numpy(pixels), self.crop_for(width, height, ops), size), ops)
 
-    def resize(self, pixels: torch.Tensor, crop: Crop) -> torch.Tensor:
+    def resize(self, pixels: torch.Tensor, crop: Crop, size: int | None = None) -> torch.Tensor:
         """Crop [H, W, 3] to the box (whole pixels, at least one) and resize it to size x size."""
         left, top, right, bottom = crop.pixel_box(pixels.shape[1], pixels.shape[0])
-        out = resize_uint8(pixels[top:bottom, left:right].permute(2, 0, 1), self.size, self.interpolation)
+        out = resize_uint8(pixels[top:bottom, left:right].permute(2, 0, 1), size or self.size, self.interpolation)
         return out.flip(-1) if crop.flip else out
 
     def augment(self, image: torch.Tensor, ops: SampleOps | None) -> torch.Tensor:

@@ -22,6 +22,10 @@ from .ops import IDENTITY, JITTER_KINDS, KIND_IDS, KINDS, TIMM_OPS, TRIVIAL_BINS
 from .policy import Policy, parse_policy
 
 _CROP_SALT, _FLIP_SALT, _OPS_SALT, _JITTER_SALT = 0xC209, 0xF11B, 0x0B5, 0x717E
+_WEIGHTED_SALT, _GREY_SALT, _BLUR_SALT = 0x3E16, 0x6EE7, 0xB1E2
+GREY, BLUR = KIND_IDS["grayscale"], KIND_IDS["gaussian_blur"]
+BLUR_SIGMA = (0.1, 2.0)
+"""gaussian_blur_prob's sigma range: torchvision's GaussianBlur default, which timm's train script uses."""
 _PER_SLOT = 6  # uniforms per RandAugment / AutoAugment slot: choice, coin, 2 noise, sign, spare
 
 
@@ -74,49 +78,66 @@ class Augmenter:
         self.size, self.scale, self.ratio = t.size, t.scale, t.ratio
         self.hflip, self.vflip = t.hflip, t.vflip
         self.policy: Policy | None = parse_policy(t.auto_augment) if t.auto_augment else None
-        self.jitter = jitter_ranges(t.color_jitter) if t.color_jitter is not None and not self.policy else None
+        jitter_on = t.color_jitter is not None and (not self.policy or self.policy.keeps_color_jitter)
+        self.jitter = jitter_ranges(t.color_jitter) if jitter_on else None
         if self.jitter and all(low == high for low, high in self.jitter):
             self.jitter = None  # ColorJitter(0, 0, 0, 0) does nothing
-        self.slots = self.policy.layers if self.policy else 4 if self.jitter else 0
+        self.grayscale_prob, self.blur_prob = t.grayscale_prob, t.gaussian_blur_prob
+        self.extra_slots = (("grayscale",) if self.grayscale_prob > 0 else ()) + (
+            ("gaussian_blur",) if self.blur_prob > 0 else ())
+        """timm's secondary transforms after the policy and the colour jitter, in its order: RandomGrayscale
+        (grayscale_prob), then GaussianBlur (gaussian_blur_prob): one slot each."""
+        self.slots = (self.policy.layers if self.policy else 0) + (4 if self.jitter else 0) + len(self.extra_slots)
         fill_mean = self.policy is None or self.policy.fill_mean
         self.fill = tuple(min(255, round(255 * m)) for m in mean) if fill_mean else (0, 0, 0)
         """What geometric ops uncover: timm's img_mean, or black for TrivialAugmentWide."""
 
     def describe(self) -> str:
-        """The ops part of the log line: the policy, or the colour jitter, or 'none'."""
-        if self.policy:
-            return self.policy.describe()
+        """The ops part of the log line: the policy, the colour jitter, grey and blur, or 'none'."""
+        words = [self.policy.describe()] if self.policy else []
         if self.jitter:
             b, c, s, h = self.jitter
-            return (f"colour jitter: brightness x[{b[0]:g}, {b[1]:g}], contrast x[{c[0]:g}, {c[1]:g}], "
-                    f"saturation x[{s[0]:g}, {s[1]:g}], hue {h[1]:g} turn, in random order")
-        return "none"
+            words.append(f"colour jitter: brightness x[{b[0]:g}, {b[1]:g}], contrast x[{c[0]:g}, {c[1]:g}], "
+                         f"saturation x[{s[0]:g}, {s[1]:g}], hue {h[1]:g} turn, in random order")
+        if self.grayscale_prob > 0:
+            words.append(f"grey with p {self.grayscale_prob:g}")
+        if self.blur_prob > 0:
+            words.append(f"Gaussian blur with p {self.blur_prob:g}, sigma uniform in [{BLUR_SIGMA[0]:g}, "
+                         f"{BLUR_SIGMA[1]:g}]")
+        return "; then ".join(words) or "none"
 
     @cached_property
     def slot_kinds(self) -> tuple[tuple[int, ...], ...]:
         """Per slot, the kind ids (ops.KINDS) its draws can hold, sorted, the identity among them
         where an op's coin can say no (or a jitter component is off): what a backend's graph needs
         a branch for, and no more."""
+        kinds = []
         if self.policy is None:
-            on = [KIND_IDS[name] for name, (low, high) in zip(JITTER_KINDS, self.jitter or ()) if low != high]
-            kinds = [set(on) | ({IDENTITY} if len(on) < len(JITTER_KINDS) else set())] * self.slots
+            pass
         elif self.policy.family == "rand":
             kinds = [{TIMM_OPS[name].kind_id for name in self.policy.ops}
-                     | ({IDENTITY} if self.policy.prob < 1 else set())] * self.slots
+                     | ({IDENTITY} if self.policy.prob < 1 else set())] * self.policy.layers
         elif self.policy.family == "auto":
             subs = self.policy.sub_policies
             kinds = [{TIMM_OPS[sub[slot][0]].kind_id for sub in subs}
-                     | ({IDENTITY} if any(sub[slot][1] < 1 for sub in subs) else set()) for slot in range(self.slots)]
+                     | ({IDENTITY} if any(sub[slot][1] < 1 for sub in subs) else set())
+                     for slot in range(self.policy.layers)]
         else:
             kinds = [{op.kind_id for op in TRIVIAL_OPS}]
+        if self.jitter:
+            on = [KIND_IDS[name] for name, (low, high) in zip(JITTER_KINDS, self.jitter) if low != high]
+            kinds += [set(on) | ({IDENTITY} if len(on) < len(JITTER_KINDS) else set())] * 4
+        probs = {"grayscale": self.grayscale_prob, "gaussian_blur": self.blur_prob}
+        kinds += [{KIND_IDS[name]} | ({IDENTITY} if probs[name] < 1 else set()) for name in self.extra_slots]
         return tuple(tuple(sorted(slot)) for slot in kinds)
 
     # -- the draws ---------------------------------------------------------------------------------
 
-    def draw(self, seeds: np.ndarray, sizes: np.ndarray) -> Draws:
-        """Every parameter of a batch: seeds int64 [B], upright sizes int64 [B, 2] (height, width)."""
+    def draw(self, seeds: np.ndarray, sizes: np.ndarray, size: int | None = None) -> Draws:
+        """Every parameter of a batch: seeds int64 [B], upright sizes int64 [B, 2] (height, width);
+        `size`: the batch's output side (default transform.size; a size schedule's: the batch's)."""
         seeds = np.asarray(seeds, dtype=np.int64)
-        hflip, vflip, op, param = self.draw_ops(seeds)
+        hflip, vflip, op, param = self.draw_ops(seeds, size)
         return Draws(self.crops(seeds, sizes), hflip, vflip, op, param)
 
     def crops(self, seeds: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -132,22 +153,41 @@ class Augmenter:
         """int64 [B, 4] boxes from crop_uniforms' rows and upright sizes [B, 2] (height, width)."""
         return random_resized_boxes(uniforms, sizes, self.scale, self.ratio)
 
-    def draw_ops(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(hflip, vflip, op, param) of a batch: what does not depend on the image's size."""
+    def draw_ops(self, seeds: np.ndarray, size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                            np.ndarray]:
+        """(hflip, vflip, op, param) of a batch: what does not depend on the image's size (but
+        TrivialAugmentWide's whole-pixel translations on the output side, `size`)."""
         seeds = np.asarray(seeds, dtype=np.int64)
         flips = seeded_uniform(seeds, _FLIP_SALT, 2)
         hflip, vflip = flips[:, 0] < self.hflip, flips[:, 1] < self.vflip
-        if self.policy is None and self.jitter is None:
-            return hflip, vflip, np.zeros((len(seeds), 0), np.int32), np.zeros((len(seeds), 0), np.float32)
+        parts = []
         if self.policy is None:
-            op, param = self._jitter(seeds)
+            pass
         elif self.policy.family == "rand":
-            op, param = self._rand(seeds)
+            parts.append(self._rand(seeds))
         elif self.policy.family == "auto":
-            op, param = self._auto(seeds)
+            parts.append(self._auto(seeds))
         else:
-            op, param = self._trivial(seeds)
+            parts.append(self._trivial(seeds, size or self.size))
+        if self.jitter is not None:
+            parts.append(self._jitter(seeds))
+        parts += [self._extra(seeds, name) for name in self.extra_slots]
+        if not parts:
+            return hflip, vflip, np.zeros((len(seeds), 0), np.int32), np.zeros((len(seeds), 0), np.float32)
+        op = np.concatenate([part[0] for part in parts], axis=1)
+        param = np.concatenate([part[1] for part in parts], axis=1)
         return hflip, vflip, op.astype(np.int32), param.astype(np.float32)
+
+    def _extra(self, seeds: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """timm's RandomGrayscale (grayscale_prob), or RandomApply of GaussianBlur with sigma uniform
+        in BLUR_SIGMA (gaussian_blur_prob): one slot, identity where the coin says no."""
+        if name == "grayscale":
+            u = seeded_uniform(seeds, _GREY_SALT, 1)
+            return np.where(u[:, :1] < self.grayscale_prob, GREY, IDENTITY), np.zeros((len(seeds), 1))
+        u = seeded_uniform(seeds, _BLUR_SALT, 2)
+        on = u[:, :1] < self.blur_prob
+        sigma = BLUR_SIGMA[0] + (BLUR_SIGMA[1] - BLUR_SIGMA[0]) * u[:, 1:]
+        return np.where(on, BLUR, IDENTITY), np.where(on, sigma, 0.0)
 
     def _levels(self, base: np.ndarray, u1: np.ndarray, u2: np.ndarray) -> np.ndarray:
         """timm's AugmentOp magnitude: normal noise (Box-Muller) of std mstd around the level, or
@@ -162,9 +202,10 @@ class Augmenter:
         return np.clip(level, 0.0, self.policy.magnitude_max)
 
     def _apply(self, names: tuple[str, ...], choice: np.ndarray, level: np.ndarray, sign: np.ndarray,
-               applied: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+               applied: np.ndarray, spare: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Kind ids and parameters of timm ops chosen by index into `names` (a loop over the op
-        table, not over samples); identity where the op's coin said no."""
+        table, not over samples); identity where the op's coin said no. An op that draws its
+        parameter (GaussianBlurRand's radius) takes the slot's spare uniform."""
         op = np.full(choice.shape, IDENTITY, np.int64)
         param = np.zeros(choice.shape, np.float64)
         for index, name in enumerate(names):
@@ -172,7 +213,7 @@ class Augmenter:
             if chosen.any():
                 policy_op = TIMM_OPS[name]
                 op[chosen] = policy_op.kind_id
-                param[chosen] = policy_op.params(level[chosen], sign[chosen])
+                param[chosen] = policy_op.params(level[chosen], (spare if policy_op.draws_uniform else sign)[chosen])
         return op, param
 
     def _rand(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -181,28 +222,32 @@ class Augmenter:
         p = self.policy
         u = seeded_uniform(seeds, _OPS_SALT, p.layers * _PER_SLOT).reshape(len(seeds), p.layers, _PER_SLOT)
         choice = np.minimum(np.floor(u[..., 0] * len(p.ops)), len(p.ops) - 1).astype(np.int64)
+        if p.weights is not None:  # timm: N ops without replacement, by weight (Gumbel top-N: the same law)
+            keys = np.log(np.asarray(p.weights)) - np.log(-np.log1p(-seeded_uniform(seeds, _WEIGHTED_SALT,
+                                                                                      len(p.ops))))
+            choice = np.argsort(-keys, axis=1, kind="stable")[:, :p.layers]
         applied = u[..., 1] <= p.prob
         level = self._levels(np.float64(p.magnitude), u[..., 2], u[..., 3])
         sign = np.where(u[..., 4] > 0.5, -1.0, 1.0)
-        return self._apply(p.ops, choice, level, sign, applied)
+        return self._apply(p.ops, choice, level, sign, applied, u[..., 5])
 
     def _auto(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """timm's AutoAugment: one sub-policy uniformly, then each of its two ops with its own
-        probability and level (plus the magnitude noise, when mstd is set)."""
-        subs = self.policy.sub_policies
+        """timm's AutoAugment: one sub-policy uniformly, then each of its ops (two; one for 3a) with
+        its own probability and level (plus the magnitude noise, when mstd is set)."""
+        subs, layers = self.policy.sub_policies, self.policy.layers
         names = tuple(sorted({name for sub in subs for name, _, _ in sub}))
         table_op = np.array([[names.index(name) for name, _, _ in sub] for sub in subs])
         table_prob = np.array([[prob for _, prob, _ in sub] for sub in subs])
         table_level = np.array([[level for _, _, level in sub] for sub in subs], dtype=np.float64)
-        u = seeded_uniform(seeds, _OPS_SALT, 1 + 2 * _PER_SLOT)
+        u = seeded_uniform(seeds, _OPS_SALT, 1 + layers * _PER_SLOT)
         sub = np.minimum(np.floor(u[:, 0] * len(subs)), len(subs) - 1).astype(np.int64)
-        u = u[:, 1:].reshape(len(seeds), 2, _PER_SLOT)
+        u = u[:, 1:].reshape(len(seeds), layers, _PER_SLOT)
         applied = u[..., 1] <= table_prob[sub]
         level = self._levels(table_level[sub], u[..., 2], u[..., 3])
         sign = np.where(u[..., 4] > 0.5, -1.0, 1.0)
-        return self._apply(names, table_op[sub], level, sign, applied)
+        return self._apply(names, table_op[sub], level, sign, applied, u[..., 5])
 
-    def _trivial(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _trivial(self, seeds: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
         """torchvision's TrivialAugmentWide: one op uniformly, one of 31 magnitude bins uniformly,
         negated when a coin is <= 0.5 where the op is signed."""
         u = seeded_uniform(seeds, _OPS_SALT, 3)
@@ -220,7 +265,7 @@ class Augmenter:
                 magnitude = np.where(u[chosen, 2] <= 0.5, -magnitude, magnitude)
             kind = KINDS[trivial.kind_id]
             op[chosen] = trivial.kind_id
-            param[chosen] = np.clip(trivial.to_param(magnitude, self.size), kind.low, kind.high)
+            param[chosen] = np.clip(trivial.to_param(magnitude, size), kind.low, kind.high)
         return op[:, None], param[:, None]
 
     def _jitter(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

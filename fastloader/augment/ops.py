@@ -55,12 +55,16 @@ KINDS: tuple[Kind, ...] = (
     Kind("brightness", "factor: blend with black (0 black, 1 unchanged)", 0),
     Kind("sharpness", "factor: blend with the 3x3 smoothed image (0 smooth, 1 unchanged)", 0),
     Kind("hue", "fraction of a turn, rotating chroma in YIQ space (as DALI's hue)", -0.5, 0.5),
+    Kind("grayscale", "none: the grey (ITU-R 601 luma) image in all three channels, as color(0)"),
+    Kind("gaussian_blur", "sigma in pixels: a Gaussian kernel 2 ceil(3 sigma) + 1 wide, the border reflected "
+                          "(DALI's default window, torchvision's reflect padding)", 0.1, 16.0),
 )
 KIND_IDS = {kind.name: i for i, kind in enumerate(KINDS)}
 IDENTITY = KIND_IDS["identity"]
 
 Mapping = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""(level float [...], sign +-1 [...]) -> the kind's parameter, before the clamp to its range."""
+"""(level float [...], sign +-1 [...]) -> the kind's parameter, before the clamp to its range; for an
+op that draws its parameter (`draws_uniform`), a uniform in [0, 1) in place of the sign."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class PolicyOp:
     name: str
     kind: str
     to_param: Mapping | None = None  # None: the kind takes no parameter
+    draws_uniform: bool = False  # the mapping takes a uniform in [0, 1) where others take the sign
 
     @property
     def kind_id(self) -> int:
@@ -106,6 +111,21 @@ def _solarize_threshold(level):
     return np.minimum(256, np.trunc(_frac(level) * 256))
 
 
+def _minmax(level, low: float, high: float):
+    """timm's _minmax_level_to_arg: low + (high - low) x level / 10, clamped to [low, high]."""
+    return np.clip(low + (high - low) * _frac(level), low, high)
+
+
+def _desaturate(level, sign):
+    """timm's Desaturate: ImageEnhance.Color with factor 1 - minmax(level, 0.5, 1), i.e. 0 (grey) at level 10."""
+    return np.clip(1.0 - _minmax(level, 0.5, 1.0), 0.0, 1.0)
+
+
+def _blur_random(level, uniform):
+    """timm's GaussianBlurRand: a radius (sigma) uniform in [0.1, 2 x minmax(level, 0, 1)]."""
+    return 0.1 + (2.0 * _minmax(level, 0.0, 1.0) - 0.1) * uniform
+
+
 _TIMM_OPS = (
     PolicyOp("AutoContrast", "auto_contrast"),
     PolicyOp("Equalize", "equalize"),
@@ -129,6 +149,9 @@ _TIMM_OPS = (
     PolicyOp("ShearY", "shear_y", _signed(0.3)),
     PolicyOp("TranslateXRel", "translate_x", _signed(0.45)),
     PolicyOp("TranslateYRel", "translate_y", _signed(0.45)),
+    PolicyOp("Desaturate", "color", _desaturate),
+    PolicyOp("GaussianBlur", "gaussian_blur", lambda level, sign: _minmax(level, 0.1, 2.0)),
+    PolicyOp("GaussianBlurRand", "gaussian_blur", _blur_random, draws_uniform=True),
 )
 """timm's RandAugment / AutoAugment ops (timm/data/auto_augment.py, LEVEL_TO_ARG), by timm's name."""
 

@@ -192,6 +192,10 @@ def first_samples(loader, n: int):
             break
     if not labels:
         return torch.empty(0, 3, 1, 1), torch.empty(0, dtype=torch.int64)
+    side = max(batch.shape[-1] for batch in images)  # a size per batch (transform.sizes): shown at the largest
+    images = [batch if batch.shape[-1] == side else
+              torch.nn.functional.interpolate(batch.float(), size=(side, side), mode="nearest").to(batch.dtype)
+              for batch in images]
     return torch.cat(images), torch.cat(labels)
 
 

@@ -1,0 +1,86 @@
+"""The output size of each train batch: the transform's size, a ramp over the epochs
+(`progressive`, FFCV's start_ramp / end_ramp), or one size drawn per batch (`sizes`, timm's
+--train-img-sizes). A pure function of (config, seed, epoch, step), so that every rank, both
+backends and a resumed run give a batch the same size; the sampler carries it with each batch
+(fastloader.order: a third column of the planned batch) to whichever backend decodes it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .order import seeded_uniform
+from .schema import TransformConfig
+
+_SIZE_SALT = 0x512E5
+_MIX = (0x9E3779B1, 0x85EBCA77)
+
+
+def ramp_size(epoch: int, min_size: int, size: int, start_epoch: int, end_epoch: int, multiple: int) -> int:
+    """FFCV's ramp: min_size up to start_epoch, size from end_epoch, linear between them, rounded down
+    to `multiple` (never below min_size, never above size)."""
+    if epoch <= start_epoch:
+        return min_size
+    if epoch >= end_epoch:
+        return size
+    linear = min_size + (size - min_size) * (epoch - start_epoch) / (end_epoch - start_epoch)
+    return int(min(size, max(min_size, linear // multiple * multiple)))
+
+
+class Resolution:
+    """A train split's size schedule (TransformConfig's size, progressive, sizes)."""
+
+    def __init__(self, transform: TransformConfig, seed: int):
+        self.size, self.ramp, self.choices = transform.size, transform.progressive, transform.sizes
+        self.seed = int(seed)
+
+    @property
+    def fixed(self) -> bool:
+        """Every batch at transform.size: no column of sizes travels with the batches."""
+        return self.ramp is None and self.choices is None
+
+    @property
+    def per_batch(self) -> bool:
+        return self.choices is not None
+
+    @property
+    def largest(self) -> int:
+        """The largest size any batch gets: what buffers are sized for."""
+        return max(self.choices) if self.choices else self.size
+
+    def epoch_size(self, epoch: int) -> int:
+        """The size of the epoch's batches; with a size per batch, the largest they may have."""
+        if self.ramp is not None:
+            r = self.ramp
+            return ramp_size(epoch, r.min_size, self.size, r.start_epoch, r.end_epoch, r.multiple)
+        return self.largest
+
+    def batch_sizes(self, epoch: int, steps: np.ndarray) -> np.ndarray:
+        """int64 [len(steps)]: the size of each global step of the epoch (a step: one batch on every
+        rank, so all ranks draw the same size for it)."""
+        steps = np.asarray(steps, dtype=np.int64)
+        if self.choices is None:
+            return np.full(len(steps), self.epoch_size(epoch), dtype=np.int64)
+        salt = (self.seed * _MIX[0] + int(epoch) * _MIX[1] + _SIZE_SALT) % (1 << 63)
+        u = seeded_uniform(steps, salt, 1)[:, 0]
+        choice = np.minimum(np.floor(u * len(self.choices)), len(self.choices) - 1).astype(np.int64)
+        return np.asarray(self.choices, dtype=np.int64)[choice]
+
+    def describe(self, epoch: int | None = None) -> str:
+        """For logs: 'size 160 px', or the schedule."""
+        if self.choices is not None:
+            return f"a size per batch from {', '.join(map(str, self.choices))} px (drawn per step, every rank alike)"
+        if self.ramp is None:
+            return f"size {self.size} px"
+        r = self.ramp
+        now = f"size {self.epoch_size(epoch)} px; " if epoch is not None else ""
+        return (f"{now}progressive {r.min_size} px up to epoch {r.start_epoch}, {self.size} px from epoch "
+                f"{r.end_epoch}, multiples of {r.multiple} between")
+
+    def key(self) -> str:
+        """What a loader state records: another schedule would replay other sizes."""
+        if self.choices is not None:
+            return "sizes " + ",".join(map(str, self.choices))
+        if self.ramp is None:
+            return f"size {self.size}"
+        r = self.ramp
+        return f"progressive {r.min_size}-{self.size} e{r.start_epoch}-e{r.end_epoch} /{r.multiple}"
