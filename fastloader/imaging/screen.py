@@ -150,35 +150,6 @@ def unreadable(location: Location, error: OSError) -> str:
     return f"unreadable: {error.strerror or error}"
 
 
-def _screen_open(path: str, handle, size: int, max_pixels: int) -> Screened:
-    """The header check of `size` bytes open in `handle` (a file, or bytes in memory)."""
-    if size == 0:
-        return Screened(path, problem="empty file")
-    head = handle.read(32)
-    found = sniff(head)
-    handle.seek(0)
-    try:
-        with Image.open(handle) as image:
-            fmt = found or _PILLOW_ALIASES.get(image.format or "", image.format)
-            height, width, turned = _stored_size(handle, image, fmt)
-    except UnidentifiedImageError:
-        return Screened(path, found, problem=_unidentified(found, head))
-    except Image.DecompressionBombError as error:
-        pixels = _BOMB_MESSAGE.search(str(error))
-        count = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
-        return Screened(path, found, problem=f"decompression bomb: {count}, Pillow refuses it")
-    except Exception as error:  # a plugin that chokes on a damaged header
-        return Screened(path, found, problem=f"{found or 'image'} header does not parse: {error_text(error)}")
-    if width * height > max_pixels:
-        return Screened(path, fmt, width, height, bomb_problem(width, height, max_pixels))
-    if fmt in ("JPEG", "PNG"):
-        handle.seek(max(0, size - TAIL_BYTES))
-        problem = _tail_problem(fmt, handle.read())
-        if problem:
-            return Screened(path, fmt, width, height, problem, turned)
-    return Screened(path, fmt, width, height, turned=turned)
-
-
 def screen_bytes(name: str, data: bytes, max_pixels: int = BOMB_PIXELS) -> Screened:
     """The header check of bytes already read (what `fastloader pack` is about to write): the same
     checks as screen_file, on exactly those bytes."""
@@ -186,7 +157,8 @@ def screen_bytes(name: str, data: bytes, max_pixels: int = BOMB_PIXELS) -> Scree
 
 
 def _screen_open(path: str, handle, size: int, max_pixels: int) -> Screened:
-    """The header check of an open file of `size` bytes: format, dimensions and the end marker."""
+    """The header check of `size` bytes open in `handle` (a file, or bytes in memory): format,
+    dimensions and the end marker."""
     if size == 0:
         return Screened(path, problem="empty file")
     head = handle.read(32)
