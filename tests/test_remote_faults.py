@@ -180,3 +180,37 @@ def test_a_full_cache_disk_stops_the_epoch_naming_cache_dir_and_the_limit_with_n
     left = [p for p in disk.iterdir() if p.is_file()]
     for shard in [p for p in left if p.name.endswith(".tar")]:
         assert shard.stat().st_size == (folder / shard.name.split("-", 2)[2]).stat().st_size
+
+
+def test_a_download_completing_while_the_cache_counts_its_bytes_is_counted_once_not_missed(tmp_path):
+    """Device: none (the node cache alone, real files, real threads). The cache counts its complete
+    shards, then its partial downloads; a download renamed complete between the two counts was in
+    neither, so one more shard was let in over the limit (CI: 3 shards held under a limit of 2). The
+    rename now waits for the count: here it is started while the count is between its two scans."""
+    from fastloader.sources import node_cache
+
+    size = 1000
+    cache = node_cache.NodeCache(tmp_path / "node", limit=2 * size, concurrency=1)
+    old = tmp_path / "node" / f"{'a' * 16}-{size}-old.tar"
+    old.write_bytes(b"\0" * size)
+    partial = tmp_path / "node" / f".{'b' * 16}-{size}-new.tar.host-1-0.partial"
+    partial.write_bytes(b"\0" * size)
+    renamed = threading.Event()
+
+    def commit():
+        cache._commit(partial, tmp_path / "node" / f"{'b' * 16}-{size}-new.tar")
+        renamed.set()
+
+    class Counting(node_cache.NodeCache):
+        def _entries(self):
+            found = super()._entries()  # the complete shards: `old`, not yet `new`
+            threading.Thread(target=commit).start()
+            renamed.wait(0.5)  # before the fix, the rename lands here, before the partials are counted
+            return found
+
+    cache.__class__ = Counting
+    with cache._locked(cache.folder / ".account.lock"):  # as _reserve holds it around _evict
+        fits = cache._evict(size)
+    renamed.wait(5)
+    held = sum(p.stat().st_size for p in (tmp_path / "node").iterdir() if p.name.endswith(".tar"))
+    assert fits and held == size, (fits, held)  # `old` evicted to make room: the new shard was counted

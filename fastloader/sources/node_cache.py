@@ -240,7 +240,7 @@ class NodeCache:
                 raise
             if fetched[0] != info.size or os.fstat(fd).st_size != info.size:
                 raise StoreError(f"{info.url}: fetched {fetched[0]} bytes, the store said {info.size}")
-            os.rename(partial, entry)
+            self._commit(partial, entry)
             with self.lock:
                 self.counters.fetched_shards += 1
         except BaseException:
@@ -248,6 +248,13 @@ class NodeCache:
             raise
         finally:
             os.close(fd)
+
+    def _commit(self, partial: Path, entry: Path) -> None:
+        """Give a complete download its name, under the account lock: `_evict` counts the complete
+        shards and then the partial ones, and a rename between the two counts would hide the shard
+        from both, letting one more in over the limit."""
+        with self._locked(self.folder / ".account.lock"):
+            os.rename(partial, entry)
 
     def _reserve(self, info: remote.ObjectInfo, fd: int) -> None:
         """Room for the shard within the limit (evicting), then its bytes allocated on the disk, under
