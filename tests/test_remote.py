@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -53,10 +54,13 @@ def test_shards_in_s3_give_the_local_shards_samples_labels_order_and_pixels(tmp_
             assert store_labels == disk_labels, (split, epoch)
             for ours, theirs in zip(store_images, disk_images, strict=True):
                 assert torch.equal(ours, theirs)
+            # torch workers start at build and may fetch a first shard before the loop's count begins
             fetched = in_store.stats.fetched_shards
-            assert fetched == (4 if epoch == 0 else 0), (split, epoch, fetched)
+            assert fetched <= 4 if epoch == 0 else fetched == 0, (split, epoch, fetched)
+            cached = sorted(p.name.split("-", 2)[2] for p in (tmp_path / "node").iterdir() if p.name.endswith(".tar"))
+            assert [name for name in cached if name.startswith(split)] == [f"{split}-{n:06d}.tar" for n in range(4)]
     assert in_store.index.path(0).startswith(f"{url}/val-000000.tar:")
-    assert "fetched 4 shards" in caplog.text and "to read from s3://" in caplog.text
+    assert re.search(r"fetched [1-4] shards? \(", caplog.text) and "to read from s3://" in caplog.text
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
