@@ -129,6 +129,9 @@ class Containers:
         self.sizes = np.maximum.reduceat(ends, first) if len(first) else np.zeros(0, np.int64)
         """Bytes of each container: up to the end of its last sample (`of` takes the whole file's)."""
         self.num_samples = len(container)
+        self.file_of: np.ndarray | None = None
+        """Each container's file (ByteRanges.files) where containers are row groups (`_row_groups`);
+        None: the containers are the files."""
 
     @classmethod
     def of(cls, ranges) -> "Containers":
@@ -145,7 +148,6 @@ class Containers:
             containers.sizes = np.maximum(containers.sizes, whole[containers.number])
         return containers
 
-
     @classmethod
     def _row_groups(cls, ranges, table_row: np.ndarray) -> "Containers":
         """Parquet rows read with their row group (compressed pages): each row group is a container of
@@ -159,9 +161,6 @@ class Containers:
         containers = cls(group, np.zeros_like(ends), ends)
         containers.file_of = file[new]
         return containers
-
-    file_of: np.ndarray | None = None
-    """Each container's file (ByteRanges.files) where containers are row groups; None: the containers are the files."""
 
 
 class Block(NamedTuple):
