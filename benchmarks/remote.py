@@ -44,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import harness
@@ -77,21 +76,6 @@ def pack(data: Path, out: Path, per_shard: int) -> list[Path]:
                     "--per-shard", str(per_shard), "--set", f"dataset.root={data}"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return sorted(out.glob("train-*.tar"))
-
-
-def upload(store, folder: Path) -> str:
-    """Every file of `folder` under s3://bench/shards/, straight to the server; that URL."""
-    import obstore
-    from objectstore import ACCESS_KEY, REGION, SECRET_KEY
-    from obstore.store import S3Store
-
-    store.make_bucket("bench")
-    bucket = S3Store("bench", endpoint=store.server, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
-                     region=REGION, client_options={"allow_http": True})
-    files = sorted(p for p in folder.iterdir() if p.is_file())
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda p: obstore.put(bucket, f"shards/{p.name}", p.read_bytes()), files))
-    return "s3://bench/shards"
 
 
 def config_for(backend: str, shards: str, block_bytes: int, args: argparse.Namespace,
@@ -200,6 +184,7 @@ def main() -> int:
     if skipped:
         print(f"skipped Streaming: {skipped}")
     from objectstore import start_server, stop_server
+    from remotefiles import uploaded
 
     results: dict = {"backends": {}, "streaming": {"skipped": skipped}}
     with tempfile.TemporaryDirectory(prefix="remote_bench_") as work:
@@ -210,7 +195,7 @@ def main() -> int:
         block = cache_limit // 2  # what a remote split takes by default: two blocks fit the cache
         store = start_server()
         try:
-            url = upload(store, work / "shards")
+            url = uploaded(store, "bench", work / "shards", prefix="shards")  # as the tests upload
             os.environ.update(store.environment())
             results.update(shards=len(shards), data_bytes=data_bytes, cache_limit=cache_limit,
                            latency_ms=args.latency_ms, cores=os.cpu_count(), date=time.strftime("%Y-%m-%d"))
