@@ -52,7 +52,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import ConfigError, StoreError
+from ..machine import human_bytes
 from ..paths import remote_cache_folder
+from ..words import plural
 from . import remote
 from .reading import ContainerChanged, Identity, Location
 
@@ -109,8 +111,8 @@ class NodeCache:
             raise ConfigError(f"dataset.remote.cache_dir: {self.folder} cannot be made ({error.strerror}); set "
                               f"dataset.remote.cache_dir to a folder on a local disk") from None
         self.limit = limit if limit is not None else self._default_limit()
-        self.limit_words = (f"dataset.remote.cache_limit: {_size(self.limit)}" if limit is not None else
-                            f"{_size(self.limit)}, {FREE_SHARE:.0%} of the space free on its disk at start "
+        self.limit_words = (f"dataset.remote.cache_limit: {human_bytes(self.limit)}" if limit is not None else
+                            f"{human_bytes(self.limit)}, {FREE_SHARE:.0%} of the space free on its disk at start "
                             f"(dataset.remote.cache_limit sets it)")
         self.repair()
 
@@ -176,7 +178,7 @@ class NodeCache:
             self._evict(0)
         if removed:
             log.info("node cache %s: removed %s a killed run left (%s)", self.folder,
-                     _count(len(removed), "unfinished download"), ", ".join(removed[:3]) +
+                     plural(len(removed), "unfinished download"), ", ".join(removed[:3]) +
                      (" ..." if len(removed) > 3 else ""))
 
     def _evict(self, needed: int) -> bool:
@@ -260,7 +262,7 @@ class NodeCache:
         """Room for the shard within the limit (evicting), then its bytes allocated on the disk, under
         the account lock, so that processes fetching at once never pass the limit together."""
         if info.size > self.limit:
-            raise StoreError(f"{info.url} ({_size(info.size)}) is larger than the node cache's limit, "
+            raise StoreError(f"{info.url} ({human_bytes(info.size)}) is larger than the node cache's limit, "
                              f"{self.limit_words}; raise dataset.remote.cache_limit")
         deadline = time.monotonic() + remote.settings().retry_timeout
         while True:
@@ -274,16 +276,18 @@ class NodeCache:
                         raise
                     return
             if time.monotonic() > deadline:
-                raise StoreError(f"the node cache {self.folder} cannot make room for {info.url} ({_size(info.size)}) "
-                                 f"within {self.limit_words}: the shards in it are all being read or fetched. "
-                                 f"Raise dataset.remote.cache_limit, or lower dataset.remote.concurrency")
+                raise StoreError(f"the node cache {self.folder} cannot make room for {info.url} "
+                                 f"({human_bytes(info.size)}) within {self.limit_words}: the shards in it are all "
+                                 f"being read or fetched. Raise dataset.remote.cache_limit, or lower "
+                                 f"dataset.remote.concurrency")
             time.sleep(0.05)
 
     def _full(self, info: remote.ObjectInfo, error: OSError) -> StoreError:
         free = shutil.disk_usage(self.folder).free
-        return StoreError(f"the disk of the node cache {self.folder} is full ({error.strerror}): {_size(free)} free, "
-                          f"and {info.url} needs {_size(info.size)}; its limit is {self.limit_words}. Free space "
-                          f"there, set dataset.remote.cache_dir to a larger disk, or lower dataset.remote.cache_limit "
+        return StoreError(f"the disk of the node cache {self.folder} is full ({error.strerror}): "
+                          f"{human_bytes(free)} free, and {info.url} needs {human_bytes(info.size)}; its limit "
+                          f"is {self.limit_words}. Free space there, set dataset.remote.cache_dir to a larger disk, "
+                          f"or lower dataset.remote.cache_limit "
                           f"below the space the disk has; nothing half-written was kept")
 
     # -- reading ---------------------------------------------------------------------------------
@@ -359,16 +363,6 @@ def _allocate(fd: int, size: int) -> None:
         if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
         os.ftruncate(fd, size)  # a file system without fallocate: a full disk is found while writing
-
-
-def _size(count: int) -> str:
-    from ..machine import human_bytes
-    return human_bytes(count)
-
-
-def _count(count: int, noun: str) -> str:
-    from ..words import plural
-    return plural(count, noun)
 
 
 # -- forked readers ask the owner ----------------------------------------------------------------------
@@ -524,8 +518,9 @@ class Plan:
         total = sum(info.size for info in infos)
         log.log(logging.INFO if present < len(infos) else logging.DEBUG,  # quiet once all are here
                 "%s: %s (%s) to read from %s, %d already in the node cache %s (limit %s); fetching ahead, %d at "
-                "a time", label, _count(len(infos), "shard"), _size(total), remote.common_root([i.url for i in infos]),
-                present, cache.folder, _size(cache.limit), cache.concurrency)
+                "a time", label, plural(len(infos), "shard"), human_bytes(total),
+                remote.common_root([i.url for i in infos]), present, cache.folder, human_bytes(cache.limit),
+                cache.concurrency)
         self.threads = [threading.Thread(target=self._work, name=f"fastloader-fetch-{i}", daemon=True)
                         for i in range(min(cache.concurrency, len(infos)))]
         for thread in self.threads:
