@@ -33,7 +33,7 @@ from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError, add_note, error_text, refused_file
 from fastloader.imaging.screen import BOMB_PIXELS, DALI_FORMATS, Screened, read_screened
-from fastloader.order import output_size, substitutes
+from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
 from fastloader.schema import Config, SplitConfig
@@ -74,8 +74,11 @@ class _Feed:
     def __init__(self, index: SampleIndex, split: SplitConfig, substitutes: dict[int, str],
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
                  stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
-                 max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False):
+                 max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False,
+                 draws: WeightedDraws | None = None):
         self.index = index
+        self.draws = draws
+        """The split's weighted draws, if any: a refilled slot's substitutes are drawn by them."""
         self.sized = sized
         """The planned batches carry their output size (a size schedule): fed with the draws."""
         self.pixels = pixels
@@ -146,7 +149,7 @@ class _Feed:
     def substitute(self, seed: int) -> tuple[int, tuple[np.ndarray, tuple[int, int]] | None]:
         """The first substitute for a train slot of this seed that can be fed, and what `take` gave
         for it; (-1, None) where none can."""
-        for sample in substitutes(seed, len(self.index)):
+        for sample in substitutes(seed, len(self.index), self.draws):
             taken = self.take(sample)
             if taken is not None:
                 return sample, taken
@@ -250,7 +253,7 @@ class DaliLoader(Loader):
         self._feed = _Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
                            prepared.sizes, self.augmentation, config.dataset.max_pixels,
                            refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
-                           sized=self.order.resolution is not None)
+                           sized=self.order.resolution is not None, draws=prepared.draws)
         self._pipe = self._build()
         self._pid = os.getpid()  # a forked child cannot run the pipeline: DALI's threads stay here
         self._stream = torch.cuda.Stream(device) if self.flavour == "gpu" else None

@@ -80,14 +80,18 @@ def seeded_uniform(seeds: np.ndarray, salt: int, count: int) -> np.ndarray:
     return (_splitmix64(streams) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def substitutes(seed: int, num_samples: int) -> list[int]:
+def substitutes(seed: int, num_samples: int, draws: WeightedDraws | None = None) -> list[int]:
     """The samples that may take a train slot's place, in the order they are tried, when the slot's
-    file cannot be decoded: drawn uniformly from the split from the slot's augmentation seed, so
-    that both backends, every rank and a resumed run fill it alike. The substitute keeps the slot's
-    seed (its crop, flips, ops, erasing and mixing are the slot's), so a batch keeps its size and
-    its draws; only the sample, and so the pixels and label, change."""
-    draws = seeded_uniform(np.array([seed], dtype=np.int64), _SUBSTITUTE_SALT, SUBSTITUTE_TRIES)[0]
-    return np.minimum((draws * num_samples).astype(np.int64), num_samples - 1).tolist()
+    file cannot be decoded: drawn from the slot's augmentation seed, so that both backends, every
+    rank and a resumed run fill it alike; uniformly from the split, or by the split's weighted
+    `draws` where it has them (so a sample of weight 0 never fills a slot, and the classes keep the
+    shares the weights give). The substitute keeps the slot's seed (its crop, flips, ops, erasing and
+    mixing are the slot's), so a batch keeps its size and its draws; only the sample, and so the
+    pixels and label, change."""
+    uniform = seeded_uniform(np.array([seed], dtype=np.int64), _SUBSTITUTE_SALT, SUBSTITUTE_TRIES)[0]
+    if draws is not None:
+        return draws.pick(uniform).tolist()
+    return np.minimum((uniform * num_samples).astype(np.int64), num_samples - 1).tolist()
 
 
 def output_size(batch: np.ndarray, default: int) -> int:
@@ -314,6 +318,11 @@ class WeightedDraws:
         np.minimum(drawn, self.last, out=drawn)
         rng.shuffle(drawn)
         return drawn
+
+    def pick(self, uniform: np.ndarray) -> np.ndarray:
+        """int64: the sample each uniform float in [0, 1) lands on, in proportion to the weights."""
+        picked = np.searchsorted(self.cumulative, uniform * self.total, side="right").astype(np.int64)
+        return np.minimum(picked, self.last)
 
     def draw_numbers(self, places: np.ndarray, n: int) -> np.ndarray:
         """Each place's draw, from 1: every draw its own augmentation seed."""

@@ -19,7 +19,7 @@ from test_order import global_order
 from fastloader import build_loader
 from fastloader.config import load_config
 from fastloader.errors import ConfigError
-from fastloader.order import EpochOrder, Passes, WeightedDraws, uniform_permutation
+from fastloader.order import SUBSTITUTE_TRIES, EpochOrder, Passes, WeightedDraws, substitutes, uniform_permutation
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
     not __import__("importlib").util.find_spec("nvidia.dali"), reason="NVIDIA DALI is not installed"))]
@@ -57,6 +57,19 @@ def test_draws_are_a_function_of_seed_and_epoch():
                                                                                          draws(2, 4, 100))
     assert len(draws(1, 4, 100)) == 500 and draws(1, 4, 100).dtype == np.int64
     assert draws.digest != WeightedDraws(np.arange(2.0, 102.0), size=500).digest
+
+
+def test_a_failed_files_substitutes_are_drawn_by_the_weights():
+    """A train slot whose file fails at decode time is refilled from the slot's seed: by the weights
+    where the split has them (a sample of weight 0 never fills it), uniformly where it has none."""
+    weights = np.array([0, 1, 2, 3, 4, 0, 10, 0.5])
+    draws = WeightedDraws(weights, size=100)
+    tried = np.array([substitutes(seed, len(weights), draws) for seed in range(20_000)])
+    assert tried.shape == (20_000, SUBSTITUTE_TRIES)
+    within_binomial(np.bincount(tried.ravel(), minlength=8), weights / weights.sum(), tried.size)
+    uniform = np.array([substitutes(seed, 8) for seed in range(20_000)])
+    within_binomial(np.bincount(uniform.ravel(), minlength=8), np.full(8, 1 / 8), uniform.size)
+    assert substitutes(5, 8, draws) == substitutes(5, 8, WeightedDraws(weights, size=7))  # the seed's, not the epoch's
 
 
 def weighted_orders(world, batch=8, size=403, **kw):
@@ -231,6 +244,33 @@ def test_both_backends_deliver_the_planned_draws(tmp_path, backend):
         seen = [c for images, _ in loader for c in identities(images)]
         assert seen == [by_sample[i] for i in plan.tolist()] and len(seen) == 36
         assert len(set(plan.tolist())) < 36  # drawn with replacement
+
+
+def weighted_epoch_with_broken_files(root: Path, backend: str) -> list[tuple[list[tuple], list[int]]]:
+    """Two epochs of a split whose b_green and c_blue weigh 0 and half of whose a_red files became web
+    pages after the loader was built: (identities, labels) per batch."""
+    config = base_config(root, backend=backend, train={"class_weights": {"b_green": 0, "c_blue": 0}, "batch_size": 4,
+                                                       "epoch_size": 24}, dali={"threads": 2})
+    with build_loader(config, "train") as loader:
+        for path in sorted((root / "train" / "a_red").glob("*.png"))[::2]:
+            path.write_bytes(b"<!DOCTYPE html><html><body>Not Found</body></html>\n" * 8)
+        return [(identities(images), labels.tolist()) for _ in range(2) for images, labels in loader]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_file_failing_under_weights_is_replaced_by_a_sample_the_weights_draw(tmp_path, backend):
+    """Only a_red is drawn (the others weigh 0); half its files fail at decode time. Their slots were
+    refilled uniformly from the split, so green and blue images (weight 0) came out; now every slot
+    is refilled by the weights: 6 batches of 4 red images an epoch, the same on both backends."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=8, splits=("train",))
+    batches = weighted_epoch_with_broken_files(root, backend)
+    assert [len(labels) for _, labels in batches] == [4] * 12
+    assert {label for _, labels in batches for label in labels} == {0}
+    red = {colour for colours, _ in batches for colour in colours}
+    assert len(red) <= 4  # the four red files that still decode, and nothing else
+    if backend == "dali":  # the other backend on the same files, broken the same way
+        again = write_numbered_dataset(tmp_path / "e", per_class=8, splits=("train",))
+        assert weighted_epoch_with_broken_files(again, "torch") == batches
 
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("nvidia.dali"), reason="NVIDIA DALI is not installed")

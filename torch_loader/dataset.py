@@ -20,7 +20,7 @@ import torch.utils.data
 
 from fastloader.cache import CachedPixels
 from fastloader.errors import BadImageError, CacheError, refused_file
-from fastloader.order import output_size, substitutes
+from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
 
 from .transforms import SampleOps, SampleTransform
@@ -44,8 +44,10 @@ class Missed(NamedTuple):
 
 class ImageDataset(torch.utils.data.Dataset):
     def __init__(self, index: SampleIndex, transform: SampleTransform, pixels: CachedPixels | None = None,
-                 skip_bad: bool = True, source: str = "the config"):
+                 skip_bad: bool = True, source: str = "the config", draws: WeightedDraws | None = None):
         self.index = index
+        self.draws = draws
+        """The split's weighted draws, if any: a refilled slot's substitutes are drawn by them."""
         self.transform = transform
         self.pixels = pixels
         self.skip_bad = skip_bad
@@ -62,7 +64,7 @@ class ImageDataset(torch.utils.data.Dataset):
         if not isinstance(decoded, Skipped):
             return decoded
         failed = [decoded]
-        for substitute in substitutes(seed, len(self.index)) if self.refill else ():
+        for substitute in substitutes(seed, len(self.index), self.draws) if self.refill else ():
             decoded = self._decode(substitute, seed, ops, size)  # the slot's seed: its crop, flips and ops
             if not isinstance(decoded, Skipped):
                 return Missed(tuple(failed), decoded)

@@ -128,7 +128,7 @@ class TorchLoader(Loader):
             keep_open(prepared.index.ranges.files)  # opened here, shared by the forked workers: one open a shard
         self._dataloader = torch.utils.data.DataLoader(
             ImageDataset(prepared.index, transform, prepared.pixels, skip_bad=config.dataset.on_bad_image == "skip",
-                         source=config.source),
+                         source=config.source, draws=prepared.draws),
             batch_sampler=self._feed,
             collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool, self.finisher),
             num_workers=num_workers,
