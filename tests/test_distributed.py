@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 from conftest import REPO, env_without, write_numbered_dataset
@@ -76,15 +77,27 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
+NATIVE_ABORT = "terminate called without an active exception"
+"""How a rank of this gloo job died once in CI (SIGABRT, rank 2 of 3, under the full suite's load; not
+reproduced in 200 launches since, with or without load). It names a C++ thread destroyed while
+still joinable, which no code of ours owns (the loaders had closed; the torch backend with
+num_workers 0 starts no thread); the launch is retried once and the abort kept as a warning with
+the ranks' Python stacks (PYTHONFAULTHANDLER), so that a second one fails the test with its place."""
+
+
 def run_ranks(config: dict, world: int, launcher: str, tmp_path) -> list[dict]:
     """One real process per rank: started by torchrun (with a gloo process group), or with the
     variables srun sets. Returns each rank's {split: {len, source, batches}}."""
     if launcher == "torchrun":
         script = tmp_path / "rank.py"
         script.write_text(RANK_SCRIPT)
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc_per_node={world}", str(script), json.dumps(config)],
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+                   str(script), json.dumps(config)]
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a native abort prints every thread's Python stack
+        proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0 and NATIVE_ABORT in proc.stderr:
+            warnings.warn(f"a rank aborted in native code ({NATIVE_ABORT!r}); launched again:\n{proc.stderr[-3000:]}")
+            proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
     procs = []
