@@ -28,7 +28,8 @@ CACHE_KEY = "dataset.remote.cache_limit"
 def check_budget(config: Config, split: SplitConfig) -> None:
     """Before the split is indexed: a `shuffle: block` with no budget to be had (no block_size, and no
     shards in an object store, whose node cache would give one) fails at once, not after indexing."""
-    patterns = [split.shards, split.files] + [source.shards for source in split.sources or ()]
+    patterns = [split.shards, split.files] + [pattern for source in split.sources or () for pattern in
+                                              (source.shards, source.files)]
     names = [name for pattern in patterns if pattern for name in ((pattern,) if isinstance(pattern, str) else pattern)]
     if not any(is_remote(name) for name in names):
         block_budget(config, split)

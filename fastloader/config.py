@@ -274,7 +274,8 @@ def _resolve_shards(raw: dict, base_dir: Path, origins: Mapping[str, str]) -> No
         if name in SECTIONS or not isinstance(section, dict):
             continue
         for key, item, field_name in [("shards", section, "shards"), ("files", section, "files"),
-                                      *(("sources", source, "shards") for source in _sources_of(section))]:
+                                      *(("sources", source, kind) for source in _sources_of(section)
+                                        for kind in ("shards", "files"))]:
             if field_name not in item:
                 continue
             overridden = any(set_by in origins for set_by in (name, f"{name}.{key}"))
@@ -502,12 +503,13 @@ class _Builder:
         """`shuffle: block` reads a split's shards block by block: image files have none to group."""
         for name, split in splits.items():
             if split.shuffle == "block" and split.sources is not None:
-                files = next((k for k, source in enumerate(split.sources) if source.shards is None), None)
+                files = next((k for k, source in enumerate(split.sources)
+                              if source.shards is None and source.files is None), None)
                 if files is not None:
-                    self.fail(f"{name}.shuffle", f"block reads the split's tar shards block by block, and "
-                                                 f"{name}.sources[{files}] reads image files, which have no shards "
-                                                 f"to group; set {name}.shuffle: true, or pack that source into "
-                                                 f"shards with `fastloader pack`")
+                    self.fail(f"{name}.shuffle", f"block reads the split's tar shards (or parquet row groups) block by "
+                                                 f"block, and {name}.sources[{files}] reads image files, which have "
+                                                 f"no shards to group; set {name}.shuffle: true, or pack that source "
+                                                 f"into shards with `fastloader pack`")
                 continue
             if split.shuffle == "block" and dataset.format == "folder":
                 self.fail(f"{name}.shuffle", "block reads the split's tar shards block by block, and dataset.format: "
@@ -621,11 +623,16 @@ class _Builder:
             kinds = [key for key in SOURCE_KINDS if getattr(source, key) is not None]
             if len(kinds) != 1:
                 found = f"it sets {' and '.join(kinds)}" if kinds else "it sets none of them"
-                self.fail(f"{name}.sources[{number}]", f"a source reads one of folder, file_list or shards, and "
-                                                       f"{found}; give each source one, e.g. {{folder: extra/train}}")
-            if isinstance(source.shards, str):
-                sources = (*sources[:number], dataclasses.replace(source, shards=(source.shards,)),
-                           *sources[number + 1:])
+                self.fail(f"{name}.sources[{number}]", f"a source reads one of folder, file_list, shards or "
+                                                       f"files, and {found}; give each source one, e.g. "
+                                                       f"{{folder: extra/train}}")
+            if source.format is not None and source.files is None:
+                self.fail(f"{name}.sources[{number}].format", "says how a source's `files` are stored (parquet or "
+                                                              f"arrow), and this source reads {kinds[0]}; remove it")
+            for key in ("shards", "files"):
+                if isinstance(getattr(source, key), str):
+                    source = dataclasses.replace(source, **{key: (getattr(source, key),)})
+            sources = (*sources[:number], source, *sources[number + 1:])
         values["sources"] = tuple(sources)
         weighted = [source.weight is not None for source in sources]
         if any(weighted) and mode != "train":

@@ -249,14 +249,19 @@ class MixupConfig:
 
 @dataclass(frozen=True)
 class SourceConfig:
-    """One source of a split's `sources`: a folder tree, a file list or tar shards, with its weight and
-    its class mapping (docs/semantics.md, several sources)."""
+    """One source of a split's `sources`: a folder tree, a file list, tar shards or parquet/Arrow files,
+    with its weight and its class mapping (docs/semantics.md, several sources)."""
     folder: str | None = None
     """A folder of class folders (<folder>/<class>/<image>), relative to dataset.root or absolute."""
     file_list: str | None = None
     """A text file of `relative/path label` lines, the paths relative to dataset.root."""
     shards: str | tuple[str, ...] | None = None
     """Tar shards: a path, glob or brace range, or a list of them (relative as the split's shards)."""
+    files: str | tuple[str, ...] | None = None
+    """Parquet or Arrow files of a Hugging Face dataset (as a split's `files` under dataset.format: parquet
+    or arrow): a path, glob or brace range, or a list of them, relative as shards are."""
+    format: Literal["parquet", "arrow"] | None = None
+    """With `files`: parquet or arrow. Unset: arrow where every pattern ends in `.arrow`, else parquet."""
     weight: float | None = field(default=None, metadata=_check(lambda v: v is None or v >= 0, "a number >= 0"))
     """train: the source's share of each epoch's draws, against the other sources' weights (set on every
     source or on none). Unset: the sources are one split, each sample once an epoch."""
@@ -268,7 +273,7 @@ class SourceConfig:
     """What logs and own class names call it. Default: source<k>, k its place in the list from 0."""
 
 
-SOURCE_KINDS = ("folder", "file_list", "shards")
+SOURCE_KINDS = ("folder", "file_list", "shards", "files")
 """The keys of a source that say where its samples are: exactly one of them."""
 MAX_SOURCES = 1024
 """The most sources a split may list (a sample's source is an int16)."""

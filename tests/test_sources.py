@@ -1,4 +1,5 @@
-"""Several sources in one split (`<split>.sources`): folders, file lists and tar shards, their weights,
+"""Several sources in one split (`<split>.sources`): folders, file lists, tar shards and parquet or Arrow
+files, their weights,
 their classes (shared or own), bad files and exclusions per source, on both backends (CPU)."""
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import base_config, identities, write_numbered_dataset
 from shardfiles import pack_folder_split
+from tablefiles import split_as_arrow, split_as_parquet
 from test_weights import BACKENDS, within_binomial
 
 from fastloader import build_loader
@@ -184,6 +186,66 @@ def test_the_block_order_reads_shard_sources_without_weights(tmp_path):
     assert len(loader.order.blocks.blocks(7, 1)) > 1
 
 
+def table_and_shard_sources(tmp_path) -> tuple[tuple[str, ...], tuple[str, ...], list[str]]:
+    """The numbered train split as parquet (2 files, row groups of 4) and as Arrow files, the val
+    split as shards of 5 samples, in folders apart."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=5)
+    split_as_parquet(root / "train", tmp_path / "parquet", files=2, row_group_size=4)
+    split_as_arrow(root / "train", tmp_path / "arrow")
+    parquet, arrow = (tuple(sorted(map(str, (tmp_path / kind).iterdir()))) for kind in ("parquet", "arrow"))
+    shards = [str(p) for p in pack_folder_split(root / "val", tmp_path / "val-shards", "val", 5)]
+    return parquet, arrow, shards
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parquet_and_shard_sources_in_one_split_give_the_planned_samples(tmp_path, backend):
+    """Device: CPU. A Hugging Face dataset's parquet files beside tar shards of other data, weighted:
+    each delivered image is the planned sample's, with its source's labels (own classes after)."""
+    parquet, _, shards = table_and_shard_sources(tmp_path)
+    config = sources_config(tmp_path, {"files": list(parquet), "weight": 1},
+                            {"shards": shards, "weight": 1, "classes": "own", "name": "extra"},
+                            epoch_size=30, drop_last=False)
+    config["backend"] = backend
+    loader = build_loader(config, "train")
+    assert [f.rsplit(".", 1)[1] for f in loader.index.ranges.files] == ["parquet"] * 2 + ["tar"] * 3
+    assert loader.classes[:3] == ("a_red", "b_green", "c_blue")  # the parquet files' ClassLabel
+    assert len(loader.classes) == 6 and all(name.startswith("extra/") for name in loader.classes[3:])
+    by_sample = colours_in_index_order(config)
+    plan = np.concatenate(loader.order.batches(0))[:, 0]
+    colours, labels = delivered(loader)
+    assert colours == [by_sample[i] for i in plan.tolist()]
+    assert labels == loader.index.labels[plan].tolist() and min(labels) < 3 <= max(labels)
+
+
+def test_arrow_and_parquet_sources_are_read_once_an_epoch_in_the_block_order(tmp_path):
+    """The same rows as parquet and as Arrow files (the format from the extension, or said): an eval
+    split of both reads every row of each once across 2 ranks; a train split reads them block by block."""
+    parquet, arrow, _ = table_and_shard_sources(tmp_path)
+    sources = [{"files": list(parquet), "name": "hub"}, {"files": list(arrow), "format": "arrow", "name": "cache"}]
+    seen = []
+    for rank in range(2):
+        config = base_config(tmp_path, val={"sources": sources, "batch_size": 4},
+                             distributed={"rank": rank, "world_size": 2})
+        loader = build_loader(config, "val")
+        seen += [(loader.index.source[i], c) for i, c in zip(np.concatenate(loader.order.batches(0))[:, 0],
+                                                              (c for images, _ in loader for c in identities(images)))]
+    assert len(seen) == len(set(seen)) == 30 and {source for source, _ in seen} == {0, 1}
+    assert {c for s, c in seen if s == 0} == {c for s, c in seen if s == 1}  # the same 15 images in each format
+    train = build_loader(sources_config(tmp_path, *sources, shuffle="block", block_size="4KB", drop_last=False),
+                         "train")
+    assert sorted(np.concatenate(train.order.batches(1))[:, 0].tolist()) == list(range(30))
+    assert len(train.order.blocks.blocks(7, 1)) > 1
+
+
+def test_image_files_and_parquet_files_in_one_split_are_refused(tmp_path):
+    parquet, _, _ = table_and_shard_sources(tmp_path)
+    config = sources_config(tmp_path / "d", {"files": list(parquet)}, {"folder": "val"})
+    with pytest.raises(ConfigError, match=r"train.sources\[1\] reads image files and train.sources\[0\] parquet or "
+                                          r"Arrow files: the sources of one split are all image files .* or all "
+                                          r"containers"):
+        build_loader(config, "train")
+
+
 def test_an_eval_split_of_sources_reads_every_sample_once_across_ranks(two_folders):
     config = base_config(two_folders, val={"sources": [{"folder": "train"}, {"folder": "val"}], "batch_size": 5})
     seen = []
@@ -205,15 +267,17 @@ def test_image_files_and_shards_in_one_split_are_refused(tmp_path):
     train, _ = shard_sources(tmp_path)
     config = sources_config(tmp_path / "d", {"folder": "val"}, {"shards": train})
     with pytest.raises(ConfigError, match=r"train.sources\[0\] reads image files and train.sources\[1\] tar shards: "
-                                          r"the sources of one split are all image files .* or all shards"):
+                                          r"the sources of one split are all image files .* or all containers"):
         build_loader(config, "train")
 
 
 @pytest.mark.parametrize("train, message", [
     ({"sources": [{"folder": "a"}], "folder": "b"},
      "train.folder: split 'train' reads its samples from train.sources; move train.folder into a source"),
-    ({"sources": [{"weight": 1}]}, "train.sources[0]: a source reads one of folder, file_list or shards, and it "
-                                   "sets none of them"),
+    ({"sources": [{"weight": 1}]}, "train.sources[0]: a source reads one of folder, file_list, shards or files, "
+                                   "and it sets none of them"),
+    ({"sources": [{"folder": "a", "format": "arrow"}]}, "train.sources[0].format: says how a source's `files` are "
+                                                        "stored (parquet or arrow), and this source reads folder"),
     ({"sources": [{"folder": "a", "weight": 1}, {"folder": "b"}]},
      "train.sources[1].weight: missing: set weight on every source"),
     ({"sources": [{"folder": "a", "weight": 0}, {"folder": "b", "weight": 0}]},
@@ -226,7 +290,8 @@ def test_image_files_and_shards_in_one_split_are_refused(tmp_path):
     ({"sources": [{"folder": "a", "name": "x"}, {"folder": "b", "name": "x"}]},
      "train.sources[1].name: 'x' names two sources"),
     ({"sources": [{"folder": "a"}], "shuffle": "block", "block_size": "1GB"},
-     "train.shuffle: block reads the split's tar shards block by block, and train.sources[0] reads image files"),
+     "train.shuffle: block reads the split's tar shards (or parquet row groups) block by block, and "
+     "train.sources[0] reads image files"),
 ])
 def test_sources_that_cannot_work_fail_when_the_config_is_loaded(tmp_path, train, message):
     with pytest.raises(ConfigError) as refused:

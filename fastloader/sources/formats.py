@@ -27,8 +27,11 @@ def build_index(config: Config, split: SplitConfig) -> SampleIndex:
 
 
 def source_format(source: SourceConfig) -> str:
-    """A source's format, from the key that says where its samples are: shards are webdataset, a
-    folder or a file list is folder (dataset.format is the split's, and a source says its own)."""
+    """A source's format, from the key that says where its samples are: shards are webdataset, files
+    parquet or arrow (its `format`, else arrow where every pattern ends in .arrow), a folder or a file
+    list folder (dataset.format is the split's, and a source says its own)."""
+    if source.files is not None:
+        return source.format or ("arrow" if all(name.endswith(".arrow") for name in source.files) else "parquet")
     return "webdataset" if source.shards is not None else "folder"
 
 

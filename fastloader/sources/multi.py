@@ -44,7 +44,7 @@ def source_split(split: SplitConfig, number: int) -> SplitConfig:
     `train.sources[1].shards` rather than a key the config does not have."""
     source = split.sources[number]
     return dataclasses.replace(split, name=source_key(split, number), folder=source.folder,
-                               file_list=source.file_list, shards=source.shards, sources=None)
+                               file_list=source.file_list, shards=source.shards, files=source.files, sources=None)
 
 
 def index_sources(config: Config, split: SplitConfig, index_source: IndexSource) -> SampleIndex:
@@ -64,10 +64,12 @@ def combine(split: SplitConfig, parts: Sequence[SampleIndex]) -> SampleIndex:
     """The sources' indexes as one: names prefixed, labels remapped, byte ranges concatenated."""
     kinds = [part.ranges is not None for part in parts]
     if any(kinds) and not all(kinds):
-        files, shards = kinds.index(False), kinds.index(True)
-        raise ConfigError(f"{source_key(split, files)} reads image files and {source_key(split, shards)} tar shards: "
-                          f"the sources of one split are all image files (folders, file lists) or all shards. Pack "
-                          f"the image files into shards with `fastloader pack`, or read them as a split of their own")
+        files, container = kinds.index(False), kinds.index(True)
+        what = "tar shards" if split.sources[container].shards is not None else "parquet or Arrow files"
+        raise ConfigError(f"{source_key(split, files)} reads image files and {source_key(split, container)} {what}: "
+                          f"the sources of one split are all image files (folders, file lists) or all containers "
+                          f"(tar shards, parquet or Arrow files). Pack the image files into shards with `fastloader "
+                          f"pack`, or read them as a split of their own")
     classes, labels = _classes(split, parts)
     root, prefixes = _common_folder([part.root for part in parts])
     _refuse_shared_samples(split, parts, prefixes)
