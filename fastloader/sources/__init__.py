@@ -8,6 +8,7 @@ each one's bytes are (a SampleIndex with a Location per sample); `reading.py` re
   webdataset.py   tar shards of `{key}.jpg` + `{key}.cls` members, indexed once and cached
   tar_members.py  one tar shard's members and their byte offsets, from its headers
   parquet.py      parquet and Arrow files of Hugging Face datasets: each row's image bytes, a byte range
+  hf_columns.py   a table's image and label columns and class names, by Hugging Face's conventions
   row_groups.py   rows of compressed parquet pages, read by decoding their row group (a cache per process)
   reading.py      Location, read_bytes / open_bytes: a whole file, or a byte range of a shard
   remote.py       the object store (s3://, gs://, az://, https://): listing, sizes and ETags, ranges, downloads

@@ -41,16 +41,13 @@ from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
 from ..words import plural
 from . import remote
+from .hf_columns import classlabel, columns, image_leaf, label_values
 from .reading import Identity, open_regular, stat_stamp
 from .row_groups import ROW_GROUP_CACHE
 from .webdataset import Excluded, listed_files
 
 log = logging.getLogger("fastloader")
 
-IMAGE_NAMES = ("image", "img")
-"""Column names taken as the image column where the metadata names none."""
-LABEL_NAMES = ("label", "labels")
-"""Column names taken as the label column where the metadata names no ClassLabel."""
 PARQUET_MAGIC = b"PAR1"
 REWRITE = ("rewrite it with the image column uncompressed and PLAIN, as `datasets` writes image columns: "
            "`pq.write_table(pq.read_table(SRC), DST, compression='none', use_dictionary=False)` (pyarrow), or "
@@ -280,8 +277,8 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
         try:
             file = pq.ParquetFile(source)
             schema = file.schema_arrow
-            image, label = _columns(path, schema, config)
-            leaf, max_def = _image_leaf(path, file, schema, image)
+            image, label = columns(path, schema, config)
+            leaf, max_def = image_leaf(path, file, schema, image)
             labels = file.read(columns=[label], use_threads=False).column(0).combine_chunks()
         except (OSError, pa.ArrowException) as error:
             raise Unreadable(f"unreadable parquet file: {error}") from None
@@ -290,7 +287,7 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
         if info is None:
             os.close(fd)
     column = file.metadata.schema.column(leaf).path if table_row.any() else None
-    return TableScan(start, length, _label_values(path, label, labels, config), _classlabel(schema, label), identity,
+    return TableScan(start, length, label_values(path, label, labels, config), classlabel(schema, label), identity,
                      table_row, column)
 
 
@@ -533,7 +530,7 @@ def _scan_arrow(path: str, config: Config) -> TableScan:
                               f"`datasets` writes (its cache, `save_to_disk`), or set dataset.format to the files' "
                               f"format") from None
         raise Unreadable(f"unreadable Arrow file (cut short?): {error}") from None
-    image, label = _columns(path, schema, config)
+    image, label = columns(path, schema, config)
     starts, lengths, labels = array("q"), array("q"), []
     for batch in batches:
         column = batch.column(schema.get_field_index(image))
@@ -557,10 +554,10 @@ def _scan_arrow(path: str, config: Config) -> TableScan:
         starts.extend(np.where(null, -1, row_start).tolist())
         lengths.extend(np.where(null, -1, row_length).tolist())
         labels += batch.column(schema.get_field_index(label)).to_pylist()
-    labels = _label_values(path, label, pa.array(labels, type=schema.field(label).type) if labels else
+    labels = label_values(path, label, pa.array(labels, type=schema.field(label).type) if labels else
                            pa.array([], schema.field(label).type), config)
     return TableScan(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), labels,
-                     _classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64))
+                     classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64))
 
 
 def _base_address(mapped) -> int:
@@ -569,92 +566,3 @@ def _base_address(mapped) -> int:
     first = mapped.read_buffer(1)
     mapped.seek(0)
     return first.address
-
-
-def _hf_features(schema) -> dict:
-    """The `huggingface` schema metadata's features ({} where there is none, or it is not JSON)."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    try:
-        features = json.loads(raw)["info"]["features"] if raw else {}
-    except (ValueError, KeyError, TypeError):
-        return {}
-    return features if isinstance(features, dict) else {}
-
-
-def _columns(path: str, schema, config: Config) -> tuple[str, str]:
-    """(the image column, the label column): the dataset's keys, else Hugging Face's conventions; a
-    ConfigError that lists the file's columns where one is not found."""
-    import pyarrow as pa
-
-    names = list(schema.names)
-    features = _hf_features(schema)
-    listed = ", ".join(f"{name} ({schema.field(name).type})" for name in names)
-    image = _pick(path, config.dataset.image_column, "image", "Image", IMAGE_NAMES, features, names, listed)
-    kind = schema.field(image).type
-    plain = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
-    if not plain and not (pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0 and
-                          (pa.types.is_binary(kind.field("bytes").type) or
-                           pa.types.is_large_binary(kind.field("bytes").type))):
-        raise ConfigError(f"{path}: the image column {image!r} holds {kind}, not image bytes (binary, or a struct with "
-                          f"a binary `bytes` field, as Hugging Face's Image feature); its columns are {listed}. Set "
-                          f"dataset.image_column to the column of the images")
-    label = _pick(path, config.dataset.label_column, "label", "ClassLabel", LABEL_NAMES, features, names, listed)
-    return image, label
-
-
-def _pick(path: str, chosen: str | None, what: str, feature_type: str, conventional: Sequence[str], features: dict,
-          names: list[str], listed: str) -> str:
-    """The `what` column: dataset.<what>_column, else the feature of that type in the metadata, else a
-    conventional name; a ConfigError listing the file's columns where there is none."""
-    column = chosen or \
-        next((name for name, feature in features.items() if isinstance(feature, dict) and
-              feature.get("_type") == feature_type and name in names), None) or \
-        next((name for name in conventional if name in names), None)
-    if column is None or column not in names:
-        given = f"dataset.{what}_column ({column}) is not one of them" if column else \
-            f"none is {'an' if feature_type[0] in 'AEIOU' else 'a'} {feature_type} feature or named " \
-            f"{' or '.join(conventional)}"
-        raise ConfigError(f"{path}: no {what} column: its columns are {listed}; {given}. Set dataset.{what}_column to "
-                          f"the column of the {what}s")
-    return column
-
-
-def _image_leaf(path: str, file, schema, image: str) -> tuple[int, int]:
-    """(the parquet leaf column of the image bytes, its largest definition level)."""
-    import pyarrow as pa
-
-    wanted = f"{image}.bytes" if pa.types.is_struct(schema.field(image).type) else image
-    parquet_schema = file.metadata.schema
-    for leaf in range(len(parquet_schema)):
-        column = parquet_schema.column(leaf)
-        if column.path == wanted:
-            if column.max_repetition_level:
-                raise ConfigError(f"{path}: the image column {image!r} is a list; a row holds one image")
-            return leaf, column.max_definition_level
-    raise ConfigError(f"{path}: no parquet column {wanted!r} for the image column {image!r}")
-
-
-def _classlabel(schema, label: str) -> tuple[str, ...] | None:
-    """The label column's ClassLabel names, where the metadata has them."""
-    feature = _hf_features(schema).get(label)
-    names = feature.get("names") if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" else None
-    return tuple(str(name) for name in names) if isinstance(names, list) and names else None
-
-
-def _label_values(path: str, label: str, column, config: Config) -> list:
-    """The label column as Python ints (or class names, which need dataset.classes); None where null."""
-    import pyarrow as pa
-
-    kind = column.type
-    if pa.types.is_dictionary(kind):
-        column, kind = column.cast(kind.value_type), kind.value_type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        if not config.dataset.classes:
-            raise ConfigError(f"{path}: the label column {label!r} holds class names (strings), and "
-                              f"dataset.classes is not set; set dataset.classes to the class names in label order "
-                              f"(or the path of a file of them, one a line)")
-        return column.to_pylist()
-    if not pa.types.is_integer(kind):
-        raise ConfigError(f"{path}: the label column {label!r} holds {kind}, not integer labels or class names; set "
-                          f"dataset.label_column to the column of the labels")
-    return column.to_pylist()
