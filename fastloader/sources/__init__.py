@@ -8,6 +8,8 @@ each one's bytes are (a SampleIndex with a Location per sample); `reading.py` re
   webdataset.py   tar shards of `{key}.jpg` + `{key}.cls` members, indexed once and cached
   tar_members.py  one tar shard's members and their byte offsets, from its headers
   parquet.py      parquet and Arrow files of Hugging Face datasets: each row's image bytes, a byte range
+  table_scan.py   one parquet or Arrow file's scan: its rows' byte ranges and labels, or why it is unreadable
+  arrow_file.py   an Arrow file memory-mapped: each value's byte range in the file
   hf_columns.py   a table's image and label columns and class names, by Hugging Face's conventions
   row_groups.py   rows of compressed parquet pages, read by decoding their row group (a cache per process)
   reading.py      Location, read_bytes / open_bytes: a whole file, or a byte range of a shard

@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 from array import array
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -41,9 +41,11 @@ from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
 from ..words import plural
 from . import remote
+from .arrow_file import scan_arrow
 from .hf_columns import classlabel, columns, image_leaf, label_values
 from .reading import Identity, open_regular, stat_stamp
 from .row_groups import ROW_GROUP_CACHE
+from .table_scan import TableScan, Unreadable
 from .webdataset import Excluded, listed_files
 
 log = logging.getLogger("fastloader")
@@ -58,24 +60,6 @@ SCAN_VERSION = 2
 _HEADER_READ = 4096
 """First read of a page header; a header holding large statistics (min / max images) is read again, longer."""
 _PLAIN, _DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 0, 2, 3
-
-
-class Unreadable(Exception):
-    """A table file that cannot be indexed (cut short, unreadable): named under dataset.on_bad_image."""
-
-
-class TableScan(NamedTuple):
-    """One file's rows: each row's image byte range (start -1: null bytes), or for a row of compressed
-    pages its row group's image column chunk (table_row 1 + its row); its label or None; the file's
-    class names (ClassLabel) where its metadata has them."""
-    start: np.ndarray
-    length: np.ndarray
-    labels: list
-    class_names: tuple[str, ...] | None
-    identity: Identity
-    table_row: np.ndarray
-    column: str | None = None
-    """The image column's parquet leaf path (`image.bytes`) where rows are read by row group."""
 
 
 def index_parquet(config: Config, split: SplitConfig) -> SampleIndex:
@@ -251,7 +235,7 @@ def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote
 def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) -> TableScan:
     """One file's rows, its columns found by the dataset's keys or Hugging Face's conventions."""
     if kind == "arrow":
-        return _scan_arrow(path, config)
+        return scan_arrow(path, config)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -503,66 +487,3 @@ def _hybrid(data: bytes, width: int, count: int) -> list[int]:
             levels += [int.from_bytes(data[at:at + size], "little")] * (header >> 1)
             at += size
     return levels[:count]
-
-
-def _scan_arrow(path: str, config: Config) -> TableScan:
-    """An Arrow file (IPC file or stream, as `datasets` writes its cache) memory-mapped: each value's
-    place in the mapped buffers is its byte range in the file."""
-    import pyarrow as pa
-
-    fd = open_regular(path)  # a FIFO or a folder is refused before pyarrow maps it
-    identity = Identity.of(os.fstat(fd))
-    os.close(fd)
-    try:
-        mapped = pa.memory_map(path, "r")
-        base = _base_address(mapped)
-        try:
-            reader = pa.ipc.open_file(mapped)
-            schema, batches = reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        except pa.ArrowInvalid:
-            mapped.seek(0)
-            reader = pa.ipc.open_stream(mapped)
-            schema, batches = reader.schema, list(reader)
-    except (OSError, pa.ArrowException) as error:
-        head = open(path, "rb").read(8)
-        if not head.startswith((b"ARROW1", b"\xff\xff\xff\xff")):
-            raise ConfigError(f"{path}: not an Arrow file (it begins {head!r}); list only the `.arrow` files "
-                              f"`datasets` writes (its cache, `save_to_disk`), or set dataset.format to the files' "
-                              f"format") from None
-        raise Unreadable(f"unreadable Arrow file (cut short?): {error}") from None
-    image, label = columns(path, schema, config)
-    starts, lengths, labels = array("q"), array("q"), []
-    for batch in batches:
-        column = batch.column(schema.get_field_index(image))
-        values = column.field("bytes") if pa.types.is_struct(column.type) else column
-        null = np.asarray(column.is_null().to_numpy(zero_copy_only=False)) | \
-            np.asarray(values.is_null().to_numpy(zero_copy_only=False))
-        offsets_buffer, data = values.buffers()[1], values.buffers()[2]
-        wide = pa.types.is_large_binary(values.type)
-        offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)[
-            values.offset:values.offset + len(values) + 1].astype(np.int64)
-        if data is None or not data.size:  # no bytes in this batch: nulls, or empty values
-            data_at = 0
-        else:
-            data_at = data.address - base
-            if not 0 <= data_at <= identity.size - data.size:
-                raise ConfigError(f"{path}: its image column {image!r} is stored compressed, so a row's image has "
-                                  f"no byte range to read in place; write the file uncompressed (as `datasets` "
-                                  f"does), or use its parquet files")
-        row_start = data_at + offsets[:-1]
-        row_length = np.diff(offsets)
-        starts.extend(np.where(null, -1, row_start).tolist())
-        lengths.extend(np.where(null, -1, row_length).tolist())
-        labels += batch.column(schema.get_field_index(label)).to_pylist()
-    labels = label_values(path, label, pa.array(labels, type=schema.field(label).type) if labels else
-                           pa.array([], schema.field(label).type), config)
-    return TableScan(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), labels,
-                     classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64))
-
-
-def _base_address(mapped) -> int:
-    """Where the memory map begins: buffers read from it point into it (zero copy)."""
-    mapped.seek(0)
-    first = mapped.read_buffer(1)
-    mapped.seek(0)
-    return first.address
