@@ -39,7 +39,7 @@ from fastloader.config import IMAGE_EXTENSIONS, config_to_dict
 from fastloader.parallel import available_cores
 from fastloader.schema import IMAGENET_MEAN, IMAGENET_STD
 from fastloader.sources.folder import scan_folder
-from fastloader.sources.parquet import ROW_GROUP_CACHE, forget_row_groups
+from fastloader.sources.row_groups import ROW_GROUP_CACHE, forget_row_groups
 
 READERS = ("folder", "shards", "parquet", "parquet-snappy", "arrow")
 """parquet-snappy: the same rows as pyarrow writes them by default (snappy, dictionary pages), read by row

@@ -1,29 +1,20 @@
 """Parquet and Arrow files of Hugging Face datasets: `<split>.files` -> the split's SampleIndex, one row
 a sample, each row's image bytes a byte range in its file, found once as a tar member's is.
 
-Hugging Face's `datasets` writes an image column (a struct of `bytes` and `path`) uncompressed and PLAIN
-encoded, so that the Hub can deduplicate it: each image's bytes lie in the file as they are, after a
-4-byte length. Indexing walks each row group's pages of that column (the page headers, the definition
-levels and the lengths: a few small reads a row, never the images) and keeps each row's byte range;
-reading is then one pread of exactly the image's bytes (sources/reading.py), as for tar members, so the
-sampler's orders, exact-once eval, resume, screening, the uint8 cache and `pack` work unchanged. An
-Arrow file (`datasets`' cache, `save_to_disk`) is memory-mapped: its buffers are the file's bytes, and
-each value's offset in them is its byte range.
+Each file is scanned once and its scan cached per file stamp: a parquet file's image pages are walked
+(parquet_pages.py), an Arrow file is memory-mapped (arrow_file.py), their columns and class names
+chosen by Hugging Face's conventions (hf_columns.py). Reading a row is then one pread of exactly the
+image's bytes (sources/reading.py), as for tar members, so the sampler's orders, exact-once eval,
+resume, screening, the uint8 cache and `pack` work unchanged.
 
 Compressed or dictionary-encoded image pages (pyarrow's defaults, older `datasets`) have no byte range:
-such a row group's rows are read by decoding the row group's image column (`read_row`, a cache of
-ROW_GROUP_CACHE bytes per process), which costs the whole row group for one row in a uniform order;
-the block order over row groups reads each once an epoch (order.Containers), and the loader says so
-(docs/performance.md, parquet: both measured).
-
-Columns and class names follow Hugging Face's conventions: the `huggingface` schema metadata's Image
-and ClassLabel features (dataset.image_column / dataset.label_column choose others). Sample names are
-`file.parquet:row`.
+such a row group's rows are read by decoding the row group's image column (row_groups.py), which costs
+the whole row group for one row in a uniform order; the block order over row groups reads each once
+an epoch (order.Containers), and the loader says so (docs/performance.md, parquet: both measured).
+Sample names are `file.parquet:row`.
 """
 from __future__ import annotations
 
-import collections
-import errno
 import functools
 import hashlib
 import io
@@ -32,7 +23,7 @@ import logging
 import os
 import threading
 from array import array
-from typing import Callable, NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -43,15 +34,16 @@ from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
 from ..words import plural
 from . import remote
-from .reading import ContainerChanged, Identity, Location, open_regular, stat_stamp
+from .arrow_file import scan_arrow
+from .hf_columns import classlabel, columns, image_leaf, label_values
+from .parquet_pages import parquet_ranges
+from .reading import Identity, open_regular, stat_stamp
+from .row_groups import ROW_GROUP_CACHE
+from .table_scan import TableScan, Unreadable
 from .webdataset import Excluded, listed_files
 
 log = logging.getLogger("fastloader")
 
-IMAGE_NAMES = ("image", "img")
-"""Column names taken as the image column where the metadata names none."""
-LABEL_NAMES = ("label", "labels")
-"""Column names taken as the label column where the metadata names no ClassLabel."""
 PARQUET_MAGIC = b"PAR1"
 REWRITE = ("rewrite it with the image column uncompressed and PLAIN, as `datasets` writes image columns: "
            "`pq.write_table(pq.read_table(SRC), DST, compression='none', use_dictionary=False)` (pyarrow), or "
@@ -59,37 +51,6 @@ REWRITE = ("rewrite it with the image column uncompressed and PLAIN, as `dataset
 """The fix for a parquet file whose image pages cannot be read in place."""
 SCAN_VERSION = 2
 """Raised when a cached scan of a file would read otherwise."""
-ROW_GROUP_CACHE = 256 << 20
-"""Bytes of decoded row groups (compressed image pages) each reading process keeps: a block of at most
-this many bytes (`<split>.block_size`) has each of its row groups read once."""
-_HEADER_READ = 4096
-"""First read of a page header; a header holding large statistics (min / max images) is read again, longer."""
-_PLAIN, _DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 0, 2, 3
-
-
-class EmptyRow(OSError):
-    """A row read with its row group whose image bytes are null."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-class Unreadable(Exception):
-    """A table file that cannot be indexed (cut short, unreadable): named under dataset.on_bad_image."""
-
-
-class TableScan(NamedTuple):
-    """One file's rows: each row's image byte range (start -1: null bytes), or for a row of compressed
-    pages its row group's image column chunk (table_row 1 + its row); its label or None; the file's
-    class names (ClassLabel) where its metadata has them."""
-    start: np.ndarray
-    length: np.ndarray
-    labels: list
-    class_names: tuple[str, ...] | None
-    identity: Identity
-    table_row: np.ndarray
-    column: str | None = None
-    """The image column's parquet leaf path (`image.bytes`) where rows are read by row group."""
 
 
 def index_parquet(config: Config, split: SplitConfig) -> SampleIndex:
@@ -265,7 +226,7 @@ def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote
 def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) -> TableScan:
     """One file's rows, its columns found by the dataset's keys or Hugging Face's conventions."""
     if kind == "arrow":
-        return _scan_arrow(path, config)
+        return scan_arrow(path, config)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -291,17 +252,17 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
         try:
             file = pq.ParquetFile(source)
             schema = file.schema_arrow
-            image, label = _columns(path, schema, config)
-            leaf, max_def = _image_leaf(path, file, schema, image)
+            image, label = columns(path, schema, config)
+            leaf, max_def = image_leaf(path, file, schema, image)
             labels = file.read(columns=[label], use_threads=False).column(0).combine_chunks()
         except (OSError, pa.ArrowException) as error:
             raise Unreadable(f"unreadable parquet file: {error}") from None
-        start, length, table_row = _parquet_ranges(path, file, leaf, max_def, pread)
+        start, length, table_row = parquet_ranges(path, file, leaf, max_def, pread)
     finally:
         if info is None:
             os.close(fd)
     column = file.metadata.schema.column(leaf).path if table_row.any() else None
-    return TableScan(start, length, _label_values(path, label, labels, config), _classlabel(schema, label), identity,
+    return TableScan(start, length, label_values(path, label, labels, config), classlabel(schema, label), identity,
                      table_row, column)
 
 
@@ -330,441 +291,3 @@ class _StoredFile(io.RawIOBase):
         buffer[:len(data)] = data
         self.at += len(data)
         return len(data)
-
-
-def _parquet_ranges(path: str, file, leaf: int, max_def: int,
-                    pread: Callable[[int, int], bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each row's image bytes in the file (start -1: null), from the pages of each row group's image
-    column; a row group whose image pages are compressed or encoded otherwise than PLAIN: its rows get
-    the column chunk's range and table_row 1 + their row, to be read with the row group."""
-    starts, lengths, table_row = array("q"), array("q"), array("q")
-    first = 0
-    for group in range(file.metadata.num_row_groups):
-        chunk = file.metadata.row_group(group).column(leaf)
-        rows = file.metadata.row_group(group).num_rows
-        if not _in_place(chunk):
-            at = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
-            starts.extend([at] * rows)
-            lengths.extend([chunk.total_compressed_size] * rows)
-            table_row.extend(range(first + 1, first + rows + 1))
-            first += rows
-            continue
-        before = len(starts)
-        try:
-            _walk_pages(pread, chunk.data_page_offset, chunk.data_page_offset + chunk.total_compressed_size,
-                        max_def, starts, lengths)
-        except (IndexError, ValueError, OSError) as error:
-            raise Unreadable(f"parquet row group {group}: its image pages cannot be read ({error})") from None
-        if len(starts) - before != chunk.num_values:
-            raise Unreadable(f"parquet row group {group}: its image pages hold {len(starts) - before} values, its "
-                             f"metadata says {chunk.num_values}")
-        table_row.extend([0] * rows)
-        first += rows
-    return (np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64),
-            np.array(table_row, dtype=np.int64))
-
-
-def _in_place(chunk) -> bool:
-    """Whether a column chunk's values lie in the file as they are: uncompressed, PLAIN, no dictionary."""
-    return chunk.compression == "UNCOMPRESSED" and not chunk.has_dictionary_page and \
-        set(chunk.encodings) <= {"PLAIN", "RLE", "BIT_PACKED"}
-
-
-def _walk_pages(pread: Callable[[int, int], bytes], at: int, end: int, max_def: int, starts: array,
-                lengths: array) -> None:
-    """The data pages of one column chunk (uncompressed, PLAIN): each value's (start, length), or
-    (-1, -1) where its definition level says null."""
-    while at < end:
-        header, size = _page_header(pread, at)
-        body, stored = at + size, header[3]
-        kind = header[1]
-        if kind == _DATA_PAGE:
-            page = header[5]
-            count, encoding = page[1], page[2]
-            if max_def:
-                levels_length = int.from_bytes(pread(4, body), "little")
-                levels = _hybrid(pread(levels_length, body + 4), max_def.bit_length(), count)
-                values = body + 4 + levels_length
-            else:
-                levels, values = [0] * count, body
-        elif kind == _DATA_PAGE_V2:
-            page = header[8]
-            count, encoding, def_length, rep_length = page[1], page[4], page[5], page[6]
-            levels = _hybrid(pread(def_length, body + rep_length), max_def.bit_length(), count) if max_def \
-                else [0] * count
-            values = body + rep_length + def_length
-        elif kind == _DICTIONARY_PAGE:
-            raise ValueError("a dictionary page")
-        else:  # an index page: nothing of ours
-            at = body + stored
-            continue
-        if encoding != _PLAIN:
-            raise ValueError(f"a page encoded {encoding}, not PLAIN")
-        for level in levels:
-            if level < max_def:
-                starts.append(-1)
-                lengths.append(-1)
-                continue
-            length = int.from_bytes(pread(4, values), "little")
-            starts.append(values + 4)
-            lengths.append(length)
-            values += 4 + length
-        if values > body + stored:
-            raise ValueError(f"the values run past their page's end at byte {body + stored}")
-        at = body + stored
-
-
-def _page_header(pread: Callable[[int, int], bytes], at: int) -> tuple[dict, int]:
-    """A page header (Thrift compact protocol) at `at`: its fields by number, and its size in bytes."""
-    want = _HEADER_READ
-    while True:
-        data = pread(want, at)
-        try:
-            return _struct(data, 0)
-        except IndexError:
-            if len(data) < want:
-                raise ValueError(f"a page header cut short at byte {at}") from None
-            want *= 8
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-
-
-def _zigzag(value: int) -> int:
-    return (value >> 1) ^ -(value & 1)
-
-
-def _struct(data: bytes, at: int) -> tuple[dict, int]:
-    fields, last = {}, 0
-    while True:
-        byte = data[at]
-        at += 1
-        if byte == 0:
-            return fields, at
-        kind, delta = byte & 0x0F, byte >> 4
-        if delta:
-            last += delta
-        else:
-            raw, at = _varint(data, at)
-            last = _zigzag(raw)
-        fields[last], at = _value(data, at, kind)
-
-
-def _value(data: bytes, at: int, kind: int):
-    """One Thrift compact value of this type (booleans, integers, binaries, lists, maps, structs)."""
-    if kind in (1, 2):
-        return kind == 1, at
-    if kind == 3:
-        return data[at], at + 1
-    if kind in (4, 5, 6):
-        raw, at = _varint(data, at)
-        return _zigzag(raw), at
-    if kind == 7:
-        data[at + 7]  # noqa: B018 - a double, skipped (IndexError where it is cut short)
-        return None, at + 8
-    if kind == 8:
-        length, at = _varint(data, at)
-        if at + length > len(data):
-            raise IndexError("binary cut short")
-        return None, at + length  # statistics' min / max: not needed, skipped
-    if kind in (9, 10):
-        head = data[at]
-        at += 1
-        count, item = head >> 4, head & 0x0F
-        if count == 15:
-            count, at = _varint(data, at)
-        items = []
-        for _ in range(count):
-            value, at = (data[at] == 1, at + 1) if item in (1, 2) else _value(data, at, item)
-            items.append(value)
-        return items, at
-    if kind == 11:
-        count, at = _varint(data, at)
-        if count:
-            types = data[at]
-            at += 1
-            for _ in range(count):
-                _, at = _value(data, at, types >> 4)
-                _, at = _value(data, at, types & 0x0F)
-        return None, at
-    if kind == 12:
-        return _struct(data, at)
-    raise ValueError(f"Thrift type {kind} in a page header")
-
-
-def _hybrid(data: bytes, width: int, count: int) -> list[int]:
-    """Definition levels in parquet's RLE / bit-packed hybrid encoding."""
-    levels: list[int] = []
-    at, mask, size = 0, (1 << width) - 1, (width + 7) // 8
-    while len(levels) < count:
-        header, at = _varint(data, at)
-        if header & 1:  # bit-packed groups of 8
-            groups = header >> 1
-            bits = int.from_bytes(data[at:at + groups * width], "little")
-            at += groups * width
-            levels += [(bits >> (k * width)) & mask for k in range(groups * 8)]
-        else:
-            if at + size > len(data):
-                raise IndexError("definition levels cut short")
-            levels += [int.from_bytes(data[at:at + size], "little")] * (header >> 1)
-            at += size
-    return levels[:count]
-
-
-def _scan_arrow(path: str, config: Config) -> TableScan:
-    """An Arrow file (IPC file or stream, as `datasets` writes its cache) memory-mapped: each value's
-    place in the mapped buffers is its byte range in the file."""
-    import pyarrow as pa
-
-    fd = open_regular(path)  # a FIFO or a folder is refused before pyarrow maps it
-    identity = Identity.of(os.fstat(fd))
-    os.close(fd)
-    try:
-        mapped = pa.memory_map(path, "r")
-        base = _base_address(mapped)
-        try:
-            reader = pa.ipc.open_file(mapped)
-            schema, batches = reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        except pa.ArrowInvalid:
-            mapped.seek(0)
-            reader = pa.ipc.open_stream(mapped)
-            schema, batches = reader.schema, list(reader)
-    except (OSError, pa.ArrowException) as error:
-        head = open(path, "rb").read(8)
-        if not head.startswith((b"ARROW1", b"\xff\xff\xff\xff")):
-            raise ConfigError(f"{path}: not an Arrow file (it begins {head!r}); list only the `.arrow` files "
-                              f"`datasets` writes (its cache, `save_to_disk`), or set dataset.format to the files' "
-                              f"format") from None
-        raise Unreadable(f"unreadable Arrow file (cut short?): {error}") from None
-    image, label = _columns(path, schema, config)
-    starts, lengths, labels = array("q"), array("q"), []
-    for batch in batches:
-        column = batch.column(schema.get_field_index(image))
-        values = column.field("bytes") if pa.types.is_struct(column.type) else column
-        null = np.asarray(column.is_null().to_numpy(zero_copy_only=False)) | \
-            np.asarray(values.is_null().to_numpy(zero_copy_only=False))
-        offsets_buffer, data = values.buffers()[1], values.buffers()[2]
-        wide = pa.types.is_large_binary(values.type)
-        offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)[
-            values.offset:values.offset + len(values) + 1].astype(np.int64)
-        if data is None or not data.size:  # no bytes in this batch: nulls, or empty values
-            data_at = 0
-        else:
-            data_at = data.address - base
-            if not 0 <= data_at <= identity.size - data.size:
-                raise ConfigError(f"{path}: its image column {image!r} is stored compressed, so a row's image has "
-                                  f"no byte range to read in place; write the file uncompressed (as `datasets` "
-                                  f"does), or use its parquet files")
-        row_start = data_at + offsets[:-1]
-        row_length = np.diff(offsets)
-        starts.extend(np.where(null, -1, row_start).tolist())
-        lengths.extend(np.where(null, -1, row_length).tolist())
-        labels += batch.column(schema.get_field_index(label)).to_pylist()
-    labels = _label_values(path, label, pa.array(labels, type=schema.field(label).type) if labels else
-                           pa.array([], schema.field(label).type), config)
-    return TableScan(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), labels,
-                     _classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64))
-
-
-def _base_address(mapped) -> int:
-    """Where the memory map begins: buffers read from it point into it (zero copy)."""
-    mapped.seek(0)
-    first = mapped.read_buffer(1)
-    mapped.seek(0)
-    return first.address
-
-
-def _hf_features(schema) -> dict:
-    """The `huggingface` schema metadata's features ({} where there is none, or it is not JSON)."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    try:
-        features = json.loads(raw)["info"]["features"] if raw else {}
-    except (ValueError, KeyError, TypeError):
-        return {}
-    return features if isinstance(features, dict) else {}
-
-
-def _columns(path: str, schema, config: Config) -> tuple[str, str]:
-    """(the image column, the label column): the dataset's keys, else Hugging Face's conventions; a
-    ConfigError that lists the file's columns where one is not found."""
-    import pyarrow as pa
-
-    names = list(schema.names)
-    features = _hf_features(schema)
-    listed = ", ".join(f"{name} ({schema.field(name).type})" for name in names)
-    image = _pick(path, config.dataset.image_column, "image", "Image", IMAGE_NAMES, features, names, listed)
-    kind = schema.field(image).type
-    plain = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
-    if not plain and not (pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0 and
-                          (pa.types.is_binary(kind.field("bytes").type) or
-                           pa.types.is_large_binary(kind.field("bytes").type))):
-        raise ConfigError(f"{path}: the image column {image!r} holds {kind}, not image bytes (binary, or a struct with "
-                          f"a binary `bytes` field, as Hugging Face's Image feature); its columns are {listed}. Set "
-                          f"dataset.image_column to the column of the images")
-    label = _pick(path, config.dataset.label_column, "label", "ClassLabel", LABEL_NAMES, features, names, listed)
-    return image, label
-
-
-def _pick(path: str, chosen: str | None, what: str, feature_type: str, conventional: Sequence[str], features: dict,
-          names: list[str], listed: str) -> str:
-    """The `what` column: dataset.<what>_column, else the feature of that type in the metadata, else a
-    conventional name; a ConfigError listing the file's columns where there is none."""
-    column = chosen or \
-        next((name for name, feature in features.items() if isinstance(feature, dict) and
-              feature.get("_type") == feature_type and name in names), None) or \
-        next((name for name in conventional if name in names), None)
-    if column is None or column not in names:
-        given = f"dataset.{what}_column ({column}) is not one of them" if column else \
-            f"none is {'an' if feature_type[0] in 'AEIOU' else 'a'} {feature_type} feature or named " \
-            f"{' or '.join(conventional)}"
-        raise ConfigError(f"{path}: no {what} column: its columns are {listed}; {given}. Set dataset.{what}_column to "
-                          f"the column of the {what}s")
-    return column
-
-
-def _image_leaf(path: str, file, schema, image: str) -> tuple[int, int]:
-    """(the parquet leaf column of the image bytes, its largest definition level)."""
-    import pyarrow as pa
-
-    wanted = f"{image}.bytes" if pa.types.is_struct(schema.field(image).type) else image
-    parquet_schema = file.metadata.schema
-    for leaf in range(len(parquet_schema)):
-        column = parquet_schema.column(leaf)
-        if column.path == wanted:
-            if column.max_repetition_level:
-                raise ConfigError(f"{path}: the image column {image!r} is a list; a row holds one image")
-            return leaf, column.max_definition_level
-    raise ConfigError(f"{path}: no parquet column {wanted!r} for the image column {image!r}")
-
-
-def _classlabel(schema, label: str) -> tuple[str, ...] | None:
-    """The label column's ClassLabel names, where the metadata has them."""
-    feature = _hf_features(schema).get(label)
-    names = feature.get("names") if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" else None
-    return tuple(str(name) for name in names) if isinstance(names, list) and names else None
-
-
-def _label_values(path: str, label: str, column, config: Config) -> list:
-    """The label column as Python ints (or class names, which need dataset.classes); None where null."""
-    import pyarrow as pa
-
-    kind = column.type
-    if pa.types.is_dictionary(kind):
-        column, kind = column.cast(kind.value_type), kind.value_type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        if not config.dataset.classes:
-            raise ConfigError(f"{path}: the label column {label!r} holds class names (strings), and "
-                              f"dataset.classes is not set; set dataset.classes to the class names in label order "
-                              f"(or the path of a file of them, one a line)")
-        return column.to_pylist()
-    if not pa.types.is_integer(kind):
-        raise ConfigError(f"{path}: the label column {label!r} holds {kind}, not integer labels or class names; set "
-                          f"dataset.label_column to the column of the labels")
-    return column.to_pylist()
-
-
-def read_row(location: Location) -> bytearray:
-    """The image bytes of a row of compressed parquet pages: its row group's image column decoded (or
-    found in this process's cache of row groups) and the row's value taken. OSError (EmptyRow for a null,
-    ContainerChanged for a file rewritten since it was indexed) naming the row where it cannot."""
-    return _row_groups.value(location)
-
-
-def forget_row_groups() -> None:
-    """Drop the row groups this process keeps decoded (a benchmark's fresh reader starts without them)."""
-    _row_groups.pid = -1
-
-
-class _RowGroups:
-    """Decoded image columns of row groups, the most recent ROW_GROUP_CACHE bytes, per process: a forked
-    reader starts empty and opens the files itself (pyarrow's readers are not shared across a fork)."""
-
-    def __init__(self):
-        self.pid = -1
-
-    def _reset(self) -> None:
-        self.pid, self.lock = os.getpid(), threading.Lock()
-        self.groups: collections.OrderedDict[tuple, tuple[int, object]] = collections.OrderedDict()
-        self.size = 0
-        self.metadata: dict[tuple, object] = {}
-
-    def value(self, location: Location) -> bytearray:
-        if self.pid != os.getpid():
-            self._reset()
-        key = (location.file, location.identity, location.start)
-        with self.lock:
-            found = self.groups.get(key)
-            if found is not None:
-                self.groups.move_to_end(key)
-        if found is None:
-            found = self._read(location)
-            with self.lock:
-                self.groups[key] = found
-                self.size += found[1].nbytes
-                while self.size > ROW_GROUP_CACHE and len(self.groups) > 1:
-                    _, (_, dropped) = self.groups.popitem(last=False)
-                    self.size -= dropped.nbytes
-        first, values = found
-        at = location.row - first
-        if not 0 <= at < len(values):
-            raise ContainerChanged(errno.ESTALE, f"{location.name}: the row is not in its row group any more; the "
-                                                 f"file changed since it was indexed", location.file)
-        value = values[at]
-        if not value.is_valid:
-            raise EmptyRow(errno.ENODATA, "no image bytes (null)", location.name)
-        return bytearray(value.as_buffer())
-
-    def _read(self, location: Location) -> tuple[int, object]:
-        """(the row group's first row, its image values), read from the file (a file in a store: from the node
-        cache's copy), its identity checked as a shard's is."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            if remote.is_url(location.file):
-                from .node_cache import current
-                with current().opened(location) as fd:
-                    return self._group(pq, io.FileIO(os.dup(fd), "r"), location)
-            fd = open_regular(location.file)
-            try:
-                found = Identity.of(os.fstat(fd))
-                if location.identity is not None and found != location.identity:
-                    raise ContainerChanged(errno.ESTALE, f"the parquet file {location.file} changed since it was "
-                                                         f"indexed; its rows are refused until a new loader indexes "
-                                                         f"it again", location.file)
-                return self._group(pq, io.FileIO(os.dup(fd), "r"), location)
-            finally:
-                os.close(fd)
-        except pa.ArrowException as error:
-            raise OSError(errno.EIO, f"its row group cannot be read: {error}", location.file) from None
-
-    def _group(self, pq, handle, location: Location) -> tuple[int, object]:
-        with handle:
-            key = (location.file, location.identity)
-            metadata = self.metadata.get(key)
-            file = pq.ParquetFile(handle, metadata=metadata, pre_buffer=False)
-            self.metadata[key] = file.metadata
-            first = 0
-            for group in range(file.metadata.num_row_groups):
-                rows = file.metadata.row_group(group).num_rows
-                if location.row < first + rows:
-                    break
-                first += rows
-            top, _, field = location.column.partition(".")
-            column = file.read_row_group(group, columns=[top], use_threads=False).column(0).combine_chunks()
-            values = column.field(field) if field else column
-            if column.null_count:  # a null struct is a null image, whatever its field holds
-                import pyarrow.compute as pc
-                values = pc.if_else(column.is_valid(), values, None)
-            return first, values
-
-
-_row_groups = _RowGroups()

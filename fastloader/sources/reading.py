@@ -2,7 +2,7 @@
 
 A sample's bytes are a whole file (folders, file lists, the demo) or a byte range of a container
 file (a member of a tar shard, a row of a parquet or Arrow file); a row of a parquet file whose
-image pages are compressed is decoded with its row group (sources/parquet.py `read_row`).
+image pages are compressed is decoded with its row group (sources/row_groups.py `read_row`).
 Everything that reads image bytes (screening, both backends, the cache writer, `check`) reads a
 `Location` through `read_bytes` or `open_bytes`, so a new container format only has to say where its
 samples' bytes are.
@@ -69,7 +69,7 @@ class Location(NamedTuple):
     """The container's identity when it was indexed; None: not checked."""
     row: int = -1
     """A row of a parquet file whose image pages are compressed: its row in the file, read with its row
-    group (sources/parquet.py; start and length: the row group's image column chunk); -1: a byte range."""
+    group (sources/row_groups.py; start and length: the row group's image column chunk); -1: a byte range."""
     column: str = ""
     """That row's image column (its parquet leaf path)."""
 
@@ -159,7 +159,7 @@ def read_bytes(where: str | Location) -> bytearray:
     where the store or the cache cannot serve it)."""
     location = as_location(where)
     if location.row >= 0:  # a row of compressed parquet pages: decoded with its row group
-        from .parquet import read_row
+        from .row_groups import read_row
         return read_row(location)
     if is_url(location.file):
         from .node_cache import current
