@@ -146,9 +146,9 @@ def sample_weights(config: Config, split: SplitConfig, index: SampleIndex, table
     weights = np.ones(len(index), dtype=np.float64)
     weighted_sources = split.sources is not None and all(source.weight is not None for source in split.sources)
     if split.weights is not None:
-        weights *= _file_weights(config, split, index, table or read_weights_file(config, split), left_out)
+        weights *= _relative(_file_weights(config, split, index, table or read_weights_file(config, split), left_out))
     if split.class_weights is not None:
-        weights *= _class_weights(config, split, index, by_source=weighted_sources)
+        weights *= _relative(_class_weights(config, split, index, by_source=weighted_sources))
     if not weights.any():
         keys = " and ".join(key for key in draws_from(split) if not key.endswith("].weight"))
         raise ConfigError(f"{config.origin(keys.split(' ')[0])}: {keys}: every sample of split '{split.name}' weighs "
@@ -233,8 +233,11 @@ def _class_weights(config: Config, split: SplitConfig, index: SampleIndex, by_so
 
 def _source_shares(config: Config, split: SplitConfig, index: SampleIndex, weights: np.ndarray) -> np.ndarray:
     """The samples' weights scaled so that each source's add up to its share of the sources' weights."""
-    shares = np.array([source.weight for source in split.sources], dtype=np.float64)
+    shares = _relative(np.array([source.weight for source in split.sources], dtype=np.float64))
     shares /= shares.sum()
+    highest = np.zeros(len(shares))
+    np.maximum.at(highest, index.source, weights)
+    weights = weights / np.where(highest > 0, highest, 1.0)[index.source]  # each source's own scale: sums >= 1
     totals = np.bincount(index.source, weights=weights, minlength=len(shares))
     empty = np.flatnonzero((totals <= 0) & (shares > 0))
     if len(empty):
@@ -246,6 +249,13 @@ def _source_shares(config: Config, split: SplitConfig, index: SampleIndex, weigh
                           f"cannot be drawn; set {key}: 0, or give its samples weights above 0")
     scale = np.divide(shares, totals, out=np.zeros_like(shares), where=totals > 0)
     return weights * scale[index.source]
+
+
+def _relative(weights: np.ndarray) -> np.ndarray:
+    """Weights divided by the largest: the same proportions, and sums and products that stay finite
+    and above 0 however large or small the weights a file gives (1e308 each would sum to inf)."""
+    highest = weights.max(initial=0.0)
+    return weights / highest if highest > 0 else weights
 
 
 def class_shares(index: SampleIndex, probabilities: np.ndarray) -> str:

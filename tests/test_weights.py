@@ -317,6 +317,8 @@ def test_a_resume_on_2_ranks_then_3_delivers_the_rest_of_the_draws(tmp_path):
 
 def test_a_state_records_the_weights_and_refuses_others(tmp_path):
     root = write_numbered_dataset(tmp_path / "d", per_class=4, splits=("train",))
+    for name in ("n_00.png", "n_01.png"):  # classes of 2, 4 and 4: inverse and sqrt weigh them apart
+        (root / "train" / "a_red" / name).unlink()
     config = base_config(root, train={"class_weights": "inverse", "epoch_size": 20})
     state = build_loader(config, "train").state_dict()
     assert state["weights_from"] == "train.class_weights: inverse" and state["epoch_size"] == 20
@@ -332,6 +334,9 @@ def test_a_state_records_the_weights_and_refuses_others(tmp_path):
     longer = build_loader({**config, "train": {**config["train"], "epoch_size": 40}}, "train")
     with pytest.raises(ValueError, match="saved with train.epoch_size: 20, this loader has train.epoch_size: 40"):
         longer.load_state_dict(state)
+    same = build_loader({**config, "train": {**config["train"], "class_weights": {"a_red": 2, "b_green": 1,
+                                                                                   "c_blue": 1}}}, "train")
+    same.load_state_dict(state)  # weights in the same proportions draw the same samples: the same digest
     old = {k: v for k, v in build_loader({**config, "train": {"batch_size": 4}}, "train").state_dict().items()
            if k not in ("weights", "weights_from", "epoch_size")}  # a state saved before weights
     build_loader({**config, "train": {"batch_size": 4}}, "train").load_state_dict(old)
@@ -386,6 +391,29 @@ def test_bad_weights_fail_at_load_naming_the_key_and_the_fix(tmp_path, backend, 
     config.update(backend=backend, distributed={"rank": 0, "world_size": 2})
     with pytest.raises(ConfigError, match=message):
         build_loader(config, "train")
+
+
+@pytest.mark.parametrize("scale", ["1e308", "5e-324"])
+def test_weights_at_the_ends_of_the_float_range_draw_in_their_proportions(tmp_path, scale):
+    """Every weight finite and >= 0, as the file's check wants, but 1e308 each summed to inf and 5e-324
+    scaled by the sources' shares fell to 0: a bare ValueError that named no key (`check` called it
+    an internal error). Weights are proportions: the draws are those of weights 1 and 2."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=3)
+    names = [f"{split}/{c}/n_{i:02d}.png" for split in ("train", "val") for c in ("a_red", "b_green", "c_blue")
+             for i in range(3)]
+    double = {"1e308": "1.5e308", "5e-324": "1e-323"}[scale]  # about twice the other
+    for sources in (None, [{"folder": "train", "weight": 1}, {"folder": "val", "weight": 3}]):
+        listed = names if sources else names[:9]
+        (tmp_path / "w.txt").write_text("".join(f"{name} {double if name.endswith('00.png') else scale}\n"
+                                                for name in listed))
+        train = {"weights": str(tmp_path / "w.txt"), "epoch_size": 30, **({"sources": sources} if sources else {})}
+        p = build_loader(base_config(root, train=train), "train").order.draws.probabilities
+        assert np.isfinite(p).all() and p.min() > 0 and np.isclose(p.sum(), 1)
+        heavy = np.array([name.endswith("00.png") for name in listed])
+        ratio = p[heavy].mean() / p[~heavy].mean()
+        assert 1.4 < ratio < 2.1, ratio
+        if sources:  # each source keeps its share, whatever its weights' scale
+            assert np.isclose(p[:9].sum(), 0.25) and np.isclose(p[9:].sum(), 0.75)
 
 
 def test_a_weights_file_may_name_the_files_the_split_left_out(tmp_path):
