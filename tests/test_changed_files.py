@@ -1,8 +1,8 @@
 """Files and shards that change after fastloader looked at them: a cached result is kept with the
 file's stamp (inode, size, mtime, ctime), so a file replaced or rewritten since, even with its size
 and mtime restored (`cp -p`, `touch -d`), is looked at again; a shard rewritten under a running
-loader is refused by name, never read at its old offsets with its old labels. Real files, real
-shards, both backends (CPU)."""
+loader is refused by name, never read at its old offsets with its old labels, and so is a parquet
+or Arrow file. Real files, real shards, both backends (CPU)."""
 from __future__ import annotations
 
 import logging
@@ -14,6 +14,7 @@ import pytest
 from conftest import base_config, identities, write_numbered_dataset, write_solid_dataset
 from PIL import Image
 from shardfiles import pack_folder_split
+from tablefiles import folder_rows, table, write_arrow, write_parquet
 
 from fastloader import build_loader
 
@@ -151,3 +152,34 @@ def test_a_shard_replaced_before_it_is_opened_is_refused_or_read_as_indexed(tmp_
     assert len(delivered) == 18 - refused and len(loader.bad_samples) == refused
     for name, reason in loader.bad_samples:
         assert name.startswith(f"{moved[0]}:") and f"the shard {moved[0]} changed since it was indexed (inode" in reason
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_table_rewritten_in_place_during_a_run_is_refused_by_name_never_mislabelled(tmp_path, backend, fmt):
+    """A parquet or Arrow file rewritten under a running loader with its rows reversed (a new export of
+    the same images: the same size, every row's bytes at the same offsets as another's) and its mtime
+    restored (`cp -p`). Its rows were read at the indexed offsets under the indexed labels: every
+    image under another image's label, silently. Now its rows are refused by name; a new loader reads
+    the new file right."""
+    root = write_numbered_dataset(tmp_path / "data", per_class=4, splits=("val",))
+    classes, images, labels = folder_rows(root / "val")
+    order = [0, 4, 8, 1, 5, 9, 10, 6, 2, 11, 7, 3]  # labels 0 1 2 0 1 2 2 1 0 2 1 0: the same reversed
+    rows = [(images[i], labels[i]) for i in order]
+    write = write_parquet if fmt == "parquet" else write_arrow
+    path = write(tmp_path / f"val.{fmt}", table(*zip(*rows), classes))
+    again = write(tmp_path / f"reversed.{fmt}", table(*zip(*rows[::-1]), classes))
+    assert path.stat().st_size == again.stat().st_size and path.read_bytes() != again.read_bytes()
+    config = base_config("unused", backend=backend)
+    config["dataset"] = {"format": fmt}
+    config["val"] = {**config["val"], "files": str(path)}
+    loader = build_loader(config, "val")
+    truth = dict(pairs(loader))
+    assert sorted(truth.values()) == [0] * 4 + [1] * 4 + [2] * 4
+    overwrite_keeping_times(path, again.read_bytes())
+    delivered = pairs(loader)
+    assert delivered == [] and len(loader.bad_samples) == 12
+    for name, reason in loader.bad_samples:
+        assert name.startswith(f"{path}:") and f"the file {path} changed since it was indexed" in reason
+    fresh = pairs(build_loader(config, "val"))
+    assert len(fresh) == 12 and all(truth[colour] == label for colour, label in fresh)

@@ -21,7 +21,7 @@ def scan_arrow(path: str, config: Config) -> TableScan:
     import pyarrow as pa
 
     fd = open_regular(path)  # a FIFO or a folder is refused before pyarrow maps it
-    identity = Identity.of(os.fstat(fd))
+    identity = Identity.of(os.fstat(fd), ctime=True)
     os.close(fd)
     try:
         mapped = pa.memory_map(path, "r")

@@ -49,7 +49,7 @@ REWRITE = ("rewrite it with the image column uncompressed and PLAIN, as `dataset
            "`pq.write_table(pq.read_table(SRC), DST, compression='none', use_dictionary=False)` (pyarrow), or "
            "`datasets.load_dataset(...).to_parquet(DST)`")
 """The fix for a parquet file whose image pages cannot be read in place."""
-SCAN_VERSION = 2
+SCAN_VERSION = 3
 """Raised when a cached scan of a file would read otherwise."""
 
 
@@ -236,7 +236,7 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
         source = _StoredFile(reader, info.size)
     else:
         fd = open_regular(path)
-        identity = Identity.of(os.fstat(fd))
+        identity = Identity.of(os.fstat(fd), ctime=True)
         size = identity.size
 
         def pread(length: int, offset: int, fd=fd) -> bytes:

@@ -49,10 +49,18 @@ class Identity(NamedTuple):
     mtime_ns: int
     etag: str = ""
     """A shard in an object store: its ETag (inode 0), which the node cache checks what it fetches against."""
+    ctime_ns: int = 0
+    """A parquet or Arrow file's status-change time (0: not checked). A write changes it, and no one
+    can set it back as `cp -p` sets mtime: a row's bytes carry no header that would show the file
+    rewritten with the same layout (rows reordered), so each read compares it (reading._range)."""
 
     @classmethod
-    def of(cls, info: os.stat_result) -> "Identity":
-        return cls(info.st_ino, info.st_size, info.st_mtime_ns)
+    def of(cls, info: os.stat_result, ctime: bool = False) -> "Identity":
+        return cls(info.st_ino, info.st_size, info.st_mtime_ns, "", info.st_ctime_ns if ctime else 0)
+
+    def matches(self, info: os.stat_result) -> bool:
+        """Whether a local file's status is this identity's (its ctime too, where it is kept)."""
+        return self == Identity.of(info, ctime=bool(self.ctime_ns))
 
 
 class Location(NamedTuple):
@@ -194,6 +202,11 @@ def _range(fd: int, location: Location) -> bytearray:
                                                  f"loader indexes it again", location.file)
     else:
         got = os.preadv(fd, [data], location.start)
+        if location.identity is not None and location.identity.ctime_ns and not location.identity.matches(
+                os.fstat(fd)):
+            raise ContainerChanged(errno.ESTALE, f"the file {location.file} changed since it was indexed (written "
+                                                 f"to, its status-change time moved): its rows are refused until a "
+                                                 f"new loader indexes it again", location.file)
     if got != location.length:
         raise TruncatedError(f"{location.file} ends {location.length - max(got, 0)} bytes into {location.name} "
                              f"(the shard was cut short since it was indexed)")
@@ -294,7 +307,7 @@ class _OpenContainers:
     def descriptor(self, path: str, identity: Identity | None = None) -> int:
         with self.lock:
             fd, checked = self.open.get(path, (-1, None))
-            if fd >= 0 and (identity is None or identity == checked or Identity.of(os.fstat(fd)) == identity):
+            if fd >= 0 and (identity is None or identity == checked or identity.matches(os.fstat(fd))):
                 self.open[path] = fd, identity or checked
                 self.open.move_to_end(path)
                 return fd
@@ -302,8 +315,9 @@ class _OpenContainers:
                 del self.open[path]
                 os.close(fd)
             fd = open_regular(path)
-            found = Identity.of(os.fstat(fd))
-            if identity is not None and found != identity:
+            info = os.fstat(fd)
+            if identity is not None and not identity.matches(info):
+                found = Identity.of(info, ctime=bool(identity.ctime_ns))
                 os.close(fd)
                 raise ContainerChanged(errno.ESTALE, f"the shard {path} changed since it was indexed ("
                                                      f"{_differences(identity, found)}); its members are refused "

@@ -10,7 +10,7 @@ import os
 import threading
 
 from . import remote
-from .reading import ContainerChanged, Identity, Location, open_regular
+from .reading import ContainerChanged, Location, open_regular
 
 ROW_GROUP_CACHE = 256 << 20
 """Bytes of decoded row groups (compressed image pages) each reading process keeps: a block of at most
@@ -88,8 +88,7 @@ class _RowGroups:
                     return self._group(pq, io.FileIO(os.dup(fd), "r"), location)
             fd = open_regular(location.file)
             try:
-                found = Identity.of(os.fstat(fd))
-                if location.identity is not None and found != location.identity:
+                if location.identity is not None and not location.identity.matches(os.fstat(fd)):
                     raise ContainerChanged(errno.ESTALE, f"the parquet file {location.file} changed since it was "
                                                          f"indexed; its rows are refused until a new loader indexes "
                                                          f"it again", location.file)
