@@ -144,7 +144,7 @@ def main() -> int:
     if args.samples < args.shards or args.shards < 1 or args.batch_size < 1:
         parser.error("--samples must be at least --shards, and both and --batch-size at least 1")
     budgets = [(text, parse_size(text, "--budgets")) for text in args.budgets.split(",")]
-    skipped = harness.missing_streaming(args.streaming_python)
+    skipped = harness.missing_peer(args.streaming_python, "--streaming-python", "streaming")
     results = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "layouts": {}}
     if skipped:
         print(f"skipped py1e: {skipped}")

@@ -77,13 +77,14 @@ def missing_dali() -> str | None:
     return None
 
 
-def missing_streaming(python: str | None) -> str | None:
-    """None where `python` (--streaming-python: a Python of its own, as Streaming 0.13 pins an older
-    numpy than this project's) imports MosaicML Streaming, else why its peer is skipped."""
+def missing_peer(python: str | None, option: str, module: str) -> str | None:
+    """None where `python` (given with `option`: a Python of its own, as MosaicML Streaming 0.13 pins
+    an older numpy than this project's and LitData its own torch) imports `module`, else why its peer
+    is skipped."""
     if not python:
-        return "--streaming-python not given"
-    found = subprocess.run([python, "-c", "import streaming"], capture_output=True, text=True)
-    return None if found.returncode == 0 else f"{python} cannot import streaming: {found.stderr.strip()[-200:]}"
+        return f"{option} not given"
+    found = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True)
+    return None if found.returncode == 0 else f"{python} cannot import {module}: {found.stderr.strip()[-200:]}"
 
 
 def add_backends_argument(parser: argparse.ArgumentParser) -> None:

@@ -29,13 +29,19 @@ size, uploads them to the same server, and reads them with StreamingDataset (py1
 of as many samples as ours holds; the same cache fraction) in a DataLoader of --workers, with
 torchvision's reference train transform. Its bytes per epoch are what the server sent (counted by
 the proxy, for ours too); its cache folder's peak size (polled) is checked against its limit.
-LitData is not measured.
+
+With --litdata-python (a Python with LitData installed, its own torch), LitData does the same:
+benchmarks/litdata_peer.py writes the photos with litdata.optimize as chunks of half our shards'
+size (--litdata-chunk-bytes), uploads them, and reads them with StreamingDataset (shuffle=True; max_cache_size: the same
+cache fraction) in its StreamingDataLoader of --workers, with the same transform.
 
     python benchmarks/remote.py --streaming-python /tmp/streaming-venv/bin/python
+    python benchmarks/remote.py --litdata-python /tmp/litdata-venv/bin/python
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -52,8 +58,19 @@ import psutil
 from fastloader import build_loader
 
 sys.path.insert(0, str(harness.REPO_ROOT / "tests"))  # the tests' server and proxy, not a copy of them
-PEER = Path(__file__).with_name("streaming_peer.py")
-STREAMING_URL = "s3://bench/mds"
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """A loader of another project, run by a Python of its own (--<key>-python) as `script`, its data at `url`."""
+    title: str
+    module: str
+    script: Path
+    url: str
+
+
+PEERS = {"streaming": Peer("Streaming", "streaming", Path(__file__).with_name("streaming_peer.py"), "s3://bench/mds"),
+         "litdata": Peer("LitData", "litdata", Path(__file__).with_name("litdata_peer.py"), "s3://bench/litdata")}
 
 
 def copied(data: Path, folder: Path, copies: int) -> Path:
@@ -129,24 +146,27 @@ def steady(rows: list[dict]) -> dict:
             "server_cpu_share": sum(r["server_cpu_s"] for r in rows) / seconds}
 
 
-def peer_lines(python: str, arguments: list[str], store):
-    """The JSON lines streaming_peer.py prints, as it prints them; its error output where it fails."""
+def peer_lines(python: str, script: Path, arguments: list[str], store):
+    """The JSON lines a peer's script prints, as it prints them; its error output where it fails. Its
+    environment has the server's (AWS_ENDPOINT_URL, which LitData's boto3 reads) and S3_ENDPOINT_URL
+    (Streaming's name for it)."""
     with tempfile.TemporaryFile("w+") as errors, subprocess.Popen(
-            [python, str(PEER), *arguments], stdout=subprocess.PIPE, stderr=errors, text=True,
-            env={**os.environ, "S3_ENDPOINT_URL": store.endpoint}) as process:  # Streaming's name for it
+            [python, str(script), *arguments], stdout=subprocess.PIPE, stderr=errors, text=True,
+            env={**os.environ, "S3_ENDPOINT_URL": store.endpoint}) as process:
         for line in process.stdout:
             if line.startswith("{"):
                 yield json.loads(line)
         if process.wait():
             errors.seek(0)
-            raise RuntimeError(f"{PEER.name} {arguments[0]} exited {process.returncode}: {errors.read()[-3000:]}")
+            raise RuntimeError(f"{script.name} {arguments[0]} exited {process.returncode}: {errors.read()[-3000:]}")
 
 
-def measure_streaming(python: str, arguments: list[str], epochs: int, data_bytes: int, store, server) -> dict:
-    """Streaming's run: it times its epochs; the server's bytes sent and CPU time are read here as each
+def measure_peer(python: str, script: Path, arguments: list[str], epochs: int, data_bytes: int, store,
+                 server) -> dict:
+    """A peer's run: it times its epochs; the server's bytes sent and CPU time are read here as each
     epoch's line arrives (its DataLoader's workers have ended by then)."""
     rows, last, sent, cpu = [], {}, store.proxy.sent, cpu_seconds(server)
-    for line in peer_lines(python, ["read", *arguments, "--epochs", str(epochs)], store):
+    for line in peer_lines(python, script, ["read", *arguments, "--epochs", str(epochs)], store):
         if "epoch" not in line:
             last = line
             continue
@@ -174,19 +194,27 @@ def main() -> int:
     parser.add_argument("--streaming-python", help="a Python with mosaicml-streaming installed, to measure it beside")
     parser.add_argument("--streaming-predownload", type=int,
                         help="samples each Streaming worker downloads ahead (default: Streaming's, 8 batches)")
+    parser.add_argument("--litdata-python", help="a Python with litdata installed, to measure it beside")
+    parser.add_argument("--litdata-pre-download", type=int,
+                        help="LitData's max_pre_download, chunks (default: LitData's, 2)")
+    parser.add_argument("--litdata-chunk-bytes", type=int,
+                        help="LitData's chunk_bytes (default: half our shards' size; at their size, 4 chunks in "
+                             "the cache, LitData 0.2.76's 2 workers wait on each other until its 120 s timeout)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     data = harness.check_data(parser, args.data, ["train"])
     backends = harness.usable_backends(parser, args.backends)
     if shutil.which("moto_server", path=os.path.dirname(sys.executable)) is None:
         parser.error("moto's server is not installed here: pip install 'moto[server]' (in the test extra)")
-    skipped = harness.missing_streaming(args.streaming_python)
-    if skipped:
-        print(f"skipped Streaming: {skipped}")
+    skipped = {key: harness.missing_peer(getattr(args, f"{key}_python"), f"--{key}-python", peer.module)
+               for key, peer in PEERS.items()}
+    for key, why in skipped.items():
+        if why:
+            print(f"skipped {PEERS[key].title}: {why}")
     from objectstore import start_server, stop_server
     from remotefiles import uploaded
 
-    results: dict = {"backends": {}, "streaming": {"skipped": skipped}}
+    results: dict = {"backends": {}, **{key: {"skipped": why} for key, why in skipped.items()}}
     with tempfile.TemporaryDirectory(prefix="remote_bench_") as work:
         work = Path(work)
         shards = pack(copied(data, work / "photos", args.copies), work / "shards", args.per_shard)
@@ -203,10 +231,12 @@ def main() -> int:
                   f"({args.cache_fraction:g} of the data), blocks of {block / 1e6:.1f} MB; "
                   f"batch {args.batch_size} at {args.size} px; {args.workers} workers; {os.cpu_count()} cores")
             ways = {"local": None, "remote": 0.0, f"remote +{args.latency_ms:g}ms": args.latency_ms / 1000}
-            loaders = list(backends)
-            if not skipped:
-                streaming = write_streaming(args, work, store, data_bytes / len(shards), block / data_bytes)
-                loaders.append("streaming")
+            settings = {}
+            if not skipped["streaming"]:
+                settings["streaming"] = write_streaming(args, work, store, data_bytes / len(shards), block / data_bytes)
+            if not skipped["litdata"]:
+                settings["litdata"] = write_litdata(args, work, store, data_bytes / len(shards) / 2)
+            loaders = [*backends, *settings]
             server = psutil.Process(store.process.pid)
             runs = {(loader, way): [] for loader in loaders for way in ways}
             for number in range(args.rounds):
@@ -214,12 +244,14 @@ def main() -> int:
                     latency = ways[way]
                     store.proxy.latency = latency or 0.0
                     node = work / f"node-{loader}-{number}-{way.replace(' ', '')}"  # a fresh node cache each time
-                    if loader == "streaming":
-                        where = (["--local", str(work / "mds")] if latency is None else
-                                 ["--remote", STREAMING_URL, "--local", str(node),
-                                  "--cache-limit", str(streaming["cache_limit"])])
-                        result = measure_streaming(args.streaming_python, [*where, *streaming["arguments"]],
-                                                   args.epochs, streaming["data_bytes"], store, server)
+                    if loader in settings:
+                        setting, peer = settings[loader], PEERS[loader]
+                        where = (["--local", setting["local"]] if latency is None else
+                                 ["--remote", peer.url, "--local", str(node),
+                                  "--cache-limit", str(setting["cache_limit"])])
+                        result = measure_peer(getattr(args, f"{loader}_python"), peer.script,
+                                              [*where, *setting["arguments"]], args.epochs, setting["data_bytes"],
+                                              store, server)
                     else:
                         at, remote = (str(work / "shards"), None) if latency is None else (
                             url, {"cache_dir": str(node), "cache_limit": f"{cache_limit}B"})
@@ -234,9 +266,9 @@ def main() -> int:
     for backend in backends:
         results["backends"][backend] = summaries[backend]
         show(backend, summaries[backend])
-    if not skipped:
-        results["streaming"] = {**streaming, "skipped": None, "ways": summaries["streaming"]}
-        show_streaming(streaming, summaries["streaming"], results["backends"])
+    for key, setting in settings.items():
+        results[key] = {**setting, "skipped": None, "ways": summaries[key]}
+        show_peer(PEERS[key].title, setting, summaries[key], results["backends"])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
@@ -245,9 +277,11 @@ def main() -> int:
 def write_streaming(args: argparse.Namespace, work: Path, store, shard_bytes: float, block_share: float) -> dict:
     """The photos as MDS shards of about our shards' size, uploaded; the arguments every read of them takes
     (py1e's block: as many samples as our block holds)."""
-    (setting,) = peer_lines(args.streaming_python, [
-        "write", "--photos", str(work / "photos"), "--out", str(work / "mds"), "--remote", STREAMING_URL,
+    peer = PEERS["streaming"]
+    (setting,) = peer_lines(args.streaming_python, peer.script, [
+        "write", "--photos", str(work / "photos"), "--out", str(work / "mds"), "--remote", peer.url,
         "--shard-bytes", str(int(shard_bytes)), "--cache-fraction", str(args.cache_fraction)], store)
+    setting["local"] = str(work / "mds")
     setting["block_samples"] = max(1, round(block_share * setting["samples"]))
     setting["arguments"] = ["--block-samples", str(setting["block_samples"]), "--batch-size", str(args.batch_size),
                             "--size", str(args.size), "--workers", str(args.workers)]
@@ -259,6 +293,24 @@ def write_streaming(args: argparse.Namespace, work: Path, store, shard_bytes: fl
     return setting
 
 
+def write_litdata(args: argparse.Namespace, work: Path, store, chunk_bytes: float) -> dict:
+    """The photos as LitData chunks (litdata.optimize) of --litdata-chunk-bytes, else `chunk_bytes`,
+    uploaded; the arguments every read of them takes."""
+    peer = PEERS["litdata"]
+    (setting,) = peer_lines(args.litdata_python, peer.script, [
+        "write", "--photos", str(work / "photos"), "--out", str(work / "litdata"), "--remote", peer.url,
+        "--chunk-bytes", str(args.litdata_chunk_bytes or int(chunk_bytes)),
+        "--cache-fraction", str(args.cache_fraction)], store)
+    setting["local"] = str(work / "litdata")
+    setting["arguments"] = ["--batch-size", str(args.batch_size), "--size", str(args.size),
+                            "--workers", str(args.workers)]
+    if args.litdata_pre_download:
+        setting["arguments"] += ["--pre-download", str(args.litdata_pre_download)]
+    print(f"LitData: {setting['shards']} chunks, {setting['data_bytes'] / 1e6:.1f} MB; max_cache_size "
+          f"{setting['cache_limit'] / 1e6:.1f} MB; max_pre_download {args.litdata_pre_download or 'LitData default'}")
+    return setting
+
+
 def median_run(runs: list[dict]) -> dict:
     """Each figure's median over the rounds, and the rounds themselves."""
     figures = [key for key, value in runs[0].items() if type(value) in (int, float) and key != "cache_peak_bytes"]
@@ -266,7 +318,7 @@ def median_run(runs: list[dict]) -> dict:
     if "network_wait_s" in runs[0]["epochs"][0]:
         summary["network_wait_s"] = statistics.median(sum(r["network_wait_s"] for r in run["epochs"][1:])
                                                       for run in runs)
-    if "cache_peak_bytes" in runs[0]:  # Streaming's, over the rounds: the largest, and whether all kept the limit
+    if "cache_peak_bytes" in runs[0]:  # a peer's, over the rounds: the largest, and whether all kept the limit
         summary["cache_peak_bytes"] = max(run["cache_peak_bytes"] for run in runs)
         summary["cache_limit_respected"] = all(run["cache_limit_respected"] for run in runs)
     return {**summary, "rounds": runs}
@@ -283,8 +335,8 @@ def show(backend: str, ways: dict) -> None:
               f"server busy {result['server_cpu_share']:.2f} of a core")
 
 
-def show_streaming(setting: dict, ways: dict, ours: dict) -> None:
-    """Streaming's rows, its images/s over its own local way's and over ours (local, and the same way)."""
+def show_peer(title: str, setting: dict, ways: dict, ours: dict) -> None:
+    """A peer's rows, its images/s over its own local way's and over ours (local, and the same way)."""
     for way, result in ways.items():
         speed = result["images_per_s"]
         ratios = [f"{speed / ways['local']['images_per_s']:.2f}x local"] + [
@@ -293,7 +345,7 @@ def show_streaming(setting: dict, ways: dict, ours: dict) -> None:
         moved = "local disk" if way == "local" else (
             f"{result['sent_over_data']:.2f}x the data sent an epoch, cache folder's peak "
             f"{result['cache_peak_bytes'] / 1e6:.1f} MB of its limit {setting['cache_limit'] / 1e6:.1f} MB")
-        print(f"streaming {way:14} first batch {result['first_batch_s']:5.2f} s, {speed:6.1f} images/s "
+        print(f"{title} {way:14} first batch {result['first_batch_s']:5.2f} s, {speed:6.1f} images/s "
               f"({', '.join(ratios)}), {moved}, server busy {result['server_cpu_share']:.2f} of a core")
 
 

@@ -7,7 +7,7 @@ boto3 to AWS_ENDPOINT_URL; prints one JSON line: shards, their bytes, the cache 
 torchvision's reference train transform (random-resized-crop, flip, normalized float32, as our
 loader's output); prints a JSON line at the end of each epoch (remote.py reads the server's bytes
 sent and CPU time at each), then one with the time to the first batch and the cache folder's
-largest size seen (polled every 20 ms) against the limit.
+largest size seen (polled every 20 ms, benchmarks/cache_watch.py) against the limit.
 
 Streaming's S3 downloads read their endpoint from S3_ENDPOINT_URL, which remote.py sets.
 """
@@ -17,11 +17,11 @@ import argparse
 import io
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
 import torch
+from cache_watch import Watcher
 from PIL import Image
 from streaming import MDSWriter, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
@@ -65,25 +65,6 @@ class Photos(StreamingDataset):
         return self.transform(Image.open(io.BytesIO(sample["jpeg"])).convert("RGB")), sample["label"]
 
 
-class Watcher(threading.Thread):
-    """The largest total size of the files under `folder` seen, polled: a lower bound of the true peak."""
-
-    def __init__(self, folder: Path):
-        super().__init__(daemon=True)
-        self.folder, self.peak, self.done = folder, 0, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(0.02):
-            sizes = []
-            for root, _, files in os.walk(self.folder):
-                for name in files:
-                    try:
-                        sizes.append(os.path.getsize(os.path.join(root, name)))
-                    except FileNotFoundError:  # evicted or renamed under us
-                        pass
-            self.peak = max(self.peak, sum(sizes))
-
-
 def read(args: argparse.Namespace) -> dict:
     clean_stale_shared_memory()
     watcher = Watcher(args.local)
@@ -103,10 +84,8 @@ def read(args: argparse.Namespace) -> dict:
         print(json.dumps({"epoch": epoch, "images": images, "seconds": time.perf_counter() - started}), flush=True)
     if not args.remote:
         return {"first_batch_s": first}
-    watcher.done.set()
-    watcher.join()
-    return {"first_batch_s": first, "cache_peak_bytes": watcher.peak,
-            "cache_limit_respected": watcher.peak <= args.cache_limit}
+    peak = watcher.stop()
+    return {"first_batch_s": first, "cache_peak_bytes": peak, "cache_limit_respected": peak <= args.cache_limit}
 
 
 def main() -> None:

@@ -24,9 +24,10 @@ from conftest import REPO, cpu_only_env, write_solid_dataset
 
 BENCHMARKS = REPO / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py")
-                 if p.name not in ("harness.py", "peer_loaders.py", "streaming_peer.py"))
-"""The scripts one runs; the others are modules, or run by another Python (streaming_peer.py, by remote.py's
---streaming-python)."""
+                 if p.name not in ("harness.py", "peer_loaders.py", "cache_watch.py", "streaming_peer.py",
+                                   "litdata_peer.py"))
+"""The scripts one runs; the others are modules, or run by another Python (streaming_peer.py and
+litdata_peer.py, by remote.py's --streaming-python and --litdata-python)."""
 SYNTHETIC = ("block_order.py", "sampler.py")
 """Scripts that measure a split they make up and read no data folder (no --data)."""
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
@@ -345,6 +346,8 @@ def test_remote_reads_the_same_shards_locally_and_from_a_local_s3_server_with_an
     assert "4 shards, " in out and "(0.5 of the data)" in out
     assert report["streaming"] == {"skipped": "--streaming-python not given"}
     assert "skipped Streaming: --streaming-python not given" in out
+    assert report["litdata"] == {"skipped": "--litdata-python not given"}
+    assert "skipped LitData: --litdata-python not given" in out
 
 
 @runs_for("sampler")
