@@ -36,6 +36,17 @@ def forget_row_groups() -> None:
     _row_groups.pid = -1
 
 
+def _changed(location: Location) -> bool:
+    """Whether a local file's status moved since its rows were indexed (reading._range checks a byte
+    range's file the same way); a file that is gone counts as changed."""
+    if location.identity is None or not location.identity.ctime_ns:
+        return False
+    try:
+        return not location.identity.matches(os.stat(location.file))
+    except OSError:
+        return True
+
+
 class _RowGroups:
     """Decoded image columns of row groups, the most recent ROW_GROUP_CACHE bytes, per process: a forked
     reader starts empty and opens the files itself (pyarrow's readers are not shared across a fork)."""
@@ -57,6 +68,10 @@ class _RowGroups:
             found = self.groups.get(key)
             if found is not None:
                 self.groups.move_to_end(key)
+        if found is not None and _changed(location):  # as a fresh reader would find it: both backends alike
+            raise ContainerChanged(errno.ESTALE, f"the file {location.file} changed since it was indexed (written to, "
+                                                 f"its status-change time moved): its rows are refused until a new "
+                                                 f"loader indexes it again", location.file)
         if found is None:
             found = self._read(location)
             with self.lock:
