@@ -78,11 +78,12 @@ RANK_SCRIPT = textwrap.dedent("""
 
 
 NATIVE_ABORT = "terminate called without an active exception"
-"""How a rank of this gloo job died once in CI (SIGABRT, rank 2 of 3, under the full suite's load; not
-reproduced in 200 launches since, with or without load). It names a C++ thread destroyed while
-still joinable, which no code of ours owns (the loaders had closed; the torch backend with
-num_workers 0 starts no thread); the launch is retried once and the abort kept as a warning with
-the ranks' Python stacks (PYTHONFAULTHANDLER), so that a second one fails the test with its place."""
+"""How a rank of this gloo job dies now and then (SIGABRT): once in a CI run, once in 210 launches
+here. Python's fault handler showed the rank with no Python frame left: after its loaders had
+closed, its results were printed and destroy_process_group() returned, while the interpreter
+finalized, a C++ thread was destroyed still joinable (torch's teardown; the torch backend with
+num_workers 0 starts no thread, and none of ours holds one). The launch is retried once on that
+abort, kept as a warning with the ranks' Python stacks (PYTHONFAULTHANDLER); a second one fails."""
 
 
 def run_ranks(config: dict, world: int, launcher: str, tmp_path) -> list[dict]:
