@@ -9,7 +9,7 @@ import textwrap
 import warnings
 
 import pytest
-from conftest import REPO, env_without, write_numbered_dataset
+from conftest import NATIVE_ABORT, REPO, env_without, write_numbered_dataset
 from test_resume import BACKENDS
 
 from fastloader.distributed import detect_ranks
@@ -75,15 +75,6 @@ RANK_SCRIPT = textwrap.dedent("""
     else:
         print(json.dumps([result]))
 """)
-
-
-NATIVE_ABORT = "terminate called without an active exception"
-"""How a rank of this gloo job dies now and then (SIGABRT): once in a CI run, once in 210 launches
-here. Python's fault handler showed the rank with no Python frame left: after its loaders had
-closed, its results were printed and destroy_process_group() returned, while the interpreter
-finalized, a C++ thread was destroyed still joinable (torch's teardown; the torch backend with
-num_workers 0 starts no thread, and none of ours holds one). The launch is retried once on that
-abort, kept as a warning with the ranks' Python stacks (PYTHONFAULTHANDLER); a second one fails."""
 
 
 def run_ranks(config: dict, world: int, launcher: str, tmp_path) -> list[dict]:
