@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import base_config, identities, write_numbered_dataset
-from shardfiles import pack_folder_split
-from tablefiles import split_as_arrow, split_as_parquet
+from shardfiles import pack_folder_split, png_bytes
+from tablefiles import split_as_arrow, split_as_parquet, table, write_parquet
 from test_weights import BACKENDS, within_binomial
 
 from fastloader import build_loader
@@ -215,6 +215,29 @@ def test_parquet_and_shard_sources_in_one_split_give_the_planned_samples(tmp_pat
     colours, labels = delivered(loader)
     assert colours == [by_sample[i] for i in plan.tolist()]
     assert labels == loader.index.labels[plan].tolist() and min(labels) < 3 <= max(labels)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_parquet_sources_classlabel_is_read_by_name_beside_shards_named_by_dataset_classes(tmp_path, backend):
+    """Device: CPU. dataset.classes [cat, dog] names a tar source's integer labels, and a parquet source's
+    ClassLabel says [dog, cat]: its rows keep their classes by name, so every red image (a cat) is
+    labelled cat and every blue one (a dog) dog, from either source, on each backend."""
+    red, blue = (250, 10, 10), (10, 10, 250)
+    for name, colour in (("cat", red), ("dog", blue)):
+        (tmp_path / "d" / "val" / name).mkdir(parents=True)
+        for k in range(2):
+            (tmp_path / "d" / "val" / name / f"{k}.png").write_bytes(png_bytes(colour))
+    shards = [str(p) for p in pack_folder_split(tmp_path / "d" / "val", tmp_path / "shards", "val", 2)]
+    (tmp_path / "hub").mkdir()
+    write_parquet(tmp_path / "hub" / "hub.parquet", table([png_bytes(blue), png_bytes(blue), png_bytes(red)],
+                                                          [0, 0, 1], ["dog", "cat"]))
+    config = base_config(tmp_path, backend=backend, dataset={"classes": ["cat", "dog"]},
+                         val={"sources": [{"shards": shards}, {"files": str(tmp_path / "hub" / "hub.parquet")}]})
+    loader = build_loader(config, "val")
+    pairs = [("red" if colour[0] > colour[2] else "blue", loader.classes[label]) for images, labels in loader
+             for colour, label in zip(identities(images), labels.tolist(), strict=True)]
+    assert loader.classes == ("cat", "dog") and len(pairs) == 7
+    assert sorted(set(pairs)) == [("blue", "dog"), ("red", "cat")], pairs
 
 
 def test_arrow_and_parquet_sources_are_read_once_an_epoch_in_the_block_order(tmp_path):

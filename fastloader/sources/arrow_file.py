@@ -65,9 +65,9 @@ def scan_arrow(path: str, config: Config) -> TableScan:
         lengths.extend(np.where(null, -1, row_length).tolist())
         labels += batch.column(schema.get_field_index(label)).to_pylist()
     labels = label_values(path, label, pa.array(labels, type=schema.field(label).type) if labels else
-                           pa.array([], schema.field(label).type), config)
+                           pa.array([], schema.field(label).type))
     return TableScan(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), labels,
-                     classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64))
+                     classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64), label_column=label)
 
 
 def _base_address(mapped) -> int:
