@@ -32,10 +32,12 @@ from ..errors import BadImageError, ConfigError
 from ..paths import cache_home
 from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
+from ..weights import draws_from
 from ..words import plural
 from . import remote
 from .arrow_file import scan_arrow
 from .hf_columns import classlabel, columns, image_leaf, label_values
+from .multi import files_format_key, order_split
 from .parquet_pages import parquet_ranges
 from .reading import Identity, open_regular, stat_stamp
 from .row_groups import ROW_GROUP_CACHE
@@ -69,11 +71,13 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
     _check_split_keys(config, split, kind, key, source)
     if kind == "arrow" and any(remote.is_url(pattern) for pattern in split.files):
         raise ConfigError(f"{source}: {key}: Arrow files are memory-mapped, which needs them on a local disk; copy "
-                          f"them there, or read the dataset's parquet files from the store (dataset.format: parquet)")
+                          f"them there, or read the dataset's parquet files from the store "
+                          f"({files_format_key(split)}: parquet)")
     kept, missing, objects, excluded, root = listed_files(config, split.files, key, f"{kind} file")
     problems = [(path, f"file {reason}") for path, reason in missing if not excluded(path)]
     scans: list[TableScan | None] = []
-    scan = functools.partial(_cached_scan, kind=kind, config=config, objects=objects)
+    scan = functools.partial(_cached_scan, kind=kind, config=config, objects=objects,
+                             format_key=files_format_key(split))
     found = remote.in_parallel(scan, kept) if objects else map(scan, kept)
     for path, result in zip(kept, found):
         if isinstance(result, Unreadable):
@@ -107,7 +111,9 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
 
 
 def _say_row_group_cost(config: Config, split: SplitConfig, grouped: list[str], scans) -> None:
-    """What reading rows by row group costs in the split's order, and how to choose a cheaper one."""
+    """What reading rows by row group costs in the split's order, and how to choose a cheaper one: named
+    by the keys of the split that sets the order (a source's is the split it is of), and the block
+    order only where that split may take it (weights and epoch_size refuse it)."""
     compressed = [scan for scan in scans if scan is not None and scan.table_row.any()]
     rows = sum(int((scan.table_row > 0).sum()) for scan in compressed)
     groups = sum(len(np.unique(scan.start[scan.table_row > 0])) for scan in compressed)
@@ -119,14 +125,18 @@ def _say_row_group_cost(config: Config, split: SplitConfig, grouped: list[str], 
     what = (f"split '{split.name}': the image column of {files} is compressed or dictionary-encoded, so each of "
             f"its {rows:,} rows is read by decoding its row group ({per_group:.0f} rows, {mean_bytes / 1e6:.1f} MB "
             f"on average), kept in a cache of {ROW_GROUP_CACHE >> 20} MiB per reading process")
-    if split.shuffle is True:
-        log.warning("%s; in a uniform order (%s.shuffle: true) nearly every row costs its whole row group: about "
-                    "%.0f times the image bytes an epoch (%.1f GB instead of %.2f GB). Set %s.shuffle: block with "
-                    "%s.block_size: %dMB (the cache) to read each row group once an epoch per reading process, or %s",
-                    what, split.name, per_group, per_group * group_bytes / 1e9, group_bytes / 1e9, split.name,
-                    split.name, ROW_GROUP_CACHE >> 20, REWRITE)
-    else:
-        log.info("%s; %s.shuffle: %s reads a row group's rows together", what, split.name, split.shuffle)
+    order = order_split(split)
+    if order.shuffle is not True:
+        log.info("%s; %s.shuffle: %s reads a row group's rows together", what, order.name, order.shuffle)
+        return
+    draws = draws_from(order) + ([f"{order.name}.epoch_size"] if order.epoch_size is not None else [])
+    block = (f"The block order, which reads each row group once an epoch, is refused with {' and '.join(draws)} "
+             f"(samples drawn at random), so " if draws else
+             f"Set {order.name}.shuffle: block with {order.name}.block_size: {ROW_GROUP_CACHE >> 20}MB (the cache) "
+             f"to read each row group once an epoch per reading process, or ")
+    log.warning("%s; in a uniform order (%s.shuffle: true) nearly every row costs its whole row group: about %.0f "
+                "times the image bytes an epoch (%.1f GB instead of %.2f GB). %s%s", what, order.name, per_group,
+                per_group * group_bytes / 1e9, group_bytes / 1e9, block, REWRITE)
 
 
 def _check_split_keys(config: Config, split: SplitConfig, kind: str, key: str, source: str) -> None:
@@ -220,7 +230,8 @@ def _class_names(paths: list[str], scans: list[TableScan | None]) -> tuple[str, 
     return names
 
 
-def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote.ObjectInfo]) -> TableScan | Unreadable:
+def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote.ObjectInfo],
+                 format_key: str) -> TableScan | Unreadable:
     """The file's scan from the cache where the file is unchanged (its stat stamp; in a store: its size
     and ETag), else scanned now and cached: a file in a store costs a ranged read a row to scan. A scan
     holds what the file says (its labels, as values or names, and its ClassLabel); what they mean in
@@ -239,7 +250,7 @@ def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
-        scan = _scan(path, kind, config, info)
+        scan = _scan(path, kind, config, info, format_key)
     except Unreadable as error:
         return error
     except OSError as error:  # a FIFO, a folder, no permission: named, never waited on
@@ -253,10 +264,10 @@ def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote
     return scan
 
 
-def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) -> TableScan:
+def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None, format_key: str) -> TableScan:
     """One file's rows, its columns found by the dataset's keys or Hugging Face's conventions."""
     if kind == "arrow":
-        return scan_arrow(path, config)
+        return scan_arrow(path, config, format_key)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -276,7 +287,7 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
         head, tail = pread(4, 0), pread(4, max(0, size - 4))
         if head != PARQUET_MAGIC:
             raise ConfigError(f"{path}: not a parquet file (it begins {head!r}, not {PARQUET_MAGIC!r}); list only "
-                              f"`.parquet` files in the split's files, or set dataset.format to the files' format")
+                              f"`.parquet` files, or set {format_key} to the files' format")
         if tail != PARQUET_MAGIC:
             raise Unreadable(f"parquet file cut short ({size:,} bytes, no footer at its end); copy it again")
         try:
