@@ -46,16 +46,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def screen_seconds(config, index: SampleIndex, workers: int) -> tuple[float, float]:
+def screen_seconds(config, split: str, index: SampleIndex, workers: int) -> tuple[float, float]:
     """(first screening, cached screening) in seconds, in a fresh cache folder; workers=0: in this process."""
     with tempfile.TemporaryDirectory() as cache:
         os.environ["FASTLOADER_CACHE_DIR"] = cache
         screening.IN_PROCESS_UP_TO = len(index) if workers == 0 else 0
         started = time.perf_counter()
-        screening.screen_index(config, index, workers=workers or None)
+        screening.screen_index(config, config.split(split), index, workers=workers or None)
         first = time.perf_counter() - started
         started = time.perf_counter()
-        screening.screen_index(config, index, workers=workers or None)
+        screening.screen_index(config, config.split(split), index, workers=workers or None)
         return first, time.perf_counter() - started
 
 
@@ -76,8 +76,8 @@ def measure_split(split: str, backends: list[str], args: argparse.Namespace) -> 
            split: {"batch_size": args.batch_size}}
     config = load_config({**raw, "dataset": {"root": str(args.data)}})  # screening on: the check itself
     index = build_index(config, config.split(split))
-    alone, cached = screen_seconds(config, index, workers=0)
-    pooled, _ = screen_seconds(config, index, workers=args.workers)
+    alone, cached = screen_seconds(config, split, index, workers=0)
+    pooled, _ = screen_seconds(config, split, index, workers=args.workers)
     epochs = {backend: epoch_seconds({**raw, "backend": backend}, split) for backend in backends}
     return {"files": len(index), "in_process_s": alone, "pooled_s": pooled, "cached_s": cached,
             "epoch_s": epochs, "share_of_one_epoch": min(alone, pooled) / min(epochs.values())}

@@ -120,7 +120,8 @@ class DatasetConfig:
         "a list of distinct, non-empty class names (or the path of a file of them, one a line)"))
     """Class names in label order, or a file of them, one a line (read when the config is loaded; `fastloader
     pack` writes `<split>-classes.txt`). Default: the sorted class folders of the split being read; for shards,
-    the `<prefix>-classes.txt` beside them when there is one, else 0 .. the largest label."""
+    the `<prefix>-classes.txt` beside them when there is one, else 0 .. the largest label; for parquet and
+    Arrow files, their ClassLabel's names. A ClassLabel's integer labels are mapped into it by name."""
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     """File suffixes taken as images (compared case-insensitively)."""
     exif_orientation: bool = True
@@ -137,8 +138,9 @@ class DatasetConfig:
     Image feature stores them, or plain binary). Default: the column the file's `huggingface` metadata calls
     an Image, else one named `image` or `img`."""
     label_column: str | None = None
-    """format: parquet or arrow: the column of the labels (integers, or class names with dataset.classes).
-    Default: the column the `huggingface` metadata calls a ClassLabel, else one named `label` or `labels`."""
+    """format: parquet or arrow: the column of the labels (integers, named by the file's ClassLabel where it
+    has one, else positions in dataset.classes; or class names with dataset.classes). Default: the column the
+    `huggingface` metadata calls a ClassLabel, else one named `label` or `labels`."""
     screen: bool = True
     """Check every file's header when a loader is built (cached per dataset) and leave out the files
     that cannot be decoded, before a decoder sees them."""

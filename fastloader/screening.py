@@ -37,7 +37,8 @@ from .imaging.screen import DALI_FORMATS, screen_files
 from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
-from .schema import Config
+from .schema import Config, SplitConfig
+from .sources.formats import input_key
 from .sources.reading import is_remote, path_stamp
 from .words import plural
 
@@ -65,8 +66,8 @@ class ScreenedIndex:
     (fastloader.imaging.sizes), so that no loader reads a header again; None when not screened."""
 
 
-def screen_index(config: Config, index: SampleIndex, workers: int | None = None) -> ScreenedIndex:
-    """Leave the files that fail the header check out of `index`, per dataset.on_bad_image.
+def screen_index(config: Config, split: SplitConfig, index: SampleIndex, workers: int | None = None) -> ScreenedIndex:
+    """Leave the files that fail the header check out of `index` (the split's), per dataset.on_bad_image.
 
     raise: the first such file (in index order) stops the build with a BadImageError;
     skip: each is logged once and returned in `bad`.
@@ -86,8 +87,9 @@ def screen_index(config: Config, index: SampleIndex, workers: int | None = None)
     bad = sorted((positions[relpath], reason) for relpath, reason in problems.items())
     if bad and len(bad) == len(index) and config.dataset.on_bad_image == "skip":
         first, reason = bad[0]
-        raise BadImageError(f"none of the {len(index)} files in {index.root} can be decoded (the first, "
-                            f"{index.path(first)!r}: {reason}); check dataset.root and the split's folder")
+        what = "samples" if index.ranges is not None else "files"
+        raise BadImageError(f"none of the {len(index)} {what} in {index.root} can be decoded (the first, "
+                            f"{index.path(first)!r}: {reason}); check {input_key(split)}")
     refuse(config, [(index.path(position), reason) for position, reason in bad])  # raises under raise
     if bad:
         log.warning("%d of %s in %s cannot be decoded and %s left out; %s listed in loader.bad_samples",

@@ -251,6 +251,57 @@ def test_bad_files_fail_with_the_file_and_the_fix(tmp_path):
     assert named.index.labels.tolist() == [1, 0]
 
 
+RED, BLUE = (250, 10, 10), (10, 10, 250)
+"""Cats are red, dogs blue, in every file of the ClassLabel tests."""
+
+
+def colours_and_names(loader) -> list[tuple[str, str]]:
+    """(the colour of each delivered image, its label's class name), in delivery order."""
+    return [("red" if colour[0] > colour[2] else "blue", loader.classes[label]) for images, labels in loader
+            for colour, label in zip(identities(images), labels.tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_classlabel_integers_keep_their_names_whatever_order_dataset_classes_lists(tmp_path, backend, fmt):
+    """Device: CPU. dataset.classes [cat, dog] over a file whose ClassLabel says [dog, cat], one that
+    says [cat, dog] and one of plain integers (positions in dataset.classes): every red image is a cat
+    and every blue one a dog, on each backend. Without dataset.classes the two orders are refused; a
+    ClassLabel name that dataset.classes lacks is refused with the file, the name and the fix."""
+    write = write_parquet if fmt == "parquet" else write_arrow
+    write(tmp_path / f"a.{fmt}", table([png_bytes(BLUE), png_bytes(BLUE), png_bytes(RED)], [0, 0, 1], ["dog", "cat"]))
+    write(tmp_path / f"b.{fmt}", table([png_bytes(RED), png_bytes(BLUE)], [0, 1], ["cat", "dog"]))
+    write(tmp_path / f"c.{fmt}", table([png_bytes(BLUE), png_bytes(RED)], [1, 0], None))
+    alone = build_loader(table_config(fmt, {"val": str(tmp_path / f"a.{fmt}")}, dataset={"classes": ["cat", "dog"]}),
+                         "val")
+    assert alone.index.labels.tolist() == [1, 1, 0]  # dog, dog, cat: by name, not by position
+    files = {"val": str(tmp_path / f"*.{fmt}")}
+    loader = build_loader(table_config(fmt, files, backend=backend, dataset={"classes": ["cat", "dog"]}), "val")
+    assert loader.classes == ("cat", "dog") and loader.index.labels.tolist() == [1, 1, 0, 0, 1, 1, 0]
+    assert colours_and_names(loader) == [("blue", "dog"), ("blue", "dog"), ("red", "cat"), ("red", "cat"),
+                                         ("blue", "dog"), ("blue", "dog"), ("red", "cat")]
+    with pytest.raises(ConfigError, match=rf"b\.{fmt}: its ClassLabel names \(cat, dog ...\) differ from those of "
+                                          rf".*a\.{fmt} \(dog, cat ...\); set dataset\.classes"):
+        build_loader(table_config(fmt, files), "val")
+    with pytest.raises(ConfigError, match=rf"dataset\.classes: .*a\.{fmt}: its ClassLabel names 1 class that "
+                                          rf"dataset\.classes lacks \('dog'\); .* add it to dataset\.classes"):
+        build_loader(table_config(fmt, {"val": str(tmp_path / f"a.{fmt}")}, dataset={"classes": ["cat", "bird"]}),
+                     "val")
+
+
+def test_a_scan_made_with_dataset_classes_still_asks_for_them_without(tmp_path):
+    """The scan cache holds what the file says: class names read once with dataset.classes are not
+    taken as read without it, which asks for dataset.classes again."""
+    write_parquet(tmp_path / "names.parquet", table([png_bytes(), png_bytes((1, 2, 3))], ["cat", "dog"], None,
+                                                    pa.string()))
+    files = {"val": str(tmp_path / "names.parquet")}
+    named = build_loader(table_config("parquet", files, dataset={"classes": ["dog", "cat"]}), "val")
+    assert named.index.labels.tolist() == [1, 0]
+    with pytest.raises(ConfigError, match=r"names\.parquet: the label column 'label' holds class names \(strings\), "
+                                          r"and dataset\.classes is not set; set dataset\.classes"):
+        build_loader(table_config("parquet", files), "val")
+
+
 def test_columns_chosen_by_the_dataset_keys_and_rows_left_out_by_exclude(tmp_path):
     images = [png_bytes((k * 20, 0, 0)) for k in range(4)]
     data = pa.table({"jpg": pa.array(images, pa.binary()), "cls": [0, 1, 0, 1], "label": ["x"] * 4})

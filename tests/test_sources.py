@@ -4,15 +4,16 @@ their classes (shared or own), bad files and exclusions per source, on both back
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, identities, write_numbered_dataset
-from shardfiles import pack_folder_split
-from tablefiles import split_as_arrow, split_as_parquet
+from shardfiles import pack_folder_split, png_bytes
+from tablefiles import split_as_arrow, split_as_parquet, table, write_parquet
 from test_weights import BACKENDS, within_binomial
 
 from fastloader import build_loader
 from fastloader.config import load_config
-from fastloader.errors import ConfigError
+from fastloader.errors import BadImageError, ConfigError
 
 
 def colours_by_file(root, folder, per_class=6):
@@ -215,6 +216,59 @@ def test_parquet_and_shard_sources_in_one_split_give_the_planned_samples(tmp_pat
     colours, labels = delivered(loader)
     assert colours == [by_sample[i] for i in plan.tolist()]
     assert labels == loader.index.labels[plan].tolist() and min(labels) < 3 <= max(labels)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_parquet_sources_classlabel_is_read_by_name_beside_shards_named_by_dataset_classes(tmp_path, backend):
+    """Device: CPU. dataset.classes [cat, dog] names a tar source's integer labels, and a parquet source's
+    ClassLabel says [dog, cat]: its rows keep their classes by name, so every red image (a cat) is
+    labelled cat and every blue one (a dog) dog, from either source, on each backend."""
+    red, blue = (250, 10, 10), (10, 10, 250)
+    for name, colour in (("cat", red), ("dog", blue)):
+        (tmp_path / "d" / "val" / name).mkdir(parents=True)
+        for k in range(2):
+            (tmp_path / "d" / "val" / name / f"{k}.png").write_bytes(png_bytes(colour))
+    shards = [str(p) for p in pack_folder_split(tmp_path / "d" / "val", tmp_path / "shards", "val", 2)]
+    (tmp_path / "hub").mkdir()
+    write_parquet(tmp_path / "hub" / "hub.parquet", table([png_bytes(blue), png_bytes(blue), png_bytes(red)],
+                                                          [0, 0, 1], ["dog", "cat"]))
+    config = base_config(tmp_path, backend=backend, dataset={"classes": ["cat", "dog"]},
+                         val={"sources": [{"shards": shards}, {"files": str(tmp_path / "hub" / "hub.parquet")}]})
+    loader = build_loader(config, "val")
+    pairs = [("red" if colour[0] > colour[2] else "blue", loader.classes[label]) for images, labels in loader
+             for colour, label in zip(identities(images), labels.tolist(), strict=True)]
+    assert loader.classes == ("cat", "dog") and len(pairs) == 7
+    assert sorted(set(pairs)) == [("blue", "dog"), ("red", "cat")], pairs
+
+
+def test_messages_about_a_parquet_source_name_the_keys_the_config_has(tmp_path, caplog):
+    """A source is indexed as a split named `train.sources[1]`, and its messages name the keys that
+    exist: the order's (`train.shuffle`, `train.block_size`; no block order where the sources'
+    weights refuse it), the source's own `format`, and what to check where nothing can be read."""
+    images = [png_bytes((30 * k, 0, 0)) for k in range(6)]
+    (tmp_path / "t").mkdir()
+    write_parquet(tmp_path / "t" / "plain.parquet", table(images, [0, 1] * 3, ["a", "b"]))
+    pq.write_table(table(images, [0, 1] * 3, ["a", "b"]), tmp_path / "t" / "packed.parquet", row_group_size=3)
+    plain, packed = str(tmp_path / "t" / "plain.parquet"), str(tmp_path / "t" / "packed.parquet")
+    build_loader(sources_config(tmp_path, {"files": plain}, {"files": packed, "classes": "own"}), "train")
+    assert "Set train.shuffle: block with train.block_size: 256MB" in caplog.text
+    assert "train.sources[1].shuffle" not in caplog.text and "train.sources[1].block_size" not in caplog.text
+    caplog.clear()
+    build_loader(sources_config(tmp_path, {"files": plain, "weight": 1}, {"files": packed, "weight": 1}), "train")
+    assert "in a uniform order (train.shuffle: true)" in caplog.text and "Set train.shuffle: block" not in caplog.text
+    assert "The block order, which reads each row group once an epoch, is refused with train.sources[].weight" \
+        in caplog.text
+    with pytest.raises(ConfigError, match=r"plain\.parquet: not an Arrow file .* or set train\.sources\[0\]\.format "
+                                          r"to the files' format"):
+        build_loader(sources_config(tmp_path, {"files": plain, "format": "arrow"}), "train")
+    write_parquet(tmp_path / "t" / "text.parquet", table([b"not an image"] * 2, [0, 1], ["a", "b"]))
+    with pytest.raises(BadImageError, match=r"none of the 2 samples in .* can be decoded .*; check train\.sources$"):
+        build_loader(sources_config(tmp_path, {"files": str(tmp_path / "t" / "text.parquet")}), "train")
+    (tmp_path / "empty").mkdir()
+    write_numbered_dataset(tmp_path / "d", per_class=2, splits=("train",))
+    with pytest.raises(ConfigError, match=r"'.*empty' has no class folders; .* \(check dataset\.root and "
+                                          r"train\.sources\[1\]\.folder\)"):
+        build_loader(sources_config(tmp_path, {"folder": "d/train"}, {"folder": "empty"}), "train")
 
 
 def test_arrow_and_parquet_sources_are_read_once_an_epoch_in_the_block_order(tmp_path):

@@ -15,9 +15,10 @@ from .reading import Identity, open_regular
 from .table_scan import TableScan, Unreadable
 
 
-def scan_arrow(path: str, config: Config) -> TableScan:
+def scan_arrow(path: str, config: Config, format_key: str = "dataset.format") -> TableScan:
     """An Arrow file (IPC file or stream, as `datasets` writes its cache) memory-mapped: each value's
-    place in the mapped buffers is its byte range in the file."""
+    place in the mapped buffers is its byte range in the file; format_key names the key that says the
+    files' format (a source's own `format`, for a split's source)."""
     import pyarrow as pa
 
     fd = open_regular(path)  # a FIFO or a folder is refused before pyarrow maps it
@@ -37,7 +38,7 @@ def scan_arrow(path: str, config: Config) -> TableScan:
         head = open(path, "rb").read(8)
         if not head.startswith((b"ARROW1", b"\xff\xff\xff\xff")):
             raise ConfigError(f"{path}: not an Arrow file (it begins {head!r}); list only the `.arrow` files "
-                              f"`datasets` writes (its cache, `save_to_disk`), or set dataset.format to the files' "
+                              f"`datasets` writes (its cache, `save_to_disk`), or set {format_key} to the files' "
                               f"format") from None
         raise Unreadable(f"unreadable Arrow file (cut short?): {error}") from None
     image, label = columns(path, schema, config)
@@ -65,9 +66,9 @@ def scan_arrow(path: str, config: Config) -> TableScan:
         lengths.extend(np.where(null, -1, row_length).tolist())
         labels += batch.column(schema.get_field_index(label)).to_pylist()
     labels = label_values(path, label, pa.array(labels, type=schema.field(label).type) if labels else
-                           pa.array([], schema.field(label).type), config)
+                           pa.array([], schema.field(label).type))
     return TableScan(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), labels,
-                     classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64))
+                     classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64), label_column=label)
 
 
 def _base_address(mapped) -> int:

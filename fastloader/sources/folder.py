@@ -103,7 +103,7 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
         classes = found
         if not classes:
             raise ConfigError(f"{source}: {split_dir!r} has no class folders; expected "
-                              f"{split_dir}/<class name>/<image files>")
+                              f"{split_dir}/<class name>/<image files> (check dataset.root and {key})")
     else:
         missing = [c for c in classes if c not in found]
         extra = [c for c in found if c not in classes]
@@ -136,7 +136,7 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
     if not len(builder):
         first = f" ({walk.special[0][0]}: {walk.special[0][1]})" if walk.special else ""
         raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}){first}; "
-                          f"check dataset.root and dataset.extensions")
+                          f"check dataset.root, {key} and dataset.extensions")
     log.info("indexed %s: %s in %s (%.2fs)%s", split_dir, plural(len(builder), "image"), plural(len(classes), "class"),
              time.monotonic() - started, f", {walk.skipped} left out by dataset.exclude" if walk.skipped else "")
     return builder.build(split_dir, classes, excluded=walk.skipped, unusable=walk.special)

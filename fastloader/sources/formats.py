@@ -26,6 +26,13 @@ def build_index(config: Config, split: SplitConfig) -> SampleIndex:
     return FORMATS[config.dataset.format](config, split)
 
 
+def input_key(split: SplitConfig) -> str:
+    """What to check where none of a split's samples can be read: the key that lists them (its sources,
+    files, shards or file list), or the folder that holds them."""
+    key = next((key for key in ("sources", "files", "shards", "file_list") if getattr(split, key) is not None), None)
+    return f"{split.name}.{key}" if key else f"dataset.root and {split.name}.folder"
+
+
 def source_format(source: SourceConfig) -> str:
     """A source's format, from the key that says where its samples are: shards are webdataset, files
     parquet or arrow (its `format`, else arrow where every pattern ends in .arrow), a folder or a file

@@ -85,20 +85,15 @@ def classlabel(schema, label: str) -> tuple[str, ...] | None:
     return tuple(str(name) for name in names) if isinstance(names, list) and names else None
 
 
-def label_values(path: str, label: str, column, config: Config) -> list:
-    """The label column as Python ints (or class names, which need dataset.classes); None where null."""
+def label_values(path: str, label: str, column) -> list:
+    """The label column as Python ints or class names, as the file holds them (what they mean in the
+    split, dataset.classes, is the index's to settle); None where null."""
     import pyarrow as pa
 
     kind = column.type
     if pa.types.is_dictionary(kind):
         column, kind = column.cast(kind.value_type), kind.value_type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        if not config.dataset.classes:
-            raise ConfigError(f"{path}: the label column {label!r} holds class names (strings), and "
-                              f"dataset.classes is not set; set dataset.classes to the class names in label order "
-                              f"(or the path of a file of them, one a line)")
-        return column.to_pylist()
-    if not pa.types.is_integer(kind):
+    if not (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise ConfigError(f"{path}: the label column {label!r} holds {kind}, not integer labels or class names; set "
                           f"dataset.label_column to the column of the labels")
     return column.to_pylist()

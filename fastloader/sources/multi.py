@@ -39,12 +39,33 @@ def source_key(split: SplitConfig, number: int) -> str:
     return f"{split.name}.sources[{number}]"
 
 
-def source_split(split: SplitConfig, number: int) -> SplitConfig:
+@dataclasses.dataclass(frozen=True)
+class SourceSplit(SplitConfig):
+    """A source as a split of its own (source_split), named by its key, `train.sources[1]`, so that its
+    indexer's messages name `train.sources[1].files`; `of` is the split it is a source of, whose keys
+    (shuffle, block_size, the weights) set the order its samples are read in."""
+    of: SplitConfig | None = None
+
+
+def source_split(split: SplitConfig, number: int) -> SourceSplit:
     """A source as a split of its own, named by its key, so that every message of its indexer names
     `train.sources[1].shards` rather than a key the config does not have."""
     source = split.sources[number]
-    return dataclasses.replace(split, name=source_key(split, number), folder=source.folder,
-                               file_list=source.file_list, shards=source.shards, files=source.files, sources=None)
+    fields = {field.name: getattr(split, field.name) for field in dataclasses.fields(SplitConfig)}
+    return SourceSplit(**{**fields, "name": source_key(split, number), "folder": source.folder,
+                          "file_list": source.file_list, "shards": source.shards, "files": source.files,
+                          "sources": None}, of=split)
+
+
+def order_split(split: SplitConfig) -> SplitConfig:
+    """The split whose keys (shuffle, block_size, weights) set `split`'s order: itself, or the split a
+    source is of, so that advice about the order names keys the config has (`train.shuffle`)."""
+    return split.of if isinstance(split, SourceSplit) and split.of is not None else split
+
+
+def files_format_key(split: SplitConfig) -> str:
+    """The key that says the format of a split's files: dataset.format, or a source's own `format`."""
+    return f"{split.name}.format" if isinstance(split, SourceSplit) else "dataset.format"
 
 
 def index_sources(config: Config, split: SplitConfig, index_source: IndexSource) -> SampleIndex:

@@ -32,10 +32,12 @@ from ..errors import BadImageError, ConfigError
 from ..paths import cache_home
 from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
+from ..weights import draws_from
 from ..words import plural
 from . import remote
 from .arrow_file import scan_arrow
 from .hf_columns import classlabel, columns, image_leaf, label_values
+from .multi import files_format_key, order_split
 from .parquet_pages import parquet_ranges
 from .reading import Identity, open_regular, stat_stamp
 from .row_groups import ROW_GROUP_CACHE
@@ -49,8 +51,9 @@ REWRITE = ("rewrite it with the image column uncompressed and PLAIN, as `dataset
            "`pq.write_table(pq.read_table(SRC), DST, compression='none', use_dictionary=False)` (pyarrow), or "
            "`datasets.load_dataset(...).to_parquet(DST)`")
 """The fix for a parquet file whose image pages cannot be read in place."""
-SCAN_VERSION = 3
-"""Raised when a cached scan of a file would read otherwise."""
+SCAN_VERSION = 4
+"""Raised when a cached scan of a file would read otherwise: 3, it keeps the label column's name, and
+what the file says whatever dataset.classes is; 4, its identity keeps the file's ctime."""
 
 
 def index_parquet(config: Config, split: SplitConfig) -> SampleIndex:
@@ -68,23 +71,24 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
     _check_split_keys(config, split, kind, key, source)
     if kind == "arrow" and any(remote.is_url(pattern) for pattern in split.files):
         raise ConfigError(f"{source}: {key}: Arrow files are memory-mapped, which needs them on a local disk; copy "
-                          f"them there, or read the dataset's parquet files from the store (dataset.format: parquet)")
+                          f"them there, or read the dataset's parquet files from the store "
+                          f"({files_format_key(split)}: parquet)")
     kept, missing, objects, excluded, root = listed_files(config, split.files, key, f"{kind} file")
     problems = [(path, f"file {reason}") for path, reason in missing if not excluded(path)]
     scans: list[TableScan | None] = []
-    scan = functools.partial(_cached_scan, kind=kind, config=config, objects=objects)
+    scan = functools.partial(_cached_scan, kind=kind, config=config, objects=objects,
+                             format_key=files_format_key(split))
     found = remote.in_parallel(scan, kept) if objects else map(scan, kept)
     for path, result in zip(kept, found):
         if isinstance(result, Unreadable):
             problems.append((path, str(result)))
         scans.append(result if isinstance(result, TableScan) else None)
-    named = _class_names(kept, scans)
-    classes = config.dataset.classes or named
+    classes = config.dataset.classes or _class_names(kept, scans)
     builder, ranges = IndexBuilder(), (array("i"), array("q"), array("q"), array("q"))
     for number, (path, scan) in enumerate(zip(kept, scans)):
         if scan is not None:
-            _rows(path, number, scan, root, classes, excluded, builder, ranges, problems,
-                  "dataset.classes" if config.dataset.classes else "the ClassLabel")
+            _rows(path, number, scan, root, _labels_in(path, scan, classes, config), excluded, builder, ranges,
+                  problems)
     if not len(builder):
         first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
         raise BadImageError(f"{source}: {key}: no usable row in {plural(len(kept), 'file')}{first}")
@@ -107,7 +111,9 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
 
 
 def _say_row_group_cost(config: Config, split: SplitConfig, grouped: list[str], scans) -> None:
-    """What reading rows by row group costs in the split's order, and how to choose a cheaper one."""
+    """What reading rows by row group costs in the split's order, and how to choose a cheaper one: named
+    by the keys of the split that sets the order (a source's is the split it is of), and the block
+    order only where that split may take it (weights and epoch_size refuse it)."""
     compressed = [scan for scan in scans if scan is not None and scan.table_row.any()]
     rows = sum(int((scan.table_row > 0).sum()) for scan in compressed)
     groups = sum(len(np.unique(scan.start[scan.table_row > 0])) for scan in compressed)
@@ -119,14 +125,18 @@ def _say_row_group_cost(config: Config, split: SplitConfig, grouped: list[str], 
     what = (f"split '{split.name}': the image column of {files} is compressed or dictionary-encoded, so each of "
             f"its {rows:,} rows is read by decoding its row group ({per_group:.0f} rows, {mean_bytes / 1e6:.1f} MB "
             f"on average), kept in a cache of {ROW_GROUP_CACHE >> 20} MiB per reading process")
-    if split.shuffle is True:
-        log.warning("%s; in a uniform order (%s.shuffle: true) nearly every row costs its whole row group: about "
-                    "%.0f times the image bytes an epoch (%.1f GB instead of %.2f GB). Set %s.shuffle: block with "
-                    "%s.block_size: %dMB (the cache) to read each row group once an epoch per reading process, or %s",
-                    what, split.name, per_group, per_group * group_bytes / 1e9, group_bytes / 1e9, split.name,
-                    split.name, ROW_GROUP_CACHE >> 20, REWRITE)
-    else:
-        log.info("%s; %s.shuffle: %s reads a row group's rows together", what, split.name, split.shuffle)
+    order = order_split(split)
+    if order.shuffle is not True:
+        log.info("%s; %s.shuffle: %s reads a row group's rows together", what, order.name, order.shuffle)
+        return
+    draws = draws_from(order) + ([f"{order.name}.epoch_size"] if order.epoch_size is not None else [])
+    block = (f"The block order, which reads each row group once an epoch, is refused with {' and '.join(draws)} "
+             f"(samples drawn at random), so " if draws else
+             f"Set {order.name}.shuffle: block with {order.name}.block_size: {ROW_GROUP_CACHE >> 20}MB (the cache) "
+             f"to read each row group once an epoch per reading process, or ")
+    log.warning("%s; in a uniform order (%s.shuffle: true) nearly every row costs its whole row group: about %.0f "
+                "times the image bytes an epoch (%.1f GB instead of %.2f GB). %s%s", what, order.name, per_group,
+                per_group * group_bytes / 1e9, group_bytes / 1e9, block, REWRITE)
 
 
 def _check_split_keys(config: Config, split: SplitConfig, kind: str, key: str, source: str) -> None:
@@ -141,12 +151,11 @@ def _check_split_keys(config: Config, split: SplitConfig, kind: str, key: str, s
                           f"{split.name}: {{files: '{split.name}-*.{suffix}'}}")
 
 
-def _rows(path: str, number: int, scan: TableScan, root: str, classes: Sequence[str] | None, excluded: Excluded,
-          builder: IndexBuilder, ranges: tuple[array, ...], problems: list[tuple[str, str]],
-          names_from: str) -> None:
-    """The file's usable rows into the index; (name, reason) of the others into problems."""
+def _rows(path: str, number: int, scan: TableScan, root: str, labels: dict, excluded: Excluded,
+          builder: IndexBuilder, ranges: tuple[array, ...], problems: list[tuple[str, str]]) -> None:
+    """The file's usable rows into the index, each label as `labels` maps it (_labels_in); (name, reason)
+    of the others into problems."""
     name = remote.relative(path, root) if remote.is_url(path) else os.path.relpath(path, root)
-    lookup = {value: label for label, value in enumerate(classes)} if classes else {}
     for row, (start, length, value, by_group) in enumerate(zip(scan.start.tolist(), scan.length.tolist(), scan.labels,
                                                                scan.table_row.tolist())):
         where = f"{path}:{row}"
@@ -159,19 +168,10 @@ def _rows(path: str, number: int, scan: TableScan, root: str, classes: Sequence[
         if value is None:
             problems.append((where, "no label (null)"))
             continue
-        if isinstance(value, str):
-            if value not in lookup:
-                problems.append((where, f"label {value[:40]!r} is not in dataset.classes"))
-                continue
-            label = lookup[value]
-        else:
-            label = int(value)
-            reason = label_problem(label, classes)
-            if reason and classes and names_from != "dataset.classes":
-                reason = f"label {label} is outside {names_from}'s {len(classes)} names"
-            if reason:
-                problems.append((where, reason))
-                continue
+        label = labels[value]
+        if isinstance(label, str):
+            problems.append((where, label))
+            continue
         builder.add(f"{name}:{row}", label)
         ranges[0].append(number)
         ranges[1].append(start)
@@ -179,8 +179,44 @@ def _rows(path: str, number: int, scan: TableScan, root: str, classes: Sequence[
         ranges[3].append(by_group)
 
 
+def _labels_in(path: str, scan: TableScan, classes: Sequence[str] | None, config: Config) -> dict:
+    """Each label value of the file -> its label in the split's classes, or why the row has none.
+
+    Class names (strings) are found by name in dataset.classes. Integers coded by a ClassLabel are
+    found by their ClassLabel name, so that a file whose ClassLabel lists the classes in another order
+    than dataset.classes keeps every row's class (a name dataset.classes lacks is refused). Plain
+    integers are positions in the split's classes: dataset.classes, else the other files' ClassLabel."""
+    values = set(scan.labels) - {None}
+    given = config.dataset.classes
+    if any(isinstance(value, str) for value in values):
+        if not given:
+            raise ConfigError(f"{path}: the label column {scan.label_column!r} holds class names (strings), and "
+                              f"dataset.classes is not set; set dataset.classes to the class names in label order "
+                              f"(or the path of a file of them, one a line)")
+        where = {name: label for label, name in enumerate(given)}
+        return {value: where.get(value, f"label {value[:40]!r} is not in dataset.classes") for value in values}
+    names = scan.class_names
+    if names is None:
+        if given or not classes:
+            return {value: label_problem(value, classes) or value for value in values}
+        return {value: value if 0 <= value < len(classes) else
+                f"label {value} is outside the {len(classes)} ClassLabel names of the split's other files"
+                for value in values}
+    where = {name: label for label, name in enumerate(classes)}
+    missing = [name for name in names if name not in where]
+    if missing:
+        shown = ", ".join(repr(name[:40]) for name in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ConfigError(f"{config.origin('dataset.classes')}: dataset.classes: {path}: its ClassLabel names "
+                          f"{plural(len(missing), 'class')} that dataset.classes lacks ({shown}); a file's integer "
+                          f"labels are read by their ClassLabel names, so add {'it' if len(missing) == 1 else 'them'} "
+                          f"to dataset.classes")
+    return {value: where[names[value]] if 0 <= value < len(names) else
+            f"label {value} is outside the ClassLabel's {len(names)} names" for value in values}
+
+
 def _class_names(paths: list[str], scans: list[TableScan | None]) -> tuple[str, ...] | None:
-    """The ClassLabel names the files' metadata gives (all the same, or a ConfigError naming two that differ)."""
+    """The ClassLabel names the files' metadata gives, where dataset.classes is not set: all the same, or
+    a ConfigError naming two that differ (which order would be the split's labels is not theirs to say)."""
     named = [(path, scan.class_names) for path, scan in zip(paths, scans) if scan is not None and scan.class_names]
     if not named:
         return None
@@ -188,14 +224,18 @@ def _class_names(paths: list[str], scans: list[TableScan | None]) -> tuple[str, 
     for path, other in named[1:]:
         if other != names:
             raise ConfigError(f"{path}: its ClassLabel names ({', '.join(other[:3])} ...) differ from those of "
-                              f"{first_path} ({', '.join(names[:3])} ...); set dataset.classes to the names in "
-                              f"label order, or read the files as splits of their own")
+                              f"{first_path} ({', '.join(names[:3])} ...); set dataset.classes to the names in the "
+                              f"label order you want (each file's labels are read by their ClassLabel names), or "
+                              f"read the files as splits of their own")
     return names
 
 
-def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote.ObjectInfo]) -> TableScan | Unreadable:
+def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote.ObjectInfo],
+                 format_key: str) -> TableScan | Unreadable:
     """The file's scan from the cache where the file is unchanged (its stat stamp; in a store: its size
-    and ETag), else scanned now and cached: a file in a store costs a ranged read a row to scan."""
+    and ETag), else scanned now and cached: a file in a store costs a ranged read a row to scan. A scan
+    holds what the file says (its labels, as values or names, and its ClassLabel); what they mean in
+    the split (dataset.classes) is settled per build, by _labels_in."""
     info = objects.get(path)
     stamp = (info.size, info.etag) if info is not None else stat_stamp(os.stat(path))
     key = json.dumps([SCAN_VERSION, kind, path, stamp, config.dataset.image_column, config.dataset.label_column])
@@ -206,27 +246,28 @@ def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote
             extra = json.loads(str(stored["extra"]))
             names = tuple(extra["classes"]) if extra["classes"] is not None else None
             return TableScan(stored["start"], stored["length"], extra["labels"], names, Identity(*extra["identity"]),
-                             stored["table_row"], extra["column"])
+                             stored["table_row"], extra["column"], extra["label_column"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
-        scan = _scan(path, kind, config, info)
+        scan = _scan(path, kind, config, info, format_key)
     except Unreadable as error:
         return error
     except OSError as error:  # a FIFO, a folder, no permission: named, never waited on
         return Unreadable(f"unreadable: {error.strerror or error}")
     cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.with_name(f"{cache.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
-    extra = {"labels": scan.labels, "classes": scan.class_names, "identity": list(scan.identity), "column": scan.column}
+    extra = {"labels": scan.labels, "classes": scan.class_names, "identity": list(scan.identity), "column": scan.column,
+             "label_column": scan.label_column}
     np.savez(partial, start=scan.start, length=scan.length, table_row=scan.table_row, extra=np.array(json.dumps(extra)))
     os.replace(partial, cache)
     return scan
 
 
-def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) -> TableScan:
+def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None, format_key: str) -> TableScan:
     """One file's rows, its columns found by the dataset's keys or Hugging Face's conventions."""
     if kind == "arrow":
-        return scan_arrow(path, config)
+        return scan_arrow(path, config, format_key)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -246,7 +287,7 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
         head, tail = pread(4, 0), pread(4, max(0, size - 4))
         if head != PARQUET_MAGIC:
             raise ConfigError(f"{path}: not a parquet file (it begins {head!r}, not {PARQUET_MAGIC!r}); list only "
-                              f"`.parquet` files in the split's files, or set dataset.format to the files' format")
+                              f"`.parquet` files, or set {format_key} to the files' format")
         if tail != PARQUET_MAGIC:
             raise Unreadable(f"parquet file cut short ({size:,} bytes, no footer at its end); copy it again")
         try:
@@ -262,8 +303,8 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None) 
         if info is None:
             os.close(fd)
     column = file.metadata.schema.column(leaf).path if table_row.any() else None
-    return TableScan(start, length, label_values(path, label, labels, config), classlabel(schema, label), identity,
-                     table_row, column)
+    return TableScan(start, length, label_values(path, label, labels), classlabel(schema, label), identity,
+                     table_row, column, label)
 
 
 class _StoredFile(io.RawIOBase):

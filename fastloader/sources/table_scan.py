@@ -17,7 +17,8 @@ class Unreadable(Exception):
 class TableScan(NamedTuple):
     """One file's rows: each row's image byte range (start -1: null bytes), or for a row of compressed
     pages its row group's image column chunk (table_row 1 + its row); its label or None; the file's
-    class names (ClassLabel) where its metadata has them."""
+    class names (ClassLabel) where its metadata has them. What the file says, whatever the config's
+    dataset.classes: the scan is cached per file, and names are resolved per build."""
     start: np.ndarray
     length: np.ndarray
     labels: list
@@ -26,3 +27,5 @@ class TableScan(NamedTuple):
     table_row: np.ndarray
     column: str | None = None
     """The image column's parquet leaf path (`image.bytes`) where rows are read by row group."""
+    label_column: str = "label"
+    """The label column's name, for messages."""
