@@ -190,12 +190,13 @@ def requires_realphotos(test):
 
 NATIVE_ABORT = "terminate called without an active exception"
 """How a rank of a gloo job under torchrun dies now and then (SIGABRT): once in a CI run of
-test_distributed.py, once in 210 launches of it here. Python's fault handler showed the rank with no Python frame left: after its loaders had
-closed, its results were printed and destroy_process_group() returned, while the interpreter
-finalized, a C++ thread was destroyed still joinable (torch's teardown; the torch backend with
-num_workers 0 starts no thread, and none of ours holds one). test_distributed.py launches again
-once on that abort, test_example.py checks what the run printed as it would; both keep it as a
-warning with the ranks' Python stacks (PYTHONFAULTHANDLER)."""
+test_distributed.py, once in 210 launches of it here. Python's fault handler showed the rank with
+no Python frame left: after its loaders had closed, its results were printed and
+destroy_process_group() returned, while the interpreter finalized, a C++ thread was destroyed
+still joinable (torch's teardown; the torch backend with num_workers 0 starts no thread, and none
+of ours holds one). test_distributed.py launches again once on that abort, test_example.py checks
+what the run printed as it would; both keep it as a warning with the ranks' Python stacks
+(PYTHONFAULTHANDLER)."""
 
 
 def env_without(*names: str) -> dict:
