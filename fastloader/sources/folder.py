@@ -15,6 +15,7 @@ from ..schema import IMAGE_EXTENSIONS, Config, SplitConfig
 from ..words import plural
 from .exclude import read_exclude_list
 from .file_list import read_file_list
+from .multi import owning_split
 from .reading import not_regular
 
 log = logging.getLogger("fastloader")
@@ -37,7 +38,8 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     root = dataset_root(config)
     excluded = read_exclude_list(config.dataset.exclude, root) if config.dataset.exclude else frozenset()
     if split.file_list:
-        return read_file_list(split.file_list, root, config.dataset.classes, excluded)
+        return read_file_list(split.file_list, root, config.dataset.classes, excluded, key=f"{split.name}.file_list",
+                              weights_key=f"{owning_split(split.name)}.weights")
     folder = os.path.normpath(split.folder or split.name)
     skip = frozenset(path[len(folder) + 1:] for path in excluded if path.startswith(folder + os.sep))
     # the folders' problems are blamed on what set dataset.root: the file, or an override

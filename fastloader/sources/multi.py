@@ -39,6 +39,12 @@ def source_key(split: SplitConfig, number: int) -> str:
     return f"{split.name}.sources[{number}]"
 
 
+def owning_split(name: str) -> str:
+    """The split whose key a split name is under: `train` for the source `train.sources[1]` (its
+    weights, for instance, are `train.weights`), the name itself for a split."""
+    return name.split(".sources[", 1)[0]
+
+
 def source_split(split: SplitConfig, number: int) -> SplitConfig:
     """A source as a split of its own, named by its key, so that every message of its indexer names
     `train.sources[1].shards` rather than a key the config does not have."""
