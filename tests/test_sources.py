@@ -287,6 +287,16 @@ def test_a_folder_and_a_link_to_it_or_above_it_hold_the_same_samples(two_folders
         build_loader(config, "train")
 
 
+def test_an_empty_folder_source_is_named_by_its_key(two_folders):
+    (two_folders / "empty" / "a_red").mkdir(parents=True)
+    config = sources_config(two_folders, {"folder": "train"}, {"folder": "empty"})
+    with pytest.raises(ConfigError, match=r"train.sources\[1\].folder: no image files under '.*/empty'"):
+        build_loader(config, "train")
+    (two_folders / "empty" / "a_red").rmdir()
+    with pytest.raises(ConfigError, match=r"train.sources\[1\].folder: '.*/empty' has no class folders"):
+        build_loader(config, "train")
+
+
 def test_image_files_and_shards_in_one_split_are_refused(tmp_path):
     train, _ = shard_sources(tmp_path)
     config = sources_config(tmp_path / "d", {"folder": "val"}, {"shards": train})
