@@ -40,7 +40,7 @@ def build_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path
                 args: argparse.Namespace) -> dict[str, Factory]:
     cache_dir = list_path.parent / "cache"
     common = {"output.device": "cpu", "workers.num_workers": args.workers}
-    overrides = harness.fastloader_overrides(split, split_dir, index, list_path, args, **common)
+    overrides = harness.fastloader_overrides(split, split_dir, index, list_path, args, repeat, **common)
     BUILDS[split] = harness.build_cache(split, overrides, cache_dir, index, args)
     peers = {}
     for backend in args.backends:

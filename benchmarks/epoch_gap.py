@@ -61,7 +61,7 @@ def main() -> int:
         for split in harness.splits_of(args):
             index = scan_folder(str(args.data / split), IMAGE_EXTENSIONS)
             list_path = Path(workdir) / f"{split}.txt"
-            harness.write_file_list(index, 1, list_path)
+            harness.write_file_list(split, index, 1, list_path)
             for backend in args.backends:
                 r = results[f"{split} {backend}"] = run(backend, split, list_path, index, args)
                 gaps = ", ".join(f"{1000 * w:.0f}" for w in r["boundary_waits_s"])

@@ -10,6 +10,7 @@ builds a fresh loader, skips warm-up batches, then times a fixed number of batch
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import shlex
@@ -148,10 +149,28 @@ def listed_files(index: SampleIndex, repeat: int) -> tuple[list[str], list[int]]
     return paths * repeat, labels * repeat
 
 
-def write_file_list(index: SampleIndex, repeat: int, list_path: Path) -> None:
-    """The split's images (ImageFolder order and labels) listed `repeat` times, relative to the split folder."""
-    lines = [f"{index.relpath(i)} {index.label(i)}\n" for i in range(len(index))]
-    list_path.write_text("".join(lines * repeat), encoding="utf-8")
+def write_file_list(split: str, index: SampleIndex, repeat: int, list_path: Path) -> None:
+    """The split's images (ImageFolder order and labels) as its file list, for an epoch of `repeat`
+    passes over them, as the peers' repeated lists give. A file list names each file once, so a train
+    split's list names each once and fastloader_overrides sets its epoch_size to `repeat` passes
+    (consecutive permutations, as a repeated list shuffled); an eval split, which takes no epoch_size,
+    names each again through each of `repeat - 1` links to the split folder, beside the list."""
+    rows = [(index.relpath(i), index.label(i)) for i in range(len(index))]
+    heads = [""]
+    for number in range(1, 1 if is_train(split) else repeat):
+        link = list_path.parent / f"{list_path.stem}-pass{number + 1}"
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(Path(index.root).resolve(), target_is_directory=True)
+        heads.append(f"{link}/")
+    list_path.write_text("".join(f"{head}{path} {label}\n" for head in heads for path, label in rows),
+                         encoding="utf-8")
+
+
+@functools.cache
+def is_train(split: str) -> bool:
+    """Whether configs/imagenette.yaml reads the split in train mode."""
+    return fastloader.load_config(str(CONFIG)).split(split).mode == "train"
 
 
 def write_shards(paths: list[str], labels: list[int], folder: Path, prefix: str, per_shard: int) -> list[str]:
@@ -181,11 +200,13 @@ def decode_whole_file(path: str) -> torch.Tensor:
 
 
 def fastloader_overrides(split: str, split_dir: Path, index: SampleIndex, list_path: Path,
-                         args: argparse.Namespace, **extra) -> dict:
-    """configs/imagenette.yaml pointed at this split's repeated file list, at the benchmark's sizes."""
+                         args: argparse.Namespace, repeat: int = 1, **extra) -> dict:
+    """configs/imagenette.yaml pointed at this split's file list (write_file_list), for an epoch of
+    `repeat` passes over its images, at the benchmark's sizes."""
+    passes = {f"{split}.epoch_size": len(index) * repeat} if repeat > 1 and is_train(split) else {}
     return {"dataset.root": str(split_dir), "dataset.classes": list(index.classes),
             f"{split}.file_list": str(list_path), f"{split}.batch_size": args.batch_size,
-            f"{split}.transform.size": args.size, **extra}
+            f"{split}.transform.size": args.size, **passes, **extra}
 
 
 def fastloader_factory(split: str, overrides: dict) -> Factory:
@@ -233,7 +254,7 @@ def run_split(split: str, args: argparse.Namespace, workdir: Path, build_peers: 
         print(f"note: {split}: --repeat raised to {repeat} so that {args.warmup + args.batches} batches fit in "
               f"one epoch of {files} files x repeat")
     list_path = workdir / f"{split}_x{repeat}.txt"
-    write_file_list(index, repeat, list_path)
+    write_file_list(split, index, repeat, list_path)
     peers = build_peers(split, split_dir, index, list_path, repeat, args)
     raw: dict[str, list[dict]] = {name: [] for name in peers}
     order_log = []
@@ -308,7 +329,8 @@ def main(args: argparse.Namespace, build_peers: PeerBuilder, name: str, extra_in
 
 def build_cache(split: str, overrides: dict, cache_dir: Path, files: SampleIndex, args: argparse.Namespace) -> dict:
     """Build the uint8 cache the cached peers read (`args.short_side`, as `fastloader cache` does),
-    from the repeated file list they read (each file once); print and return what it cost."""
+    from the file list they read (write_file_list: a train split's names each file once, an eval
+    split's once a pass); print and return what it cost."""
     config = fastloader.load_config(str(CONFIG), overrides)
     report = build_split_cache(config, config.split(split), build_index(config, config.split(split)),
                                str(cache_dir), args.short_side, workers=max(1, args.workers))

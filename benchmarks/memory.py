@@ -223,9 +223,9 @@ def run_workers(args: argparse.Namespace) -> dict:
     samples = []
     with tempfile.TemporaryDirectory(prefix="memory_workers_") as workdir:
         list_path = Path(workdir) / "list.txt"
-        harness.write_file_list(index, args.repeat, list_path)
+        harness.write_file_list(args.split, index, args.repeat, list_path)
         overrides = harness.fastloader_overrides(args.split, args.data / args.split, index, list_path, args,
-                                                 backend="torch", **{"output.device": "cpu",
+                                                 args.repeat, backend="torch", **{"output.device": "cpu",
                                                                      "workers.num_workers": args.workers})
         loader, close = harness.fastloader_factory(args.split, overrides)()
         print(f"{args.split}: {len(index)} files x {args.repeat}, {len(loader)} batches of {args.batch_size} per "

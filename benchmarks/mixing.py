@@ -89,9 +89,10 @@ def mixing_alone(name: str, keys: dict, args, rng: np.random.Generator) -> dict:
             "call_thread_ms": 1000 * thread, "call_process_ms": 1000 * process}
 
 
-def next_batches(keys: dict, list_path: Path, index, args) -> dict:
+def next_batches(keys: dict, list_path: Path, index, repeat: int, args) -> dict:
     """CPU time of the training thread inside next(loader), per batch, with the workers ahead."""
-    overrides = harness.fastloader_overrides("train", args.data / "train", index, list_path, args, backend="torch",
+    overrides = harness.fastloader_overrides("train", args.data / "train", index, list_path, args, repeat,
+                                             backend="torch",
                                              **{"output.device": args.device, "workers.num_workers": args.workers})
     overrides.update({f"train.{key}": value for key, value in keys.items()})
     loader, close = harness.fastloader_factory("train", overrides)()
@@ -137,13 +138,13 @@ def main() -> int:
     repeat = harness.effective_repeat(len(index), args)
     with tempfile.TemporaryDirectory(prefix="mixing_") as workdir:
         list_path = Path(workdir) / "train.txt"
-        harness.write_file_list(index, repeat, list_path)
+        harness.write_file_list("train", index, repeat, list_path)
         for round_number in range(args.rounds):
             names = list(SETTINGS) if round_number % 2 == 0 else list(reversed(SETTINGS))
             for name in names:
                 alone[name].append(mixing_alone(name, SETTINGS[name], args, rng))
             for name in (loops if round_number % 2 == 0 else reversed(loops)):
-                loops[name].append(next_batches({} if name == "off" else DEIT, list_path, index, args))
+                loops[name].append(next_batches({} if name == "off" else DEIT, list_path, index, repeat, args))
     median = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in alone.items()}
     loop = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in loops.items()}
     shape = f"{args.batch_size} x 3 x {args.size} x {args.size} float32"

@@ -154,13 +154,13 @@ def build_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path
                 args: argparse.Namespace) -> dict[str, Factory]:
     train = split == "train"
     policy = {f"{split}.transform.auto_augment": args.auto_augment} if train and args.auto_augment else {}
-    overrides = harness.fastloader_overrides(split, split_dir, index, list_path, args, backend="torch",
+    overrides = harness.fastloader_overrides(split, split_dir, index, list_path, args, repeat, backend="torch",
                                              **{"output.device": "cpu", "workers.num_workers": args.workers}, **policy)
     peers = {torch_peer_name(choice, args): with_decoder(choice, harness.fastloader_factory(split, overrides))
              for choice in args.torch_decoder}
     paths, labels = harness.listed_files(index, repeat)
     if DALI not in SKIPPED:
-        peers.update(dali_peers(split, split_dir, index, list_path, paths, labels, args, policy))
+        peers.update(dali_peers(split, split_dir, index, list_path, repeat, paths, labels, args, policy))
     peers[TORCHVISION] = peer_loaders.torchvision_factory(split, split_dir, repeat, args.batch_size, args.size,
                                                           args.workers)
     if TIMM not in SKIPPED:
@@ -173,13 +173,13 @@ def build_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path
     return peers
 
 
-def dali_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path, paths: list[str],
+def dali_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path, repeat: int, paths: list[str],
                labels: list[int], args: argparse.Namespace, policy: dict) -> dict[str, Factory]:
     """fastloader's DALI backend (with --auto-augment's `policy`, and without it), NVIDIA's example
     (its own graph, no policy) and our graph on DALI's reader, in the --device flavour."""
     gpu = args.device == "gpu"
     plain = harness.fastloader_overrides(
-        split, split_dir, index, list_path, args, backend="dali",
+        split, split_dir, index, list_path, args, repeat, backend="dali",
         **{"output.device": "cuda" if gpu else "cpu", "dali.threads": args.workers, "workers.prefetch_factor": 2})
     overrides = {**plain, **policy}
     batch, threads = args.batch_size, args.workers

@@ -106,7 +106,7 @@ def feeds(split: str, split_dir: Path, index: SampleIndex, list_path: Path, repe
           args: argparse.Namespace, device: torch.device) -> dict[str, Factory]:
     """Every requested peer's batches (no training yet), by peer key."""
     overrides = harness.fastloader_overrides(
-        split, split_dir, index, list_path, args, **{
+        split, split_dir, index, list_path, args, repeat, **{
             "output.device": device.type, "output.dtype": args.dtype, "output.channels_last": True,
             "workers.num_workers": args.workers, "dali.threads": max(1, args.workers)})
     cache_dir = list_path.parent / "cache"

@@ -96,10 +96,10 @@ def run_split(split: str, args, workdir: Path) -> dict:
     index = scan_folder(str(split_dir), IMAGE_EXTENSIONS)
     repeat = args.repeat_train if split == "train" else args.repeat_val
     list_path = workdir / f"{split}_x{repeat}.txt"
-    harness.write_file_list(index, repeat, list_path)
+    harness.write_file_list(split, index, repeat, list_path)
     paths, labels = harness.listed_files(index, repeat)
     gpu = args.device == "gpu"
-    base = harness.fastloader_overrides(split, split_dir, index, list_path, args,
+    base = harness.fastloader_overrides(split, split_dir, index, list_path, args, repeat,
                                         **{"output.device": "cuda" if gpu else "cpu", "stats.log_level": "none"},
                                         **dict(args.set))
     step = args.step_ms / 1e3
@@ -113,7 +113,8 @@ def run_split(split: str, args, workdir: Path) -> dict:
             runs[name] = lambda overrides=overrides: fastloader_run(split, overrides, args.epochs, step)
     if args.shards:  # each backend again, on the listed samples as tar shards
         shards = harness.write_shards(paths, labels, workdir / f"{split}-shards", split, 256)
-        sharded = {"dataset.format": "webdataset", f"{split}.file_list": None, f"{split}.shards": shards}
+        sharded = {"dataset.format": "webdataset", f"{split}.file_list": None, f"{split}.shards": shards,
+                   f"{split}.epoch_size": None}  # the shards hold every pass
         for name, overrides in ours.items():
             if name.split()[-1] in args.peers:
                 runs[name + SHARDS] = lambda o={**overrides, **sharded}: fastloader_run(split, o, args.epochs, step)

@@ -182,7 +182,8 @@ def remove_stale_partials(cache_dir: str) -> None:
 
 
 def _distinct_files(index: SampleIndex) -> np.ndarray:
-    """The first sample of every distinct relative path, in index order (a file list may repeat one)."""
+    """The first sample of every distinct relative path, in index order (an index names each file once
+    today: file lists and sources refuse a file twice; this stays the guard of one cache row a file)."""
     import numpy as np
 
     seen: dict[bytes, int] = {}

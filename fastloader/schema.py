@@ -314,7 +314,8 @@ class SplitConfig:
     folder: str | None = None
     """Sub-folder of dataset.root holding this split. Default: the split's name."""
     file_list: str | None = None
-    """A text file of `relative/path label` lines to read instead of scanning folders."""
+    """A text file of `relative/path label` lines to read instead of scanning folders (each path
+    normalized, one relative to dataset.root where it is under it; a file named twice is refused)."""
     shards: str | tuple[str, ...] | None = None
     """dataset.format: webdataset: the split's tar shards: a path, glob or brace range
     (`train-{000000..000146}.tar`), or a list of them, relative to dataset.root when it is set, else to

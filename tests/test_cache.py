@@ -101,19 +101,16 @@ def test_eval_on_two_ranks_reads_every_cached_sample_exactly_once(numbered, back
     assert sorted(seen) == sorted(everything) and len(set(everything)) == len(everything)
 
 
-def test_a_file_list_that_repeats_files_caches_each_file_once(tmp_path):
+def test_an_epoch_of_several_passes_caches_each_file_once(tmp_path):
     root = write_numbered_dataset(tmp_path / "data", per_class=2, splits=("train",))
-    index = build_index(load_config(base_config(root)), load_config(base_config(root)).split("train"))
-    lines = [f"train/{index.relpath(i)} {index.label(i)}\n" for i in range(len(index))]
-    (tmp_path / "list.txt").write_text("".join(lines * 3))
-    listed = {"train": {"file_list": str(tmp_path / "list.txt")}}
-    config = load_config(base_config(root, **listed))
+    passes = {"train": {"epoch_size": 18}}  # three passes of the 6 files (a file list names each file once)
+    config = load_config(base_config(root, **passes))
     report = build_split_cache(config, config.split("train"), build_index(config, config.split("train")),
                                str(tmp_path / "cache"), SHORT, workers=0)
     assert report["images"] == 6
-    with build_loader(cached_config(root, tmp_path / "cache", **listed), "train") as loader, \
-            build_loader(base_config(root, **listed), "train") as files:
-        assert loader.num_samples == 18 and batches(loader) == batches(files)
+    with build_loader(cached_config(root, tmp_path / "cache", **passes), "train") as loader, \
+            build_loader(base_config(root, **passes), "train") as files:
+        assert loader.num_samples == 6 and len(loader) == 18 // 4 and batches(loader) == batches(files)
 
 
 def _stale_message(root: Path, cache: Path, split: str = "train") -> str:

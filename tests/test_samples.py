@@ -11,7 +11,7 @@ from fastloader import load_config
 from fastloader.errors import ConfigError
 from fastloader.samples import SampleIndex
 from fastloader.schema import IMAGE_EXTENSIONS
-from fastloader.sources.file_list import read_file_list
+from fastloader.sources.file_list import _first_repeat, read_file_list
 from fastloader.sources.folder import scan_folder
 from fastloader.sources.formats import build_index
 
@@ -96,6 +96,38 @@ def test_file_list_errors_name_file_and_line(tmp_path):
     listing.write_text("a.jpg 5\n")
     with pytest.raises(ConfigError, match=r"list.txt:1: label 5 out of range \(dataset.classes has 2 names\)"):
         read_file_list(str(listing), str(tmp_path), classes=["x", "y"])
+
+
+def test_file_list_paths_are_normalized_to_one_name_per_file(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "root").symlink_to(tmp_path / "real")  # dataset.root through a link: its real path is under it too
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"./imgs/a.jpg 0\nimgs//b.jpg 0\nimgs/x/../c.jpg 0\n{tmp_path}/root/imgs/d.jpg 1\n"
+                       f"{tmp_path}/real/imgs/e.jpg 1\n/elsewhere/./f.jpg 1\n../g.jpg 1\n")
+    index = read_file_list(str(listing), str(tmp_path / "root"))
+    assert [index.relpath(i) for i in range(len(index))] == [
+        "imgs/a.jpg", "imgs/b.jpg", "imgs/c.jpg", "imgs/d.jpg", "imgs/e.jpg", "/elsewhere/f.jpg", "../g.jpg"]
+    assert index.path(3) == str(tmp_path / "root" / "imgs" / "d.jpg") and index.path(5) == "/elsewhere/f.jpg"
+
+
+def test_a_file_named_on_two_lines_is_refused_with_both_lines(tmp_path):
+    listing = tmp_path / "list.txt"
+    listing.write_text("a.jpg 0\nb.jpg 1\n# a comment\nc.jpg 1\n./b.jpg 1\na.jpg 0\n")
+    with pytest.raises(ConfigError, match=r"list.txt:5: names 'b.jpg' again \(first on line 2\), so one file would "
+                                          r"be two samples; remove one of the two lines, or weigh the file with "
+                                          r"<split>.weights"):
+        read_file_list(str(listing), str(tmp_path))
+    listing.write_text(f"a.jpg 0\n{tmp_path}/a.jpg 0\n")
+    config = load_config({"dataset": {"root": str(tmp_path)}, "train": {"file_list": str(listing)}})
+    with pytest.raises(ConfigError, match=r"^train.file_list: .*list.txt:2: names 'a.jpg' again \(first on line 1\)"
+                                          r".* or weigh the file with train.weights$"):
+        build_index(config, config.split("train"))
+
+
+def test_a_name_given_twice_is_found_past_hash_collisions():
+    index = SampleIndex.from_lists("/r", ["0"], ["a", "b", "c", "b", "a"], [0] * 5)
+    assert _first_repeat(index, np.array([7, 7, 3, 7, 7])) == 3  # one hash for a and b: their names decide
+    assert _first_repeat(index.take([0, 1, 2]), np.array([7, 7, 7])) is None
 
 
 def test_split_file_list_key_is_used_instead_of_scanning(tmp_path):

@@ -317,6 +317,40 @@ def test_a_sample_in_two_sources_is_refused(two_folders, tmp_path):
         build_loader(sources_config(two_folders, {"folder": "train"}, {"file_list": str(listed)}), "train")
 
 
+@pytest.mark.parametrize("spelling", ["./{name}", "train//{rest}", "train/x/../{rest}", "{root}/{name}",
+                                      "../d/{name}"])
+def test_a_sample_in_two_sources_is_refused_however_the_file_list_spells_it(two_folders, tmp_path, spelling):
+    listed = tmp_path / "list.txt"
+    name = "train/c_blue/n_02.png"
+    listed.write_text(f"val/a_red/n_01.png 0\n{spelling.format(name=name, rest=name[6:], root=two_folders)} 2\n")
+    with pytest.raises(ConfigError, match=r"train.sources\[0\] and train.sources\[1\] both hold "
+                                          r"'train/c_blue/n_02.png'( \(.*\))?: a sample may be in one source only"):
+        build_loader(sources_config(two_folders, {"folder": "train"}, {"file_list": str(listed)}), "train")
+
+
+@pytest.mark.parametrize("link, target, first, again", [
+    ("d/link", "d/train", "train/a_red/n_00.png", "link/a_red/n_00.png"),  # a link to the folder
+    ("outer", "d", "d/train/a_red/n_00.png", "outer/train/a_red/n_00.png"),  # a link to the folder above it
+])
+def test_a_folder_and_a_link_to_it_or_above_it_hold_the_same_samples(two_folders, link, target, first, again):
+    (two_folders.parent / link).symlink_to(two_folders.parent / target)
+    config = sources_config(two_folders, {"folder": "train"}, {"folder": str(two_folders.parent / link)})
+    with pytest.raises(ConfigError, match=rf"train.sources\[0\] and train.sources\[1\] both hold '{first}' "
+                                          rf"\(train.sources\[1\] names it '{again}'\): a sample may be in one "
+                                          rf"source only"):
+        build_loader(config, "train")
+
+
+def test_an_empty_folder_source_is_named_by_its_key(two_folders):
+    (two_folders / "empty" / "a_red").mkdir(parents=True)
+    config = sources_config(two_folders, {"folder": "train"}, {"folder": "empty"})
+    with pytest.raises(ConfigError, match=r"train.sources\[1\].folder: no image files under '.*/empty'"):
+        build_loader(config, "train")
+    (two_folders / "empty" / "a_red").rmdir()
+    with pytest.raises(ConfigError, match=r"train.sources\[1\].folder: '.*/empty' has no class folders"):
+        build_loader(config, "train")
+
+
 def test_image_files_and_shards_in_one_split_are_refused(tmp_path):
     train, _ = shard_sources(tmp_path)
     config = sources_config(tmp_path / "d", {"folder": "val"}, {"shards": train})

@@ -15,6 +15,7 @@ from ..schema import IMAGE_EXTENSIONS, Config, SplitConfig
 from ..words import plural
 from .exclude import read_exclude_list
 from .file_list import read_file_list
+from .multi import order_split
 from .reading import not_regular
 
 log = logging.getLogger("fastloader")
@@ -37,7 +38,8 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     root = dataset_root(config)
     excluded = read_exclude_list(config.dataset.exclude, root) if config.dataset.exclude else frozenset()
     if split.file_list:
-        return read_file_list(split.file_list, root, config.dataset.classes, excluded)
+        return read_file_list(split.file_list, root, config.dataset.classes, excluded, key=f"{split.name}.file_list",
+                              weights_key=f"{order_split(split).name}.weights")
     folder = os.path.normpath(split.folder or split.name)
     skip = frozenset(path[len(folder) + 1:] for path in excluded if path.startswith(folder + os.sep))
     # the folders' problems are blamed on what set dataset.root: the file, or an override
@@ -102,13 +104,13 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
     if classes is None:
         classes = found
         if not classes:
-            raise ConfigError(f"{source}: {split_dir!r} has no class folders; expected "
-                              f"{split_dir}/<class name>/<image files> (check dataset.root and {key})")
+            raise ConfigError(f"{source}: {key}: {split_dir!r} has no class folders; expected "
+                              f"{split_dir}/<class name>/<image files>")
     else:
         missing = [c for c in classes if c not in found]
         extra = [c for c in found if c not in classes]
         if extra:
-            raise ConfigError(f"{source}: dataset.classes: {split_dir!r} has class folders not in the list: "
+            raise ConfigError(f"{source}: dataset.classes: {split_dir!r} ({key}) has class folders not in the list: "
                               f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}; add them to dataset.classes")
         for name in missing:
             log.warning("%s: class %r has no folder in %s; its label is kept, with no samples", source, name, split_dir)
@@ -135,8 +137,8 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
         log.warning("%s: not followed: %s", link, reason)
     if not len(builder):
         first = f" ({walk.special[0][0]}: {walk.special[0][1]})" if walk.special else ""
-        raise ConfigError(f"{source}: no image files under {split_dir!r} (looked for {', '.join(suffixes)}){first}; "
-                          f"check dataset.root, {key} and dataset.extensions")
+        raise ConfigError(f"{source}: {key}: no image files under {split_dir!r} (looked for {', '.join(suffixes)})"
+                          f"{first}; check dataset.root and dataset.extensions")
     log.info("indexed %s: %s in %s (%.2fs)%s", split_dir, plural(len(builder), "image"), plural(len(classes), "class"),
              time.monotonic() - started, f", {walk.skipped} left out by dataset.exclude" if walk.skipped else "")
     return builder.build(split_dir, classes, excluded=walk.skipped, unusable=walk.special)

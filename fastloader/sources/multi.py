@@ -5,7 +5,8 @@ indexes concatenated into one SampleIndex.
 Names stay unique and say which source a sample is from: each is prefixed by its source's root
 relative to the sources' common folder (`imagenet/train/n01/x.JPEG`, `extra/train/cat/y.jpg`), so
 the index's fingerprint, and so a loader state, changes with the sources. Two sources in the same
-folder keep their names, and may not hold the same sample. Labels are remapped into one class list:
+folder keep their names, and may not hold the same sample (nor may a folder and a link to it, nor a
+file list and any other source: _refuse_shared_samples). Labels are remapped into one class list:
 a `shared` source's class names are the split's (a name the others lack is appended), an `own`
 source's classes are appended after the others, named `<source name>/<class>`. Which source each
 sample is from is kept (`SampleIndex.source`), for the sources' weights (fastloader/weights.py).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Callable, Sequence
 
 import numpy as np
@@ -22,6 +24,7 @@ from ..errors import ConfigError
 from ..samples import ByteRanges, SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
 from ..words import plural
+from .remote import is_url
 
 log = logging.getLogger("fastloader")
 
@@ -159,24 +162,47 @@ def _names(parts: Sequence[SampleIndex], prefixes: Sequence[str]) -> tuple[np.nd
 
 
 def _refuse_shared_samples(split: SplitConfig, parts: Sequence[SampleIndex], prefixes: Sequence[str]) -> None:
-    """Sources whose folders nest (the same folder, or one inside the other) may name one file alike:
-    one name for two samples (its weight, a state's fingerprint), so a sample in two sources is refused.
-    Sources in folders apart cannot share a name, and are not compared."""
-    nested = sorted({number for number, prefix in enumerate(prefixes) for other, rest in enumerate(prefixes)
-                     if other != number and (not prefix or not rest or prefix == rest
-                                             or rest.startswith(prefix + "/") or prefix.startswith(rest + "/"))})
-    seen: dict[bytes, int] = {}
-    for number in nested:
-        part, head = parts[number], prefixes[number].encode("utf-8", "surrogateescape")
+    """One file in two sources would be two samples under two names (or one name for two samples: its
+    weight, a state's fingerprint), so a sample in two sources is refused.
+
+    Sources are compared by where their files really are: each source's root by its real path (one
+    realpath per source, so a folder and a link to it are one folder), each file as that plus its name.
+    Sources whose real roots nest (the same folder, or one inside the other) are compared, and a file
+    list with every other source (its lines may name files anywhere: absolute, or `../`); sources in
+    folders apart cannot hold one file, and are not. A file reached through a link below a root (a
+    link in a folder tree, or a file list's line through a linked folder) is not found so: that would
+    take a realpath per file."""
+    roots = [part.root if is_url(part.root) else os.path.realpath(part.root) for part in parts]
+    lists = [source.file_list is not None for source in split.sources]
+    compared = sorted({number for number, root in enumerate(roots) for other, rest in enumerate(roots)
+                       if other != number and (lists[number] or lists[other] or _nested(root, rest))})
+    seen: dict[bytes, tuple[int, bytes]] = {}  # where a file is -> (the first source holding it, its name there)
+    for number in compared:
+        part, head = parts[number], os.path.join(roots[number], "").encode("utf-8", "surrogateescape")
         data, bounds = part.path_bytes.tobytes(), part.offsets.tolist()
         for a, b in zip(bounds[:-1], bounds[1:]):
-            name = data[a:b] if not head or data[a:b].startswith(b"/") else head + b"/" + data[a:b]
-            first = seen.setdefault(name, number)
+            name = data[a:b]
+            where = name if name[:1] == b"/" else head + name
+            if name[:2] == b"..":  # a file list's `../x`, normalized against its root
+                where = os.path.normpath(where)
+            first, first_name = seen.setdefault(where, (number, name))
             if first != number:
-                shown = name.decode("utf-8", "surrogateescape")
-                raise ConfigError(f"{source_key(split, first)} and {source_key(split, number)} both hold {shown!r}: "
-                                  f"a sample may be in one source only. Remove it from one of them, or weigh it "
-                                  f"with {split.name}.weights instead")
+                held, again = _shown(prefixes[first], first_name), _shown(prefixes[number], name)
+                also = f" ({source_key(split, number)} names it {again!r})" if again != held else ""
+                raise ConfigError(f"{source_key(split, first)} and {source_key(split, number)} both hold {held!r}"
+                                  f"{also}: a sample may be in one source only. Remove it from one of them, or weigh "
+                                  f"it with {split.name}.weights instead")
+
+
+def _nested(root: str, other: str) -> bool:
+    """Whether two roots are one folder, or one is inside the other."""
+    return root == other or root.startswith(os.path.join(other, "")) or other.startswith(os.path.join(root, ""))
+
+
+def _shown(prefix: str, name: bytes) -> str:
+    """A source's sample as the joined index names it: prefixed by its folder (an absolute path whole)."""
+    text = name.decode("utf-8", "surrogateescape")
+    return text if not prefix or text[:1] == "/" else f"{prefix}/{text}"
 
 
 def _ranges(ranges: Sequence[ByteRanges]) -> ByteRanges:
