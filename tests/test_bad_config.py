@@ -52,8 +52,8 @@ CASES = {
     "root without class folders": (folder_without_classes, {}, ConfigError, "has no class folders; expected"),
     "missing split folder": (folder_without_split, {}, ConfigError,
                              "split folder .*val' does not exist \\(folders in dataset.root: train\\); set val.folder"),
-    "no images at all": (folder_without_images, {}, ConfigError, "no image files under .*check dataset.root, "
-                                                                   "val.folder and dataset.extensions"),
+    "no images at all": (folder_without_images, {}, ConfigError, "val.folder: no image files under .*check "
+                                                                   "dataset.root and dataset.extensions"),
     "every file broken": (every_file_broken, {}, BadImageError,
                           "none of the 2 files in .* can be decoded \\(the first, "
                           ".*x.jpg': not an image: an HTML or XML page"),
