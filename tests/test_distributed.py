@@ -72,6 +72,8 @@ RANK_SCRIPT = textwrap.dedent("""
             print(json.dumps(everyone))
         dist.barrier()  # leave together: gloo may abort a rank whose peers already closed their sockets
         dist.destroy_process_group()
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(0)  # past torch's teardown at interpreter exit, which aborts now and then (NATIVE_ABORT)
     else:
         print(json.dumps([result]))
 """)

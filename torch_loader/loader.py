@@ -289,11 +289,18 @@ class TorchLoader(Loader):
         """The worker whose batch the trainer waits for, killed (SIGTERM cannot end a stopped process),
         as an error that names it, its state and what to do."""
         live = self._live
+        everyone = list(getattr(live, "_workers", ()))
         try:  # torch's bookkeeping: the batch awaited, and the worker it went to
             workers = [live._workers[live._task_info[live._rcvd_idx][0]]]
         except (AttributeError, KeyError, IndexError, TypeError):
-            workers = list(getattr(live, "_workers", ()))
+            workers = everyone
         states = {worker.pid: _state(worker.pid) for worker in workers}
+        # A worker stopped while it sent a batch holds the result queue's lock, so the awaited one, idle,
+        # cannot hand its batch over: the stopped one is the cause, named first.
+        stopped = {worker.pid: _state(worker.pid) for worker in everyone if worker not in workers}
+        stopped = {pid: state for pid, state in stopped.items() if state.startswith("is stopped")}
+        workers = [worker for worker in everyone if worker.pid in stopped] + workers
+        states = {**stopped, **states}
         for worker in workers:
             if worker.is_alive():
                 os.kill(worker.pid, signal.SIGKILL)
@@ -304,6 +311,7 @@ class TorchLoader(Loader):
         return RuntimeError(
             f"the torch loader for split '{self.split.name}' waited {waited:.0f} s for a batch from "
             + "; ".join(f"its decoding worker (pid {pid}), which {state}" for pid, state in states.items())
+            + (" (a worker stopped while it hands over a batch holds up the others' too)" if stopped else "")
             + (f". That batch holds {len(batch)} samples: {files}" if files else "")
             + f". The workers were stopped; the next loop starts new ones. A batch may take workers.timeout "
             f"({timeout:g} s; the first after the workers start {FIRST_BATCH_TIMES}x that): raise it if batches are "
