@@ -19,12 +19,11 @@ import argparse
 import io
 import json
 import os
-import time
 from pathlib import Path
 
 import litdata
 import litdata.streaming.downloader
-from cache_watch import Watcher
+from cache_watch import read_epochs
 from PIL import Image
 from torchvision import transforms
 
@@ -77,26 +76,13 @@ class Transform:
 
 
 def read(args: argparse.Namespace) -> dict:
-    watcher = Watcher(args.local)
-    if args.remote:
-        watcher.start()
-    began = time.perf_counter()
-    dataset = litdata.StreamingDataset(
-        args.remote or str(args.local), cache_dir=str(args.local) if args.remote else None,
-        max_cache_size=args.cache_limit, shuffle=True, seed=args.seed, transform=Transform(args.size),
-        **({"max_pre_download": args.pre_download} if args.pre_download else {}))
-    loader = litdata.StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
-    first = None
-    for epoch in range(args.epochs):
-        started, images = time.perf_counter(), 0
-        for _, labels in loader:
-            first = first or time.perf_counter() - began
-            images += len(labels)
-        print(json.dumps({"epoch": epoch, "images": images, "seconds": time.perf_counter() - started}), flush=True)
-    if not args.remote:
-        return {"first_batch_s": first}
-    peak = watcher.stop()
-    return {"first_batch_s": first, "cache_peak_bytes": peak, "cache_limit_respected": peak <= args.cache_limit}
+    def make_loader():
+        dataset = litdata.StreamingDataset(
+            args.remote or str(args.local), cache_dir=str(args.local) if args.remote else None,
+            max_cache_size=args.cache_limit, shuffle=True, seed=args.seed, transform=Transform(args.size),
+            **({"max_pre_download": args.pre_download} if args.pre_download else {}))
+        return litdata.StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
+    return read_epochs(make_loader, args)
 
 
 def main() -> None:

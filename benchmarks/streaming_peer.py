@@ -17,11 +17,10 @@ import argparse
 import io
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
-from cache_watch import Watcher
+from cache_watch import read_epochs
 from PIL import Image
 from streaming import MDSWriter, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
@@ -67,25 +66,13 @@ class Photos(StreamingDataset):
 
 def read(args: argparse.Namespace) -> dict:
     clean_stale_shared_memory()
-    watcher = Watcher(args.local)
-    if args.remote:
-        watcher.start()
-    began = time.perf_counter()
-    dataset = Photos(args.size, remote=args.remote, local=str(args.local), cache_limit=args.cache_limit,
-                     shuffle=True, shuffle_algo="py1e", shuffle_seed=args.seed, shuffle_block_size=args.block_samples,
-                     batch_size=args.batch_size, predownload=args.predownload)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
-    first = None
-    for epoch in range(args.epochs):
-        started, images = time.perf_counter(), 0
-        for _, labels in loader:
-            first = first or time.perf_counter() - began
-            images += len(labels)
-        print(json.dumps({"epoch": epoch, "images": images, "seconds": time.perf_counter() - started}), flush=True)
-    if not args.remote:
-        return {"first_batch_s": first}
-    peak = watcher.stop()
-    return {"first_batch_s": first, "cache_peak_bytes": peak, "cache_limit_respected": peak <= args.cache_limit}
+    def make_loader():
+        dataset = Photos(args.size, remote=args.remote, local=str(args.local), cache_limit=args.cache_limit,
+                         shuffle=True, shuffle_algo="py1e", shuffle_seed=args.seed,
+                         shuffle_block_size=args.block_samples, batch_size=args.batch_size,
+                         predownload=args.predownload)
+        return torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
+    return read_epochs(make_loader, args)
 
 
 def main() -> None:
