@@ -189,6 +189,13 @@ def _whole(fd: int, close: bool = False) -> bytearray:
     return data + rest if rest else data
 
 
+def table_changed(path: str) -> ContainerChanged:
+    """The refusal of a row of a parquet or Arrow file whose status moved since it was indexed."""
+    return ContainerChanged(errno.ESTALE, f"the file {path} changed since it was indexed (written to, its "
+                                          f"status-change time moved): its rows are refused until a new loader "
+                                          f"indexes it again", path)
+
+
 def _range(fd: int, location: Location) -> bytearray:
     """A member's bytes, its own tar header read in the same pread and compared with the index."""
     data = bytearray(location.length)
@@ -204,9 +211,7 @@ def _range(fd: int, location: Location) -> bytearray:
         got = os.preadv(fd, [data], location.start)
         if location.identity is not None and location.identity.ctime_ns and not location.identity.matches(
                 os.fstat(fd)):
-            raise ContainerChanged(errno.ESTALE, f"the file {location.file} changed since it was indexed (written "
-                                                 f"to, its status-change time moved): its rows are refused until a "
-                                                 f"new loader indexes it again", location.file)
+            raise table_changed(location.file)
     if got != location.length:
         raise TruncatedError(f"{location.file} ends {location.length - max(got, 0)} bytes into {location.name} "
                              f"(the shard was cut short since it was indexed)")

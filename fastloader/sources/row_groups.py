@@ -10,7 +10,7 @@ import os
 import threading
 
 from . import remote
-from .reading import ContainerChanged, Location, open_regular
+from .reading import ContainerChanged, Location, open_regular, table_changed
 
 ROW_GROUP_CACHE = 256 << 20
 """Bytes of decoded row groups (compressed image pages) each reading process keeps: a block of at most
@@ -69,9 +69,7 @@ class _RowGroups:
             if found is not None:
                 self.groups.move_to_end(key)
         if found is not None and _changed(location):  # as a fresh reader would find it: both backends alike
-            raise ContainerChanged(errno.ESTALE, f"the file {location.file} changed since it was indexed (written to, "
-                                                 f"its status-change time moved): its rows are refused until a new "
-                                                 f"loader indexes it again", location.file)
+            raise table_changed(location.file)
         if found is None:
             found = self._read(location)
             with self.lock:
