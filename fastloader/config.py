@@ -20,6 +20,7 @@ from typing import Any, Literal, Mapping, Union
 
 import yaml
 
+from . import yaml_text
 from .errors import ConfigError
 from .schema import (  # noqa: F401  (the schema's names are re-exported for users who read them here)
     BACKEND_ENV,
@@ -75,7 +76,9 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
     else:
         path = Path(config)
         try:
-            raw = yaml.safe_load(_read_config_text(path)) or {}
+            raw = yaml_text.load(_read_config_text(path)) or {}
+        except yaml_text.DuplicateKeyError as error:
+            raise ConfigError(f"{path}: {error}") from None
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML: {error}") from None
         _check_size(raw, str(path))
@@ -120,6 +123,14 @@ def _check_size(raw: Any, source: str) -> None:
                               f"nested aliases multiply. List shards as patterns (`train-{{000000..000146}}.tar`), "
                               f"not one by one, and use no nested aliases")
         if isinstance(value, Mapping):
+            for key in value:
+                if not isinstance(key, str):
+                    where = f"under {path}" if path else "at the top level"
+                    text = yaml.safe_dump(key).removesuffix("...\n").strip()
+                    raise ConfigError(f"{source}: the key {text} {where} is not a name (YAML reads it as "
+                                      f"{'null' if key is None else type(key).__name__}): every config key is a name "
+                                      f"such as 'train' or 'batch_size' (docs/config.md); fix the key, or quote it "
+                                      f"(\"{text}\") if it is meant as a name")
             stack += [(child, f"{path}.{key}" if path else str(key)) for key, child in value.items()]
         elif isinstance(value, (list, tuple)):
             stack += [(child, f"{path}[{i}]") for i, child in reversed(list(enumerate(value)))]
@@ -181,7 +192,9 @@ def _parse_overrides(overrides) -> list[tuple[str, Any]]:
             raise ConfigError(f"override {item!r}: expected 'dotted.key=value', e.g. 'train.batch_size=32'")
         key, text = item.split("=", 1)
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = yaml_text.load(text) if text.strip() else None
+        except yaml_text.DuplicateKeyError as error:
+            raise ConfigError(f"override {item!r}: {error}") from None
         except yaml.YAMLError:
             value = text
         pairs.append((key.strip(), value))
