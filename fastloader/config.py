@@ -380,10 +380,14 @@ def _config_to_raw(config: Config) -> dict:
 def config_to_dict(config: Config) -> dict:
     """The resolved config as plain data, for logs and JSON reports: the store's options (credentials,
     perhaps) show their names only."""
-    raw = _config_to_raw(config)
+    return _hide_store_options(_config_to_raw(config), "(set)")
+
+
+def _hide_store_options(raw: dict, shown: str) -> dict:
+    """`raw` with each of dataset.remote.options' values replaced by `shown`: they may be credentials."""
     remote = raw["dataset"].get("remote") or {}
     if remote.get("options"):
-        remote["options"] = {key: "(set)" for key in remote["options"]}
+        remote["options"] = {key: shown for key in remote["options"]}
     return raw
 
 
@@ -391,11 +395,15 @@ OVERRIDE = "override '{key}'"
 """The origin of a key set by an override (`--set KEY=VALUE`, or load_config's overrides)."""
 
 
+SECRET_PLACEHOLDER = "<not shown: give it again>"
+"""What a suggested command shows for a value of dataset.remote.options, which may be a secret."""
+
+
 def override_options(config: Config, skip: tuple[str, ...] = ()) -> list[str]:
     """The `--set KEY=VALUE` options that give this config its overrides' values again (resolved, so
     they work from any folder): what a command that a message suggests must keep (but the keys in
-    `skip`, which the command sets otherwise)."""
-    raw, options = _config_to_raw(config), []
+    `skip`, which the command sets otherwise). dataset.remote.options' values are never shown."""
+    raw, options = _hide_store_options(_config_to_raw(config), SECRET_PLACEHOLDER), []
     for key, origin in config.origins.items():
         if origin != OVERRIDE.format(key=key) or key in skip:
             continue

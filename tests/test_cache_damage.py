@@ -147,3 +147,18 @@ def test_a_pixel_file_cut_short_after_the_loader_was_built_stops_the_epoch_namin
         for _ in loader:
             pass
     assert loader.bad_samples == []
+
+
+def test_the_rebuild_command_never_shows_a_store_option_given_as_an_override(built, caplog):
+    """A secret given with --set (dataset.remote.options.secret_access_key) stays out of the error and
+    the log; the command names the key, with a placeholder that says to give it again."""
+    path, folder = built
+    (folder / "pixels.u8").write_bytes(b"")
+    with pytest.raises(CacheError) as error:
+        build_loader(path, "train", ["dataset.remote.options.secret_access_key=TOPSECRET-41",
+                                     "dataset.remote.options={region: eu-west-1, token: TOPSECRET-42}"])
+    shown = str(error.value) + caplog.text
+    assert "TOPSECRET" not in shown
+    words = shlex.split(str(error.value).split("Rebuild it with `")[1].rstrip("`"))
+    assert "dataset.remote.options={region: '<not shown: give it again>', token: '<not shown: give it again>'}" \
+        in words, words
