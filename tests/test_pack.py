@@ -251,3 +251,17 @@ def test_packs_messages_say_the_fix_and_the_fix_works(tmp_path, capsys):
             "B (bytes), K or KB, M or MB, G or GB, T or TB (powers of 1024; KiB ... too))") in err
     code, out, _ = pack_command(config, "--out", str(tmp_path / "o"), "--shard-size", "10MB", capsys=capsys)
     assert code == 0 and "in 1 shard ->" in out
+
+
+@pytest.mark.parametrize("prefix", ["/../../x", "../x", "a/b", ".hidden", ".."])
+def test_a_prefix_that_is_no_plain_name_writes_nothing_anywhere(tmp_path, capsys, prefix):
+    """`--prefix '/../../x'` wrote shards and a classes file outside --out, exit 0 (issue 41.11)."""
+    root = jpeg_dataset(tmp_path / "d")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"dataset: {{root: {root}}}\nval: {{batch_size: 2}}\n")
+    out = tmp_path / "deep" / "er" / "out"
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    code, _, err = pack_command(config, "--out", str(out), "--prefix", prefix, capsys=capsys)
+    assert code == 2
+    assert f"--prefix: {prefix!r} is not a plain name" in err and "may hold no '/'" in err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before

@@ -38,7 +38,7 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..sources.folder import dataset_root
     from ..sources.formats import build_index
-    from ..sources.pack import output_folder, pack_index, shard_pattern
+    from ..sources.pack import check_prefix, output_folder, pack_index, shard_pattern
     from ..sources.webdataset import CLASSES_FILE
 
     config = load_config(args.config, args.overrides)
@@ -47,12 +47,13 @@ def run(args) -> int:
                           f"{', '.join(config.splits) or 'none'}")
     if args.per_shard is not None and args.per_shard < 1:
         raise ConfigError(f"--per-shard: must be 1 or more, got {args.per_shard}")
+    prefix = args.prefix or args.split
+    check_prefix(prefix, "--prefix" if args.prefix else "--split (the default --prefix)")
     max_bytes = parse_size(args.shard_size, "--shard-size")
     out = os.path.abspath(args.out)
     output_folder(out)  # before indexing: a bad --out fails at once
     index = build_index(config, config.split(args.split))
     inside = None if args.follow_links or config.dataset.format != "folder" else dataset_root(config)
-    prefix = args.prefix or args.split
     packed = pack_index(config, index, out, prefix, max_bytes=max_bytes, max_count=args.per_shard,
                         shuffle_seed=None if args.no_shuffle else args.seed, inside=inside)
     if not packed.shards:

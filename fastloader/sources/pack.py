@@ -70,12 +70,23 @@ def sample_keys(index: SampleIndex) -> list[str]:
     return keys
 
 
+def check_prefix(prefix: str, option: str = "--prefix") -> None:
+    """A shard name's prefix is one plain file name: `/`, `..` or a leading `.` would put shards and
+    the classes file outside the output folder, or hide them (ConfigError naming `option`)."""
+    if not prefix or "/" in prefix or "\0" in prefix or prefix.startswith(".") or \
+            (os.altsep and os.altsep in prefix):
+        raise ConfigError(f"{option}: {prefix!r} is not a plain name: shards are written as PREFIX-000000.tar in the "
+                          f"output folder (--out), so the prefix may hold no '/' and may not start with '.'; give a "
+                          f"name such as 'train' or 'imagenet-train'")
+
+
 def pack_index(config: Config, index: SampleIndex, out_dir: str, prefix: str, *, max_bytes: int = 256 << 20,
                max_count: int | None = None, shuffle_seed: int | None = 0, inside: str | None = None) -> Packed:
     """The samples of `index` as `{prefix}-{n:06d}.tar` shards in out_dir, a new shard before the
     next sample would pass max_bytes (of image data) or max_count samples, and the class names in
     `{prefix}-classes.txt`. A sample that cannot be read, is not an image, or (with `inside`, a folder)
     is reached through a link to a file outside that folder follows dataset.on_bad_image."""
+    check_prefix(prefix)
     output_folder(out_dir)
     order = np.arange(len(index))
     if shuffle_seed is not None:
