@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob as local_glob
+import logging
 import os
 import threading
 import time
@@ -29,6 +30,8 @@ from datetime import timedelta
 from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import ConfigError, StoreError
+
+log = logging.getLogger("fastloader")
 
 SCHEMES = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "azure://", "adl://", "https://", "http://")
 """The URL schemes read from an object store; anything else is a local path."""
@@ -122,10 +125,64 @@ def check_process(url: str) -> None:
 
 
 def _split(url: str) -> tuple[str, str]:
-    """(the store's root URL, the object's path in it): s3://bucket/a/b -> (s3://bucket, a/b)."""
+    """(the store's root URL, the object's path in it): s3://bucket/a/b -> (s3://bucket, a/b).
+    ConfigError for a path with an empty, '.' or '..' part: a store's keys are taken literally (the
+    client refuses them), so `a/../b` and `a//b` name no object a user meant."""
     scheme, rest = url.split("://", 1)
     authority, _, path = rest.partition("/")
+    odd = [part for part in path.rstrip("/").split("/") if part in ("", ".", "..")] if path.rstrip("/") else []
+    if odd:
+        raise ConfigError(f"{url}: an object store's path has no empty, '.' or '..' part (its keys are taken "
+                          f"literally, and {path!r} has {repr(odd[0]) if odd[0] else 'an empty part'}): write the URL without '//', "
+                          f"'./' or '../', e.g. {scheme}://{authority}/{_tidy(path)}")
     return f"{scheme}://{authority}", path
+
+
+def _tidy(path: str) -> str:
+    """A path with its empty and '.' parts dropped and its '..' parts resolved: the fix a message offers."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    return "/".join(parts)
+
+
+_ENDPOINT_OPTIONS = ("endpoint", "endpoint_url", "aws_endpoint", "aws_endpoint_url", "google_base_url",
+                     "azure_storage_endpoint", "azure_endpoint")
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "GOOGLE_BASE_URL", "AZURE_STORAGE_ENDPOINT")
+
+
+def _truthy(value: object) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes")
+
+
+def _check_endpoint(options: Mapping[str, str], allow_http: bool) -> None:
+    """An endpoint that is no http(s) URL, or an http:// one without allow_http, refused at once: the
+    client panics on the first (a BaseException past every `except Exception`) and retries the second
+    for the whole retry budget ("builder error"), though neither can ever succeed."""
+    from urllib.parse import urlsplit
+
+    given = [(f"dataset.remote.options.{key}", str(value)) for key, value in options.items()
+             if key.lower() in _ENDPOINT_OPTIONS]
+    given += [(f"the environment variable {name}", os.environ[name]) for name in _ENDPOINT_VARIABLES
+              if os.environ.get(name)]
+    for where, endpoint in given:
+        try:
+            parts = urlsplit(endpoint)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and " " not in endpoint
+            parts.port  # noqa: B018 (raises ValueError for a port that is no number)
+        except ValueError:
+            valid = False
+        if not valid:
+            raise ConfigError(f"{where}: {endpoint!r} is not an endpoint URL; give the store's address as "
+                              f"http(s)://HOST[:PORT], e.g. https://s3.example.com or http://127.0.0.1:9000")
+        if parts.scheme == "http" and not allow_http:
+            raise ConfigError(f"{where}: {endpoint!r} is plain HTTP, which the client refuses unless told: set "
+                              f"AWS_ALLOW_HTTP=true (or dataset.remote.options.allow_http: 'true'), or use an "
+                              f"https:// endpoint")
 
 
 def _store(root: str):
@@ -147,13 +204,17 @@ def _store(root: str):
                  "backoff": {"init_backoff": timedelta(seconds=0.1), "max_backoff": timedelta(seconds=15), "base": 2}}
         options = dict(_settings.options)
         if "allow_http" in options:
-            client["allow_http"] = str(options.pop("allow_http")).lower() in ("1", "true", "yes")
+            client["allow_http"] = _truthy(options.pop("allow_http"))
+        if kind(root) != "https":
+            _check_endpoint(options, bool(client.get("allow_http")))
         try:
             if kind(root) == "https":
                 store = from_url(root, client_options=client, retry_config=retry)
             else:
                 store = from_url(root, config=options or None, client_options=client, retry_config=retry)
-        except BaseError as error:
+        except BaseException as error:
+            if not isinstance(error, BaseError) and not _is_panic(error):
+                raise
             raise ConfigError(f"dataset.remote.options: {_first_line(error)} (for {root}); the options are obstore's "
                               f"for this kind of store (docs/clusters.md#shards-in-an-object-store)") from None
         _owner = _owner or os.getpid()
@@ -161,11 +222,20 @@ def _store(root: str):
         return store
 
 
+def _is_panic(error: BaseException) -> bool:
+    """obstore's Rust code panicked (pyo3's PanicException: a BaseException, not an Exception)."""
+    return type(error).__name__ == "PanicException"
+
+
 def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:400]
 
 
 # -- errors ------------------------------------------------------------------------------------------
+
+
+class OddKeyError(ConfigError):
+    """A listing met an object whose key the client refuses (`a//b`): no listing of that folder can pass."""
 
 
 class Changed(Exception):
@@ -194,6 +264,14 @@ def _explain(error: BaseException, url: str, doing: str) -> BaseException:
                            f"{f', or {where}' if where else ''}")
     if isinstance(error, exceptions.UnknownConfigurationKeyError):
         return ConfigError(f"dataset.remote.options: {text}")
+    if isinstance(error, exceptions.InvalidPathError):
+        return OddKeyError(f"{url}: {doing} failed: {text}. The store holds an object whose key the client cannot "
+                           f"take (an empty, '.' or '..' part, as in 'a//b'); rename or delete that object, keep "
+                           f"the shards in a folder of their own, or name them with a brace range "
+                           f"(train-{{000000..000099}}.tar), which needs no listing")
+    if "builder error" in text or _is_panic(error):  # the client could not even build the request: no retry helps
+        return ConfigError(f"{url}: {doing} failed: the client could not make the request ({text}); check "
+                           f"dataset.remote.options and {where or 'the URL'}")
     where_hint = f"; check the network, or {where}" if where else "; check the network"
     return StoreError(f"{url}: {doing} failed after {_settings.retries} retries within "
                       f"dataset.remote.retry_timeout ({_settings.retry_timeout:g} s): {text}{where_hint}")
@@ -213,7 +291,9 @@ def _retrying(url: str, doing: str, call: Callable):
             return call()
         except (NotFoundError, PermissionDeniedError, PreconditionError, FileNotFoundError) as error:
             raise _explain(error, url, doing) from None
-        except (BaseError, OSError) as error:
+        except BaseException as error:
+            if not isinstance(error, (BaseError, OSError)) and not _is_panic(error):
+                raise
             explained = _explain(error, url, doing)
             late = time.monotonic() - started + delay > _settings.retry_timeout
             if not isinstance(explained, StoreError) or late:
@@ -264,8 +344,13 @@ def stat_many(urls: Sequence[str]) -> dict[str, ObjectInfo | BaseException]:
     found: dict[str, ObjectInfo | BaseException] = {}
     heads = []
     for folder, members in folders.items():
+        listed = None
         if len(members) >= LISTED_FROM and kind(folder) != "https":
-            listed = _listing(folder)
+            try:
+                listed = _listing(folder)
+            except OddKeyError as error:  # an odd key beside them: each is looked up by itself instead
+                log.warning("%s; the %d shards named in it are looked up one by one instead", error, len(members))
+        if listed is not None:
             for url in members:
                 found[url] = listed.get(url) or FileNotFoundError(2, "no such object", url)
         else:

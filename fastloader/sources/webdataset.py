@@ -217,6 +217,11 @@ def _remote_matches(url: str, objects: dict[str, remote.ObjectInfo], missing: li
     if not remote.has_magic(url):
         urls.append(url)
         return [url]
+    try:  # a key may hold '?', '*' or '[' (S3 allows them): an object of that very name is that object
+        objects[url] = remote.stat(url)
+        return [url]
+    except FileNotFoundError:
+        pass
     found = [info for info in remote.glob(url) if not info.url.endswith(INDEX_SUFFIX)]
     if not found:
         missing.append((url, "no object matches this pattern"))
