@@ -43,11 +43,12 @@ import os
 import re
 import shutil
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -55,8 +56,8 @@ from ..errors import ConfigError, StoreError
 from ..machine import human_bytes
 from ..paths import remote_cache_folder
 from ..words import plural
-from . import remote
-from .reading import ContainerChanged, Identity, Location
+from . import file_locks, remote
+from .reading import ContainerChanged, Identity, Location, NotRegularFile, not_regular, open_regular
 
 log = logging.getLogger("fastloader")
 
@@ -148,11 +149,19 @@ class NodeCache:
                         total += item.stat().st_size
         return total
 
-    @contextlib.contextmanager
-    def _locked(self, path: Path, shared: bool = False) -> Iterator[None]:
-        with open(path, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-            yield
+    def _locked(self, path: Path, what: str = "the node cache's account lock",
+                progress: Callable[[], object] | None = None):
+        """An exclusive lock on `path`, waited for while its holder gets on (file_locks: a stopped
+        holder is named after dataset.remote.retry_timeout, never waited for for ever)."""
+        return file_locks.locked(path, False, remote.settings().retry_timeout, what, progress)
+
+    def _download_moved(self, entry: Path) -> Callable[[], object]:
+        """What changes while some process downloads this shard: its partial files' write times."""
+        def moved() -> object:
+            with os.scandir(self.folder) as listing:
+                return sorted(_mtime_ns(item) for item in listing
+                              if item.name.startswith(f".{entry.name}.") and item.name.endswith(".partial"))
+        return moved
 
     def _slot(self, entry: Path) -> Path:
         number = int(entry.name[:8], 16) % LOCK_SLOTS
@@ -163,7 +172,7 @@ class NodeCache:
     def repair(self) -> None:
         """Remove what a killed run left: partial downloads nobody writes, complete-looking shards of
         the wrong size; then evict down to the limit (it may have been lowered)."""
-        removed = []
+        removed = self._remove_odd_files()
         with self._locked(self.folder / ".account.lock"):
             with os.scandir(self.folder) as listing:
                 items = list(listing)
@@ -180,6 +189,24 @@ class NodeCache:
             log.info("node cache %s: removed %s a killed run left (%s)", self.folder,
                      plural(len(removed), "unfinished download"), ", ".join(removed[:3]) +
                      (" ..." if len(removed) > 3 else ""))
+
+    def _remove_odd_files(self) -> list[str]:
+        """FIFOs, sockets and folders under the names the cache uses (a shard, a partial, a lock): any
+        open of them could wait for ever, and nothing of the cache's is one. Removed, each named."""
+        removed = []
+        for folder in (self.folder, self.folder / "locks"):
+            with os.scandir(folder) as listing:
+                items = [item for item in listing
+                         if _ENTRY.match(item.name) or item.name.endswith((".partial", ".lock"))]
+            for item in items:
+                with contextlib.suppress(FileNotFoundError):
+                    reason = not_regular(item.stat(follow_symlinks=False).st_mode)
+                    if reason and not item.is_dir(follow_symlinks=False):
+                        os.unlink(item.path)
+                        log.warning("node cache %s: removed %s (%s), which no run of fastloader writes under a name "
+                                    "the cache uses", self.folder, item.path, reason)
+                        removed.append(item.name)
+        return removed
 
     def _evict(self, needed: int) -> bool:
         """Under the account lock: remove the least recently used shards nobody reads until `needed`
@@ -206,10 +233,10 @@ class NodeCache:
         started = time.monotonic()
         entry = self.entry(info)
         try:
-            if entry.exists():
+            if _complete(entry):
                 return
-            with self._locked(self._slot(entry)):
-                if not entry.exists():
+            with self._locked(self._slot(entry), f"the fetch lock of {info.url}", self._download_moved(entry)):
+                if not _complete(entry):
                     self._fetch(info, entry)
         finally:
             if reader:
@@ -242,6 +269,7 @@ class NodeCache:
                 raise
             if fetched[0] != info.size or os.fstat(fd).st_size != info.size:
                 raise StoreError(f"{info.url}: fetched {fetched[0]} bytes, the store said {info.size}")
+            os.fsync(fd)  # on the disk before its name says complete: a crash then leaves no copy of zeros
             self._commit(partial, entry)
             with self.lock:
                 self.counters.fetched_shards += 1
@@ -300,12 +328,16 @@ class NodeCache:
         entry = self.entry(info)
         for _ in range(EVICTED_RETRIES):
             try:
-                fd = os.open(entry, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = open_regular(str(entry))
             except FileNotFoundError:
                 self._arrive(info)
                 continue
+            except NotRegularFile as error:
+                raise StoreError(f"the node cache's copy of {info.url} is {error}: no run of fastloader writes one; "
+                                 f"remove it (a new loader's start removes it too)") from None
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                file_locks.wait_for(fd, True, remote.settings().retry_timeout,
+                                    f"the node cache's copy of {info.url}, locked to be evicted,", entry)
                 if os.fstat(fd).st_nlink == 0:  # evicted between the open and the lock
                     continue
                 self._touch(fd, entry)
@@ -316,6 +348,18 @@ class NodeCache:
         raise StoreError(f"{info.url} was evicted from the node cache {self.folder} {EVICTED_RETRIES} times before it "
                          f"could be read: {self.limit_words} is too small for the shards read at once; raise "
                          f"dataset.remote.cache_limit")
+
+    def discard(self, location: Location, inode: int) -> None:
+        """Remove the shard's copy that was read as inode `inode` (damaged: its bytes are not what
+        the store sent), so that the next read fetches it again; a newer copy is left alone."""
+        entry = self.entry(info_of(location))
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(entry).st_ino == inode:
+                os.unlink(entry)
+                log.warning("node cache %s: the copy of %s was damaged (the tar header before %s is not the one "
+                            "indexed, though it was fetched under the indexed ETag: a crash after an unsynced write "
+                            "leaves such copies); removed and fetched again", self.folder, location.file,
+                            location.name)
 
     def _touch(self, fd: int, entry: Path) -> None:
         now = time.monotonic()
@@ -335,7 +379,7 @@ class NodeCache:
 def _remove_unread(path: str | Path) -> bool:
     """Unlink a file nobody reads or writes now (its exclusive lock taken without waiting); whether it went."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO never blocks it
     except FileNotFoundError:
         return False
     try:
@@ -348,6 +392,21 @@ def _remove_unread(path: str | Path) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def _complete(entry: Path) -> bool:
+    """Whether a complete shard's copy is there: a regular file (a FIFO planted there is not one)."""
+    try:
+        return stat.S_ISREG(os.lstat(entry).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _mtime_ns(item: os.DirEntry) -> int:
+    try:
+        return item.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
 
 
 def _unlink(path) -> None:

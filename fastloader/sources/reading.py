@@ -170,12 +170,29 @@ def read_bytes(where: str | Location) -> bytearray:
         from .row_groups import read_row
         return read_row(location)
     if is_url(location.file):
-        from .node_cache import current
-        with current().opened(location) as fd:
-            return _whole(fd) if location.whole_file else _range(fd, location)
+        return _from_node_cache(location)
     if location.whole_file:
         return _whole(open_regular(location.file), close=True)
     return _range(_open_containers.descriptor(location.file, location.identity), location)
+
+
+def _from_node_cache(location: Location) -> bytearray:
+    """A shard's bytes from its node-cache copy. The copy was fetched under the indexed ETag, so a
+    member header that is not the one indexed means the local copy is damaged (a power cut after an
+    unsynced write leaves zeros of the right size): it is removed and fetched again, once."""
+    from .node_cache import current
+
+    cache = current()
+    for attempt in range(2):
+        with cache.opened(location) as fd:
+            try:
+                return _whole(fd) if location.whole_file else _range(fd, location)
+            except ContainerChanged:
+                if attempt:
+                    raise
+                damaged = os.fstat(fd).st_ino
+        cache.discard(location, damaged)
+    raise AssertionError("unreachable")
 
 
 def _whole(fd: int, close: bool = False) -> bytearray:

@@ -132,9 +132,10 @@ def _split(url: str) -> tuple[str, str]:
     authority, _, path = rest.partition("/")
     odd = [part for part in path.rstrip("/").split("/") if part in ("", ".", "..")] if path.rstrip("/") else []
     if odd:
+        which = repr(odd[0]) if odd[0] else "an empty part"
         raise ConfigError(f"{url}: an object store's path has no empty, '.' or '..' part (its keys are taken "
-                          f"literally, and {path!r} has {repr(odd[0]) if odd[0] else 'an empty part'}): write the URL without '//', "
-                          f"'./' or '../', e.g. {scheme}://{authority}/{_tidy(path)}")
+                          f"literally, and {path!r} has {which}): write the URL without '//', './' or '../', e.g. "
+                          f"{scheme}://{authority}/{_tidy(path)}")
     return f"{scheme}://{authority}", path
 
 
