@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tarfile
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .reading import TAR_BLOCK, Identity, NotRegularFile, header_digest, open_regular
+
+log = logging.getLogger("fastloader")
 
 COMPRESSIONS = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"BZh", "bzip2", "bunzip2 -k"),
                 (b"\xfd7zXZ\x00", "xz", "unxz -k"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"))
@@ -126,15 +129,22 @@ def scan_shard(path: str, image_extensions: tuple[str, ...]) -> ShardScan:
 
 
 def scan_file(handle, pread: Callable[[int, int], bytes], scan: ShardScan, image_extensions: tuple[str, ...],
-              name: str, beside: bytes | None = None) -> None:
+              name: str, beside: bytes | None = None, check_labels: bool = True) -> None:
     """Fill `scan` (its size and digest set) from the index file beside the shard where it is the
     shard's (`beside`: its text), else from the shard's own headers, read through `handle` (a file
-    object tarfile walks) and `pread(length, offset)`."""
+    object tarfile walks) and `pread(length, offset)`. `check_labels`: each label member the index
+    names is read and compared (a local shard: a small pread each; not over a network)."""
     problem = compression_problem(pread(8, 0), name)
     if problem:
         scan.problems.append(("", problem))
         return
     members = read_index_file(beside, scan) if beside is not None else None
+    if members is not None and check_labels:
+        wrong = index_file_lies(members, pread)
+        if wrong:
+            log.warning("%s%s does not describe the shard it stands beside: %s; the shard's own headers are read "
+                        "instead (`fastloader pack` writes a true one)", name, INDEX_SUFFIX, wrong)
+            members = None
     if members is None:
         handle.seek(0)
         members = read_members(handle, pread, scan)
@@ -256,10 +266,30 @@ def read_index_file(text: bytes, scan: ShardScan) -> list[Member] | None:
             return None
         members = [Member(str(name), int(start), int(length), int(header), text)
                    for name, start, length, header, text in data["members"]]
+        if any(not TAR_BLOCK <= member.start <= member.start + member.length <= scan.size or
+               (member.text is not None and (not isinstance(member.text, str) or member.length > LABEL_BYTES))
+               for member in members):
+            return None  # a range past the shard's end (a length of 2**40 would be allocated at read)
         scan.problems += [(str(member), str(reason)) for member, reason in data["problems"]]
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return members
+
+
+def index_file_lies(members: list[Member], pread: Callable[[int, int], bytes]) -> str | None:
+    """Why an index file's label members are not the shard's (their header or their text), or None.
+    The labels decide what a model learns: an index kept after a `.cls` member was rewritten in place,
+    or written by anyone else, is never believed on its size and edge bytes alone."""
+    for member in members:
+        if member.text is None:
+            continue
+        block = pread(TAR_BLOCK + member.length, member.start - TAR_BLOCK)
+        if len(block) != TAR_BLOCK + member.length or header_digest(block[:TAR_BLOCK]) != member.header:
+            return f"the tar header of {member.name} is not the one it lists"
+        if block[TAR_BLOCK:].decode("utf-8", "replace") != member.text:
+            return (f"{member.name} holds {block[TAR_BLOCK:][:40].decode('utf-8', 'replace')!r}, the index says "
+                    f"{member.text[:40]!r}")
+    return None
 
 
 def _index_file_text(path: str) -> bytes | None:

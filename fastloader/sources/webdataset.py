@@ -503,7 +503,7 @@ def _scan_remote(info: remote.ObjectInfo, extensions: tuple[str, ...]) -> ShardS
             beside = remote.read_object(info.url + INDEX_SUFFIX)
         except FileNotFoundError:
             beside = None
-        scan_file(reader, reader.pread, scan, extensions, info.url, beside)
+        scan_file(reader, reader.pread, scan, extensions, info.url, beside, check_labels=False)
     except FileNotFoundError:
         return ShardScan(0, 0, problems=[("", "missing (no such object)")])
     except remote.Changed:

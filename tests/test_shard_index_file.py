@@ -1,0 +1,90 @@
+"""The index beside a shard (`shard.tar.idx`) is a shortcut, never the authority on labels or byte
+ranges: an index kept after a `.cls` member was rewritten in place, one that gives other labels, or
+one whose member runs past the shard's end (a length of 2**40, once allocated at read) is set aside
+with a WARNING and the shard's own headers read. Real shards written by `pack`, edited in place;
+both backends (CPU) (issue 41.3, 41.6)."""
+from __future__ import annotations
+
+import json
+import logging
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import base_config, write_textured_dataset
+
+from fastloader import build_loader, load_config
+from fastloader.sources.formats import build_index
+from fastloader.sources.pack import pack_index
+
+BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("nvidia.dali"), reason="NVIDIA DALI is not installed"))]
+
+
+@pytest.fixture
+def shard(tmp_path) -> Path:
+    """One shard of 18 textured PNGs (3 classes), large enough that its middle is outside the 16 KB
+    at each end that the index is checked against; its index beside it."""
+    root = write_textured_dataset(tmp_path / "d", per_class=6, splits=("val",))
+    config = load_config(base_config(root))
+    packed = pack_index(config, build_index(config, config.split("val")), str(tmp_path / "wds"), "val",
+                        shuffle_seed=None)
+    assert len(packed.shards) == 1 and Path(packed.shards[0]).stat().st_size > 100_000
+    return Path(packed.shards[0])
+
+
+def labels_by_key(shard: Path, backend: str) -> dict[str, int]:
+    config = base_config(shard.parent, backend=backend, dataset={"format": "webdataset", "root": str(shard.parent)},
+                         val={"batch_size": 4, "shards": str(shard), "transform": {"size": 32}})
+    loader = build_loader(config, "val")
+    labels = [label for _, batch in loader for label in batch.tolist()]
+    names = [loader.index.relpath(i) for i in range(len(loader.index))]
+    return dict(zip(names, labels))
+
+
+def middle_label_member(shard: Path) -> tarfile.TarInfo:
+    with tarfile.open(shard) as archive:
+        members = [m for m in archive.getmembers() if m.name.endswith(".cls")]
+    return next(m for m in members if 20_000 < m.offset_data < shard.stat().st_size - 20_000)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_label_member_rewritten_in_place_under_an_old_index_gives_the_shards_label(shard, backend, caplog):
+    member = middle_label_member(shard)
+    with open(shard, "r+b") as handle:
+        handle.seek(member.offset_data)
+        old = handle.read(member.size)
+        new = b"2" if old != b"2" else b"0"
+        handle.seek(member.offset_data)
+        handle.write(new)
+    caplog.set_level(logging.WARNING, logger="fastloader")
+    labels = labels_by_key(shard, backend)
+    key = member.name[:-len(".cls")]
+    assert [label for name, label in labels.items() if name.split(":")[-1].startswith(key + ".")] == [int(new)]
+    assert f"{shard}.idx does not describe the shard it stands beside: {member.name} holds {new.decode()!r}, the " \
+           f"index says {old.decode()!r}" in caplog.text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_that_gives_other_labels_is_set_aside(shard, backend, caplog):
+    truth = labels_by_key(shard, backend)
+    index = json.loads(Path(f"{shard}.idx").read_text())
+    for member in index["members"]:
+        if member[0].endswith(".cls"):
+            member[4] = "0"
+    Path(f"{shard}.idx").write_text(json.dumps(index))
+    shard.touch()  # the cached scan of the shard is keyed by its stamp: read anew
+    caplog.set_level(logging.WARNING, logger="fastloader")
+    assert labels_by_key(shard, backend) == truth and set(truth.values()) == {0, 1, 2}
+    assert "does not describe the shard it stands beside" in caplog.text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_with_a_member_past_the_shards_end_is_never_allocated(shard, backend):
+    truth = labels_by_key(shard, backend)
+    index = json.loads(Path(f"{shard}.idx").read_text())
+    image = next(member for member in index["members"] if member[0].endswith(".png"))
+    image[2] = 2 ** 40
+    Path(f"{shard}.idx").write_text(json.dumps(index))
+    shard.touch()
+    assert labels_by_key(shard, backend) == truth  # every sample read, from the shard's headers
