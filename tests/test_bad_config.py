@@ -272,3 +272,19 @@ def test_dataset_classes_takes_a_file_of_names_relative_to_the_config(tmp_path):
             build_loader(config, "val", overrides=[f"dataset.classes={tmp_path / value}"])
     with pytest.raises(ConfigError, match="dataset.classes: must be a list of distinct, non-empty class names"):
         build_loader(config, "val", overrides=["dataset.classes=[a_red, a_red]"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_val_split_without_one_of_trains_class_folders_keeps_every_label_and_says_so(tmp_path, backend, caplog):
+    """val/ lacked b_green: its c_blue images were labelled 1 (train's b_green), silently (issue 41.9)."""
+    root = write_solid_dataset(tmp_path / "data", per_class=2, splits=("train", "val"))
+    for image in (root / "val" / "b_green").iterdir():
+        image.unlink()
+    (root / "val" / "b_green").rmdir()
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        val = build_loader(base_config(root, backend=backend), "val")
+        train = build_loader(base_config(root, backend=backend), "train")
+    assert val.classes == train.classes == ("a_red", "b_green", "c_blue")
+    assert sorted(label for _, labels in val for label in labels.tolist()) == [0, 0, 2, 2]
+    assert f"{root / 'val'} has no class folder 'b_green', which train has" in caplog.text
+    assert "its label 1, with no samples here" in caplog.text

@@ -43,10 +43,44 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     folder = os.path.normpath(split.folder or split.name)
     skip = frozenset(path[len(folder) + 1:] for path in excluded if path.startswith(folder + os.sep))
     # the folders' problems are blamed on what set dataset.root: the file, or an override
-    index = scan_folder(os.path.join(root, folder), config.dataset.extensions, config.dataset.classes,
-                        config.origin("dataset.root"), key=f"{split.name}.folder", skip=skip)
+    together = None if config.dataset.classes else _classes_of_the_splits(config, root, split)
+    index = scan_folder(os.path.join(root, folder), config.dataset.extensions, config.dataset.classes or together,
+                        config.origin("dataset.root"), key=f"{split.name}.folder", skip=skip,
+                        announced=together is not None)
     refuse(config, index.unusable)  # a FIFO named .JPEG: raised, or logged (and listed in loader.bad_samples)
     return index
+
+
+def _class_folders(folder: str) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(folder) if _is_dir(e) and not e.name.startswith("."))
+    except OSError:
+        return []
+
+
+def _classes_of_the_splits(config: Config, root: str, split: SplitConfig) -> list[str] | None:
+    """Without dataset.classes: the class folders of every folder split of the config, together, so
+    that a label means one class in each (a val folder without one of train's classes would shift
+    every label after it). None where this split's folders are all there are; a class another
+    split has and this one lacks is named in a WARNING, its label kept (`announced` to scan_folder)."""
+    own_folder = os.path.join(root, os.path.normpath(split.folder or split.name))
+    own = _class_folders(own_folder)
+    others = {}
+    for other in config.splits.values():
+        if other.name == split.name or other.file_list or other.shards or other.files or other.sources:
+            continue
+        folder = os.path.join(root, os.path.normpath(other.folder or other.name))
+        if os.path.isdir(folder) and folder != own_folder:
+            others[other.name] = _class_folders(folder)
+    union = sorted(set(own).union(*others.values()))
+    if not own or union == own:
+        return None
+    for name in (name for name in union if name not in own):
+        having = ", ".join(other for other, found in others.items() if name in found)
+        log.warning("%s has no class folder %r, which %s has: the classes of every split are kept, so that each "
+                    "label means one class in all of them (its label %d, with no samples here); set dataset.classes "
+                    "to list the classes yourself", own_folder, name, having, union.index(name))
+    return union
 
 
 def _not_a_folder(path: str) -> str:
@@ -77,7 +111,8 @@ def _holds_images(folder: str, names: Sequence[str], looked_at: int = 3) -> bool
 
 
 def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str] | None = None,
-                source: str = "<dict>", key: str = "dataset.root", skip: frozenset[str] = frozenset()) -> SampleIndex:
+                source: str = "<dict>", key: str = "dataset.root", skip: frozenset[str] = frozenset(),
+                announced: bool = False) -> SampleIndex:
     """ImageFolder convention: sorted class folders -> labels 0..C-1; files in sorted order, recursively.
 
     A class folder without images keeps its label (so labels stay aligned with other splits) and is
@@ -112,7 +147,7 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
         if extra:
             raise ConfigError(f"{source}: dataset.classes: {split_dir!r} ({key}) has class folders not in the list: "
                               f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}; add them to dataset.classes")
-        for name in missing:
+        for name in missing if not announced else ():
             log.warning("%s: class %r has no folder in %s; its label is kept, with no samples", source, name, split_dir)
 
     suffixes = tuple(e.lower() for e in extensions)
