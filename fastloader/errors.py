@@ -6,6 +6,8 @@ in one place. Messages name the file or config key and the way on.
 """
 from __future__ import annotations
 
+import re
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names where (file or override), which key and why."""
@@ -33,6 +35,16 @@ class DiskFullError(OSError):
 def error_text(error: BaseException) -> str:
     """An exception's message, or its type's name where it has none (`str(KeyError())` is '')."""
     return str(error) or type(error).__name__
+
+
+_OBJECT_REPR = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def decoder_reason(error: BaseException) -> str:
+    """A decoder's failure as a reason a person can read: its type and message, without the repr of
+    the in-memory file it was given (Pillow's "cannot identify image file <_io.BytesIO object at
+    0x7f...>"), which names nothing and differs on every run."""
+    return f"{type(error).__name__}: {_OBJECT_REPR.sub('', str(error))}"
 
 
 def refused_file(path: str, reason: str, source: str, context: str = "") -> str:

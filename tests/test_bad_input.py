@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DEVICES, REALPHOTOS, base_config
+from conftest import DEVICES, REALPHOTOS, base_config, write_solid_dataset
 from oddfiles import BROKEN, DECODABLE, ODD_FILES, Odd, running_as_root, write_odd_files
 from PIL import Image
 
@@ -180,3 +180,16 @@ def test_screening_results_are_cached_per_dataset(mixed_root, caplog):
     found_by_header = ({o.name for o in BROKEN} - {"garbage_scan.JPEG", "lossless.JPEG", "deleted_later.JPEG"}
                        - ({"unreadable.JPEG"} if running_as_root() else set()))
     assert sorted(os.path.basename(path) for path, _ in again.bad_samples) == sorted(found_by_header)
+
+
+def test_a_decoders_reason_never_shows_the_repr_of_an_in_memory_file(tmp_path, caplog):
+    """Unscreened on the torch backend, Pillow's reason for a file that is no image read
+    "cannot identify image file <_io.BytesIO object at 0x7f...>" (issue 41.16)."""
+    root = write_solid_dataset(tmp_path / "data", per_class=2, splits=("val",))
+    (root / "val" / "a_red" / "img_00.png").write_bytes(b"no image at all, " * 40)
+    config = base_config(root, dataset={"root": str(root), "screen": False, "on_bad_image": "skip"})
+    loader = build_loader(config, "val")
+    assert len([label for _, labels in loader for label in labels.tolist()]) == 5
+    (path, reason), = loader.bad_samples
+    assert path.endswith("img_00.png") and reason.startswith("UnidentifiedImageError: cannot identify image file")
+    assert "object at 0x" not in reason and "object at 0x" not in caplog.text

@@ -19,7 +19,7 @@ import numpy as np
 import torch.utils.data
 
 from fastloader.cache import CachedPixels
-from fastloader.errors import BadImageError, CacheError, refused_file
+from fastloader.errors import BadImageError, CacheError, decoder_reason, refused_file
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
 
@@ -80,7 +80,7 @@ class ImageDataset(torch.utils.data.Dataset):
         except CacheError:
             raise  # the cache, not this sample's file: skipping would blame the file, sample after sample
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
-            reason = f"{type(error).__name__}: {error}"
+            reason = decoder_reason(error)
             if self.skip_bad:
                 return Skipped(self.index.path(sample), reason)
             raise BadImageError(refused_file(self.index.path(sample), reason, self.source)) from error
