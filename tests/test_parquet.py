@@ -391,3 +391,14 @@ def test_the_real_photos_as_parquet_and_arrow_give_the_folders_pixels_and_labels
     assert table_labels == folder_labels and len(table_labels) == 100
     for ours, theirs in zip(table_images, folder_images, strict=True):
         assert torch.equal(ours, theirs)
+
+
+def test_a_zero_byte_parquet_file_is_named_and_the_others_are_read(tmp_path):
+    """An empty `.parquet` beside good ones refused the whole split (issue 41.16)."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=3, splits=("val",))
+    split_as_parquet(root / "val", tmp_path / "t", files=3, row_group_size=2)
+    empty = tmp_path / "t" / "train-00003-of-00003.parquet"
+    empty.write_bytes(b"")
+    loader = build_loader(table_config("parquet", {"val": str(tmp_path / "t" / "*.parquet")}), "val")
+    assert list(dict(loader.bad_samples)) == [str(empty)] and "empty (0 bytes)" in dict(loader.bad_samples)[str(empty)]
+    assert sum(len(labels) for _, labels in loader) == 9

@@ -285,6 +285,8 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None, 
         source = path
     try:
         head, tail = pread(4, 0), pread(4, max(0, size - 4))
+        if size == 0:  # a write that never happened, beside good files: named, the others read
+            raise Unreadable("empty (0 bytes): a copy or a write that did not finish; copy it again, or remove it")
         if head != PARQUET_MAGIC:
             raise ConfigError(f"{path}: not a parquet file (it begins {head!r}, not {PARQUET_MAGIC!r}); list only "
                               f"`.parquet` files, or set {format_key} to the files' format")
