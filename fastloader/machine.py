@@ -100,3 +100,8 @@ def human_bytes(count: int) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     return str(count)
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can give now without swapping (psutil's `available`)."""
+    return psutil.virtual_memory().available

@@ -20,6 +20,7 @@ import numpy as np
 
 from .distributed import RankInfo
 from .errors import ConfigError
+from .machine import available_memory, human_bytes
 from .order import WeightedDraws
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
@@ -61,6 +62,18 @@ def check_epoch_size(config: Config, split: SplitConfig, ranks: RankInfo) -> Non
         raise ConfigError(f"{config.origin(key)}: {key}: {size} is below world_size x batch_size ({ranks.world_size} "
                           f"x {split.batch_size} = {least}), so a rank would not get one whole batch an epoch; set "
                           f"{key} to at least {least}, or lower {split.name}.batch_size")
+    if size is not None:
+        available = available_memory()
+        if size * ORDER_BYTES_PER_POSITION > available // 2:
+            fits = available // 2 // ORDER_BYTES_PER_POSITION
+            raise ConfigError(f"{config.origin(key)}: {key}: {size:,} positions make an epoch's order of "
+                              f"{human_bytes(size * ORDER_BYTES_PER_POSITION)} while it is drawn, more than half the "
+                              f"memory this machine has free ({human_bytes(available)}); set {key} to at most "
+                              f"{fits:,}, or run more, shorter epochs")
+
+
+ORDER_BYTES_PER_POSITION = 16
+"""An epoch's order is made whole: 8 bytes a position, 16 while it is drawn (order.py)."""
 
 
 def read_weights_file(config: Config, split: SplitConfig) -> WeightsFile | None:

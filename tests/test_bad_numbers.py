@@ -139,3 +139,19 @@ def test_counts_of_one_are_singular():
     assert [plural(1, "shard"), plural(2, "shard"), plural(1, "rank"), plural(3, "class"), plural(1, "batch"),
             plural(2, "batch"), plural(0, "problem", zero="no")] == [
         "1 shard", "2 shards", "1 rank", "3 classes", "1 batch", "2 batches", "no problems"]
+
+
+def test_the_largest_epoch_size_that_does_not_fit_memory_is_refused_at_build_with_what_fits(tmp_path):
+    """epoch_size 2**32 passed the range check and then failed with numpy's "Unable to allocate 32 GiB"
+    (issue 41.16): refused at build, naming the key and the size that fits this machine."""
+    from fastloader.machine import available_memory
+    from fastloader.schema import MAX_EPOCH_SIZE
+
+    if available_memory() // 2 >= MAX_EPOCH_SIZE * 16:
+        pytest.skip("this machine has the memory for the largest epoch_size's order")
+    root = write_solid_dataset(tmp_path / "d", per_class=2, splits=("train",))
+    config = base_config(root, train={"batch_size": 4, "epoch_size": MAX_EPOCH_SIZE, "transform": {"size": 32}})
+    with pytest.raises(ConfigError, match=r"train\.epoch_size: 4,294,967,296 positions make an epoch's order of "
+                                          r"64\.0 GiB while it is drawn, more than half the memory .* set "
+                                          r"train\.epoch_size to at most [\d,]+"):
+        build_loader(config, "train")
