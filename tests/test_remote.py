@@ -5,6 +5,7 @@ odd-shard corpus; the index without downloading; the node cache shared, bounded 
 Faults (the store going away, changed objects, refused credentials, a full disk): test_remote_faults.py."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -367,3 +368,23 @@ def test_the_uint8_cache_is_built_from_shards_in_the_store_and_checked_against_t
     direct = everything(build_loader(config, "val"))[0]
     cached = build_loader({**config, "dataset": {**config["dataset"], "cache": str(tmp_path / "u8")}}, "val")
     assert "the cache" in repr(cached) and everything(cached)[0] == direct
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_leaving_a_loop_mid_epoch_exits_without_an_ignored_exception(tmp_path, object_store, request, backend):
+    """A script that takes one batch of a store's split and ends printed "Exception ignored in
+    <generator ...> ... 'NoneType' object has no attribute 'blake2b'" at exit (issue 41.16)."""
+    if backend == "dali" and not importlib.util.find_spec("nvidia.dali"):
+        pytest.skip("NVIDIA DALI is not installed")
+    folder = packed(tmp_path, per_class=6, per_shard=2)
+    url = uploaded(object_store, bucket_for(request), folder)
+    config = tmp_path / "remote.json"
+    config.write_text(json.dumps(remote_config(tmp_path, {"train": f"{url}/train-*.tar"}, backend=backend)))
+    script = ("import json, sys; from fastloader import build_loader\n"
+              "batches = iter(build_loader(json.load(open(sys.argv[1])), 'train'))\n"
+              "next(batches)\n"
+              "print('left mid-epoch', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(config)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=180)
+    assert done.returncode == 0 and done.stdout.strip() == "left mid-epoch", done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -573,7 +573,10 @@ class Plan:
         self.cancelled = False
         self.condition = threading.Condition()
         self.failures: list[str] = []
-        present = sum(cache.entry(info).exists() for info in infos)
+        self.names = [cache.entry(info).name for info in infos]
+        """Each shard's entry name, made once: a plan cancelled while the interpreter exits (a loop left
+        mid-epoch) may no longer have hashlib to name them with."""
+        present = sum((cache.folder / name).exists() for name in self.names)
         total = sum(info.size for info in infos)
         log.log(logging.INFO if present < len(infos) else logging.DEBUG,  # quiet once all are here
                 "%s: %s (%s) to read from %s, %d already in the node cache %s (limit %s); fetching ahead, %d at "
@@ -597,7 +600,7 @@ class Plan:
 
     def _release(self, container: int) -> None:
         self.held.pop(container, None)
-        name = self.cache.entry(self.infos[container]).name
+        name = self.names[container]
         with self.cache.lock:
             count = self.cache.protected.get(name, 0) - 1
             if count > 0:
@@ -618,7 +621,7 @@ class Plan:
                 if not self.held or sum(self.held.values()) + size <= self.cache.limit:
                     self.next += 1
                     self.held[container] = size
-                    name = self.cache.entry(self.infos[container]).name
+                    name = self.names[container]
                     with self.cache.lock:
                         self.cache.protected[name] = self.cache.protected.get(name, 0) + 1
                     return container
