@@ -156,6 +156,10 @@ def train(args) -> int:
     train = build_loader(args.config, "train", args.overrides)
     val = build_loader(args.config, "val", args.overrides)
     device, world = train.device, train.ranks.world_size
+    if len(train) == 0:  # drop_last with a batch larger than the split: no step would run, the loss nan
+        raise ConfigError(f"split 'train' yields no batch per epoch ({train.num_samples} samples on this rank, "
+                          f"batch_size {train.batch_size}, drop_last: true); lower train.batch_size or set "
+                          f"train.drop_last: false (`fastloader check` says so too)")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     model = torchvision.models.get_model(args.model, num_classes=train.num_classes).to(device)

@@ -265,3 +265,26 @@ def test_many_classes_are_summarized_and_long_problem_lists_are_capped(capsys):
     assert lines[0] == "problems: 25 of 100 files (header check; --deep also decodes every file):"
     assert lines[1] == "  train/x/000.jpg: empty file" and len(lines) == 1 + LISTED + 1
     assert lines[-1] == f"  ... and {25 - LISTED} more"
+
+
+@pytest.mark.parametrize("keys, words", [
+    ("train: {batch_size: 1000}", "problem: split 'train' yields no batch per epoch: 240 samples, batch_size 1000 x "
+                                  "world_size 1 with drop_last: true"),
+    ("train: {batch_size: 32, epoch_size: 10}", "train.epoch_size: 10 is below world_size x batch_size"),
+])
+def test_check_finds_what_bench_and_show_refuse_about_the_splits_size(tmp_path, capsys, keys, words):
+    """check said "no problems" where bench and show refused and train.py ran 0 steps (issue 41.17)."""
+    from fastloader.cli import main
+    config = tmp_path / "c.yaml"
+    config.write_text(f"dataset: {{root: builtin:sample}}\n{keys}\n")
+    assert main(["check", str(config)]) == 1
+    assert words in capsys.readouterr().out
+
+
+def test_check_says_colour_jitter_is_on_with_deit3s_3a_policy(tmp_path, capsys):
+    from fastloader.cli import main
+    config = tmp_path / "c.yaml"
+    config.write_text("dataset: {root: builtin:sample}\ntrain: {transform: {auto_augment: 3a, color_jitter: 0.3}}\n")
+    assert main(["check", str(config)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "augmentation:" in line)
+    assert "then colour jitter: brightness x[0.7, 1.3]" in line and "is off" not in line

@@ -76,6 +76,13 @@ def test_a_config_error_prints_its_message_and_exits_2(tmp_path):
            "'train.batch_size'?" in err and "Traceback" not in err
 
 
+def test_a_batch_larger_than_the_split_is_an_error_not_a_run_of_no_steps(tmp_path):
+    """It ran 0 steps, printed "loss nan ... train size  px" and exited 0 (issue 41.17)."""
+    out, err = (proc := example("--set", "train.batch_size=4096", cwd=tmp_path)).communicate(timeout=120)
+    assert proc.returncode == 2, err[-2000:]
+    assert "train.py: error: split 'train' yields no batch per epoch" in err and "nan" not in out
+
+
 def test_ctrl_c_saves_a_checkpoint_that_the_same_command_resumes_exactly(tmp_path):
     """Ctrl-C, as a terminal sends it to the whole process group (the DataLoader workers too): the step
     under way ends, the checkpoint is saved, exit 130; the same command resumes at the next step with

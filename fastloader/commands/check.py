@@ -71,11 +71,12 @@ def run(args) -> int:
     root = dataset_root(config)
     excluded = _read_excluded(config, root)
     problems: dict[str, Screened] = {}
-    checked = 0
+    checked, split_problems = 0, 0
     for split in config.splits.values():
         print()
         tally = check_split(config, split, root, args.deep, args.workers)
         checked += tally.files
+        split_problems += len(tally.split_problems)
         for screened in tally.problems:
             problems.setdefault(os.path.relpath(screened.path, root), screened)
     print()
@@ -88,7 +89,7 @@ def run(args) -> int:
     broken = environment_problems()
     for line in broken:
         print(f"problem: {line}")
-    return FOUND_PROBLEMS if problems or broken else 0
+    return FOUND_PROBLEMS if problems or broken or split_problems else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,6 +210,8 @@ class Tally:
         self.widths, self.heights = array("q"), array("q")
         self.mislabelled: list[Screened] = []
         self.problems: list[Screened] = []
+        self.split_problems: list[str] = []
+        """What the split's keys make of its size (no whole batch), as a problem line."""
 
     def add(self, screened: Screened) -> None:
         self.files += 1
@@ -259,7 +262,32 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
           f"{_count(len(tally.problems), 'problem')}")
     if split.mode == "train":
         print(f"  augmentation: {ops_summary(config, split)}")
+    for problem in batch_problems(config, split, len(index) - len(tally.problems)):
+        print(f"  problem: {problem}")
+        tally.split_problems.append(problem)
     return tally
+
+
+def batch_problems(config: Config, split: SplitConfig, usable: int) -> list[str]:
+    """What `bench`, `show` and a training loop would refuse or stop on for this split's size: an
+    epoch_size below one batch per rank, an epoch with no whole batch (drop_last: true)."""
+    from ..distributed import detect_ranks
+    from ..errors import ConfigError
+    from ..weights import check_epoch_size
+
+    ranks = detect_ranks(config.distributed)
+    try:
+        check_epoch_size(config, split, ranks)
+    except ConfigError as error:
+        return [str(error)]
+    size = split.epoch_size or usable
+    least = split.batch_size * ranks.world_size
+    if split.drop_last and size < least:
+        return [f"split '{split.name}' yields no batch per epoch: {_count(size, 'sample')}, batch_size "
+                f"{split.batch_size} x world_size {ranks.world_size} with drop_last: true, so a training loop "
+                f"would run 0 steps; lower {split.name}.batch_size (e.g. --set {split.name}.batch_size="
+                f"{max(1, size // ranks.world_size)}) or set {split.name}.drop_last: false"]
+    return []
 
 
 def draws_summary(config: Config, split: SplitConfig, index) -> str | None:
@@ -285,8 +313,9 @@ def ops_summary(config: Config, split: SplitConfig) -> str:
     from ..augment.draws import Augmenter
     t = split.transform
     flips = f"hflip {t.hflip:g}" + (f", vflip {t.vflip:g}" if t.vflip else "")
-    summary = f"{flips}; ops: {Augmenter(t, config.normalize.mean).describe()}"
-    if t.auto_augment and t.color_jitter is not None:
+    augmenter = Augmenter(t, config.normalize.mean)
+    summary = f"{flips}; ops: {augmenter.describe()}"
+    if t.auto_augment and t.color_jitter is not None and not augmenter.jitter:
         summary += f" (color_jitter {t.color_jitter} is off: auto_augment is set, as in timm)"
     return summary
 
