@@ -302,9 +302,21 @@ def _default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> N
     """format: webdataset names its shards per split; dataset.root, which it does not need, defaults
     to the config's folder."""
     dataset = raw.get("dataset")
-    if isinstance(dataset, dict) and dataset.get("format") in CONTAINER_FORMATS and "root" not in dataset:
+    if isinstance(dataset, dict) and "root" not in dataset and (
+            dataset.get("format") in CONTAINER_FORMATS or _containers_only(raw)):
         dataset["root"] = str(base_dir)
         origins["dataset.root"] = DEFAULT_SHARD_ROOT
+
+
+def _containers_only(raw: dict) -> bool:
+    """Whether every split reads shards or parquet/Arrow files (its own keys, or each of its sources'):
+    then no split needs dataset.root, whatever dataset.format says."""
+    def containers(item: object) -> bool:
+        return isinstance(item, dict) and ("shards" in item or "files" in item)
+    splits = [section for name, section in raw.items() if name not in SECTIONS and isinstance(section, dict)]
+    return bool(splits) and all(containers(split) or (isinstance(split.get("sources"), list) and split["sources"] and
+                                                      all(containers(source) for source in split["sources"]))
+                                for split in splits)
 
 
 def _resolve_override_path(key: str, value: Any) -> Any:
@@ -491,7 +503,13 @@ class _Builder:
     def config(self, raw: dict) -> Config:
         values: dict[str, Any] = {}
         splits: dict[str, SplitConfig] = {}
+        split_keys = [f.name for f in dataclasses.fields(SplitConfig) if f.name != "name"]
         for key, value in raw.items():
+            if key in split_keys and key not in SCALARS and key not in SECTIONS:
+                splits_here = [k for k, v in raw.items()
+                               if isinstance(v, dict) and k not in SECTIONS and k not in split_keys]
+                self.fail(key, f"is a split's key, not a top-level one: indent it under the split it is for, e.g. "
+                               f"'{(splits_here or ['train'])[0]}:' then '  {key}: ...' (docs/config.md)")
             if key in SCALARS:
                 hint = typing.get_type_hints(Config)[key]
                 values[key] = self.coerce(value, hint, key)
@@ -689,7 +707,9 @@ class _Builder:
             values[key] = self.coerce(value, hints[key], f"{path}.{key}")
         for f in dataclasses.fields(cls):
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values:
-                self.fail(f"{path}.{f.name}", "missing; it has no default")
+                fix = ("; set it to the folder that holds the split folders (root/<split>/<class>/<images>), e.g. "
+                       "'dataset: {root: /data/imagenette2-320}'" if f"{path}.{f.name}" == "dataset.root" else "")
+                self.fail(f"{path}.{f.name}", f"missing; it has no default{fix}")
         self.validate_fields(cls, values, path)
         return cls(**values)
 

@@ -45,7 +45,10 @@ def test_every_policy_string_parses_into_its_family(text):
 @pytest.mark.parametrize("text, closest", [
     ("rand-m9-mst0.5-inc1", "rand-m9-mstd0.5-inc1"), ("rnd-m9-mstd0.5", "rand-m9-mstd0.5"),
     ("rand-m9-inc", "rand-m9-inc1"), ("rand-m9-n0", "rand-m9-n2"), ("orignal", "original"),
-    ("ta_wide-m9", "ta_wide"), ("Rand-M9", "rand-m9"), ("rand-m9-x3", "rand-m9")])
+    ("ta_wide-m9", "ta_wide"), ("Rand-M9", "rand-m9"), ("rand-m9-x3", "rand-m9"),
+    # the papers' names (issue 41.17: 'randaugment' was offered 'three_augment', the closest by its letters)
+    ("randaugment", "rand-m9-mstd0.5-inc1"), ("RandAugment-m7", "rand-m7"), ("auto_augment", "original"),
+    ("trivial_augment", "ta_wide")])
 def test_a_malformed_policy_fails_at_load_with_the_key_the_grammar_and_the_closest_valid_form(text, closest):
     with pytest.raises(ConfigError) as error:
         transform(auto_augment=text)

@@ -288,3 +288,14 @@ def test_a_val_split_without_one_of_trains_class_folders_keeps_every_label_and_s
     assert sorted(label for _, labels in val for label in labels.tolist()) == [0, 0, 2, 2]
     assert f"{root / 'val'} has no class folder 'b_green', which train has" in caplog.text
     assert "its label 1, with no samples here" in caplog.text
+
+
+def test_a_missing_val_folder_is_not_told_to_read_trains_folder(tmp_path):
+    """"set val.folder to one of them" offered train's folder for val (issue 41.17)."""
+    root = write_solid_dataset(tmp_path / "data", per_class=2, splits=("train",))
+    with pytest.raises(ConfigError) as raised:
+        build_loader(base_config(root), "val")
+    message = str(raised.value)
+    assert f"split folder {str(root / 'val')!r} does not exist (folders in dataset.root: train): make it (" in message
+    assert "set val.folder to the folder that holds the split's own images, or remove the split 'val'" in message
+    assert "one of them" not in message

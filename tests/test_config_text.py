@@ -49,3 +49,31 @@ def test_a_top_level_key_that_is_no_name_is_refused_naming_it(tmp_path, key, sho
 def test_a_nested_key_that_is_no_name_is_refused_naming_its_section(tmp_path):
     with pytest.raises(ConfigError, match=r"the key 3 under train is not a name"):
         load_config(write(tmp_path, "train:\n  batch_size: 4\n  3: x\n"))
+
+
+@pytest.mark.parametrize("text", ["transform: {size: 64}\n", "batch_size: 32\nval: {batch_size: 4}\n"])
+def test_a_splits_key_at_the_top_level_says_to_indent_it_under_a_split(tmp_path, text):
+    """A top-level `transform:` was told it "does not state its mode" (issue 41.17)."""
+    key = text.split(":")[0]
+    split = "val" if "val" in text else "train"
+    with pytest.raises(ConfigError, match=rf"{key}: is a split's key, not a top-level one: indent it under the split "
+                                          rf"it is for, e\.g\. '{split}:' then '  {key}: \.\.\.'"):
+        load_config(write(tmp_path, text))
+
+
+def test_a_split_of_shards_and_parquet_sources_needs_no_dataset_root(tmp_path):
+    """It said "dataset.root: missing; it has no default", with no fix (issue 41.17)."""
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: {}\ntrain:\n  sources:\n    - {shards: 'x-{000000..000001}.tar'}\n"
+                    "    - {format: parquet, files: y.parquet}\n")
+    config = load_config(path)
+    assert config.dataset.root == str(tmp_path)
+    assert config.splits["train"].sources[0].shards == (str(tmp_path / "x-{000000..000001}.tar"),)
+
+
+def test_a_missing_dataset_root_says_what_to_set_it_to(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: {}\n")
+    with pytest.raises(ConfigError, match=r"dataset\.root: missing; it has no default; set it to the folder that "
+                                          r"holds the split folders"):
+        load_config(path)

@@ -222,6 +222,13 @@ _RAND_CHECKS = {
 _SET_CHECK = (lambda v: v in TRANSFORM_SETS, f"one of the op sets {', '.join(TRANSFORM_SETS)}")
 
 
+_NAMES_PEOPLE_WRITE = {"randaugment": "rand", "randaug": "rand", "ra": "rand", "autoaugment": "original",
+                       "aa": "original", "trivialaugment": TRIVIAL, "trivialaugmentwide": TRIVIAL, "ta": TRIVIAL,
+                       "deit3": THREE_AUGMENT, "3augment": THREE_AUGMENT}
+"""The papers' names of the policies (underscores left out) -> the family a policy string starts with:
+'randaugment' is RandAugment, not the string it is closest to by its letters ('three_augment')."""
+
+
 def policy_problem(text) -> tuple[str, str]:
     """(what is wrong, the closest valid string), or ('', text) when it parses."""
     if not isinstance(text, str) or not text.strip():
@@ -231,7 +238,10 @@ def policy_problem(text) -> tuple[str, str]:
     name, *sections = clean.split("-")
     families = ["rand", TRIVIAL, THREE_AUGMENT, *AUTO_POLICIES]
     if name not in families:
-        name = difflib.get_close_matches(name, families, n=1, cutoff=0.0)[0]
+        named = _NAMES_PEOPLE_WRITE.get(name.replace("_", ""))
+        name = named or difflib.get_close_matches(name, families, n=1, cutoff=0.0)[0]
+        if named == "rand" and not sections:
+            sections = ["m9", "mstd0.5", "inc1"]  # timm's RandAugment of the DeiT and RSB recipes
         problems.append(f"unknown policy {clean.split('-')[0]!r}")
     if name == TRIVIAL:
         if sections:

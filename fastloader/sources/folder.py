@@ -133,8 +133,11 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
                               f"folders ({', '.join(present[:3])}{' ...' if len(present) > 3 else ''}) hold images, "
                               f"and {split!r} is beside it; set dataset.root to {above!r} (--set "
                               f"dataset.root={above}), the folder that holds the split folders")
+        split_name = key.split(".")[0]
         raise ConfigError(f"{source}: split folder {split_dir!r} does not exist (folders in dataset.root: "
-                          f"{', '.join(present) or 'none'}); set {key} to one of them")
+                          f"{', '.join(present) or 'none'}): make it ({split_dir}/<class>/<images>), set {key} to the "
+                          f"folder that holds the split's own images, or remove the split '{split_name}' from the "
+                          f"config")
     found = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
     if classes is None:
         classes = found
