@@ -221,6 +221,7 @@ def train(args) -> int:
             finish(train, val)
             return INTERRUPTED
         seconds = time.perf_counter() - started
+        val.set_epoch(epoch)  # its log says the epoch it evaluates, after a resume too
         accuracy, scored = evaluate(model, val)
         say(f"epoch {epoch} done: loss {loss.item():.3f}, val accuracy {accuracy:.3f} on {scored} images, "
             f"{images_seen / seconds:.0f} images/s, train size {'/'.join(map(str, sorted(sides)))} px")

@@ -17,7 +17,7 @@ from .samples import SampleIndex
 from .schema import Config, SplitConfig
 from .sources.reading import is_remote
 from .units import parse_size
-from .words import plural
+from .words import container_noun, plural
 
 log = logging.getLogger("fastloader")
 
@@ -61,10 +61,12 @@ def block_budget(config: Config, split: SplitConfig, cache_limit: int | None = N
     return budget
 
 
-def block_order(config: Config, split: SplitConfig, index: SampleIndex, budget: int | None) -> BlockShuffle | None:
+def block_order(config: Config, split: SplitConfig, index: SampleIndex, budget: int | None,
+                cache_limit: int | None = None) -> BlockShuffle | None:
     """The split's block order over its (prepared) index, logged with its blocks; None without a budget
     (the split's order is not `block`). A shard larger than the budget is a block of its own, said in
-    a warning."""
+    a warning with the fix that works: with shards in an object store (`cache_limit`, the node
+    cache's), a block can be fetched while the one before it trains only where two fit the cache."""
     if budget is None:
         return None
     if index.ranges is None:
@@ -74,9 +76,10 @@ def block_order(config: Config, split: SplitConfig, index: SampleIndex, budget: 
     shuffle = BlockShuffle(Containers.of(index.ranges), budget)
     containers, why = shuffle.containers, _budget_from(config, split)
     total = int(containers.sizes.sum())
-    log.info("split '%s': shuffle: block, blocks of at most %s (%s): %s of %s, %s per epoch", split.name,
-             human_bytes(budget), why, plural(len(containers.number), "shard"), human_bytes(total),
-             plural(len(shuffle.blocks(config.seed, 0)), "block") + " in epoch 0")
+    noun = container_noun(index.ranges.files[0]) if len(index.ranges.files) else "shard"
+    log.info("split '%s': shuffle: block, blocks of at most %s (%s): %s of %s, %s in epoch 0", split.name,
+             human_bytes(budget), why, plural(len(containers.number), noun), human_bytes(total),
+             plural(len(shuffle.blocks(config.seed, 0)), "block"))
     oversized = shuffle.oversized
     if len(oversized):
         sizes = dict(zip(containers.number.tolist(), containers.sizes.tolist()))
@@ -84,10 +87,17 @@ def block_order(config: Config, split: SplitConfig, index: SampleIndex, budget: 
         file_of = dict(zip(containers.number.tolist(), files.tolist()))
         named = ", ".join(f"{os.path.basename(index.ranges.files[file_of[c]])} ({human_bytes(sizes[c])})"
                           for c in oversized[:3].tolist())
+        largest = max(sizes[c] for c in oversized.tolist())
+        if cache_limit is not None and 2 * largest > cache_limit:  # a larger block_size cannot help here
+            fix = (f"the node cache ({CACHE_KEY}: {human_bytes(cache_limit)}) cannot hold such a shard and the next "
+                   f"one, so shards are fetched more than once an epoch: raise {CACHE_KEY} to at least "
+                   f"{human_bytes(2 * largest)}, or repack into shards of at most {human_bytes(cache_limit // 2)} "
+                   f"(`fastloader pack --shard-size {max(1, cache_limit // 2 >> 20)}MB`)")
+        else:
+            fix = f"raise {split.name}.block_size above the largest to keep every block within it"
         log.warning("split '%s': %s larger than the block budget of %s (%s), each read as a block of its own: %s%s; "
-                    "raise %s.block_size above the largest to keep every block within it", split.name,
-                    plural(len(oversized), "shard") + (" is" if len(oversized) == 1 else " are"), human_bytes(budget),
-                    why, named, " ..." if len(oversized) > 3 else "", split.name)
+                    "%s", split.name, plural(len(oversized), noun) + (" is" if len(oversized) == 1 else " are"),
+                    human_bytes(budget), why, named, " ..." if len(oversized) > 3 else "", fix)
     return shuffle
 
 

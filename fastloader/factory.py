@@ -145,10 +145,10 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
     if cache is not None:
         bad = index.unusable + tuple(cache.bad)
         return PreparedSplit(cache.index, bad, workers, pixels=cache.pixels,
-                             blocks=block_order(config, split, cache.index, budget),
+                             blocks=block_order(config, split, cache.index, budget, limit),
                              draws=weighted_draws(config, split, cache.index, table, [path for path, _ in bad]))
     screened = screen_index(config, split, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
     bad = index.unusable + tuple(screened.bad)
     return PreparedSplit(screened.index, bad, workers, needs_substitute=screened.formats, sizes=screened.sizes,
-                         blocks=block_order(config, split, screened.index, budget),
+                         blocks=block_order(config, split, screened.index, budget, limit),
                          draws=weighted_draws(config, split, screened.index, table, [path for path, _ in bad]))

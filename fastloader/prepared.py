@@ -8,7 +8,6 @@ added to a loader after it is built.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -19,6 +18,7 @@ from .distributed import RankInfo, cpu_workers_per_rank
 from .order import BlockShuffle, WeightedDraws
 from .samples import SampleIndex
 from .schema import Config
+from .words import containers_words
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,7 @@ class PreparedSplit:
         ranges = self.index.ranges
         if ranges is None:
             return "the image files"
-        return f"{len(ranges.files)} tar shards" if ranges.header is not None else \
-            f"{len(ranges.files)} {os.path.splitext(ranges.files[0])[1].lstrip('.') or 'table'} files"
+        return containers_words(ranges.files)
 
 
 def worker_count(config: Config, backend: str, ranks: RankInfo) -> int:

@@ -25,6 +25,7 @@ from tablefiles import folder_rows, split_as_arrow, split_as_parquet, table, wri
 from fastloader import build_loader
 from fastloader.cli import main
 from fastloader.errors import BadImageError, ConfigError
+from fastloader.words import plural
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
     not __import__("importlib").util.find_spec("nvidia.dali"), reason="NVIDIA DALI is not installed"))]
@@ -87,7 +88,8 @@ def test_tables_give_the_folders_samples_labels_order_and_pixels(tmp_path, backe
         assert table_labels == folder_labels, split
         for ours, theirs in zip(table_images, folder_images, strict=True):
             assert torch.equal(ours, theirs)
-    assert f".{fmt}:0" in from_table.index.path(0) and f" {fmt} files" in repr(from_table)
+    files = len(from_table.index.ranges.files)  # "1 arrow file", not "1 arrow files"
+    assert f".{fmt}:0" in from_table.index.path(0) and f"pixels from {plural(files, f'{fmt} file')})" in repr(from_table)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -257,6 +257,28 @@ def test_a_loader_reading_further_ahead_than_a_block_says_what_it_costs_and_what
     assert "Raise dataset.remote.cache_limit (blocks of more samples), or lower workers.num_workers" in caplog.text
 
 
+def test_shards_larger_than_half_the_node_cache_get_a_fix_that_works_not_a_larger_block_size(
+        tmp_path, object_store, request, caplog):
+    """4 shards, a cache of a third of them, shuffle: block: each shard is a block of its own, and the
+    cache cannot hold one and the next, so shards were fetched 3.5-5.7x an epoch while the warning
+    advised raising block_size above the largest shard (issue 41.12). It now names the cache limit
+    that would hold two, or the shard size to repack to."""
+    folder = packed(tmp_path, per_class=4, per_shard=3)
+    url = uploaded(object_store, bucket_for(request), folder)
+    shards = sorted(folder.glob("train-*.tar"))
+    largest = max(p.stat().st_size for p in shards)
+    limit = sum(p.stat().st_size for p in shards) // 3
+    assert largest > limit // 2
+    config = remote_config(tmp_path, {"train": f"{url}/train-*.tar"}, train={"batch_size": 3, "shuffle": "block"},
+                           dataset={"remote": {"cache_limit": f"{limit}B"}})
+    with caplog.at_level(logging.WARNING, logger="fastloader"), build_loader(config, "train"):
+        pass
+    assert "larger than the block budget" in caplog.text
+    assert "cannot hold such a shard and the next one, so shards are fetched more than once an epoch: raise " \
+           "dataset.remote.cache_limit to at least" in caplog.text
+    assert "raise train.block_size above the largest" not in caplog.text
+
+
 def test_a_fetch_killed_midway_leaves_nothing_that_counts_and_the_next_run_repairs_the_cache(
         tmp_path, object_store, request, caplog):
     """A process killed (SIGKILL) while it downloads a shard leaves a `.partial` file, never a shard:

@@ -239,6 +239,8 @@ def test_a_parquet_sources_classlabel_is_read_by_name_beside_shards_named_by_dat
              for colour, label in zip(identities(images), labels.tolist(), strict=True)]
     assert loader.classes == ("cat", "dog") and len(pairs) == 7
     assert sorted(set(pairs)) == [("blue", "dog"), ("red", "cat")], pairs
+    n_shards = len(shards)  # not "pixels from 3 tar shards" for shards and a parquet file (issue 41.18)
+    assert f"pixels from 1 parquet file, {n_shards} tar shards)" in repr(loader)
 
 
 def test_messages_about_a_parquet_source_name_the_keys_the_config_has(tmp_path, caplog):
