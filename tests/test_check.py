@@ -188,7 +188,7 @@ def broken_dataset(tmp_path: Path) -> Path:
     write(data / "train" / "b_green" / "garbled.jpg", with_garbage_in_scan(jpeg))
     write(data / "train" / "c_blue" / "noise.jpg", np.random.default_rng(5).bytes(3000))
     write(data / "val" / "a_red" / "page.png", b"<html><body>oops</body></html>")
-    (tmp_path / "check.yaml").write_text("dataset: {root: data}\ntrain: {}\nval: {}\n")
+    (tmp_path / "check.yaml").write_text("dataset: {root: data}\ntrain: {batch_size: 4}\nval: {}\n")
     return tmp_path / "check.yaml"
 
 

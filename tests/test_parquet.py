@@ -405,3 +405,53 @@ def test_a_zero_byte_parquet_file_is_named_and_the_others_are_read(tmp_path):
     loader = build_loader(table_config("parquet", {"val": str(tmp_path / "t" / "*.parquet")}), "val")
     assert list(dict(loader.bad_samples)) == [str(empty)] and "empty (0 bytes)" in dict(loader.bad_samples)[str(empty)]
     assert sum(len(labels) for _, labels in loader) == 9
+
+
+def parquet_of_paths(split_dir, out) -> list[str]:
+    """The split written by `datasets` from file paths, as a user casts them: rows {bytes: null,
+    path: <relative to out's folder>} and a ClassLabel; the class names."""
+    import datasets
+
+    classes, paths, labels = [], [], []
+    for label, class_dir in enumerate(sorted(p for p in split_dir.iterdir() if p.is_dir())):
+        classes.append(class_dir.name)
+        for image in sorted(class_dir.iterdir()):
+            paths.append(os.path.relpath(image, out.parent))
+            labels.append(label)
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
+    here = os.getcwd()
+    os.chdir(out.parent)  # where the user ran `datasets`: the paths are relative to it
+    try:
+        datasets.Dataset.from_dict({"image": paths, "label": labels}, features=features).to_parquet(str(out))
+    finally:
+        os.chdir(here)
+    stored = pq.read_table(out).column("image").to_pylist()
+    assert all(row["bytes"] is None and row["path"] for row in stored)  # what the peer writes
+    return classes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_that_datasets_wrote_from_file_paths_are_read_by_their_path(tmp_path, backend, monkeypatch):
+    """{bytes: null, path: ...} rows were all refused as "no image bytes (null)", though `datasets`
+    reads them by their path (issue 41.14). Relative paths are relative to the parquet file's folder,
+    wherever the loader runs; the pixels and labels are the folder's."""
+    root = write_numbered_dataset(tmp_path / "d", per_class=2, splits=("val",))
+    parquet_of_paths(root / "val", tmp_path / "val.parquet")
+    monkeypatch.chdir(tmp_path / "d")  # not the folder the paths are relative to
+    from_table = build_loader(table_config("parquet", {"val": str(tmp_path / "val.parquet")}, backend=backend), "val")
+    from_folder = build_loader(base_config(root, backend=backend), "val")
+    assert not from_table.bad_samples and len(from_table.index) == 6
+    assert everything(from_table)[0] == everything(from_folder)[0]
+    assert [identities(x) for x, _ in from_table] == [identities(x) for x, _ in from_folder]
+
+
+def test_a_row_whose_path_names_no_file_is_named_and_the_others_are_read(tmp_path):
+    root = write_numbered_dataset(tmp_path / "d", per_class=2, splits=("val",))
+    parquet_of_paths(root / "val", tmp_path / "val.parquet")
+    gone = sorted((root / "val" / "a_red").iterdir())[0]
+    gone.unlink()
+    loader = build_loader(table_config("parquet", {"val": str(tmp_path / "val.parquet")}), "val")
+    (name, reason), = loader.bad_samples
+    assert name == f"{tmp_path / 'val.parquet'}:0" and reason.startswith(
+        f"no image bytes (null), and its path 'd/val/a_red/{gone.name}' ({gone}) cannot be read: No such file")
+    assert sum(len(labels) for _, labels in loader) == 5

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..schema import Config
-from .hf_columns import classlabel, columns, label_values
+from .hf_columns import classlabel, columns, label_values, null_byte_paths
 from .reading import Identity, open_regular
 from .table_scan import TableScan, Unreadable
 
@@ -42,7 +42,7 @@ def scan_arrow(path: str, config: Config, format_key: str = "dataset.format") ->
                               f"format") from None
         raise Unreadable(f"unreadable Arrow file (cut short?): {error}") from None
     image, label = columns(path, schema, config)
-    starts, lengths, labels = array("q"), array("q"), []
+    starts, lengths, labels, paths = array("q"), array("q"), [], []
     for batch in batches:
         column = batch.column(schema.get_field_index(image))
         values = column.field("bytes") if pa.types.is_struct(column.type) else column
@@ -62,13 +62,15 @@ def scan_arrow(path: str, config: Config, format_key: str = "dataset.format") ->
                                   f"does), or use its parquet files")
         row_start = data_at + offsets[:-1]
         row_length = np.diff(offsets)
+        paths += null_byte_paths(column, null.tolist()) or [None] * len(null)
         starts.extend(np.where(null, -1, row_start).tolist())
         lengths.extend(np.where(null, -1, row_length).tolist())
         labels += batch.column(schema.get_field_index(label)).to_pylist()
     labels = label_values(path, label, pa.array(labels, type=schema.field(label).type) if labels else
                            pa.array([], schema.field(label).type))
     return TableScan(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), labels,
-                     classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64), label_column=label)
+                     classlabel(schema, label), identity, np.zeros(len(starts), dtype=np.int64), label_column=label,
+                     paths=paths if any(paths) else None)
 
 
 def _base_address(mapped) -> int:

@@ -97,3 +97,15 @@ def label_values(path: str, label: str, column) -> list:
         raise ConfigError(f"{path}: the label column {label!r} holds {kind}, not integer labels or class names; set "
                           f"dataset.label_column to the column of the labels")
     return column.to_pylist()
+
+
+def null_byte_paths(image_column, null_bytes) -> list | None:
+    """The `path` of each row whose image bytes are null (None for the others), from an Image
+    feature's struct column; None where the column has no path field or no row lacks its bytes."""
+    import pyarrow as pa
+
+    kind = image_column.type
+    if not pa.types.is_struct(kind) or kind.get_field_index("path") < 0 or not any(null_bytes):
+        return None
+    paths = image_column.field("path").to_pylist()
+    return [path if missing and isinstance(path, str) and path else None for path, missing in zip(paths, null_bytes)]

@@ -36,7 +36,7 @@ from ..weights import draws_from
 from ..words import plural
 from . import remote
 from .arrow_file import scan_arrow
-from .hf_columns import classlabel, columns, image_leaf, label_values
+from .hf_columns import classlabel, columns, image_leaf, label_values, null_byte_paths
 from .multi import files_format_key, order_split
 from .parquet_pages import parquet_ranges
 from .reading import Identity, open_regular, stat_stamp
@@ -51,9 +51,10 @@ REWRITE = ("rewrite it with the image column uncompressed and PLAIN, as `dataset
            "`pq.write_table(pq.read_table(SRC), DST, compression='none', use_dictionary=False)` (pyarrow), or "
            "`datasets.load_dataset(...).to_parquet(DST)`")
 """The fix for a parquet file whose image pages cannot be read in place."""
-SCAN_VERSION = 4
+SCAN_VERSION = 5
 """Raised when a cached scan of a file would read otherwise: 3, it keeps the label column's name, and
-what the file says whatever dataset.classes is; 4, its identity keeps the file's ctime."""
+what the file says whatever dataset.classes is; 4, its identity keeps the file's ctime; 5, the paths of
+rows whose image bytes are null."""
 
 
 def index_parquet(config: Config, split: SplitConfig) -> SampleIndex:
@@ -85,15 +86,19 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
         scans.append(result if isinstance(result, TableScan) else None)
     classes = config.dataset.classes or _class_names(kept, scans)
     builder, ranges = IndexBuilder(), (array("i"), array("q"), array("q"), array("q"))
+    referenced_files = _ReferencedFiles(len(kept))
     for number, (path, scan) in enumerate(zip(kept, scans)):
         if scan is not None:
             _rows(path, number, scan, root, _labels_in(path, scan, classes, config), excluded, builder, ranges,
-                  problems)
+                  problems, referenced_files)
+    kept = [*kept, *referenced_files.paths]
+    scans = [*scans, *(None for _ in referenced_files.paths)]
     if not len(builder):
         first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
         raise BadImageError(f"{source}: {key}: no usable row in {plural(len(kept), 'file')}{first}")
     classes = classes or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
-    identities = tuple(scan.identity if scan is not None else Identity(0, 0, 0) for scan in scans)
+    identities = tuple(scan.identity if scan is not None else Identity(0, 0, 0) for scan in scans[:len(scans) - len(
+        referenced_files.paths)]) + tuple(referenced_files.identities)
     table_row = np.array(ranges[3], dtype=np.int64)
     grouped = [path for path, scan in zip(kept, scans) if scan is not None and scan.table_row.any()]
     byte_ranges = ByteRanges(tuple(kept), np.array(ranges[0], dtype=np.int32), np.array(ranges[1], dtype=np.int64),
@@ -103,8 +108,11 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
     if grouped:
         _say_row_group_cost(config, split, grouped, scans)
     unusable = refuse(config, problems, noun="files or rows")
-    log.info("indexed %s of split '%s' (%s): %s in %s%s%s", plural(len(kept), f"{kind} file"), split.name, root,
+    log.info("indexed %s of split '%s' (%s): %s in %s%s%s%s", plural(len(kept) - len(referenced_files.paths),
+                                                                    f"{kind} file"), split.name, root,
              plural(len(builder), "row"), plural(len(classes), "class"),
+             f", {plural(len(referenced_files.paths), 'row')} read from the image file its path names"
+             if referenced_files.paths else "",
              f", {plural(len(unusable), 'row')} left out" if unusable else "",
              f", {excluded.count} left out by dataset.exclude" if excluded.count else "")
     return builder.build(root, classes, excluded=excluded.count, ranges=byte_ranges, unusable=unusable)
@@ -152,18 +160,17 @@ def _check_split_keys(config: Config, split: SplitConfig, kind: str, key: str, s
 
 
 def _rows(path: str, number: int, scan: TableScan, root: str, labels: dict, excluded: Excluded,
-          builder: IndexBuilder, ranges: tuple[array, ...], problems: list[tuple[str, str]]) -> None:
+          builder: IndexBuilder, ranges: tuple[array, ...], problems: list[tuple[str, str]],
+          referenced_files: "_ReferencedFiles") -> None:
     """The file's usable rows into the index, each label as `labels` maps it (_labels_in); (name, reason)
-    of the others into problems."""
+    of the others into problems. A row whose bytes are null and whose `path` names an image file is
+    that file, whole, a container of its own (`referenced_files`), read and checked as any other."""
     name = remote.relative(path, root) if remote.is_url(path) else os.path.relpath(path, root)
     for row, (start, length, value, by_group) in enumerate(zip(scan.start.tolist(), scan.length.tolist(), scan.labels,
                                                                scan.table_row.tolist())):
         where = f"{path}:{row}"
         if excluded(where):
             excluded.count += 1
-            continue
-        if start < 0:
-            problems.append((where, "no image bytes (null)"))
             continue
         if value is None:
             problems.append((where, "no label (null)"))
@@ -172,11 +179,60 @@ def _rows(path: str, number: int, scan: TableScan, root: str, labels: dict, excl
         if isinstance(label, str):
             problems.append((where, label))
             continue
+        if start < 0:
+            referenced = scan.paths[row] if scan.paths else None
+            if referenced is None:
+                problems.append((where, "no image bytes (null)"))
+                continue
+            found = referenced_files.find(path, referenced)
+            if isinstance(found, str):
+                problems.append((where, found))
+                continue
+            number, start, length, by_group = found, 0, referenced_files.size(found), 0
         builder.add(f"{name}:{row}", label)
         ranges[0].append(number)
         ranges[1].append(start)
         ranges[2].append(length)
         ranges[3].append(by_group)
+
+
+class _ReferencedFiles:
+    """The image files that rows without bytes name by their path: each a container of its own,
+    numbered after the split's table files, its identity (ctime too) checked at every read. A relative
+    path is relative to the table file's folder; a table in an object store names no local file."""
+
+    def __init__(self, first: int):
+        self.first = first
+        self.paths: list[str] = []
+        self.identities: list[Identity] = []
+        self.numbers: dict[str, int] = {}
+
+    def find(self, table: str, referenced: str) -> int | str:
+        """The container number of the file a row names, or why the row cannot be read from it."""
+        if remote.is_url(table):
+            return (f"no image bytes (null), and its path {referenced[:200]!r} names a file beside a table in an "
+                    f"object store, which is not read; write the images into the table (`datasets` embeds them "
+                    f"with datasets.table.embed_table_storage, as push_to_hub does)")
+        full = os.path.normpath(os.path.join(os.path.dirname(table), os.path.expanduser(referenced)))
+        number = self.numbers.get(full)
+        if number is not None:
+            return number
+        try:
+            fd = open_regular(full)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            return f"no image bytes (null), and its path {referenced!r} ({full}) cannot be read: {reason}"
+        try:
+            identity = Identity.of(os.fstat(fd), ctime=True)
+        finally:
+            os.close(fd)
+        number = self.numbers[full] = self.first + len(self.paths)
+        self.paths.append(full)
+        self.identities.append(identity)
+        return number
+
+    def size(self, number: int) -> int:
+        return self.identities[number - self.first].size
 
 
 def _labels_in(path: str, scan: TableScan, classes: Sequence[str] | None, config: Config) -> dict:
@@ -246,7 +302,7 @@ def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote
             extra = json.loads(str(stored["extra"]))
             names = tuple(extra["classes"]) if extra["classes"] is not None else None
             return TableScan(stored["start"], stored["length"], extra["labels"], names, Identity(*extra["identity"]),
-                             stored["table_row"], extra["column"], extra["label_column"])
+                             stored["table_row"], extra["column"], extra["label_column"], extra["paths"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
@@ -258,7 +314,7 @@ def _cached_scan(path: str, kind: str, config: Config, objects: dict[str, remote
     cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.with_name(f"{cache.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
     extra = {"labels": scan.labels, "classes": scan.class_names, "identity": list(scan.identity), "column": scan.column,
-             "label_column": scan.label_column}
+             "label_column": scan.label_column, "paths": scan.paths}
     np.savez(partial, start=scan.start, length=scan.length, table_row=scan.table_row, extra=np.array(json.dumps(extra)))
     os.replace(partial, cache)
     return scan
@@ -301,12 +357,19 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None, 
         except (OSError, pa.ArrowException) as error:
             raise Unreadable(f"unreadable parquet file: {error}") from None
         start, length, table_row = parquet_ranges(path, file, leaf, max_def, pread)
+        paths = None
+        if (start < 0).any() and pa.types.is_struct(schema.field(image).type):
+            try:  # rows `datasets` wrote from file paths: {bytes: null, path: ...}, read by their path
+                struct = file.read(columns=[f"{image}.path"], use_threads=False).column(0).combine_chunks()
+                paths = null_byte_paths(struct, (start < 0).tolist())
+            except (OSError, pa.ArrowException, KeyError):
+                paths = None
     finally:
         if info is None:
             os.close(fd)
     column = file.metadata.schema.column(leaf).path if table_row.any() else None
     return TableScan(start, length, label_values(path, label, labels), classlabel(schema, label), identity,
-                     table_row, column, label)
+                     table_row, column, label, paths)
 
 
 class _StoredFile(io.RawIOBase):

@@ -29,3 +29,6 @@ class TableScan(NamedTuple):
     """The image column's parquet leaf path (`image.bytes`) where rows are read by row group."""
     label_column: str = "label"
     """The label column's name, for messages."""
+    paths: list | None = None
+    """Each row's image `path` where its bytes are null (Hugging Face's Image feature, as `datasets`
+    writes rows cast from file paths: {bytes: null, path: ...}), else None; None: no such column."""
