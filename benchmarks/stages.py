@@ -7,7 +7,7 @@ the split once, so the numbers add up to what one worker spends per image:
   reads the size and EXIF orientation, the crop is chosen from them;
 - decode: `load_region` minus the two above, also split by the decoder each image went to (from its
   header and crop: nvImageCodec's region decode, Pillow's draft where the crop is 2x the output or
-  more, decode_jpeg's whole file, Pillow); FASTLOADER_JPEG_DECODER=decode_jpeg measures the whole-file
+  more, the whole file (nvImageCodec), Pillow); FASTLOADER_JPEG_DECODER=whole measures the whole-file
   decode of before;
 - crop + resize (+ flip): `SampleTransform.resize` on the decoded pixels;
 - collate + normalize: the CPU path's `NormalizingCollate` into a batch whose memory is already

@@ -64,10 +64,10 @@ def whole(width, height):
     return Crop(0, 0, width, height)
 
 
-def test_decode_jpeg_path_matches_pillow(tmp_path, monkeypatch):
-    monkeypatch.setenv(DECODER_ENV, "decode_jpeg")
+def test_whole_file_path_matches_pillow(tmp_path, monkeypatch):
+    monkeypatch.setenv(DECODER_ENV, "whole")
     name, decode = jpeg_decoder()
-    assert name != "pillow" and decode is not None  # the fast path exists where torchvision is installed
+    assert name != "pillow" and decode is not None  # the fast path exists where nvImageCodec or torchvision is
     path = tmp_path / "x.jpg"
     photo_like(500, 375).save(path, quality=90)
     pixels, crop, decoder = load_region(str(path), whole, size=224)
@@ -80,12 +80,12 @@ def test_decode_jpeg_path_matches_pillow(tmp_path, monkeypatch):
 def test_region_decode_is_the_whole_decode_cropped_pixel_for_pixel(tmp_path):
     """nvImageCodec's region against decode_jpeg's whole image, cropped: 30 random boxes per file."""
     rng = random.Random(0)
-    decode, compared = jpeg_decoder()[1], 0
+    compared = 0
     for path in varied_jpegs(tmp_path):
         data = bytearray(open(path, "rb").read())
         if Image.open(path).mode not in ("RGB", "L"):
             continue  # CMYK stays with Pillow
-        reference = decode(torch.frombuffer(data, dtype=torch.uint8)).permute(1, 2, 0)
+        reference = decode_jpeg_whole(path)
         height, width = reference.shape[:2]
         for _ in range(30):
             left, top = rng.randrange(width), rng.randrange(height)
@@ -113,7 +113,9 @@ def test_each_image_goes_to_the_decoder_its_header_and_crop_call_for(tmp_path, m
     assert load_region(files["cmyk.jpg"], whole, 224).decoder == PILLOW
     assert load_region(files["exif6.jpg"], whole, 224).decoder == PILLOW
     assert load_region(files["grey.jpg"], whole, 224).decoder == REGION
-    monkeypatch.setenv(DECODER_ENV, "decode_jpeg")
+    monkeypatch.setenv(DECODER_ENV, "whole")
+    assert load_region(str(big), lambda w, h: Crop(100, 100, 500, 400), 224).decoder == WHOLE
+    monkeypatch.setenv(DECODER_ENV, "decode_jpeg")  # the old name of the choice, still taken
     assert load_region(str(big), lambda w, h: Crop(100, 100, 500, 400), 224).decoder == WHOLE
     monkeypatch.setenv(DECODER_ENV, "pillow")
     assert load_region(str(big), lambda w, h: Crop(100, 100, 500, 400), 224).decoder == PILLOW
@@ -121,8 +123,10 @@ def test_each_image_goes_to_the_decoder_its_header_and_crop_call_for(tmp_path, m
 
 
 def decode_jpeg_whole(path) -> torch.Tensor:
+    """torchvision's decode_jpeg of the whole file: the pixels the torch backend gave before nvImageCodec."""
+    from torchvision.io import ImageReadMode, decode_jpeg
     data = bytearray(open(path, "rb").read())
-    return jpeg_decoder()[1](torch.frombuffer(data, dtype=torch.uint8)).permute(1, 2, 0)
+    return decode_jpeg(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB).permute(1, 2, 0)
 
 
 def loader_pixels(root, split: str, choice: str, monkeypatch, workers: int = 0):
@@ -137,14 +141,14 @@ def loader_pixels(root, split: str, choice: str, monkeypatch, workers: int = 0):
 
 
 def test_the_torch_backend_gives_the_same_pixels_with_each_decoder_for_the_same_seed(tmp_path, monkeypatch):
-    """Region decode (auto), the whole file with decode_jpeg (the decoder before region decode) and
+    """Region decode (auto), the whole file (nvImageCodec, or decode_jpeg where it is absent) and
     Pillow alone give the same batches, bit for bit, over varied JPEGs, in train and val."""
     root = tmp_path / "data"
     for split in ("train", "val"):
         for label, sizes in enumerate((VARIED_SIZES[:3], VARIED_SIZES[3:])):
             varied_jpegs(root / split / f"class_{label}", sizes)
     for split in ("train", "val"):
-        images, labels = loader_pixels(root, split, "decode_jpeg", monkeypatch)
+        images, labels = loader_pixels(root, split, "whole", monkeypatch)
         assert len(labels) == 35 - (split == "train") * (35 % 5)
         for choice, workers in (("auto", 2), ("pillow", 0)):
             other, other_labels = loader_pixels(root, split, choice, monkeypatch, workers)
@@ -170,7 +174,7 @@ def test_realphotos_transforms_are_unchanged_by_region_decode_and_the_header_wal
         paths = sorted(str(p) for p in (REALPHOTOS / split).rglob("*.JPEG"))
         monkeypatch.setenv(DECODER_ENV, "pillow")
         before = [transform(path, seed) for seed, path in enumerate(paths)]
-        for choice in ("decode_jpeg", "auto"):
+        for choice in ("whole", "auto"):
             monkeypatch.setenv(DECODER_ENV, choice)
             for seed, path in enumerate(paths):
                 assert torch.equal(transform(path, seed), before[seed]), (choice, path)
@@ -179,7 +183,7 @@ def test_realphotos_transforms_are_unchanged_by_region_decode_and_the_header_wal
 def test_an_unknown_decoder_choice_names_the_variable_and_the_choices(monkeypatch):
     monkeypatch.setenv(DECODER_ENV, "turbo")
     with pytest.raises(ValueError, match=f"{DECODER_ENV}='turbo' is not a decoder choice: set it to auto, "
-                                         "decode_jpeg, pillow"):
+                                         "whole, pillow"):
         decoder_choice()
 
 
@@ -228,3 +232,23 @@ def test_truncated_jpeg_fails_with_pillows_reason(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(OSError, match="truncated"):
         load_region(str(path), whole, size=64)
+
+
+@requires_nvimgcodec
+def test_the_whole_file_decoder_is_nvimagecodec_with_decode_jpegs_pixels(tmp_path, monkeypatch):
+    """torchvision 0.29 deprecates decode_jpeg (issue 41.19): the whole-file decode is nvImageCodec's,
+    and gives decode_jpeg's pixels bit for bit on every kind of JPEG the fast path takes (4:2:0,
+    4:2:2, 4:4:4, greyscale, progressive, odd sizes), and on the real photos where they are here."""
+    monkeypatch.setenv(DECODER_ENV, "whole")
+    name, decode = jpeg_decoder()
+    assert name.startswith("nvImageCodec ")
+    paths = [p for p in varied_jpegs(tmp_path / "v", sizes=VARIED_SIZES) if not p.endswith(("cmyk.jpg", "exif6.jpg"))]
+    for subsampling in (0, 1, 2):
+        for progressive in (False, True):
+            path = tmp_path / f"s{subsampling}{progressive}.jpg"
+            photo_like(333, 251).save(path, quality=87, subsampling=subsampling, progressive=progressive)
+            paths.append(str(path))
+    if REALPHOTOS.is_dir():
+        paths += sorted(str(p) for p in REALPHOTOS.rglob("*.JPEG"))[:100]
+    for path in paths:
+        assert torch.equal(decode(bytearray(open(path, "rb").read())), decode_jpeg_whole(path)), path

@@ -9,12 +9,16 @@ gives today's pixels:
 - any other RGB or greyscale JPEG: nvImageCodec's CPU backend (libjpeg-turbo) decodes only the crop's
   region, pixel for pixel what decoding the whole file and cropping gives (tests/test_decode.py checks
   it), in 0.78x the time of a whole-file decode on random-resized crops (docs/performance.md);
-  without nvImageCodec, or for a file it refuses, `torchvision.io.decode_jpeg` decodes the whole file;
+- a whole file (FASTLOADER_JPEG_DECODER=whole, or a region nvImageCodec refuses): nvImageCodec decodes
+  all of it, the pixels of torchvision's `decode_jpeg` (500 of 500 real photos identical, at its speed:
+  docs/performance.md); torchvision 0.29 deprecates its decoders, so torchcodec, then decode_jpeg,
+  serve only where nvImageCodec is absent;
 - everything else stays with Pillow: CMYK/YCCK JPEGs, EXIF-rotated photos, PNG, WEBP, GIF, BMP, TIFF,
   16-bit and palette images, and JPEGs the faster decoders refuse (Pillow says why).
 
-FASTLOADER_JPEG_DECODER (auto | decode_jpeg | pillow) narrows the choice, to compare decoders or to
-rule one out; `describe()` says what this process uses (the loader's log, `fastloader check`).
+FASTLOADER_JPEG_DECODER (auto | whole | pillow; decode_jpeg is an old name of whole) narrows the
+choice, to compare decoders or to rule one out; `describe()` says what this process uses (the
+loader's log, `fastloader check`).
 """
 from __future__ import annotations
 
@@ -47,11 +51,14 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
 
 DECODER_ENV = "FASTLOADER_JPEG_DECODER"
 DECODER_CHOICES = {
-    "auto": "nvImageCodec region decode, else decode_jpeg of the whole file, else Pillow",
-    "decode_jpeg": "decode_jpeg of the whole file (no region decode), else Pillow",
+    "auto": "nvImageCodec region decode, else the whole file, else Pillow",
+    "whole": "the whole file (nvImageCodec, else torchcodec, else torchvision's decode_jpeg; no region decode), "
+             "else Pillow",
     "pillow": "Pillow only",
 }
-REGION, DRAFT, WHOLE, PILLOW = "nvImageCodec region", "Pillow draft", "decode_jpeg whole", "Pillow"
+_ALIASES = {"decode_jpeg": "whole"}
+"""Old names of a choice, still taken."""
+REGION, DRAFT, WHOLE, PILLOW = "nvImageCodec region", "Pillow draft", "whole file", "Pillow"
 """How one image was decoded (`Decoded.decoder`)."""
 
 
@@ -67,27 +74,50 @@ class Decoded(NamedTuple):
 def decoder_choice() -> str:
     """FASTLOADER_JPEG_DECODER, checked: auto unless set."""
     choice = os.environ.get(DECODER_ENV, "auto").strip().lower() or "auto"
+    choice = _ALIASES.get(choice, choice)
     if choice not in DECODER_CHOICES:
         raise ConfigError(f"{DECODER_ENV}={os.environ[DECODER_ENV]!r} is not a decoder choice: set it to "
                           f"{', '.join(DECODER_CHOICES)}, or unset it (auto)")
     return choice
 
 
+def jpeg_decoder() -> tuple[str, Callable[[bytearray], torch.Tensor | None] | None]:
+    """(name, JPEG bytes -> RGB uint8 [H, W, 3], or None where it refuses the file) of the whole-file
+    decoder of this process: nvImageCodec's CPU backend, else torchcodec, else torchvision's
+    deprecated decode_jpeg; else (pillow, None)."""
+    decoder = _region_decoder_in(os.getpid())
+    if isinstance(decoder, RegionDecoder):
+        return f"nvImageCodec {decoder.version} CPU", decoder.whole
+    return _library_jpeg_decoder()
+
+
 @functools.lru_cache(maxsize=None)
-def jpeg_decoder() -> tuple[str, Callable[[torch.Tensor], torch.Tensor] | None]:
-    """(name, bytes tensor -> RGB uint8 [3, H, W]) of the libjpeg-turbo decoder at hand, else (pillow, None)."""
-    try:
-        from torchvision.io import ImageReadMode, decode_jpeg
-        return "torchvision.io.decode_jpeg", functools.partial(decode_jpeg, mode=ImageReadMode.RGB)
-    except (ImportError, OSError) as error:
-        reason = f"torchvision.io.decode_jpeg unavailable ({error})"
+def _library_jpeg_decoder() -> tuple[str, Callable[[bytearray], torch.Tensor | None] | None]:
+    """Where nvImageCodec cannot serve: torchcodec's JPEG decoder, else torchvision's (deprecated since
+    0.29, still at hand), else Pillow, said once."""
     try:
         from torchcodec.decoders import decode_jpeg as torchcodec_decode_jpeg
-        return "torchcodec.decoders.decode_jpeg", functools.partial(torchcodec_decode_jpeg, mode="RGB")
+        return "torchcodec.decoders.decode_jpeg", _tensor_decoder(functools.partial(torchcodec_decode_jpeg,
+                                                                                    mode="RGB"))
     except (ImportError, OSError, RuntimeError) as error:
-        reason += f"; torchcodec unavailable ({error})"
+        reason = f"torchcodec unavailable ({error})"
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+        return "torchvision.io.decode_jpeg", _tensor_decoder(functools.partial(decode_jpeg, mode=ImageReadMode.RGB))
+    except (ImportError, OSError) as error:
+        reason += f"; torchvision.io.decode_jpeg unavailable ({error})"
     log.warning("JPEGs are decoded with Pillow, about 25%% slower: %s", reason)
     return "pillow", None
+
+
+def _tensor_decoder(decode: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[bytearray], torch.Tensor | None]:
+    """A torch decoder (bytes tensor -> [3, H, W]) as bytes -> [H, W, 3], None where it refuses the file."""
+    def whole(data: bytearray) -> torch.Tensor | None:
+        try:
+            return decode(torch.frombuffer(data, dtype=torch.uint8)).permute(1, 2, 0)
+        except RuntimeError:  # a JPEG that libjpeg-turbo refuses here: Pillow tries, and explains
+            return None
+    return whole
 
 
 class RegionDecoder:
@@ -122,6 +152,18 @@ class RegionDecoder:
             return None
         return torch.from_numpy(pixels)
 
+    def whole(self, data: bytes | bytearray) -> torch.Tensor | None:
+        """uint8 [H, W, 3] of the whole JPEG, or None where nvImageCodec cannot decode it."""
+        try:
+            image = self._decoder.decode(self._codec.CodeStream(np.frombuffer(data, dtype=np.uint8)),
+                                         params=self._params)
+        except RuntimeError:
+            return None
+        if image is None:
+            return None
+        pixels = np.asarray(image)
+        return torch.from_numpy(pixels) if pixels.ndim == 3 and pixels.shape[2] == 3 else None
+
 
 @functools.lru_cache(maxsize=None)
 def _nvimgcodec():
@@ -132,11 +174,11 @@ def _nvimgcodec():
     except ImportError as error:
         reason = f"nvImageCodec is not installed ({error}); on Linux x86_64/aarch64 " \
                  f"`pip install nvidia-nvimgcodec-cu12` adds it"
-        log.info("JPEG crops are decoded whole with decode_jpeg: %s", reason)
+        log.info("JPEG crops are decoded whole (torchcodec or torchvision): %s", reason)
         return reason
     except Exception as error:  # installed but broken (missing library, ABI)
         reason = f"nvImageCodec does not import ({type(error).__name__}: {error})"
-        log.warning("JPEG crops are decoded whole with decode_jpeg: %s", reason)
+        log.warning("JPEG crops are decoded whole (torchcodec or torchvision): %s", reason)
         return reason
     return nvimgcodec
 
@@ -157,7 +199,7 @@ def _region_decoder_in(pid: int) -> RegionDecoder | str:
     except Exception as error:
         reason = f"nvImageCodec {getattr(module, '__version__', '')} cannot decode here " \
                  f"({type(error).__name__}: {error})"
-        log.warning("JPEG crops are decoded whole with decode_jpeg (process %d): %s", pid, reason)
+        log.warning("JPEG crops are decoded whole by torchcodec or torchvision (process %d): %s", pid, reason)
         return reason
     return decoder
 
@@ -266,7 +308,7 @@ def _with_pillow(path: str, data: bytearray, choose_crop: ChooseCrop, size: int,
 
 
 def _fast_jpeg(data: bytearray, crop: Crop, size: tuple[int, int], path: str) -> Decoded | None:
-    """The crop's region (nvImageCodec), else the whole file (decode_jpeg), else None: Pillow tries, and
+    """The crop's region (nvImageCodec), else the whole file (jpeg_decoder), else None: Pillow tries, and
     explains what is wrong with the file."""
     region = region_decoder()
     if region is not None:
@@ -276,12 +318,8 @@ def _fast_jpeg(data: bytearray, crop: Crop, size: tuple[int, int], path: str) ->
             return Decoded(pixels, Crop(0, 0, box[2] - box[0], box[3] - box[1], crop.flip), REGION)
         log.warning("%s: nvImageCodec could not decode this JPEG; the whole file goes to the next decoder", path)
     decode = jpeg_decoder()[1]
-    if decode is not None:
-        try:
-            return Decoded(decode(torch.frombuffer(data, dtype=torch.uint8)).permute(1, 2, 0), crop, WHOLE)
-        except RuntimeError:  # a JPEG that libjpeg-turbo refuses here: Pillow tries, and explains
-            pass
-    return None
+    pixels = decode(data) if decode is not None else None
+    return Decoded(pixels, crop, WHOLE) if pixels is not None and pixels.shape[:2] == (size[1], size[0]) else None
 
 
 def _drafted(image: Image.Image, crop: Crop, factor: float) -> Decoded:
