@@ -42,7 +42,7 @@ from fastloader.transfer import to_device
 
 from .augment import feed_arrays
 from .driver import Driver, Ended
-from .pipeline import build_pipeline, centre_boxes
+from .pipeline import build_pipeline, centre_boxes, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
 from .sizes import SizeTable
 from .transcode import transcoded_for_dali
@@ -264,6 +264,8 @@ class DaliLoader(Loader):
         self._run = 0  # which loop owns the pipeline
         self._broken = ""  # why the pipeline cannot run any more
         self._announce()
+        if self._feed.kind == "bytes":
+            log.info("split '%s': DALI decodes with %s", split.name, decoder_words(config, self.flavour == "gpu"))
 
     def _build(self):
         return build_pipeline(

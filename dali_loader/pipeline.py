@@ -3,7 +3,8 @@ flips and ops (train) -> normalize; or, from the uint8 cache, decoded pixels -> 
 (train) or centre box (eval) -> the same steps. One function builds both flavours:
 
 - gpu: the decoders run as "mixed" operators (nvJPEG; the GPU's hardware JPEG decoder takes
-  `hw_decoder_load` of each batch where it has one), everything after them on the GPU;
+  `hw_decoder_load` of each batch where it has one, its pool preallocated for the whole batch),
+  everything after them on the GPU;
 - cpu: the same operators with device="cpu" and no device_id, which DALI runs without any GPU.
   CI runs this flavour, so the two differ in the devices and the decoder's memory hints only.
 
@@ -49,7 +50,7 @@ NVIDIA_HOST_PADDING = 140544512
 NVIDIA_THREADS = 4
 DALI_DEVICE_PADDING = 16 << 20
 DALI_HOST_PADDING = 8 << 20
-PREALLOCATE_WIDTH_HINT = 5980  # the hardware decoder's pool, for round(hw_decoder_load x batch) images
+PREALLOCATE_WIDTH_HINT = 5980  # the hardware decoder's pool: DALI 2.x preallocates it for the whole batch
 PREALLOCATE_HEIGHT_HINT = 6430
 
 
@@ -64,18 +65,34 @@ def nvjpeg_padding(threads: int, train: bool) -> tuple[int, int]:
     return int(NVIDIA_DEVICE_PADDING * share), int(NVIDIA_HOST_PADDING * share)
 
 
-def decoder_options(gpu: bool, hw_decoder_load: float, threads: int = NVIDIA_THREADS, train: bool = True) -> dict:
-    """The decoder's device and, for nvJPEG, its memory hints and hardware decoder share. Both
-    flavours upsample JPEG chroma as libjpeg-turbo does ("fancy" upsampling; nvJPEG's default
-    duplicates the 4:2:0 chroma pixels), so that the GPU flavour's pixels are the CPU's and the
-    torch backend's (docs/semantics.md#pixels); the cpu decoder does so anyway. The defaults are
-    NVIDIA's example's train decoder (benchmarks/)."""
+def decoder_options(gpu: bool, hw_decoder_load: float, threads: int = NVIDIA_THREADS, train: bool = True,
+                    fancy_upsampling: bool = True) -> dict:
+    """The decoder's device and, for nvJPEG, its memory hints and hardware decoder share.
+    `fancy_upsampling` (dali.fancy_upsampling): the GPU flavour upsamples JPEG chroma as libjpeg-turbo
+    does, so that its pixels are the CPU's and the torch backend's (docs/semantics.md#pixels); DALI
+    asks it of nvJPEG's CUDA and hardware decoders both. The cpu decoder always does, whatever the
+    flag (DALI's imgcodec decoder sets it for nvJPEG only). The memory defaults are NVIDIA's example's
+    train decoder (benchmarks/); the hardware decoder's pool is preallocated for the whole batch
+    (DALI passes max_batch_size as nvImageCodec's preallocate_batch_size), whatever hw_decoder_load."""
     if not gpu:
         return {"device": "cpu", "jpeg_fancy_upsampling": True}
     device_padding, host_padding = nvjpeg_padding(threads, train)
     hints = {"preallocate_width_hint": PREALLOCATE_WIDTH_HINT, "preallocate_height_hint": PREALLOCATE_HEIGHT_HINT}
-    return {"device": "mixed", "jpeg_fancy_upsampling": True, "device_memory_padding": device_padding,
+    return {"device": "mixed", "jpeg_fancy_upsampling": fancy_upsampling, "device_memory_padding": device_padding,
             "host_memory_padding": host_padding, **(hints if train else {}), "hw_decoder_load": hw_decoder_load}
+
+
+def decoder_words(config: Config, gpu: bool) -> str:
+    """Which decoders the graph uses, for the loader's log: what DALI is asked, said where it is chosen."""
+    if not gpu:
+        return "DALI's CPU decoder (libjpeg-turbo, chroma interpolated as the torch backend's)"
+    chroma = ("interpolated as libjpeg-turbo does (dali.fancy_upsampling: true; the hardware decoder may leave "
+              "such JPEGs to the CUDA decoder)" if config.dali.fancy_upsampling else
+              "repeated, nvJPEG's default (dali.fancy_upsampling: false; pixels within docs/semantics.md's "
+              "tolerance of the CPU's)")
+    return (f"nvJPEG: the GPU's hardware JPEG decoder for {config.dali.hw_decoder_load:.0%} of each batch where the "
+            f"GPU has one (A100, H100, H200; its pool preallocated for the whole batch), the CUDA decoder for the "
+            f"rest; 4:2:0 and 4:2:2 chroma {chroma}")
 
 
 def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
@@ -102,7 +119,8 @@ def decode(encoded: DataNode, config: Config, gpu: bool, region: tuple[DataNode,
     probe that looks for bad files (probe.py) builds too. Train decodes regions, eval whole
     images: nvJPEG's memory hints follow (decoder_options), spread over the pipeline's `threads`."""
     options = {"output_type": types.RGB, "adjust_orientation": config.dataset.exif_orientation,
-               **decoder_options(gpu, config.dali.hw_decoder_load, threads, train=region is not None)}
+               **decoder_options(gpu, config.dali.hw_decoder_load, threads, train=region is not None,
+                                 fancy_upsampling=config.dali.fancy_upsampling)}
     if region is None:
         return fn.decoders.image(encoded, **options)
     return fn.decoders.image_slice(encoded, *region, axis_names="WH", normalized_anchor=False,

@@ -4,6 +4,8 @@ device buffer of device_memory_padding and two pinned buffers of host_memory_pad
 NVIDIA's ResNet-50 example at the same threads. The GPU run of these: test_cuda.py."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
@@ -62,3 +64,28 @@ def test_every_decoder_argument_is_one_the_decoders_schema_takes(gpu, train):
     assert all(schema.HasArgument(name) for name in options if name != "device"), options
     assert options["jpeg_fancy_upsampling"] is True  # nvJPEG upsamples 4:2:0 chroma as libjpeg-turbo does
     assert options["device"] == ("mixed" if gpu else "cpu")
+
+
+def test_fancy_upsampling_is_a_choice_for_the_gpu_decoders_and_the_cpu_always_interpolates():
+    """dali.fancy_upsampling (issue 42): false asks nvJPEG's default of the GPU decoders; the CPU
+    decoder interpolates whatever the key says, as DALI's imgcodec decoder does."""
+    assert decoder_options(True, 0.65, 4, train=True, fancy_upsampling=False)["jpeg_fancy_upsampling"] is False
+    assert decoder_options(True, 0.65, 4, train=False, fancy_upsampling=True)["jpeg_fancy_upsampling"] is True
+    assert decoder_options(False, 0.65, 4, train=True, fancy_upsampling=False)["jpeg_fancy_upsampling"] is True
+
+
+def test_the_loader_says_which_decoders_dali_uses(tmp_path, caplog):
+    from conftest import base_config, write_numbered_dataset
+
+    from dali_loader.pipeline import decoder_words
+    from fastloader import build_loader, load_config
+
+    root = write_numbered_dataset(tmp_path / "d", per_class=2, splits=("val",))
+    caplog.set_level(logging.INFO, logger="fastloader")
+    with build_loader(base_config(root, backend="dali"), "val"):
+        pass
+    assert "split 'val': DALI decodes with DALI's CPU decoder (libjpeg-turbo" in caplog.text
+    config = load_config(base_config(root, dali={"fancy_upsampling": False, "hw_decoder_load": 0.5}))
+    words = decoder_words(config, gpu=True)
+    assert "hardware JPEG decoder for 50% of each batch" in words and "preallocated for the whole batch" in words
+    assert "chroma repeated, nvJPEG's default (dali.fancy_upsampling: false" in words
