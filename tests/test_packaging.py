@@ -41,7 +41,7 @@ def test_import_and_build_without_dali(tmp_path):
         else ["backend: auto and no CUDA GPU is available"]
     assert all(reason in result.stderr for reason in reasons), result.stderr
     # without nvImageCodec (it ships with DALI), the torch backend decodes JPEG crops whole, and says why
-    assert "JPEG crops are decoded whole with decode_jpeg: nvImageCodec is not installed" in result.stderr
+    assert "JPEG crops are decoded whole (torchcodec or torchvision): nvImageCodec is not installed" in result.stderr
     assert "torch loader decoders: JPEG crops: torchvision.io.decode_jpeg (whole file); no region decode" \
         in result.stderr
 

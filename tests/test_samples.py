@@ -66,7 +66,7 @@ def test_explicit_class_list_fixes_labels_across_splits(tmp_path):
 def test_missing_folders_and_empty_splits_are_explained(tmp_path):
     (tmp_path / "train" / "cls").mkdir(parents=True)
     with pytest.raises(ConfigError, match=r"split folder '.*/val' does not exist \(folders in dataset.root: "
-                                          r"train\); set val.folder"):
+                                          r"train\): make it \(.*\), set val.folder to the folder that holds"):
         config = load_config({"dataset": {"root": str(tmp_path)}, "val": {}})
         build_index(config, config.split("val"))
     with pytest.raises(ConfigError, match="dataset.root: folder '.*/nowhere' does not exist"):
