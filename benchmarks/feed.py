@@ -1,0 +1,179 @@
+"""The DALI feed alone against bare reads of the same files, and the GIL it takes from the trainer.
+
+Every batch the DALI backend decodes is first read and checked in Python by its feed
+(`dali_loader/loader.py`, `_Feed`): the bytes of each sample, the magic bytes, the header's size
+against `dataset.max_pixels`, the end marker, the draws. This measures that feed with no DALI
+pipeline behind it (the graph's speed is peers.py's question), in one process, page cache warm:
+
+- the feed: `feed()` called batch after batch over whole epochs of the split's planned order, as
+  DALI's driver thread calls it;
+- bare reads: `open()` + `read()` of the same files in the same order (shards: one `pread` of each
+  member's range, a descriptor per shard), nothing checked; the ratio feed / bare is the figure;
+- the GIL: a thread spinning in pure Python (a training thread's launches stand in for it) counts
+  its loops while the feed runs, against its count alone: the share of the interpreter the feed
+  takes from the training thread; and the feed's rate beside that thread (the GIL's hand-over
+  every 5 ms makes a feed that needs it often wait).
+
+For folders and shards (the same samples, packed in the index's order), train with rand-m9 and a
+size per batch (`sizes: [160, 192, 224]`) and val:
+
+    python benchmarks/feed.py --data ../shared/data/realphotos --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import harness
+
+import fastloader
+from fastloader.config import IMAGE_EXTENSIONS, config_to_dict
+from fastloader.sources.folder import scan_folder
+
+TRAIN_TRANSFORM = {"auto_augment": "rand-m9-mstd0.5-inc1", "sizes": [160, 192, 224], "size": 224}
+SECONDS = 2.0
+"""Each measurement runs whole epochs until at least this long."""
+
+
+def config_for(source: str, data: Path, shards: dict[str, list[str]], batch: int, threads: int) -> dict:
+    raw = config_to_dict(fastloader.load_config(harness.CONFIG))
+    raw.update(backend="dali", output={**raw.get("output", {}), "device": "cpu"}, dali={"threads": threads})
+    if source == "folder":
+        raw["dataset"] = {**raw["dataset"], "root": str(data)}
+    else:
+        raw["dataset"] = {key: value for key, value in raw["dataset"].items() if key not in ("root", "cache")}
+        raw["dataset"]["format"] = "webdataset"
+    for split in ("train", "val"):
+        raw[split] = {**raw[split], "batch_size": batch}
+        if split == "train":
+            raw[split]["transform"] = {**raw[split].get("transform", {}), **TRAIN_TRANSFORM}
+        if source == "shards":
+            raw[split]["shards"] = shards[split]
+    return raw
+
+
+def feed_epochs(loader, seconds: float) -> tuple[int, float]:
+    """(samples, seconds): whole epochs of the loader's feed, called as its driver calls it."""
+    feed, samples, epoch = loader._feed, 0, 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        feed.start(loader.order.batches(epoch))
+        while True:
+            try:
+                data = feed()
+            except StopIteration:
+                break
+            samples += len(data[0])
+        feed.fed.clear()
+        epoch += 1
+    return samples, time.perf_counter() - started
+
+
+def bare_epochs(loader, seconds: float) -> tuple[int, float]:
+    """(samples, seconds): the same samples' bytes in the same order, read and nothing else."""
+    locations = [loader.index.location(int(sample)) for batch in loader.order.batches(0) for sample in batch[:, 0]]
+    descriptors: dict[str, int] = {}
+    samples = 0
+    started = time.perf_counter()
+    try:
+        while time.perf_counter() - started < seconds:
+            for location in locations:
+                if location.whole_file:
+                    with open(location.file, "rb") as handle:
+                        handle.read()
+                else:
+                    fd = descriptors.get(location.file)
+                    if fd is None:
+                        fd = descriptors[location.file] = os.open(location.file, os.O_RDONLY)
+                    os.pread(fd, location.length, location.start)
+            samples += len(locations)
+    finally:
+        for fd in descriptors.values():
+            os.close(fd)
+    return samples, time.perf_counter() - started
+
+
+def spin(stop: threading.Event, counted: list[int]) -> None:
+    loops = 0
+    while not stop.is_set():
+        loops += 1
+    counted.append(loops)
+
+
+def spin_rate(seconds: float, work=None) -> tuple[float, object]:
+    """(loops per second of a pure-Python spinning thread, what `work()` returned): alone, or while
+    `work()` runs here."""
+    stop, counted = threading.Event(), []
+    thread = threading.Thread(target=spin, args=(stop, counted))
+    started = time.perf_counter()
+    thread.start()
+    result = None
+    if work is None:
+        time.sleep(seconds)
+    else:
+        result = work()
+    stop.set()
+    thread.join()
+    return counted[0] / (time.perf_counter() - started), result
+
+
+def measure(config: dict, split: str, rounds: int) -> dict:
+    loader = fastloader.build_loader(config, split)
+    try:
+        feed_epochs(loader, 0.3)  # warm: the page cache, the size table
+        feed_rates, bare_rates, gil, contended = [], [], [], []
+        for _ in range(rounds):
+            samples, seconds = feed_epochs(loader, SECONDS)
+            feed_rates.append(samples / seconds)
+            samples, seconds = bare_epochs(loader, SECONDS)
+            bare_rates.append(samples / seconds)
+            alone, _ = spin_rate(1.0)
+            beside, (samples, seconds) = spin_rate(0, lambda: feed_epochs(loader, 1.0))
+            gil.append(1 - beside / alone)
+            contended.append(samples / seconds)
+    finally:
+        loader.close()
+    feed, bare = statistics.median(feed_rates), statistics.median(bare_rates)
+    return {"feed": feed, "bare": bare, "ratio": feed / bare, "gil_taken": statistics.median(gil),
+            "us_per_sample": 1e6 / feed, "feed_beside_trainer": statistics.median(contended)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    harness.add_data_argument(parser)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2, help="dali.threads (the feed's read pool follows it)")
+    parser.add_argument("--sources", nargs="+", choices=("folder", "shards"), default=["folder", "shards"])
+    args = parser.parse_args()
+    data = harness.check_data(parser, args.data, ("train", "val"))
+    missing = harness.missing_dali()
+    if missing:
+        sys.exit(f"feed.py measures the DALI backend's feed: {missing}")
+    print(f"data {data}, batch {args.batch}, dali.threads {args.threads}, {args.rounds} rounds, medians; "
+          f"train: {TRAIN_TRANSFORM}")
+    with tempfile.TemporaryDirectory() as folder:
+        shards = {}
+        if "shards" in args.sources:
+            for split in ("train", "val"):
+                index = scan_folder(str(data / split), IMAGE_EXTENSIONS)
+                paths, labels = harness.listed_files(index, 1)
+                shards[split] = harness.write_shards(paths, labels, Path(folder), split, 64)
+        print(f"{'source':8} {'split':6} {'feed /s':>10} {'bare /s':>10} {'feed/bare':>10} {'us/sample':>10} "
+              f"{'GIL taken':>10} {'feed /s beside a spinning trainer':>34}")
+        for source in args.sources:
+            for split in ("train", "val"):
+                result = measure(config_for(source, data, shards, args.batch, args.threads), split, args.rounds)
+                print(f"{source:8} {split:6} {result['feed']:10.0f} {result['bare']:10.0f} {result['ratio']:9.2f}x "
+                      f"{result['us_per_sample']:10.1f} {result['gil_taken']:9.0%} "
+                      f"{result['feed_beside_trainer']:34.0f}")
+
+
+if __name__ == "__main__":
+    main()
