@@ -7,6 +7,8 @@ pipeline behind it (the graph's speed is peers.py's question), in one process, p
 
 - the feed: `feed()` called batch after batch over whole epochs of the split's planned order, as
   DALI's driver thread calls it;
+- the same feed reading each sample into a fresh zero-filled buffer, as it did before its arena
+  (`fresh buffers`), in the same rounds;
 - bare reads: `open()` + `read()` of the same files in the same order (shards: one `pread` of each
   member's range, a descriptor per shard), nothing checked; the ratio feed / bare is the figure;
 - the GIL: a thread spinning in pure Python (a training thread's launches stand in for it) counts
@@ -123,12 +125,27 @@ def spin_rate(seconds: float, work=None) -> tuple[float, object]:
     return counted[0] / (time.perf_counter() - started), result
 
 
+class FreshBuffers:
+    """What the feed read into before its arena: a new zero-filled buffer per sample (--fresh)."""
+
+    def reset(self) -> None:
+        pass
+
+    def view(self, size: int) -> memoryview:
+        return memoryview(bytearray(size))
+
+
 def measure(config: dict, split: str, rounds: int) -> dict:
     loader = fastloader.build_loader(config, split)
+    arena = loader._feed.arena
     try:
         feed_epochs(loader, 0.3)  # warm: the page cache, the size table
-        feed_rates, bare_rates, gil, contended = [], [], [], []
+        feed_rates, bare_rates, gil, contended, fresh_rates = [], [], [], [], []
         for _ in range(rounds):
+            loader._feed.arena = FreshBuffers()
+            samples, seconds = feed_epochs(loader, SECONDS)
+            fresh_rates.append(samples / seconds)
+            loader._feed.arena = arena
             samples, seconds = feed_epochs(loader, SECONDS)
             feed_rates.append(samples / seconds)
             samples, seconds = bare_epochs(loader, SECONDS)
@@ -141,7 +158,8 @@ def measure(config: dict, split: str, rounds: int) -> dict:
         loader.close()
     feed, bare = statistics.median(feed_rates), statistics.median(bare_rates)
     return {"feed": feed, "bare": bare, "ratio": feed / bare, "gil_taken": statistics.median(gil),
-            "us_per_sample": 1e6 / feed, "feed_beside_trainer": statistics.median(contended)}
+            "us_per_sample": 1e6 / feed, "feed_beside_trainer": statistics.median(contended),
+            "fresh": statistics.median(fresh_rates)}
 
 
 def main() -> None:
@@ -166,13 +184,13 @@ def main() -> None:
                 paths, labels = harness.listed_files(index, 1)
                 shards[split] = harness.write_shards(paths, labels, Path(folder), split, 64)
         print(f"{'source':8} {'split':6} {'feed /s':>10} {'bare /s':>10} {'feed/bare':>10} {'us/sample':>10} "
-              f"{'GIL taken':>10} {'feed /s beside a spinning trainer':>34}")
+              f"{'GIL taken':>10} {'beside a spinning trainer /s':>29} {'fresh buffers /s':>17}")
         for source in args.sources:
             for split in ("train", "val"):
                 result = measure(config_for(source, data, shards, args.batch, args.threads), split, args.rounds)
                 print(f"{source:8} {split:6} {result['feed']:10.0f} {result['bare']:10.0f} {result['ratio']:9.2f}x "
                       f"{result['us_per_sample']:10.1f} {result['gil_taken']:9.0%} "
-                      f"{result['feed_beside_trainer']:34.0f}")
+                      f"{result['feed_beside_trainer']:29.0f} {result['fresh']:17.0f}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
 from fastloader.schema import Config, SplitConfig
-from fastloader.sources.reading import Location
+from fastloader.sources.reading import Location, ReadArena
 from fastloader.transfer import to_device
 
 from .augment import feed_arrays
@@ -92,6 +92,9 @@ class _Feed:
         self.batches: Iterator[np.ndarray] = iter(())
         self.fed: collections.deque[Fed] = collections.deque()
         self.stopping = False
+        self.arena = ReadArena()
+        """Where a batch's bytes are read: DALI copies what a call returns before it calls again
+        (external_source without no_copy), so each batch's reads land where the last batch's were."""
         self.kind = "pixels" if pixels is not None else "bytes"
         """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
 
@@ -133,10 +136,11 @@ class _Feed:
         """(the (sample, seed) rows fed, (their data,), int64 [n, 2] upright sizes): the planned rows
         that can be used, a train slot that cannot refilled by a substitute."""
         batch, rows, data, sizes = planned, [], [], []
+        self.arena.reset()  # the last batch's bytes are DALI's copy now
         for row, sample in enumerate(planned[:, 0].tolist()):
-            taken = self.take(sample)
+            taken = self.take(sample, self.arena)
             if taken is None and self.refill:
-                sample, taken = self.substitute(int(planned[row, 1]))
+                sample, taken = self.substitute(int(planned[row, 1]), self.arena)
                 if taken is not None:  # the substitute keeps the slot's seed
                     batch = batch.copy() if batch is planned else batch
                     batch[row, 0] = sample
@@ -146,24 +150,26 @@ class _Feed:
                 sizes.append(taken[1])
         return batch[rows], (data,), np.array(sizes, dtype=np.int64).reshape(-1, 2)
 
-    def substitute(self, seed: int) -> tuple[int, tuple[np.ndarray, tuple[int, int]] | None]:
+    def substitute(self, seed: int, into: ReadArena | None = None
+                   ) -> tuple[int, tuple[np.ndarray, tuple[int, int]] | None]:
         """The first substitute for a train slot of this seed that can be fed, and what `take` gave
         for it; (-1, None) where none can."""
         for sample in substitutes(seed, len(self.index), self.draws):
-            taken = self.take(sample)
+            taken = self.take(sample, into)
             if taken is not None:
                 return sample, taken
         return -1, None
 
-    def take(self, sample: int) -> tuple[np.ndarray, tuple[int, int]] | None:
+    def take(self, sample: int, into: ReadArena | None = None) -> tuple[np.ndarray, tuple[int, int]] | None:
         """What DALI is fed for a sample, and its upright size; None, noted in `skipped`, where it
-        cannot be used: known bad, or its bytes fail the check now (then known bad, with the reason)."""
+        cannot be used: known bad, or its bytes fail the check now (then known bad, with the reason).
+        `into`: the arena the bytes are read into (valid until the next batch)."""
         if sample in self.known_bad:
             self.skipped.append(sample)
             return None
         if self.pixels is not None:
             return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
-        data, screened = read_screened(self.location(sample), self.max_pixels)
+        data, screened = read_screened(self.location(sample), self.max_pixels, into)
         if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened
             data, screened = self.transcoded(sample, screened.format or "unknown")
         if screened.problem:

@@ -51,7 +51,8 @@ CASES = {
                      "dataset.root: folder '/nonexistent/imagenet' does not exist; set dataset.root"),
     "root without class folders": (folder_without_classes, {}, ConfigError, "has no class folders; expected"),
     "missing split folder": (folder_without_split, {}, ConfigError,
-                             "split folder .*val' does not exist \\(folders in dataset.root: train\\): make it \\(.*set val.folder"),
+                             "split folder .*val' does not exist \\(folders in dataset.root: train\\): make it "
+                             "\\(.*set val.folder"),
     "no images at all": (folder_without_images, {}, ConfigError, "val.folder: no image files under .*check "
                                                                    "dataset.root and dataset.extensions"),
     "every file broken": (every_file_broken, {}, BadImageError,

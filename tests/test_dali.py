@@ -13,7 +13,15 @@ import torch
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
 
-from conftest import COLOURS, REPO, base_config, crop_extent, normalized, write_gradient_dataset  # noqa: E402
+from conftest import (  # noqa: E402
+    COLOURS,
+    REPO,
+    base_config,
+    crop_extent,
+    normalized,
+    write_gradient_dataset,
+    write_textured_dataset,
+)
 from test_packaging import HIDE_DALI  # noqa: E402
 
 from fastloader import build_loader  # noqa: E402
@@ -304,3 +312,42 @@ def test_a_file_shrunk_after_screening_is_named_and_cropped_for_its_size_now(tex
         reference, reference_labels, _ = epoch(loader)
     assert torch.equal(labels, reference_labels) and len(labels) == 24
     assert torch.equal(images, reference)
+
+
+# -- the feed's reused memory (issue 42) ----------------------------------------------------------
+
+
+def test_the_feed_hands_dali_each_files_own_bytes_from_its_reused_arena(tmp_path):
+    """Device: CPU. Every batch's bytes are read into one reused arena (no fresh buffer per sample):
+    what each call returns is each planned file's bytes, exactly, batch after batch, the arena's
+    chunks reused and a file larger than a quarter chunk in memory of its own; and a whole epoch
+    through DALI gives the pixels of an epoch read with fresh buffers."""
+    from PIL import Image
+
+    from fastloader.sources.reading import ReadArena
+    root = write_textured_dataset(tmp_path / "d", per_class=6, splits=("val",))
+    big = root / "val" / sorted(p.name for p in (root / "val").iterdir())[0] / "big.png"
+    noise = np.random.default_rng(1).integers(0, 256, (1200, 1100, 3), dtype=np.uint8)  # > CHUNK / 4
+    Image.fromarray(noise).save(big)
+    assert big.stat().st_size > ReadArena.CHUNK // 4
+    config = base_config(root, backend="dali", val={"batch_size": 5, "transform": {"size": 32}})
+    with build_loader(config, "val") as loader:
+        feed = loader._feed
+        feed.start(loader.order.batches(0))
+        fed = []
+        while True:
+            try:
+                data = feed()
+            except StopIteration:
+                break
+            fed.append([bytes(array) for array in data[0]])  # a copy, as DALI makes: the arena moves on
+        assert len(feed.arena.chunks) == 1  # reused: one chunk holds a batch of these files
+        planned = [int(sample) for batch in loader.order.batches(0) for sample in batch[:, 0]]
+        expected = [open(loader.index.path(sample), "rb").read() for sample in planned]
+        assert [data for batch in fed for data in batch] == expected
+        reused = torch.cat([x for x, _ in loader])
+    fresh = build_loader(config, "val")
+    fresh._feed.arena = type("Fresh", (), {"reset": lambda self: None,
+                                           "view": lambda self, size: memoryview(bytearray(size))})()
+    assert torch.equal(torch.cat([x for x, _ in fresh]), reused)
+    fresh.close()

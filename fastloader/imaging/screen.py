@@ -24,7 +24,15 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 
 from ..errors import error_text
 from ..parallel import available_cores, map_chunks
-from ..sources.reading import ContainerChanged, Location, NotRegularFile, as_location, open_bytes, read_bytes
+from ..sources.reading import (
+    ContainerChanged,
+    Location,
+    NotRegularFile,
+    ReadArena,
+    as_location,
+    open_bytes,
+    read_bytes,
+)
 from .jpeg_header import SWAPPED, read_header
 from .sizes import jpeg_stored_size, pillow_stored_size
 
@@ -117,15 +125,16 @@ def screen_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screene
         return Screened(location.name, problem=unreadable(location, error))
 
 
-def read_screened(where: str | Location, max_pixels: int = BOMB_PIXELS) -> tuple[bytearray | None, Screened]:
+def read_screened(where: str | Location, max_pixels: int = BOMB_PIXELS, into: ReadArena | None = None
+                  ) -> tuple[bytearray | memoryview | None, Screened]:
     """A file's (or shard member's) bytes and the header check of those very bytes, from one read:
     what a decoder is then handed is what was checked, even if the file changes meanwhile. A JPEG's
     size comes from its markers alone (10-20 us), as `screen_file` would read it; other formats and
     JPEGs the marker walk is not sure of go through Pillow's header parse, as in `screen_file`.
-    The bytes are None where they cannot be read."""
+    The bytes are None where they cannot be read; `into`: read into that reused buffer (read_bytes)."""
     location = as_location(where)
     try:
-        data = read_bytes(location)
+        data = read_bytes(location, into)
     except OSError as error:
         return None, Screened(location.name, problem=unreadable(location, error))
     header = read_header(data)
@@ -134,7 +143,7 @@ def read_screened(where: str | Location, max_pixels: int = BOMB_PIXELS) -> tuple
     width, height, turned = header.width, header.height, header.exif_orientation in SWAPPED
     problem = bomb_problem(width, height, max_pixels) if width * height > max_pixels else None
     return data, Screened(location.name, "JPEG", width, height,
-                          problem or _tail_problem("JPEG", data[-TAIL_BYTES:]), turned)
+                          problem or _tail_problem("JPEG", bytes(data[-TAIL_BYTES:])), turned)
 
 
 def unreadable(location: Location, error: OSError) -> str:
