@@ -24,6 +24,7 @@ size per batch (`sizes: [160, 192, 224]`) and val:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -33,30 +34,20 @@ import time
 from pathlib import Path
 
 import harness
+import shards as shard_benchmark
 
 import fastloader
-from fastloader.config import IMAGE_EXTENSIONS, config_to_dict
-from fastloader.sources.folder import scan_folder
 
 TRAIN_TRANSFORM = {"auto_augment": "rand-m9-mstd0.5-inc1", "sizes": [160, 192, 224], "size": 224}
 SECONDS = 2.0
-"""Each measurement runs whole epochs until at least this long."""
+"""Each measurement runs whole epochs until at least this long (--seconds)."""
 
 
 def config_for(source: str, data: Path, shards: dict[str, list[str]], batch: int, threads: int) -> dict:
-    raw = config_to_dict(fastloader.load_config(harness.CONFIG))
-    raw.update(backend="dali", output={**raw.get("output", {}), "device": "cpu"}, dali={"threads": threads})
-    if source == "folder":
-        raw["dataset"] = {**raw["dataset"], "root": str(data)}
-    else:
-        raw["dataset"] = {key: value for key, value in raw["dataset"].items() if key not in ("root", "cache")}
-        raw["dataset"]["format"] = "webdataset"
-    for split in ("train", "val"):
-        raw[split] = {**raw[split], "batch_size": batch}
-        if split == "train":
-            raw[split]["transform"] = {**raw[split].get("transform", {}), **TRAIN_TRANSFORM}
-        if source == "shards":
-            raw[split]["shards"] = shards[split]
+    """shards.py's config of the split (folder or shards), on the DALI backend, train with TRAIN_TRANSFORM."""
+    raw = shard_benchmark.config_for(source, "dali", data, shards, batch, None)
+    raw["dali"] = {"threads": threads}
+    raw["train"]["transform"] = {**raw["train"].get("transform", {}), **TRAIN_TRANSFORM}
     return raw
 
 
@@ -135,7 +126,7 @@ class FreshBuffers:
         return memoryview(bytearray(size))
 
 
-def measure(config: dict, split: str, rounds: int) -> dict:
+def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS) -> dict:
     loader = fastloader.build_loader(config, split)
     arena = loader._feed.arena
     try:
@@ -143,17 +134,17 @@ def measure(config: dict, split: str, rounds: int) -> dict:
         feed_rates, bare_rates, gil, contended, fresh_rates = [], [], [], [], []
         for _ in range(rounds):
             loader._feed.arena = FreshBuffers()
-            samples, seconds = feed_epochs(loader, SECONDS)
-            fresh_rates.append(samples / seconds)
+            samples, took = feed_epochs(loader, seconds)
+            fresh_rates.append(samples / took)
             loader._feed.arena = arena
-            samples, seconds = feed_epochs(loader, SECONDS)
-            feed_rates.append(samples / seconds)
-            samples, seconds = bare_epochs(loader, SECONDS)
-            bare_rates.append(samples / seconds)
-            alone, _ = spin_rate(1.0)
-            beside, (samples, seconds) = spin_rate(0, lambda: feed_epochs(loader, 1.0))
+            samples, took = feed_epochs(loader, seconds)
+            feed_rates.append(samples / took)
+            samples, took = bare_epochs(loader, seconds)
+            bare_rates.append(samples / took)
+            alone, _ = spin_rate(seconds / 2)
+            beside, (samples, took) = spin_rate(0, lambda: feed_epochs(loader, seconds / 2))
             gil.append(1 - beside / alone)
-            contended.append(samples / seconds)
+            contended.append(samples / took)
     finally:
         loader.close()
     feed, bare = statistics.median(feed_rates), statistics.median(bare_rates)
@@ -169,6 +160,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2, help="dali.threads (the feed's read pool follows it)")
     parser.add_argument("--sources", nargs="+", choices=("folder", "shards"), default=["folder", "shards"])
+    parser.add_argument("--seconds", type=float, default=SECONDS, help="each measurement's least time (default: 2)")
+    parser.add_argument("--json", type=Path, help="write every figure to this file")
     args = parser.parse_args()
     data = harness.check_data(parser, args.data, ("train", "val"))
     missing = harness.missing_dali()
@@ -180,17 +173,20 @@ def main() -> None:
         shards = {}
         if "shards" in args.sources:
             for split in ("train", "val"):
-                index = scan_folder(str(data / split), IMAGE_EXTENSIONS)
-                paths, labels = harness.listed_files(index, 1)
-                shards[split] = harness.write_shards(paths, labels, Path(folder), split, 64)
+                shards[split] = shard_benchmark.pack_in_index_order(data / split, Path(folder), 64)
         print(f"{'source':8} {'split':6} {'feed /s':>10} {'bare /s':>10} {'feed/bare':>10} {'us/sample':>10} "
               f"{'GIL taken':>10} {'beside a spinning trainer /s':>29} {'fresh buffers /s':>17}")
+        report = {}
         for source in args.sources:
             for split in ("train", "val"):
-                result = measure(config_for(source, data, shards, args.batch, args.threads), split, args.rounds)
+                result = measure(config_for(source, data, shards, args.batch, args.threads), split, args.rounds,
+                                 args.seconds)
+                report[f"{source} {split}"] = result
                 print(f"{source:8} {split:6} {result['feed']:10.0f} {result['bare']:10.0f} {result['ratio']:9.2f}x "
                       f"{result['us_per_sample']:10.1f} {result['gil_taken']:9.0%} "
                       f"{result['feed_beside_trainer']:29.0f} {result['fresh']:17.0f}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -62,13 +62,14 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
               "32"],
     "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
                 "--file-samples", "2000"],
+    "feed": ["feed.py", "--rounds", "1", "--batch", "4", "--seconds", "0.2"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
                "--rounds", "1", "--batch-size", "4", "--size", "32", "--workers", "1", "--latency-ms", "5"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order",
-     "sampler", "sizes"),
+     "sampler", "sizes", "feed"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "screening"),
 )
 
@@ -367,7 +368,7 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 16
+    assert len(SCRIPTS) == 17
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -457,3 +458,16 @@ def test_parquet_reads_the_photos_four_ways_and_through_datasets_and_costs_a_row
     costs = report["row_costs"]
     assert costs["rows_per_group"] == 4 and costs["row_group"]["bytes_per_row"] > costs["byte_range"]["bytes_per_row"]
     assert "one row's image bytes, 10 random rows of val" in out and "datasets.load_dataset('parquet')" in out
+
+
+@runs_for("feed")
+@pytest.mark.skipif(not HAS_DALI, reason="feed.py measures the DALI backend's feed")
+def test_feed_measures_the_dali_feed_against_bare_reads_for_folders_and_shards(run):
+    out, report = run
+    rows = [line.split() for line in out.splitlines() if line.startswith(("folder ", "shards "))]
+    assert [(row[0], row[1]) for row in rows] == [("folder", "train"), ("folder", "val"), ("shards", "train"),
+                                                  ("shards", "val")]
+    for row in rows:
+        feed, bare, ratio = float(row[2]), float(row[3]), float(row[4].rstrip("x"))
+        assert feed > 0 and bare > 0 and abs(ratio - feed / bare) < 0.01 + 0.01 * ratio, row
+        assert report[f"{row[0]} {row[1]}"]["feed"] == pytest.approx(feed, abs=1)
