@@ -23,6 +23,8 @@ from .reading import NotRegularFile, not_regular
 
 POLL_S = 0.02
 """How often a waiter tries the lock again."""
+PROGRESS_EVERY_S = 0.5
+"""How often a waiter looks for the holder's progress."""
 
 
 class LockTimeout(StoreError):
@@ -44,7 +46,7 @@ def wait_for(fd: int, shared: bool, patience: float, what: str, path: Path,
     """flock(fd), waiting while the holder progresses; LockTimeout after `patience` seconds without."""
     operation = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
     seen = progress() if progress else None
-    since = time.monotonic()
+    since = looked = time.monotonic()
     while True:
         try:
             fcntl.flock(fd, operation)
@@ -52,8 +54,8 @@ def wait_for(fd: int, shared: bool, patience: float, what: str, path: Path,
         except BlockingIOError:
             pass
         now = time.monotonic()
-        if progress is not None:
-            current = progress()
+        if progress is not None and now - looked >= PROGRESS_EVERY_S:  # a listing of the cache: not every poll
+            looked, current = now, progress()
             if current != seen:
                 seen, since = current, now
         if now - since > patience:
