@@ -110,7 +110,8 @@ nine nested aliases of nine items each are 387 million, which took 289 s and 2.9
 
 def _check_size(raw: Any, source: str) -> None:
     """Count the values of a loaded config, each alias as often as it is used, and stop at
-    MAX_CONFIG_VALUES: an alias bomb fails here in milliseconds, before anything walks it whole."""
+    MAX_CONFIG_VALUES: an alias bomb fails here in milliseconds, before anything walks it whole. The
+    same walk refuses a key that is no name (`1:`, `null:`), which every later step takes for one."""
     count, stack = 0, [(raw, "")]
     while stack:
         value, path = stack.pop()

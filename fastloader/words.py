@@ -5,6 +5,8 @@ Only the standard library: the command line's modules import it at their top.
 """
 from __future__ import annotations
 
+import os
+
 _IRREGULAR = {"is": "are", "was": "were", "has": "have"}
 
 
@@ -25,7 +27,7 @@ def plural(count: int, noun: str, zero: str | None = None) -> str:
 
 def container_noun(path: str) -> str:
     """'tar shard', 'parquet file', 'arrow file': what a container file is, in a count's words."""
-    suffix = path.rsplit("/", 1)[-1].rpartition(".")[2].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
     return "tar shard" if suffix == "tar" else f"{suffix or 'table'} file"
 
 

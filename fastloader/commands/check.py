@@ -274,6 +274,7 @@ def batch_problems(config: Config, split: SplitConfig, usable: int) -> list[str]
     from ..distributed import detect_ranks
     from ..errors import ConfigError
     from ..weights import check_epoch_size
+    from . import no_batch_words
 
     ranks = detect_ranks(config.distributed)
     try:
@@ -281,12 +282,8 @@ def batch_problems(config: Config, split: SplitConfig, usable: int) -> list[str]
     except ConfigError as error:
         return [str(error)]
     size = split.epoch_size or usable
-    least = split.batch_size * ranks.world_size
-    if split.drop_last and size < least:
-        return [f"split '{split.name}' yields no batch per epoch: {_count(size, 'sample')}, batch_size "
-                f"{split.batch_size} x world_size {ranks.world_size} with drop_last: true, so a training loop "
-                f"would run 0 steps; lower {split.name}.batch_size (e.g. --set {split.name}.batch_size="
-                f"{max(1, size // ranks.world_size)}) or set {split.name}.drop_last: false"]
+    if split.drop_last and size < split.batch_size * ranks.world_size:  # a training loop would run 0 steps
+        return [no_batch_words(split.name, size, split.batch_size, ranks.world_size)]
     return []
 
 

@@ -91,14 +91,15 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
         if scan is not None:
             _rows(path, number, scan, root, _labels_in(path, scan, classes, config), excluded, builder, ranges,
                   problems, referenced_files)
-    kept = [*kept, *referenced_files.paths]
-    scans = [*scans, *(None for _ in referenced_files.paths)]
     if not len(builder):
         first = f" (the first problem: {problems[0][0]}: {problems[0][1]})" if problems else ""
         raise BadImageError(f"{source}: {key}: no usable row in {plural(len(kept), 'file')}{first}")
+    tables = len(kept)
+    identities = (*(scan.identity if scan is not None else Identity(0, 0, 0) for scan in scans),
+                  *referenced_files.identities)
+    kept = [*kept, *referenced_files.paths]  # the image files rows name: containers after the tables
+    scans = [*scans, *(None for _ in referenced_files.paths)]
     classes = classes or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
-    identities = tuple(scan.identity if scan is not None else Identity(0, 0, 0) for scan in scans[:len(scans) - len(
-        referenced_files.paths)]) + tuple(referenced_files.identities)
     table_row = np.array(ranges[3], dtype=np.int64)
     grouped = [path for path, scan in zip(kept, scans) if scan is not None and scan.table_row.any()]
     byte_ranges = ByteRanges(tuple(kept), np.array(ranges[0], dtype=np.int32), np.array(ranges[1], dtype=np.int64),
@@ -108,8 +109,7 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
     if grouped:
         _say_row_group_cost(config, split, grouped, scans)
     unusable = refuse(config, problems, noun="files or rows")
-    log.info("indexed %s of split '%s' (%s): %s in %s%s%s%s", plural(len(kept) - len(referenced_files.paths),
-                                                                    f"{kind} file"), split.name, root,
+    log.info("indexed %s of split '%s' (%s): %s in %s%s%s%s", plural(tables, f"{kind} file"), split.name, root,
              plural(len(builder), "row"), plural(len(classes), "class"),
              f", {plural(len(referenced_files.paths), 'row')} read from the image file its path names"
              if referenced_files.paths else "",

@@ -203,9 +203,7 @@ def read_bytes(where: str | Location, into: ReadArena | None = None) -> bytearra
     if is_url(location.file):
         return _from_node_cache(location)
     if location.whole_file:
-        if into is not None:
-            return _whole_into(open_regular(location.file), into)
-        return _whole(open_regular(location.file), close=True)
+        return _whole(open_regular(location.file), close=True, into=into)
     return _range(_open_containers.descriptor(location.file, location.identity), location, into)
 
 
@@ -228,30 +226,23 @@ def _from_node_cache(location: Location) -> bytearray:
     raise AssertionError("unreachable")
 
 
-def _whole(fd: int, close: bool = False) -> bytearray:
-    """A whole file, straight into a writable buffer (torch.frombuffer wants one)."""
-    with open(fd, "rb", buffering=0, closefd=close) as handle:
-        data = bytearray(os.fstat(fd).st_size)
-        got = handle.readinto(data)
-        if got < len(data):  # the file shrank since fstat
-            del data[got:]
-        rest = handle.read()  # or grew
-    return data + rest if rest else data
-
-
-def _whole_into(fd: int, into: ReadArena) -> memoryview:
-    """A whole file into the arena, in one read of its size and a byte more (that byte says the file
-    grew since fstat: then all of it is read, as `_whole` does); the descriptor closed."""
+def _whole(fd: int, close: bool = False, into: ReadArena | None = None) -> bytearray | memoryview:
+    """A whole file in one read of its size and a byte more: that byte says the file grew since
+    fstat, and then the rest is read too. Into a fresh writable bytearray (torch.frombuffer wants
+    one), or into the arena (a view of it)."""
     try:
         size = os.fstat(fd).st_size
-        view = into.view(size + 1)
-        got = os.readv(fd, [view])
-        if got <= size:
-            return view[:got]
-        rest = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
-        return memoryview(bytearray(view) + rest)
+        data = into.view(size + 1) if into is not None else bytearray(size + 1)
+        got = os.readv(fd, [data])
+        if got > size:  # it grew
+            return bytearray(data) + b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+        if into is not None:
+            return data[:got]
+        del data[got:]  # the extra byte, or what the file shrank by
+        return data
     finally:
-        os.close(fd)
+        if close:
+            os.close(fd)
 
 
 def table_changed(path: str) -> ContainerChanged:

@@ -199,7 +199,7 @@ def _store(root: str):
         timeout = f"{_settings.timeout}s"
         client = {"timeout": timeout, "connect_timeout": f"{min(_settings.timeout, 10.0)}s"}
         allow_http = os.environ.get("AWS_ALLOW_HTTP", "") or os.environ.get("ALLOW_HTTP", "")
-        if root.startswith("http://") or allow_http.lower() in ("1", "true", "yes"):
+        if root.startswith("http://") or _truthy(allow_http):
             client["allow_http"] = True  # given client options, obstore no longer reads AWS_ALLOW_HTTP itself
         retry = {"max_retries": _settings.retries, "retry_timeout": timedelta(seconds=_settings.retry_timeout),
                  "backoff": {"init_backoff": timedelta(seconds=0.1), "max_backoff": timedelta(seconds=15), "base": 2}}
