@@ -24,7 +24,7 @@ import harness
 from harness import Factory
 
 import fastloader
-from fastloader.cache_write import DEFAULT_SHORT_SIDE
+from fastloader.cache_format import DEFAULT_SHORT_SIDE
 from fastloader.machine import tree_memory
 from fastloader.samples import SampleIndex
 

@@ -35,9 +35,9 @@ import numpy as np
 import psutil
 
 import fastloader
-from fastloader.config import IMAGE_EXTENSIONS, config_to_dict
+from fastloader.config_dump import config_to_dict
 from fastloader.parallel import available_cores
-from fastloader.schema import IMAGENET_MEAN, IMAGENET_STD
+from fastloader.schema import IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD
 from fastloader.sources.folder import scan_folder
 from fastloader.sources.row_groups import ROW_GROUP_CACHE, forget_row_groups
 

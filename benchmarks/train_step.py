@@ -28,7 +28,7 @@ import torch
 import torchvision
 from harness import Factory
 
-from fastloader.cache_write import DEFAULT_SHORT_SIDE
+from fastloader.cache_format import DEFAULT_SHORT_SIDE
 from fastloader.samples import SampleIndex
 
 PEERS = ("model", "torch", "dali", "torch-cache", "dali-cache", "nvidia")

@@ -37,6 +37,8 @@ wakes the training thread (0.2 s cost it 1-2 us a sample on a loaded 2-core mach
 JOIN_S = 60.0
 """The longest wait for a stopped thread to end: its current DALI call (one batch) and the batches
 DALI prefetched. A thread that takes longer is stuck inside DALI, and its loader says so."""
+FIRST_BATCH_TIMES = 3
+"""The first batch may take this many times workers.timeout: the pipeline is built and warmed up."""
 EXIT_S = 1.0
 """The longest the exit hook waits, for all drivers together, for a thread inside DALI to return."""
 
@@ -88,8 +90,13 @@ class Driver:
     """
 
     def __init__(self, pipe, convert: Callable, stop: Callable[[], None], device: torch.device,
-                 stream: torch.cuda.Stream | None = None, ahead: int = 1):
+                 stream: torch.cuda.Stream | None = None, ahead: int = 1, stall_s: float | None = None,
+                 stuck: Callable[[], str] | None = None):
         self.queue: queue.Queue = queue.Queue(maxsize=ahead)
+        self._stall_s = stall_s  # workers.timeout: the longest wait for a batch (the first: FIRST_BATCH_TIMES x)
+        self._stuck = stuck  # what the feed is doing, for the message of a stall
+        self._first = True
+        self._stuck_for_good = False  # a stall was reported: nothing waits for the thread any more
         self.device = device
         self._stop = stop
         self._end: Ended | None = None  # what get() returned last: the end, again on every later call
@@ -152,7 +159,8 @@ class Driver:
         item = self._next()
         if isinstance(item, Ended):
             self._end = item
-            self.join(JOIN_S)  # its last word said: it only returns
+            if not self._stuck_for_good:
+                self.join(JOIN_S)  # its last word said: it only returns
         elif item.ready is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(item.ready)
@@ -165,17 +173,36 @@ class Driver:
         if os.getpid() != self._pid:
             return Ended(RuntimeError("this DALI loader was inherited by a forked process, where its driver thread "
                                       "does not run: build a new loader in this process"))
+        started = time.monotonic()
         while True:
             try:
-                return self.queue.get(timeout=POLL_S)
+                item = self.queue.get(timeout=POLL_S)
+                self._first = False
+                return item
             except queue.Empty:
                 if not self._thread.is_alive():
                     break
+                if self._stall_s is not None and time.monotonic() - started > self._limit():
+                    return self._stalled(time.monotonic() - started)
         try:
             return self.queue.get_nowait()  # queued just before it ended
         except queue.Empty:
             return self._last_word or Ended(RuntimeError("the DALI driver thread ended without handing over a "
                                                          "batch or an error"))
+
+    def _limit(self) -> float:
+        return self._stall_s * (FIRST_BATCH_TIMES if self._first else 1)
+
+    def _stalled(self, waited: float) -> Ended:
+        """No batch for workers.timeout: the thread is abandoned where it is stuck (a read that never
+        returns cannot be stopped from outside), and the trainer gets an error that says where."""
+        self._abandoned = self._stuck_for_good = True
+        self._stop()
+        what = self._stuck() if self._stuck else "DALI is stuck in a batch"
+        first = f"; the first batch: {FIRST_BATCH_TIMES}x that" if self._first else ""
+        return Ended(TimeoutError(f"no batch came from the DALI pipeline for {waited:.0f} s (workers.timeout "
+                                  f"{self._stall_s:g} s{first}): {what}. The loader stopped; raise workers.timeout "
+                                  f"if batches may take longer, or fix what hangs, and build a new loader"))
 
     def end_epoch(self) -> None:
         """End the epoch early (a loop left with `break`, a new loop): stop the feed, let the thread
@@ -184,7 +211,7 @@ class Driver:
         self._stop()
         self._draining = True
         self._drain_queue()  # a hand-over waiting for room gives up at once
-        if self.join(JOIN_S):
+        if self._stuck_for_good or self.join(JOIN_S):
             return
         raise RuntimeError(f"the DALI driver thread did not end within {JOIN_S:.0f} s of being stopped: DALI is stuck "
                            f"in a batch (a file on a hung file system?). Build a new loader")
@@ -199,7 +226,7 @@ class Driver:
         if os.getpid() != self._pid or threading.current_thread() is self._thread:
             return
         self._drain_queue()
-        if wait and not sys.is_finalizing():
+        if wait and not sys.is_finalizing() and not self._stuck_for_good:
             self.join(JOIN_S)
 
     def join(self, timeout: float) -> bool:

@@ -19,6 +19,7 @@ import collections
 import itertools
 import logging
 import os
+import time
 import traceback
 from typing import Callable, Iterable, Iterator, NamedTuple
 
@@ -32,12 +33,12 @@ from fastloader.contract import Loader
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError, add_note, error_text, refused_file
-from fastloader.imaging.screen import BOMB_PIXELS, DALI_FORMATS, Screened, read_screened
+from fastloader.imaging.screen import DALI_FORMATS, Screened, read_screened
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.prepared import PreparedSplit
 from fastloader.samples import SampleIndex
-from fastloader.schema import Config, SplitConfig
-from fastloader.sources.reading import Location, ReadArena
+from fastloader.schema import BOMB_PIXELS, Config, SplitConfig
+from fastloader.sources.locations import Location, ReadArena
 from fastloader.transfer import to_device
 
 from .augment import feed_arrays
@@ -97,6 +98,8 @@ class _Feed:
         (external_source without no_copy), so each batch's reads land where the last batch's were."""
         self.kind = "pixels" if pixels is not None else "bytes"
         """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
+        self.reading: tuple[str, float] | None = None
+        """(name, monotonic start) of the sample being read now: what a stalled pipeline names."""
 
     def start(self, batches: Iterable[np.ndarray]) -> None:
         """Feed these batches next (only while no driver runs the pipeline)."""
@@ -160,6 +163,13 @@ class _Feed:
                 return sample, taken
         return -1, None
 
+    def stuck_words(self) -> str:
+        """What the feed is doing, for a pipeline that sent no batch for workers.timeout."""
+        reading = self.reading
+        if reading is None:
+            return "the feed is not reading a sample: DALI is stuck in a batch (a file on a hung file system?)"
+        return f"the feed has been reading {reading[0]} for {time.monotonic() - reading[1]:.0f} s"
+
     def take(self, sample: int, into: ReadArena | None = None) -> tuple[np.ndarray, tuple[int, int]] | None:
         """What DALI is fed for a sample, and its upright size; None, noted in `skipped`, where it
         cannot be used: known bad, or its bytes fail the check now (then known bad, with the reason).
@@ -169,7 +179,10 @@ class _Feed:
             return None
         if self.pixels is not None:
             return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
-        data, screened = read_screened(self.location(sample), self.max_pixels, into)
+        location = self.location(sample)
+        self.reading = location.name, time.monotonic()
+        data, screened = read_screened(location, self.max_pixels, into)
+        self.reading = None
         if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened
             data, screened = self.transcoded(sample, screened.format or "unknown")
         if screened.problem:
@@ -342,7 +355,8 @@ class DaliLoader(Loader):
         """A driver thread running the pipeline over the feed's batches (see driver.py)."""
         convert = converter(self._feed, self.index.labels, self.device, self.config.output.channels_last,
                             self._bfloat16, self.finisher)
-        return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream)
+        return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream,
+                      stall_s=self.config.workers.timeout, stuck=self._feed.stuck_words)
 
     def _stopped(self, error: BaseException) -> BaseException:
         """A failure no bad file explains (a CUDA error, running out of memory, an error of the

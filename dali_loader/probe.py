@@ -20,7 +20,8 @@ from nvidia.dali.pipeline import Pipeline
 
 from fastloader.imaging.screen import screen_file
 from fastloader.schema import Config
-from fastloader.sources.reading import Location, read_bytes
+from fastloader.sources.locations import Location
+from fastloader.sources.reading import read_bytes
 
 from .pipeline import decode
 

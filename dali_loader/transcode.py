@@ -28,7 +28,7 @@ def transcoded_for_dali(index: SampleIndex, formats: Mapping[int, str]) -> dict[
     written once into the cache folder: decoded with Pillow to RGB, stored losslessly."""
     if not formats:
         return {}
-    folder = transcode_folder(index)
+    folder = transcode_folder(index.root, index.fingerprint)
     folder.mkdir(parents=True, exist_ok=True)
     copies = {}
     for sample, fmt in formats.items():

@@ -12,16 +12,19 @@ from typing import Any, Mapping
 from .config import load_config
 from .contract import Loader
 from .schema import Config
+from .sources.protocol import Samples, Source
 
 __version__ = "0.1.0"
-__all__ = ["build_loader", "load_config", "Loader", "__version__"]
+__all__ = ["build_loader", "load_config", "Loader", "Samples", "Source", "__version__"]
 
 
 def build_loader(config: str | os.PathLike | Mapping[str, Any] | Config, split: str = "train",
-                 overrides: Mapping[str, Any] | list[str] | None = None) -> Loader:
+                 overrides: Mapping[str, Any] | list[str] | None = None, source: Source | None = None) -> Loader:
     """A loader for one split of the config (a YAML path, a dict or a loaded Config).
 
     overrides: {"train.batch_size": 32} or ["train.batch_size=32"], validated like the file.
+    source: an object of the Source protocol (fastloader.Source) to read the split from, instead of
+    what the config says (its dataset keys then only need to be valid; docs/sources.md).
     """
     from .factory import create_loader
-    return create_loader(load_config(config, overrides), split)
+    return create_loader(load_config(config, overrides), split, source)

@@ -27,8 +27,22 @@ import sys
 import time
 from typing import TYPE_CHECKING, Iterator
 
+from .cache_format import (
+    FILES,
+    FORMAT,
+    LABELS,
+    MANIFEST,
+    OFFSETS,
+    PARTIAL,
+    PIXELS,
+    SHAPES,
+    VERSION,
+    build_checksums,
+    split_folder,
+)
 from .errors import DiskFullError
-from .sources.reading import Location, as_location, size_and_mtime
+from .sources.locations import Location, as_location
+from .sources.reading import size_and_mtime
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,7 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fastloader")
 
-DEFAULT_SHORT_SIDE = 256
 CHUNK = 16
 """Images per task sent to a worker: large enough to amortize the pipe, small enough to stream."""
 SPACE_SAMPLE = 256
@@ -52,7 +65,6 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     import numpy as np
 
     from .bad_input import refuse
-    from .cache import FILES, FORMAT, LABELS, MANIFEST, OFFSETS, PARTIAL, PIXELS, SHAPES, VERSION, split_folder
     from .progress import Progress
 
     started = time.perf_counter()
@@ -100,7 +112,6 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
                     "resize": "shorter side at most short_side, aspect kept, never enlarged; bilinear, antialiased",
                     "images": len(shapes), "files": count, "bytes": offsets[-1], "bad": bad,
                     "built_by": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]), "built_at": time.time()}
-        from .cache import build_checksums  # of what a loader will read, checked when one opens the cache
         manifest["checksums"] = build_checksums(partial)
         with open(os.path.join(partial, MANIFEST), "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=1)
@@ -140,7 +151,6 @@ def _shrunk(height: int, width: int, short_side: int) -> tuple[int, int]:
 
 def _no_space(cache_dir: str, split: str, needed: int, estimate: str, error: OSError | None = None) -> str:
     """Where, how much is needed and how much is free, what to do; `error`: the disk filled up while writing."""
-    from .cache import split_folder
     from .machine import human_bytes
 
     free = human_bytes(shutil.disk_usage(cache_dir).free)
@@ -165,7 +175,6 @@ def _no_space(cache_dir: str, split: str, needed: int, estimate: str, error: OSE
 def remove_stale_partials(cache_dir: str) -> None:
     """Remove the unfinished folders of this host's builds that were killed (their pid no longer runs),
     logged: a killed build cannot clean up after itself. Another host's are left alone."""
-    from .cache import PARTIAL
     from .machine import human_bytes
     from .parallel import running
 

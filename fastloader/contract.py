@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .augment.draws import Augmenter
-from .config import config_to_dict
+from .config_dump import config_to_dict
 from .device_ops import BatchFinisher
 from .distributed import RankInfo
 from .machine import human_bytes
@@ -26,6 +26,7 @@ from .prepared import PreparedSplit
 from .resolution import Resolution
 from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
 from .sources import reading
+from .sources.user_source import check_length
 from .stats import LOG_LEVELS, LoaderStats
 from .weights import class_shares
 from .words import plural
@@ -159,6 +160,7 @@ class Loader(abc.ABC):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._closed:
             raise self._closed_error()
+        check_length(self.index)  # a user's source that grew or shrank since it was indexed
         if not self._epoch_set:
             self._epoch += 1
         self._epoch_set = False

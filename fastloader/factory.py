@@ -99,7 +99,8 @@ def choose_device(config: Config, ranks: RankInfo) -> torch.device:
     return device
 
 
-def create_loader(config: Config, split_name: str) -> Loader:
+def create_loader(config: Config, split_name: str, source: object | None = None) -> Loader:
+    """The loader of one split; `source`: an object of the Source protocol to read it from."""
     split = config.split(split_name)
     ranks = detect_ranks(config.distributed)
     device = choose_device(config, ranks)
@@ -115,7 +116,7 @@ def create_loader(config: Config, split_name: str) -> Loader:
                        "nvJPEG); set backend: torch or run on a GPU to silence this")
     log.log(logging.WARNING if surprising else logging.INFO, "backend %s for split '%s': %s", backend, split_name,
             reason)
-    prepared = prepare_split(config, split, backend, ranks)
+    prepared = prepare_split(config, split, backend, ranks, source)
     module, name = BACKENDS[backend]
     loader_class = getattr(importlib.import_module(module), name)
     loader = loader_class(config, split, prepared, ranks, device)
@@ -126,7 +127,8 @@ def create_loader(config: Config, split_name: str) -> Loader:
     return loader
 
 
-def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo) -> PreparedSplit:
+def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo,
+                  source: object | None = None) -> PreparedSplit:
     """The split's index less its unusable files, and its pixel source: the uint8 cache when
     dataset.cache holds one for the split (it lists the files it could not decode, so no screening
     is needed), else the image files, screened; its block order where `shuffle: block`, its weighted
@@ -135,7 +137,7 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
     check_budget(config, split)  # a `shuffle: block` without a budget, an epoch too small for the ranks, or a bad
     check_epoch_size(config, split, ranks)  # weights file fails at once, before the split is indexed
     table = read_weights_file(config, split)
-    index = build_index(config, split)
+    index = build_index(config, split, source)
     limit = cache_limit(index.ranges.files) if index.ranges is not None else None  # shards in an object store
     budget = block_budget(config, split, limit)
     cost = uniform_cost(config, split, index, limit)

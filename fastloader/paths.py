@@ -13,10 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .samples import SampleIndex
 
 
 def cache_home() -> Path:
@@ -32,17 +28,17 @@ def remote_cache_folder() -> Path:
     return cache_home() / "remote"
 
 
-def screening_file(index: SampleIndex, max_pixels: int) -> Path:
+def screening_file(root: str, fingerprint: str, max_pixels: int) -> Path:
     """Where a dataset's screening result is kept (one per dataset folder, file list and bomb limit)."""
-    return cache_home() / "screen" / f"{_dataset_key(index)}-{max_pixels}.json"
+    return cache_home() / "screen" / f"{_dataset_key(root, fingerprint)}-{max_pixels}.json"
 
 
-def transcode_folder(index: SampleIndex) -> Path:
+def transcode_folder(root: str, fingerprint: str) -> Path:
     """Where the PNG copies of a dataset's files in formats DALI cannot decode are kept."""
-    return cache_home() / "transcoded" / _dataset_key(index)
+    return cache_home() / "transcoded" / _dataset_key(root, fingerprint)
 
 
-def _dataset_key(index: SampleIndex) -> str:
-    """The dataset's files where they are now: its fingerprint (names and labels) and its folder."""
-    return hashlib.blake2b(f"{index.root}\0{index.fingerprint}".encode("utf-8", "surrogateescape"),
-                           digest_size=8).hexdigest()
+def _dataset_key(root: str, fingerprint: str) -> str:
+    """The dataset's files where they are now: its fingerprint (names and labels) and its folder
+    (SampleIndex.root and .fingerprint)."""
+    return hashlib.blake2b(f"{root}\0{fingerprint}".encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()

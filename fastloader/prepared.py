@@ -50,6 +50,8 @@ class PreparedSplit:
         """Where the pixels come from, in the words of the loader's repr and log line."""
         if self.pixels is not None:
             return f"the cache {self.pixels.folder}"
+        if self.index.reader:
+            return f"the source {self.index.root}"
         ranges = self.index.ranges
         if ranges is None:
             return "the image files"

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .schema import MAX_CLASSES_WITHOUT_NAMES
-from .sources.reading import Identity, Location
+from .sources.locations import Identity, Location
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +85,13 @@ class SampleIndex:
     """int16 [n]: which of the split's `sources` each sample comes from (sources/multi.py); None: one source."""
     source_names: tuple[str, ...] = ()
     """The sources' names, by number (empty with one source)."""
+    reader: str = ""
+    """The samples of a user's source (sources/protocol.py): the opened source's token, whose read()
+    gives sample i's bytes as read(items[i]); `root` is then the source's name. "": files and ranges."""
+    items: np.ndarray | None = None
+    """int64 [n]: each sample's number in the reader's samples()."""
+    source_length: int = 0
+    """How many samples the reader had when it was indexed (what check_length compares)."""
 
     @classmethod
     def from_lists(cls, root: str, classes: Sequence[str], relpaths: Sequence[str],
@@ -107,9 +114,15 @@ class SampleIndex:
         path_bytes = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8)
         ranges = self.ranges.take(samples) if self.ranges is not None else None
         source = self.source[samples] if self.source is not None else None
+        items = self.items[samples] if self.items is not None else None
         return SampleIndex(root=self.root, classes=self.classes, path_bytes=path_bytes, offsets=offsets,
                            labels=self.labels[samples].copy(), excluded=self.excluded, ranges=ranges,
-                           unusable=self.unusable, source=source, source_names=self.source_names)
+                           unusable=self.unusable, source=source, source_names=self.source_names,
+                           reader=self.reader, items=items, source_length=self.source_length)
+
+    def read_by(self, reader: str, items: np.ndarray, source_length: int) -> "SampleIndex":
+        """This index as the samples of an opened source (its token), sample i its items[i]."""
+        return dataclasses.replace(self, reader=reader, items=items, source_length=source_length)
 
     def without(self, drop: Sequence[int]) -> "SampleIndex":
         """The same index less the samples at positions `drop` (files known to be unusable); the
@@ -124,12 +137,16 @@ class SampleIndex:
         return self.path_bytes[start:end].tobytes().decode("utf-8", "surrogateescape")
 
     def path(self, i: int) -> str:
-        """The sample's name for people: a file's path, or `/dir/shard.tar:member`."""
+        """The sample's name for people: a file's path, `/dir/shard.tar:member`, or `source:name`."""
+        if self.reader:
+            return f"{self.root}:{self.relpath(i)}"
         return os.path.join(self.root, self.relpath(i))
 
     def location(self, i: int) -> Location:
         """Where sample i's bytes are, for fastloader.sources.reading."""
         name = self.path(i)
+        if self.reader:
+            return Location(name, self.root, int(self.items[i]), source=self.reader)
         if self.ranges is None:
             return Location(name, name)
         ranges = self.ranges
@@ -153,7 +170,8 @@ class SampleIndex:
     def nbytes(self) -> int:
         ranges = self.ranges.nbytes if self.ranges is not None else 0
         source = self.source.nbytes if self.source is not None else 0
-        return self.path_bytes.nbytes + self.offsets.nbytes + self.labels.nbytes + ranges + source
+        items = self.items.nbytes if self.items is not None else 0
+        return self.path_bytes.nbytes + self.offsets.nbytes + self.labels.nbytes + ranges + source + items
 
     @functools.cached_property
     def fingerprint(self) -> str:

@@ -4,20 +4,25 @@ config reference (field order is docs/config.md's order). Loading and validation
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from .augment.policy import GRAMMAR as POLICY_GRAMMAR
 from .augment.policy import policy_problem
 from .errors import ConfigError
-from .imaging.screen import BOMB_PIXELS
 from .units import UNITS, parse_size
 
+FACTORY_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+"""`package.module:attribute`: where a user's source factory is (a split's `source`)."""
+DEFAULT_ROOT_ORIGIN = "the config's folder (dataset.format: webdataset, parquet or arrow)"
+"""Where dataset.root came from when a config whose splits name their files leaves it out (its origin,
+in messages)."""
 BACKEND_ENV = "FASTLOADER_BACKEND"
+"""Environment variable that forces the backend (auto | dali | torch) whatever the config says."""
 NAMED_SPLITS = ("train", "val", "test")
 """Split sections that may leave out `mode` (train: train mode, the others eval). Any other split must
 state it, so that a typo such as `trian:` or `--set trian.batch_size=8` fails instead of creating a split."""
-"""Environment variable that forces the backend (auto | dali | torch) whatever the config says."""
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -43,6 +48,11 @@ are then 0 .. the largest label, and one stray `.cls` of 20000000 must not make 
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
 Auto = Literal["auto"]
+
+BOMB_PIXELS = 178_956_970
+"""Width x height above which a file counts as a decompression bomb. It is Pillow's own error
+threshold (2 x Image.MAX_IMAGE_PIXELS): above it `Image.open` refuses the file, so the torch backend
+would fail on it; such an image would also take more than 0.5 GB of RAM as RGB."""
 
 
 def _check(predicate, message):
@@ -110,11 +120,12 @@ class DatasetConfig:
     root: str = field(metadata=_check(lambda v: v != "", "a non-empty path"))
     """Folder holding one sub-folder per split (root/<split>/<class>/<image>), or `builtin:sample`.
     With format: webdataset it may be left out (the config's folder)."""
-    format: Literal["folder", "webdataset", "parquet", "arrow"] = "folder"
+    format: str = "folder"
     """How the images are stored: folder (image files: ImageFolder trees, or a split's file_list),
     webdataset (tar shards of {key}.jpg + {key}.cls members, listed by each split's `shards`), parquet or
     arrow (a Hugging Face dataset's `.parquet` files, or the Arrow files `datasets` keeps in its cache,
-    listed by each split's `files`: an image column and a label column, one row a sample)."""
+    listed by each split's `files`: an image column and a label column, one row a sample), or a format
+    of your own (fastloader.sources.register_format, read with each split's source_args)."""
     classes: tuple[str, ...] | None = field(default=None, metadata=_check(
         lambda v: v is None or (len(v) > 0 and len(set(v)) == len(v) and all(v)),
         "a list of distinct, non-empty class names (or the path of a file of them, one a line)"))
@@ -147,7 +158,7 @@ class DatasetConfig:
     max_pixels: int = field(default=BOMB_PIXELS, metadata=_check(lambda v: 0 < v <= INT64_MAX,
                                                                  "a positive integer, at most 2**63 - 1"))
     """Width x height above which an image counts as a decompression bomb and is refused before
-    its pixels are allocated (default: Pillow's own error threshold, fastloader.imaging.screen.BOMB_PIXELS)."""
+    its pixels are allocated (default: Pillow's own error threshold, BOMB_PIXELS)."""
     cache: str | None = None
     """A cache folder written by `fastloader cache`: both backends read decoded uint8 pixels from it
     through np.memmap instead of decoding the image files."""
@@ -323,6 +334,15 @@ class SplitConfig:
     files: str | tuple[str, ...] | None = None
     """dataset.format: parquet or arrow: the split's `.parquet` (or `.arrow`) files: a path, glob or brace
     range, or a list of them, relative as `shards` are; parquet files may be objects in a store (dataset.remote)."""
+    source: str | None = field(default=None, metadata=_check(
+        lambda v: v is None or FACTORY_PATH.fullmatch(v) is not None,
+        "'package.module:factory', a callable that returns a source (fastloader.Source)"))
+    """Your own source: `package.module:factory`, called with source_args, returns an object of the
+    Source protocol (name, samples(), read(item), identity(); docs/sources.md). Instead of folder,
+    file_list, shards, files or sources."""
+    source_args: Mapping[str, Any] | None = None
+    """The keyword arguments of `source`'s factory (plain YAML values), or of the split's format where
+    dataset.format names a format of your own (fastloader.sources.register_format)."""
     sources: tuple[SourceConfig, ...] | None = field(default=None, metadata=_check(
         lambda v: v is None or 1 <= len(v) <= MAX_SOURCES, f"a list of 1 to {MAX_SOURCES} sources"))
     """Several sources in one split, instead of folder / file_list / shards: each a folder, file_list or
@@ -476,3 +496,11 @@ SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": Ou
 """Top-level key -> the dataclass of its section."""
 SCALARS = ("backend", "seed")
 """Top-level keys that hold a value, not a section."""
+
+
+def draws_from(split: SplitConfig) -> list[str]:
+    """The keys of a split that weigh its samples (empty: its order is a permutation, or passes)."""
+    keys = [f"{split.name}.{key}" for key in ("weights", "class_weights") if getattr(split, key) is not None]
+    if split.sources is not None and any(source.weight is not None for source in split.sources):
+        keys.append(f"{split.name}.sources[].weight")
+    return keys

@@ -39,7 +39,8 @@ from .progress import Progress
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
 from .sources.formats import input_key
-from .sources.reading import is_remote, path_stamp
+from .sources.locations import path_stamp
+from .sources.reading import is_remote
 from .words import plural
 
 log = logging.getLogger("fastloader")
@@ -80,6 +81,12 @@ def screen_index(config: Config, split: SplitConfig, index: SampleIndex, workers
                  "decoded, and follows dataset.on_bad_image (docs/bad-input.md)",
                  plural(len(index.ranges.files), "shard"), index.root)
         return ScreenedIndex(index)
+    if index.reader:
+        log.info("the %s of the source %s are not screened when the loader is built (that would read every one "
+                 "through its read(), a blob service's whole dataset, with no timeout in this process); a sample that "
+                 "cannot be decoded is found where it is decoded, and follows dataset.on_bad_image (docs/sources.md)",
+                 plural(len(index), "sample"), index.root)
+        return ScreenedIndex(index)
     problems, formats, sizes = _cached_screen(index, config.dataset.max_pixels, workers)
     if not problems and not formats:
         return ScreenedIndex(index, sizes=sizes)
@@ -114,7 +121,7 @@ def _cached_screen(index: SampleIndex, max_pixels: int,
                    workers: int | None) -> tuple[dict[str, str], dict[str, str], np.ndarray]:
     """({relpath: problem}, {relpath: format DALI cannot decode}, stored sizes int32 [n, 3] in index
     order) from the cache for the files unchanged since, screened now for the others."""
-    cache = screening_file(index, max_pixels)
+    cache = screening_file(index.root, index.fingerprint, max_pixels)
     cache.parent.mkdir(parents=True, exist_ok=True)
     stamps = file_stamps(index)  # before the lock: each rank stats the files at once
     with _locked(cache.with_suffix(".lock")):

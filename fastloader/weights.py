@@ -23,10 +23,10 @@ from .errors import ConfigError
 from .machine import available_memory, human_bytes
 from .order import WeightedDraws
 from .samples import SampleIndex
-from .schema import Config, SplitConfig
+from .schema import Config, SplitConfig, draws_from
 from .sources.exclude import read_exclude_list
 from .sources.folder import dataset_root
-from .sources.reading import not_regular, open_regular
+from .sources.locations import not_regular, open_regular
 from .words import plural
 
 log = logging.getLogger("fastloader")
@@ -44,14 +44,6 @@ class WeightsFile:
     path: str
     weights: dict[str, tuple[float, int]]
     """name -> (weight, line number)."""
-
-
-def draws_from(split: SplitConfig) -> list[str]:
-    """The keys of a split that weigh its samples (empty: its order is a permutation, or passes)."""
-    keys = [f"{split.name}.{key}" for key in ("weights", "class_weights") if getattr(split, key) is not None]
-    if split.sources is not None and any(source.weight is not None for source in split.sources):
-        keys.append(f"{split.name}.sources[].weight")
-    return keys
 
 
 def check_epoch_size(config: Config, split: SplitConfig, ranks: RankInfo) -> None:

@@ -63,6 +63,7 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
                 "--file-samples", "2000"],
     "feed": ["feed.py", "--rounds", "1", "--batch", "4", "--seconds", "0.2"],
+    "sources": ["sources.py", "--rounds", "1", "--batch-size", "4", "--size", "32", "--split", "val"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
                "--rounds", "1", "--batch-size", "4", "--size", "32", "--workers", "1", "--latency-ms", "5"],
 }
@@ -70,7 +71,7 @@ LANES = (  # about the same time each. Scripts that count their process's childr
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order",
      "sampler", "sizes", "feed"),
-    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "screening"),
+    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -368,7 +369,7 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 17
+    assert len(SCRIPTS) == 18
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -429,6 +430,20 @@ def test_shards_reads_the_photos_as_folders_and_as_shards_and_indexes_synthetic_
     assert out.count("torch worker path, ") == 2
     index = report["index"]
     assert index["members"] == 2000 and index["samples"] == 1000 and 0 < index["bytes_per_sample"] < 100
+
+
+@runs_for("sources")
+def test_sources_reads_the_photos_from_folders_sqlite_and_a_dataset_on_both_backends(run):
+    out, report = run
+    for backend in ["torch"] + (["dali"] if HAS_DALI else []):
+        rows = report[f"{backend} val"]
+        assert sorted(rows) == sorted(["folder", "sqlite", "dataset bytes", "dataset PIL"])
+        assert all(r["samples"] == 12 and r["images_per_s"] > 0 for runs in rows.values() for r in runs)
+        table = out[out.index(f"{backend} val (12 images)"):]
+        for source, runs in rows.items():
+            line = next(line for line in table.splitlines() if line.strip().startswith(source + "  "))
+            assert float(line.split("x")[-2].split()[-1]) == pytest.approx(
+                runs[0]["images_per_s"] / rows["folder"][0]["images_per_s"], abs=0.006), line
 
 
 @runs_for("sizes")

@@ -230,3 +230,43 @@ def test_output_device_refuses_anything_else_naming_the_forms_it_takes(device):
     assert error_of({"dataset": {"root": "x"}}, {"output.device": device}) == (
         f"override 'output.device': output.device: must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. "
         f"cuda:1), got {device!r}")
+
+
+SPLIT_VALUES = {  # a value of each split key other than its default, as a file would set it
+    "batch_size": 3, "shuffle": None, "drop_last": False, "block_size": None, "folder": "elsewhere",
+    "file_list": None, "shards": None, "files": None, "source": None, "source_args": None, "sources": None,
+    "weights": None, "class_weights": "sqrt", "epoch_size": 77, "aug_repeats": 3, "label_smoothing": 0.25,
+}
+"""Keys set to None here are set by the test below with the keys they need beside them."""
+
+
+def test_every_split_key_a_file_sets_is_kept_none_takes_its_default_silently(tmp_path):
+    """The split keys are read from SplitConfig's fields: a new field cannot be left out of the
+    reading (before, a hand-written tuple of keys dropped a key the tuple lacked, which then took
+    its default without a word). This table must name every field, so a new key gets a case here."""
+    from fastloader.config_build import SPLIT_VALUE_KEYS
+    from fastloader.schema import SplitConfig
+    fields = [f.name for f in dataclasses.fields(SplitConfig) if f.name not in ("name", "mode", "transform", "mixup")]
+    assert sorted(SPLIT_VALUES) == sorted(fields) == sorted(SPLIT_VALUE_KEYS)
+    (tmp_path / "list.txt").write_text("a/x.png 0\n")
+    (tmp_path / "weights.txt").write_text("a/x.png 1\n")
+    cases = [{key: value for key, value in SPLIT_VALUES.items() if value is not None},
+             {"file_list": str(tmp_path / "list.txt"), "weights": str(tmp_path / "weights.txt")},
+             {"shards": "s-{0..1}.tar", "shuffle": "block", "block_size": "1GB"}, {"shuffle": False},
+             {"files": "t.parquet"},
+             {"source": "fastloader.sources.sqlite_table:SQLiteSource", "source_args": {"path": "db.sqlite"}},
+             {"sources": [{"folder": "a"}]}]
+    set_keys = set()
+    for case in cases:
+        dataset = {"root": str(tmp_path), "format": "webdataset" if "shards" in case else "folder"}
+        split = load_config({"dataset": dataset, "train": case}).split("train")
+        for key, value in case.items():
+            kept = getattr(split, key)
+            if key == "sources":
+                kept = [{"folder": kept[0].folder}]
+            if key in ("shards", "files", "file_list", "weights"):  # made absolute
+                kept = [Path(path).name for path in ((kept,) if isinstance(kept, str) else kept)]
+                value = [Path(value).name]
+            assert kept == value, key
+            set_keys.add(key)
+    assert set_keys == set(fields)

@@ -324,7 +324,7 @@ def test_the_feed_hands_dali_each_files_own_bytes_from_its_reused_arena(tmp_path
     through DALI gives the pixels of an epoch read with fresh buffers."""
     from PIL import Image
 
-    from fastloader.sources.reading import ReadArena
+    from fastloader.sources.locations import ReadArena
     root = write_textured_dataset(tmp_path / "d", per_class=6, splits=("val",))
     big = root / "val" / sorted(p.name for p in (root / "val").iterdir())[0] / "big.png"
     noise = np.random.default_rng(1).integers(0, 256, (1200, 1100, 3), dtype=np.uint8)  # > CHUNK / 4

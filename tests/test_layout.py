@@ -4,13 +4,16 @@
   and loads the chosen one with importlib, is the one documented exception;
 - dali_loader/ and torch_loader/ never import each other;
 - inside the three packages, a name is imported from the module that defines it (a schema type
-  from schema.py, not through config.py), and no private name crosses modules.
+  from schema.py, not through config.py), and no private name crosses modules;
+- no import circle anywhere in the packages, and no import that runs up a floor (FLOORS, the
+  layers docs/architecture.md draws): imports inside functions and under TYPE_CHECKING count too.
 
 Each rule is read from the source with `ast`, so a violation fails here before it runs anywhere.
 """
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 import textwrap
 from pathlib import Path
@@ -67,6 +70,93 @@ def defined_names(path: Path) -> set[str]:
     return names
 
 
+FLOORS = (
+    ("words", ("fastloader.errors", "fastloader.words", "fastloader.units", "fastloader.yaml_text", "fastloader.paths",
+               "fastloader.machine", "fastloader.progress", "fastloader.stats", "fastloader.parallel",
+               "fastloader.transfer", "fastloader.config_words", "fastloader.order", "fastloader.augment",
+               "fastloader.augment.ops", "fastloader.augment.policy", "fastloader.imaging",
+               "fastloader.imaging.jpeg_header", "fastloader.imaging.boxes", "fastloader.sources.locations",
+               "fastloader.sources.urls", "fastloader.sources.class_names", "fastloader.sources.protocol")),
+    ("schema", ("fastloader.schema", "fastloader.samples", "fastloader.cache_format", "fastloader.config_dump",
+                "fastloader.demo", "fastloader.distributed", "fastloader.bad_input", "fastloader.resolution",
+                "fastloader.mixing", "fastloader.device_ops", "fastloader.augment.draws",
+                "fastloader.imaging.geometry")),
+    ("sources", ("fastloader.sources", "fastloader.sources.*")),
+    ("pixels", ("fastloader.imaging.*",)),
+    ("preparation", ("fastloader.config*", "fastloader.weights", "fastloader.blocks", "fastloader.screening",
+                     "fastloader.cache", "fastloader.cache_write", "fastloader.prepared", "fastloader.packing")),
+    ("loader", ("fastloader.contract", "fastloader.factory", "fastloader")),
+    ("front", ("fastloader.cli", "fastloader.commands", "fastloader.commands.*", "dali_loader", "dali_loader.*",
+               "torch_loader", "torch_loader.*")),
+)
+"""The floors of the packages, from the bottom up: a module imports from its own floor or below.
+A module is on the first floor (from the bottom) that names it, or matches it."""
+
+
+def floor_of(module: str) -> int | None:
+    """The number of the floor a module is on (FLOORS), None where no floor names it."""
+    return next((number for number, (_, patterns) in enumerate(FLOORS)
+                 if any(fnmatch.fnmatchcase(module, pattern) for pattern in patterns)), None)
+
+
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    """Module -> {module it imports: the line of the first such import}, every import counted."""
+    known = modules(root)
+    graph = {}
+    for name, path in known.items():
+        edges: dict[str, int] = {}
+        for line, module, imported in imports(name, path):
+            target = f"{module}.{imported}" if imported and f"{module}.{imported}" in known else module
+            if target in known and target != name:
+                edges.setdefault(target, line)
+        graph[name] = edges
+    return graph
+
+
+def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The import circles: each strongly connected set of two or more modules, sorted (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in graph[module]:
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == module:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def climbs(root: Path) -> list[str]:
+    """Every module on no floor, and every import that runs up a floor, as 'file:line: what'."""
+    known = modules(root)
+    found = [f"{known[name].relative_to(root)}: on no floor of FLOORS" for name in known if floor_of(name) is None]
+    for name, edges in import_graph(root).items():
+        for target, line in edges.items():
+            if None not in (floor_of(name), floor_of(target)) and floor_of(target) > floor_of(name):
+                found.append(f"{known[name].relative_to(root)}:{line}: {name} ({FLOORS[floor_of(name)][0]}) imports "
+                             f"{target}, a floor up ({FLOORS[floor_of(target)][0]})")
+    return found
+
+
 def top(module: str) -> str:
     return module.split(".")[0]
 
@@ -101,6 +191,26 @@ def violations(root: Path) -> list[str]:
 
 def test_the_packages_follow_the_layout():
     assert violations(REPO) == []
+
+
+def test_no_import_runs_in_a_circle_nor_up_a_floor():
+    assert circles(import_graph(REPO)) == []
+    assert climbs(REPO) == []
+
+
+def test_a_circle_and_a_climb_are_caught_where_imports_hide(tmp_path):
+    """An import inside a function or under TYPE_CHECKING counts like one at the top."""
+    write_package(tmp_path, {
+        "fastloader/__init__.py": "",
+        "fastloader/errors.py": "def hint():\n    from .schema import Config\n",
+        "fastloader/schema.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .errors import hint\n"
+                                "class Config: ...\n",
+        "fastloader/orphan.py": "",
+    })
+    assert circles(import_graph(tmp_path)) == [["fastloader.errors", "fastloader.schema"]]
+    assert climbs(tmp_path) == ["fastloader/orphan.py: on no floor of FLOORS",
+                                "fastloader/errors.py:2: fastloader.errors (words) imports fastloader.schema, a floor "
+                                "up (schema)"]
 
 
 def test_the_factory_loads_each_backend_by_name_from_one_table():

@@ -14,8 +14,8 @@ from conftest import REPO, base_config, cpu_only_env, write_numbered_dataset
 from PIL import Image
 
 from fastloader import build_loader, load_config
+from fastloader.packing import pack_index, sample_keys
 from fastloader.sources.formats import build_index
-from fastloader.sources.pack import pack_index, sample_keys
 
 
 def members_of(shards) -> dict[str, bytes]:

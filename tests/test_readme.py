@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cpu_only_env
 
-from fastloader.config import all_dotted_keys
+from fastloader.config_build import all_dotted_keys
 
 README = (REPO / "README.md").read_text()
 CI = (REPO / ".ci" / "run").read_text()

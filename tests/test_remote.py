@@ -24,8 +24,8 @@ from shardfiles import resumes_and_evaluates_once, write_bad_corpus
 
 from fastloader import build_loader
 from fastloader.config import load_config
+from fastloader.packing import pack_index
 from fastloader.sources import node_cache
-from fastloader.sources.pack import pack_index
 from fastloader.sources.tar_members import scan_shard
 from fastloader.sources.webdataset import index_split
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import base_config, write_textured_dataset
 
 from fastloader import build_loader, load_config
+from fastloader.packing import pack_index
 from fastloader.sources.formats import build_index
-from fastloader.sources.pack import pack_index
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
     not __import__("importlib").util.find_spec("nvidia.dali"), reason="NVIDIA DALI is not installed"))]

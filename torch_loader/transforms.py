@@ -20,9 +20,8 @@ from torchvision.transforms.v2 import functional as F
 from fastloader.augment.draws import Augmenter
 from fastloader.imaging.decode import allow_pixels, load_region
 from fastloader.imaging.geometry import Crop, center_crop
-from fastloader.imaging.screen import BOMB_PIXELS
-from fastloader.schema import IMAGENET_MEAN, SplitConfig
-from fastloader.sources.reading import Location
+from fastloader.schema import BOMB_PIXELS, IMAGENET_MEAN, SplitConfig
+from fastloader.sources.locations import Location
 
 from .augment import Context, apply_ops
 

@@ -187,7 +187,7 @@ class Run:
         return images
 
     def result(self) -> dict:
-        from ..config import config_to_dict
+        from ..config_dump import config_to_dict
         info = self.loader.describe()
         images, batches = sum(r.images for r in self.rounds), sum(r.batches for r in self.rounds)
         seconds = sum(r.seconds for r in self.rounds)

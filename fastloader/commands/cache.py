@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..cache_write import DEFAULT_SHORT_SIDE
+from ..cache_format import DEFAULT_SHORT_SIDE
 from ..words import plural
 
 HELP = "decode a split once into a uint8 cache that dataset.cache reads through memmap"

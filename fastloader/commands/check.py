@@ -291,7 +291,8 @@ def draws_summary(config: Config, split: SplitConfig, index) -> str | None:
     """What a train epoch draws where the split weighs its samples or sets epoch_size: the draws and
     the class shares they give (the effective class distribution); None for a plain permutation."""
     from ..order import WeightedDraws
-    from ..weights import class_shares, draws_from, draws_origin, read_weights_file, sample_weights
+    from ..schema import draws_from
+    from ..weights import class_shares, draws_origin, read_weights_file, sample_weights
     keys = draws_from(split)
     size = split.epoch_size or len(index)
     if not keys:

@@ -1,6 +1,6 @@
 """`fastloader pack`: write a split (folders, a file list, or shards) as WebDataset tar shards with
 `.cls` labels, for clusters whose filesystems are slow at millions of small files. The writing is
-fastloader/sources/pack.py; this module reads the command line and says how to read the shards.
+fastloader/packing.py; this module reads the command line and says how to read the shards.
 
 The module imports only the standard library (and fastloader.words, which does too) at its top: the
 command line imports every command.
@@ -36,9 +36,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..config import load_config
     from ..errors import ConfigError
+    from ..packing import check_prefix, output_folder, pack_index, shard_pattern
     from ..sources.folder import dataset_root
     from ..sources.formats import build_index
-    from ..sources.pack import check_prefix, output_folder, pack_index, shard_pattern
     from ..sources.webdataset import CLASSES_FILE
 
     config = load_config(args.config, args.overrides)

@@ -36,8 +36,10 @@ from PIL import Image, ImageOps
 
 from fastloader.errors import ConfigError
 from fastloader.imaging.jpeg_header import ORIENTATION, JpegHeader, read_header
-from fastloader.imaging.screen import BOMB_PIXELS, bomb_problem
-from fastloader.sources.reading import Location, as_location, read_bytes
+from fastloader.imaging.screen import bomb_problem
+from fastloader.schema import BOMB_PIXELS
+from fastloader.sources.locations import Location, as_location
+from fastloader.sources.reading import read_bytes
 
 from .geometry import Crop
 

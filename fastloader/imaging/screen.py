@@ -24,22 +24,11 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 
 from ..errors import error_text
 from ..parallel import available_cores, map_chunks
-from ..sources.reading import (
-    ContainerChanged,
-    Location,
-    NotRegularFile,
-    ReadArena,
-    as_location,
-    open_bytes,
-    read_bytes,
-)
+from ..schema import BOMB_PIXELS
+from ..sources.locations import ContainerChanged, Location, NotRegularFile, ReadArena, as_location
+from ..sources.reading import open_bytes, read_bytes
 from .jpeg_header import SWAPPED, read_header
 from .sizes import jpeg_stored_size, pillow_stored_size
-
-BOMB_PIXELS = 178_956_970
-"""Width x height above which a file counts as a decompression bomb. It is Pillow's own error
-threshold (2 x Image.MAX_IMAGE_PIXELS): above it `Image.open` refuses the file, so the torch backend
-would fail on it; such an image would also take more than 0.5 GB of RAM as RGB."""
 
 DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "PPM", "WEBP", "JPEG2000"})
 """Formats DALI's image decoder reads (by content, whatever the suffix; its documentation). The

@@ -18,7 +18,8 @@ import struct
 import numpy as np
 from PIL import Image
 
-from ..sources.reading import Location, as_location, open_bytes
+from ..sources.locations import Location, as_location
+from ..sources.reading import open_bytes
 from .jpeg_header import ORIENTATION, SWAPPED, read_header_from
 
 log = logging.getLogger("fastloader")

@@ -1,10 +1,18 @@
-"""The input formats behind one seam: each format's module says which samples a split has and where
-each one's bytes are (a SampleIndex with a Location per sample); `reading.py` reads them.
+"""Where a split's samples come from: one Source protocol (protocol.py) under every format, ours
+and the user's, and the one way to read a sample's bytes (reading.py).
 
-  formats.py        dataset.format -> the module that indexes it; build_index
+  protocol.py       the Source protocol (name, samples(), read(item), identity()) and the table of opened sources
+  registry.py       dataset.format's registered formats (register_format), and IndexedSource, the built-ins' source
+  formats.py        a split's source (given, its `source` factory, its `sources`, or its format's) and its index
+  user_source.py    a user's source: its factory called, what it gives checked, indexed; its length checked per epoch
+  source_reads.py   a source's read() as encoded bytes (a decoded image: a PPM)
+  sqlite_table.py   a SQLite table of encoded images (SQLiteSource), a source shipped as an example
+  torch_dataset.py  from_dataset: a map-style torch Dataset of (image, label) items as a source
+  class_names.py    a file of class names, one a line
   folder.py         ImageFolder trees, root/<split>/<class>/<image> (and the embedded demo, a folder)
   file_list.py      a split's text file of `relative/path label` lines
   exclude.py        dataset.exclude: the names every split leaves out
+  multi.py          a split's `sources`: each indexed as a split of its own, joined into one index
   webdataset.py     tar shards of `{key}.jpg` + `{key}.cls` members, indexed once and cached
   tar_members.py    one tar shard's members and their byte offsets, from its headers
   parquet.py        parquet and Arrow files of Hugging Face datasets: each row's image bytes, a byte range
@@ -13,11 +21,17 @@ each one's bytes are (a SampleIndex with a Location per sample); `reading.py` re
   arrow_file.py     an Arrow file memory-mapped: each value's byte range in the file
   hf_columns.py     a table's image and label columns and class names, by Hugging Face's conventions
   row_groups.py     rows of compressed parquet pages, read by decoding their row group (a cache per process)
-  reading.py        Location, read_bytes / open_bytes: a whole file, or a byte range of a shard
+  locations.py      the byte vocabulary: Location, Identity, the refusals, open_regular, ReadArena (a leaf)
+  urls.py           which paths are object-store URLs (a leaf)
+  reading.py        read_bytes / open_bytes: a whole file, a byte range of a shard, a source's sample
   remote.py         the object store (s3://, gs://, az://, https://): listing, sizes and ETags, ranges, downloads
+  file_locks.py     the node cache's flocks, waited for while their holder gets on
   node_cache.py     shards of a store on a local disk, fetched once per node, bounded, fetched ahead
-  pack.py           writes a split as tar shards (`fastloader pack`)
 
-A new format is one module with `index_split(config, split) -> SampleIndex` and one line in
-formats.FORMATS.
+A new format is one module that calls `register_format(Format(name, open))` (docs/sources.md).
 """
+from .protocol import Samples, Source
+from .registry import Format, register_format
+from .torch_dataset import from_dataset
+
+__all__ = ["Format", "Samples", "Source", "from_dataset", "register_format"]

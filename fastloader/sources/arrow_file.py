@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..schema import Config
 from .hf_columns import classlabel, columns, label_values, null_byte_paths
-from .reading import Identity, open_regular
+from .locations import Identity, open_regular
 from .table_scan import TableScan, Unreadable
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..samples import IndexBuilder, SampleIndex, label_problem
 from ..words import plural
-from .reading import not_regular, open_regular
+from .locations import not_regular, open_regular
 
 log = logging.getLogger("fastloader")
 

@@ -15,8 +15,9 @@ from ..schema import IMAGE_EXTENSIONS, Config, SplitConfig
 from ..words import plural
 from .exclude import read_exclude_list
 from .file_list import read_file_list
+from .locations import not_regular
 from .multi import order_split
-from .reading import not_regular
+from .registry import Format, indexed, register_format
 
 log = logging.getLogger("fastloader")
 
@@ -282,3 +283,6 @@ def _not_a_file(entry: os.DirEntry) -> str | None:
         return not_regular(entry.stat().st_mode)
     except OSError:
         return None  # a broken link, or gone: the readers name it
+
+
+register_format(Format("folder", indexed(index_split), keys=("folder", "file_list")))

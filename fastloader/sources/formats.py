@@ -1,48 +1,70 @@
-"""dataset.format -> the module that indexes a split of it: the one place a format is chosen (for a
-split, and for each of a split's `sources`)."""
+"""A split's source, and its index: the one place a split's samples are chosen from.
+
+A split reads one of: the source object a caller gives (`build_loader(..., source=obj)`), its own
+`source: package.module:factory`, its `sources` (several, joined), or dataset.format's registered
+format. Whichever it is, it is a Source (protocol.py); a source that gives `sample_index()` (the
+built-ins) hands over its index with its byte ranges, any other is indexed from its `samples()`
+and read through its `read()` (user_source.py).
+
+Importing this module registers the built-in formats (their modules register themselves).
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 from ..samples import SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
-from . import folder, multi, parquet, webdataset
-
-FORMATS: dict[str, Callable[[Config, SplitConfig], SampleIndex]] = {
-    "folder": folder.index_split,
-    "webdataset": webdataset.index_split,
-    "parquet": parquet.index_parquet,
-    "arrow": parquet.index_arrow,
-}
-"""The choices of dataset.format and what indexes each (schema.DatasetConfig.format lists them too)."""
+from . import folder, multi, parquet, webdataset  # noqa: F401  (each registers its formats)
+from .registry import FORMATS, Format, IndexedSource
+from .user_source import from_factory, index_of, named_source
 
 
-def build_index(config: Config, split: SplitConfig) -> SampleIndex:
-    """The split's samples, names, labels and where their bytes are, in the config's format; a split
-    of several sources, each in its own (sources/multi.py)."""
+def split_source(config: Config, split: SplitConfig, given: object | None = None) -> object:
+    """The split's source: `given` (checked against the protocol), its `source` factory's, its
+    `sources` joined, or its format's."""
+    if given is not None:
+        return named_source(given, "build_loader(source=...)")
+    if split.source is not None:
+        return from_factory(config, split)
     if split.sources is not None:
-        return multi.index_sources(config, split, index_source)
-    return FORMATS[config.dataset.format](config, split)
+        return IndexedSource(multi.index_sources(config, split, index_source))
+    return split_format(config).open(config, split)
+
+
+def build_index(config: Config, split: SplitConfig, given: object | None = None) -> SampleIndex:
+    """The split's samples, names, labels and where their bytes are (split_source's, indexed)."""
+    source = split_source(config, split, given)
+    sample_index = getattr(source, "sample_index", None)
+    if callable(sample_index):
+        return sample_index()
+    return index_of(source, config, split)
+
+
+def split_format(config: Config) -> Format:
+    """dataset.format's registered format (config_build checks the name when the config loads)."""
+    return FORMATS[config.dataset.format]
 
 
 def input_key(split: SplitConfig) -> str:
     """What to check where none of a split's samples can be read: the key that lists them (its sources,
-    files, shards or file list), or the folder that holds them."""
-    key = next((key for key in ("sources", "files", "shards", "file_list") if getattr(split, key) is not None), None)
+    its source, or the key of a registered format that it sets), or the folder that holds them."""
+    keys = ("sources", "source", *(key for fmt in FORMATS.values() for key in fmt.keys if key != "folder"))
+    key = next((key for key in keys if getattr(split, key, None) is not None), None)
     return f"{split.name}.{key}" if key else f"dataset.root and {split.name}.folder"
 
 
 def source_format(source: SourceConfig) -> str:
-    """A source's format, from the key that says where its samples are: shards are webdataset, files
-    parquet or arrow (its `format`, else arrow where every pattern ends in .arrow), a folder or a file
-    list folder (dataset.format is the split's, and a source says its own)."""
-    if source.files is not None:
+    """A source's format, from the registered formats whose keys it sets: shards are webdataset, a
+    folder or a file list folder; files are parquet or arrow (its `format`, else arrow where every
+    pattern ends in .arrow). dataset.format is the split's, and a source says its own."""
+    named = [fmt.name for fmt in FORMATS.values() if any(getattr(source, key, None) is not None for key in fmt.keys)]
+    if len(named) > 1:  # files: parquet or arrow
         return source.format or ("arrow" if all(name.endswith(".arrow") for name in source.files) else "parquet")
-    return "webdataset" if source.shards is not None else "folder"
+    return named[0] if named else "folder"
 
 
 def index_source(config: Config, split: SplitConfig, source: SourceConfig) -> SampleIndex:
-    """One source of a split (as a split of its own, multi.source_split), indexed by its format's module."""
+    """One source of a split (as a split of its own, multi.source_split), indexed by its format."""
     fmt = source_format(source)
-    return FORMATS[fmt](dataclasses.replace(config, dataset=dataclasses.replace(config.dataset, format=fmt)), split)
+    config = dataclasses.replace(config, dataset=dataclasses.replace(config.dataset, format=fmt))
+    return build_index(config, split)

@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..samples import ByteRanges, SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
 from ..words import plural
-from .remote import is_url
+from .urls import is_url
 
 log = logging.getLogger("fastloader")
 

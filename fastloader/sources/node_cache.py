@@ -57,7 +57,7 @@ from ..machine import human_bytes
 from ..paths import remote_cache_folder
 from ..words import plural
 from . import file_locks, remote
-from .reading import ContainerChanged, Identity, Location, NotRegularFile, not_regular, open_regular
+from .locations import ContainerChanged, Identity, Location, NotRegularFile, not_regular, open_regular
 
 log = logging.getLogger("fastloader")
 

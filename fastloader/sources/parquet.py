@@ -31,15 +31,15 @@ from ..bad_input import refuse
 from ..errors import BadImageError, ConfigError
 from ..paths import cache_home
 from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
-from ..schema import Config, SplitConfig
-from ..weights import draws_from
+from ..schema import Config, SplitConfig, draws_from
 from ..words import plural
 from . import remote
 from .arrow_file import scan_arrow
 from .hf_columns import classlabel, columns, image_leaf, label_values, null_byte_paths
+from .locations import Identity, open_regular, stat_stamp
 from .multi import files_format_key, order_split
 from .parquet_pages import parquet_ranges
-from .reading import Identity, open_regular, stat_stamp
+from .registry import Format, indexed, register_format
 from .row_groups import ROW_GROUP_CACHE
 from .table_scan import TableScan, Unreadable
 from .webdataset import Excluded, listed_files
@@ -397,3 +397,8 @@ class _StoredFile(io.RawIOBase):
         buffer[:len(data)] = data
         self.at += len(data)
         return len(data)
+
+
+register_format(Format("parquet", indexed(index_parquet), keys=("files",), containers=True, remote=True,
+                       needs_root=False))
+register_format(Format("arrow", indexed(index_arrow), keys=("files",), containers=True, needs_root=False))

@@ -25,169 +25,27 @@ from __future__ import annotations
 
 import collections
 import errno
-import hashlib
 import io
 import os
-import stat
 import threading
-from typing import BinaryIO, NamedTuple, Sequence
+from typing import BinaryIO, Sequence
 
-from .remote import is_url
-
-TAR_BLOCK = 512
-"""A tar header block: the one right before a member's data is that member's own header."""
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
-
-
-class Identity(NamedTuple):
-    """What says that a container file is still the one that was indexed: a file rewritten or
-    replaced changes at least one of these (a copy with `cp -p` keeps size and mtime, not the
-    content at the offsets: the member headers catch that)."""
-    inode: int
-    size: int
-    mtime_ns: int
-    etag: str = ""
-    """A shard in an object store: its ETag (inode 0), which the node cache checks what it fetches against."""
-    ctime_ns: int = 0
-    """A parquet or Arrow file's status-change time (0: not checked). A write changes it, and no one
-    can set it back as `cp -p` sets mtime: a row's bytes carry no header that would show the file
-    rewritten with the same layout (rows reordered), so each read compares it (reading._range)."""
-
-    @classmethod
-    def of(cls, info: os.stat_result, ctime: bool = False) -> "Identity":
-        return cls(info.st_ino, info.st_size, info.st_mtime_ns, "", info.st_ctime_ns if ctime else 0)
-
-    def matches(self, info: os.stat_result) -> bool:
-        """Whether a local file's status is this identity's (its ctime too, where it is kept)."""
-        return self == Identity.of(info, ctime=bool(self.ctime_ns))
-
-
-class Location(NamedTuple):
-    name: str
-    """What messages call the sample: a file's path, or `/dir/shard.tar:member`."""
-    file: str
-    """The file holding its bytes."""
-    start: int = 0
-    length: int = -1
-    """The byte count from `start`; -1: the whole file."""
-    header: int = 0
-    """A range's tar header digest as indexed (`header_digest` of the block before `start`); 0: not checked."""
-    identity: Identity | None = None
-    """The container's identity when it was indexed; None: not checked."""
-    row: int = -1
-    """A row of a parquet file whose image pages are compressed: its row in the file, read with its row
-    group (sources/row_groups.py; start and length: the row group's image column chunk); -1: a byte range."""
-    column: str = ""
-    """That row's image column (its parquet leaf path)."""
-
-    @property
-    def whole_file(self) -> bool:
-        return self.length < 0
-
-
-def stat_stamp(info: os.stat_result) -> tuple[int, int, int, int]:
-    """(inode, size, mtime_ns, ctime_ns): what says a file is unchanged since a result about it was
-    kept. ctime changes with every write and no tool sets it back (`cp -p`, `touch -d` restore the
-    mtime only); a chmod changes it too, which only costs a check again."""
-    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
-
-
-def path_stamp(path: str | bytes) -> tuple[int, int, int, int]:
-    """stat_stamp of a path (following links), zeros where it cannot be stat'ed."""
-    try:
-        return stat_stamp(os.stat(path))
-    except (OSError, ValueError):
-        return 0, 0, 0, 0
-
-
-def as_location(where: str | Location) -> Location:
-    """A plain path is the location of a whole file."""
-    return where if isinstance(where, Location) else Location(where, where)
-
-
-class TruncatedError(OSError):
-    """A byte range that runs past the end of its container: the shard was cut short after indexing."""
-
-
-class NotRegularFile(OSError):
-    """A FIFO, socket, device or folder where a file was expected: refused before a byte is read."""
-
-    def __str__(self) -> str:
-        return f"{self.filename}: {self.strerror}"
-
-
-class ContainerChanged(OSError):
-    """A container (tar shard) that is no longer the file its index was built from."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-def not_regular(mode: int) -> str | None:
-    """'not a regular file: a FIFO' (a socket, a device, a folder), or None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _KINDS if test(mode)), f"mode {stat.filemode(mode)}")
-    return f"not a regular file: {kind}"
-
-
-def open_regular(path: str) -> int:
-    """A read-only descriptor of `path`, or NotRegularFile: opened non-blocking (a FIFO's open
-    would wait for a writer for ever) and checked with fstat before anything is read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as error:
-        if error.errno == errno.ENXIO:  # a socket, or a FIFO on some systems: say what it is
-            reason = not_regular(os.stat(path).st_mode)
-            if reason:
-                raise NotRegularFile(errno.EINVAL, reason, path) from None
-        raise
-    try:
-        reason = not_regular(os.fstat(fd).st_mode)
-        if reason:
-            raise NotRegularFile(errno.EINVAL, reason, path)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def header_digest(block: bytes | bytearray | memoryview) -> int:
-    """A member's 512-byte tar header as a nonzero int64, kept in the index and compared at each read."""
-    digest = int.from_bytes(hashlib.blake2b(block, digest_size=8).digest(), "little", signed=True)
-    return digest or 1
-
-
-class ReadArena:
-    """Reused memory that a batch's reads land in, one after another, instead of a fresh zero-filled
-    bytearray each: no allocation, no memset and no new pages per sample. Chunks of CHUNK bytes are
-    filled in turn and kept; `reset()` starts again at the first, once the last batch's bytes are no
-    longer needed (the DALI feed: DALI copies what a call returns before it calls again). A read of
-    more than a quarter of a chunk gets memory of its own, so the arena stays near a batch's bytes."""
-
-    CHUNK = 8 << 20
-
-    def __init__(self) -> None:
-        self.chunks: list[bytearray] = []
-        self.chunk = 0
-        self.offset = 0
-
-    def reset(self) -> None:
-        self.chunk = self.offset = 0
-
-    def view(self, size: int) -> memoryview:
-        """A writable view of `size` bytes, valid until the next reset()."""
-        if size > self.CHUNK // 4:
-            return memoryview(bytearray(size))
-        if self.chunk < len(self.chunks) and self.offset + size > self.CHUNK:
-            self.chunk, self.offset = self.chunk + 1, 0
-        if self.chunk == len(self.chunks):
-            self.chunks.append(bytearray(self.CHUNK))
-        view = memoryview(self.chunks[self.chunk])[self.offset:self.offset + size]
-        self.offset += size
-        return view
+from . import node_cache
+from .locations import (
+    TAR_BLOCK,
+    ContainerChanged,
+    Identity,
+    Location,
+    ReadArena,
+    TruncatedError,
+    as_location,
+    header_digest,
+    open_regular,
+    table_changed,
+)
+from .row_groups import read_row
+from .source_reads import identity_stamp, source_bytes
+from .urls import is_url
 
 
 def read_bytes(where: str | Location, into: ReadArena | None = None) -> bytearray | memoryview:
@@ -197,8 +55,9 @@ def read_bytes(where: str | Location, into: ReadArena | None = None) -> bytearra
     where the store or the cache cannot serve it). `into`: a local file or shard member is read into
     that arena, and a view of it returned, valid until the arena's next reset."""
     location = as_location(where)
+    if location.source:  # a sample of a source: its read() gives it
+        return source_bytes(location, into)
     if location.row >= 0:  # a row of compressed parquet pages: decoded with its row group
-        from .row_groups import read_row
         return read_row(location)
     if is_url(location.file):
         return _from_node_cache(location)
@@ -211,9 +70,8 @@ def _from_node_cache(location: Location) -> bytearray:
     """A shard's bytes from its node-cache copy. The copy was fetched under the indexed ETag, so a
     member header that is not the one indexed means the local copy is damaged (a power cut after an
     unsynced write leaves zeros of the right size): it is removed and fetched again, once."""
-    from .node_cache import current
 
-    cache = current()
+    cache = node_cache.current()
     for attempt in range(2):
         with cache.opened(location) as fd:
             try:
@@ -243,13 +101,6 @@ def _whole(fd: int, close: bool = False, into: ReadArena | None = None) -> bytea
     finally:
         if close:
             os.close(fd)
-
-
-def table_changed(path: str) -> ContainerChanged:
-    """The refusal of a row of a parquet or Arrow file whose status moved since it was indexed."""
-    return ContainerChanged(errno.ESTALE, f"the file {path} changed since it was indexed (written to, its "
-                                          f"status-change time moved): its rows are refused until a new loader "
-                                          f"indexes it again", path)
 
 
 def _range(fd: int, location: Location, into: ReadArena | None = None) -> bytearray | memoryview:
@@ -284,10 +135,10 @@ def open_bytes(where: str | Location) -> BinaryIO:
 
 def byte_count(where: str | Location) -> int:
     location = as_location(where)
-    if not location.whole_file and location.row < 0:
-        return location.length
-    if location.row >= 0:
+    if location.source or location.row >= 0:
         return len(read_bytes(location))
+    if not location.whole_file:
+        return location.length
     return location.identity.size if is_url(location.file) and location.identity else \
         len(read_bytes(location)) if is_url(location.file) else os.stat(location.file).st_size
 
@@ -297,6 +148,8 @@ def size_and_mtime(where: str | Location) -> tuple[int, int]:
     says it is unchanged since a result about it was kept. A shard in an object store: as indexed
     (its ETag is checked where it is fetched). OSError where it cannot be stat'ed."""
     location = as_location(where)
+    if location.source:  # one stamp for the whole source: its identity
+        return 0, identity_stamp(location.source)
     if is_url(location.file):
         if location.identity is None:
             raise FileNotFoundError(errno.ENOENT, "not indexed", location.file)
@@ -327,8 +180,7 @@ def will_read(files: Sequence[str], identities: Sequence[Identity] | None, seque
     `reached(position)` and `cancel()`); None for local files, which need nothing."""
     if not len(files) or not is_url(files[0]):
         return None
-    from .node_cache import plan
-    return plan(files, identities, sequence, label)
+    return node_cache.plan(files, identities, sequence, label)
 
 
 def cache_limit(files: Sequence[str]) -> int | None:
@@ -336,15 +188,13 @@ def cache_limit(files: Sequence[str]) -> int | None:
     order's budget and the cost of a uniform order follow); None for local files, read in place."""
     if not len(files) or not is_url(files[0]):
         return None
-    from .node_cache import current
-    return current().limit
+    return node_cache.current().limit
 
 
 def fetch_counters():
     """What the node cache fetched and what readers waited for it, so far in this process
     (node_cache.Counters; zeros without shards in an object store)."""
-    from .node_cache import counters
-    return counters()
+    return node_cache.counters()
 
 
 class _OpenContainers:

@@ -30,11 +30,10 @@ from datetime import timedelta
 from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import ConfigError, StoreError
+from .urls import is_url
 
 log = logging.getLogger("fastloader")
 
-SCHEMES = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "azure://", "adl://", "https://", "http://")
-"""The URL schemes read from an object store; anything else is a local path."""
 PART_BYTES = 16 << 20
 """A whole object is downloaded in ranged requests of this many bytes: each its own timeout and retries."""
 LISTED_FROM = 4
@@ -51,11 +50,6 @@ _VARIABLES = {
     "https": ("nothing: an https:// URL is read without credentials (a presigned URL carries its own)", ""),
 }
 """Per kind of store: the variables that give credentials, and those that say where the store is."""
-
-
-def is_url(path: object) -> bool:
-    """Whether a shard path names an object in a store (`s3://bucket/key` ...) rather than a local file."""
-    return isinstance(path, str) and path.startswith(SCHEMES)
 
 
 def credentials_words(url: str) -> str:

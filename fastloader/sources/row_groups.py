@@ -10,7 +10,7 @@ import os
 import threading
 
 from . import remote
-from .reading import ContainerChanged, Location, open_regular, table_changed
+from .locations import ContainerChanged, Location, open_regular, table_changed
 
 ROW_GROUP_CACHE = 256 << 20
 """Bytes of decoded row groups (compressed image pages) each reading process keeps: a block of at most

@@ -19,7 +19,7 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .reading import TAR_BLOCK, Identity, NotRegularFile, header_digest, open_regular
+from .locations import TAR_BLOCK, Identity, NotRegularFile, header_digest, open_regular
 
 log = logging.getLogger("fastloader")
 

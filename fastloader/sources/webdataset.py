@@ -31,18 +31,19 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from ..bad_input import refuse
-from ..config import DEFAULT_SHARD_ROOT, read_class_names
 from ..errors import BadImageError, ConfigError
 from ..parallel import available_cores, map_chunks
 from ..paths import cache_home
 from ..progress import Progress
 from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
-from ..schema import Config, SplitConfig
+from ..schema import DEFAULT_ROOT_ORIGIN, Config, SplitConfig
 from ..units import parse_size
 from ..words import plural
 from . import node_cache, remote
+from .class_names import read_class_names
 from .exclude import read_exclude_list
-from .reading import open_regular, stat_stamp
+from .locations import open_regular, stat_stamp
+from .registry import Format, indexed, register_format
 from .tar_members import (
     INDEX_SUFFIX,
     ShardSample,
@@ -344,7 +345,7 @@ def _store_hint(url: str) -> str:
 
 def _relative_to(config: Config, noun: str) -> str:
     """What relative paths of shards (or files) were read against, for a message."""
-    if config.origin("dataset.root") == DEFAULT_SHARD_ROOT:
+    if config.origin("dataset.root") == DEFAULT_ROOT_ORIGIN:
         return f"relative {noun} paths are relative to the config file's folder, or to dataset.root when it is set"
     return (f"relative {noun} paths are relative to dataset.root ({config.dataset.root}, from "
             f"{config.origin('dataset.root')})")
@@ -536,3 +537,7 @@ def _write_cache(cache, scans: dict[str, ShardScan]) -> None:
     partial = cache.with_suffix(f".{os.getpid()}.tmp")
     partial.write_text(json.dumps({"version": INDEX_VERSION, "shards": shards}, separators=(",", ":")))
     os.replace(partial, cache)
+
+
+register_format(Format("webdataset", indexed(index_split), keys=("shards",), containers=True, remote=True,
+                       needs_root=False))

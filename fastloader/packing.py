@@ -29,15 +29,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..bad_input import refuse
-from ..errors import ConfigError
-from ..imaging.screen import screen_bytes
-from ..progress import Progress
-from ..samples import SampleIndex
-from ..schema import Config
-from .reading import Location, read_bytes
-from .tar_members import INDEX_SUFFIX, index_file_bytes
-from .webdataset import CLASSES_FILE
+from .bad_input import refuse
+from .errors import ConfigError
+from .imaging.screen import screen_bytes
+from .progress import Progress
+from .samples import SampleIndex
+from .schema import Config
+from .sources.locations import Location
+from .sources.reading import read_bytes
+from .sources.tar_members import INDEX_SUFFIX, index_file_bytes
+from .sources.webdataset import CLASSES_FILE
 
 MEMBER_EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "GIF": ".gif", "WEBP": ".webp", "BMP": ".bmp"}
 """The member suffix of each format, whatever the file's own suffix (`.JPEG`, `.jpeg` and a PNG named

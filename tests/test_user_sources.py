@@ -1,0 +1,297 @@
+"""A source of the user's own (docs/sources.md): a SQLite table of encoded images through
+`<split>.source`, a map-style Dataset through `fastloader.sources.from_dataset`, any object through
+`build_loader(source=...)`. The whole contract holds for them on both backends (DALI: its CPU
+flavour here): every sample once, sharding, resume and re-sharding, bad samples, the uint8 cache,
+the commands; and what a source does wrong is named.
+
+Each image is one solid colour of its own (conftest.write_numbered_dataset), stored as PNG, so
+`identities` reads back which sample every output image came from, whatever the crop.
+"""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import base_config, cpu_only_env, identities, write_numbered_dataset
+from PIL import Image
+
+from fastloader import build_loader
+from fastloader.errors import BadImageError, ConfigError
+from fastloader.sources import from_dataset
+from fastloader.sources.sqlite_table import write_table
+
+BACKENDS = ["torch", "dali"]
+SQLITE = "fastloader.sources.sqlite_table:SQLiteSource"
+
+
+def numbered_images(tmp_path: Path) -> tuple[Path, list[tuple[str, bytes, int]], list[str]]:
+    """The numbered dataset's train split as folders, and as (name, PNG bytes, label) rows."""
+    root = write_numbered_dataset(tmp_path / "folders", per_class=6, splits=("train",))
+    classes = sorted(path.name for path in (root / "train").iterdir())
+    rows = [(f"{folder.name}/{path.name}", path.read_bytes(), label)
+            for label, folder in enumerate(sorted((root / "train").iterdir())) for path in sorted(folder.iterdir())]
+    return root, rows, classes
+
+
+@pytest.fixture
+def table(tmp_path) -> tuple[Path, Path]:
+    root, rows, classes = numbered_images(tmp_path)
+    write_table(str(tmp_path / "train.sqlite"), rows, classes)
+    return root, tmp_path / "train.sqlite"
+
+
+def sqlite_config(db: Path, backend: str = "torch", **train) -> dict:
+    config = base_config(db.parent, backend=backend,
+                         train={"source": SQLITE, "source_args": {"path": str(db)}, **train})
+    del config["dataset"], config["val"]
+    return config
+
+
+def delivered(loader) -> tuple[list[tuple], list[int]]:
+    colours, labels = [], []
+    for images, batch_labels in loader:
+        colours += identities(images)
+        labels += batch_labels.tolist()
+    return colours, labels
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sqlite_table_reads_as_its_folder_does_every_sample_once_on_both_backends(table, backend):
+    folders, db = table
+    eval_split = {"mode": "eval", "batch_size": 5}
+    from_table = build_loader(sqlite_config(db, backend, **eval_split), "train")
+    from_folders = build_loader(base_config(folders, backend=backend, train=eval_split), "train")
+    assert from_table.classes == from_folders.classes and len(from_table) == len(from_folders) == 4
+    assert from_table.index.path(0) == f"{db}:a_red/n_00.png"  # messages name the source and the sample
+    colours, labels = delivered(from_table)
+    assert len(set(colours)) == 18 and sorted(zip(colours, labels)) == sorted(zip(*delivered(from_folders)))
+
+
+def test_both_backends_give_a_sources_train_batches_alike(table):
+    _, db = table
+    torch_run = delivered(build_loader(sqlite_config(db, "torch"), "train"))
+    dali_run = delivered(build_loader(sqlite_config(db, "dali"), "train"))
+    assert torch_run == dali_run and len(torch_run[0]) == 16  # 18 samples, whole batches of 4
+
+
+def test_a_resume_mid_epoch_on_2_ranks_then_3_reads_the_rest_of_the_uninterrupted_order(table):
+    _, db = table
+    config = sqlite_config(db, batch_size=2, drop_last=False)
+    ranked = lambda rank, world: {**config, "distributed": {"rank": rank, "world_size": world}}  # noqa: E731
+    for rank in range(2):
+        batches = iter(loader := build_loader(ranked(rank, 2), "train"))
+        next(batches), next(batches)
+        state = loader.state_dict()
+    rest = []
+    for rank in range(3):
+        loader = build_loader(ranked(rank, 3), "train")
+        loader.load_state_dict(state)
+        rest.append([colour for images, _ in loader for colour in identities(images)])
+    whole = build_loader({**config, "train": {**config["train"], "mode": "eval", "batch_size": 18}}, "train")
+    by_sample = delivered(whole)[0]
+    planned = [by_sample[i] for i in build_loader(config, "train").order.permutation(0).tolist()]
+    interleaved = [rest[r][k] for k in range(len(rest[0])) for r in range(3) if k < len(rest[r])]
+    # 2 ranks x 2 batches x 2 read before; the last step padded so that 3 ranks yield equal batches
+    assert interleaved[:10] == planned[8:] and len(interleaved) == 12 and set(interleaved[10:]) <= set(planned)
+
+
+def test_class_weights_draw_a_sources_classes_equally(tmp_path):
+    _, rows, classes = numbered_images(tmp_path)
+    rows = rows[:6] + rows[6:8] + rows[12:14]  # 6 red, 2 green, 2 blue
+    write_table(str(tmp_path / "t.sqlite"), rows, classes)
+    config = sqlite_config(tmp_path / "t.sqlite", class_weights="inverse", epoch_size=3000, batch_size=100)
+    labels = delivered(build_loader(config, "train"))[1]
+    assert len(labels) == 3000 and all(900 < labels.count(label) < 1100 for label in range(3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_row_that_is_no_image_is_skipped_by_name_and_counted(tmp_path, backend):
+    _, rows, classes = numbered_images(tmp_path)
+    rows[3] = (rows[3][0], b"not an image at all", rows[3][2])
+    write_table(str(tmp_path / "t.sqlite"), rows, classes)
+    config = sqlite_config(tmp_path / "t.sqlite", backend, mode="eval", batch_size=5)
+    with pytest.raises(BadImageError, match=r"t\.sqlite:a_red/n_03\.png'"):  # found where it is decoded
+        delivered(build_loader({**config, "dataset": {"on_bad_image": "raise"}}, "train"))
+    loader = build_loader(config, "train")  # on_bad_image: skip, the default
+    assert len(delivered(loader)[0]) == 17 and [path for path, _ in loader.bad_samples] == [
+        f"{tmp_path / 't.sqlite'}:a_red/n_03.png"]
+
+
+class Flaky:
+    """A source over rows that raises, or hangs, on one sample (read after the loader is built)."""
+
+    def __init__(self, rows, classes, bad: int, hang: bool = False):
+        self.rows, self.classes, self.bad, self.hang = rows, classes, bad, hang
+        self.name = "flaky"
+        self.armed = False
+
+    def samples(self):
+        return [name for name, _, _ in self.rows], [label for _, _, label in self.rows], self.classes
+
+    def read(self, item):
+        if self.armed and item == self.bad:
+            if self.hang:
+                threading.Event().wait()
+            raise ConnectionError("the blob service reset the connection")
+        return self.rows[item][1]
+
+    def identity(self):
+        return "flaky-1"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_source_that_raises_on_one_sample_is_named_or_skipped(tmp_path, backend):
+    _, rows, classes = numbered_images(tmp_path)
+    source = Flaky(rows, classes, bad=5)
+    config = base_config(tmp_path, backend=backend, train={"mode": "eval", "batch_size": 6})
+    loader = build_loader(config, "train", ["dataset.on_bad_image=raise"], source=source)
+    source.armed = True
+    with pytest.raises(BadImageError, match=r"flaky:a_red/n_05\.png.*read\(5\).*ConnectionError: the blob service"):
+        delivered(loader)
+    source.armed = False
+    skipping = build_loader(config, "train", source=source)
+    source.armed = True
+    assert len(delivered(skipping)[0]) == 17 and skipping.bad_samples[0][0] == "flaky:a_red/n_05.png"
+
+
+@pytest.mark.parametrize("backend, error", [("torch", RuntimeError), ("dali", TimeoutError)])
+def test_a_source_that_hangs_on_one_sample_stops_at_workers_timeout(tmp_path, backend, error):
+    _, rows, classes = numbered_images(tmp_path)
+    source = Flaky(rows, classes, bad=8, hang=True)
+    config = base_config(tmp_path, backend=backend, train={"mode": "eval", "batch_size": 6},
+                         workers={"num_workers": 1, "timeout": 1})
+    source.armed = True  # a source's samples are not read when its loader is built
+    loader = build_loader(config, "train", source=source)
+    with pytest.raises(error, match=r"workers\.timeout" + (r".*the feed has been reading flaky:b_green/n_02\.png"
+                                                             if backend == "dali" else "")):
+        delivered(loader)  # sample 8 is in the second batch
+
+
+def test_a_source_whose_length_changes_between_epochs_is_refused(table):
+    _, db = table
+    loader = build_loader(sqlite_config(db), "train")
+    delivered(loader)
+    import sqlite3
+    with sqlite3.connect(db) as connection:
+        connection.execute("DELETE FROM images WHERE name = 'a_red/n_00.png'")
+    connection.close()
+    with pytest.raises(RuntimeError, match=r"had 18 samples when the loader was built and has 17 now"):
+        delivered(loader)
+
+
+@pytest.mark.parametrize("case, message", [
+    (lambda db: {"source": "no_such_package.mod:make"}, r"train\.source: 'no_such_package\.mod:make': the module "
+                                                        r"'no_such_package\.mod' does not import"),
+    (lambda db: {"source": "fastloader.sources.sqlite_table:NoSuch"}, r"has no callable 'NoSuch'"),
+    (lambda db: {"source": SQLITE, "source_args": {"path": str(db), "colour": 1}},
+     r"train\.source_args: \['colour', 'path'\] do not fit .*SQLiteSource\(path: 'str', table: 'str' = 'images'.*"
+     r"unexpected keyword argument 'colour'"),
+    (lambda db: {"source": "builtins:dict"}, r"train\.source: builtins:dict: dict object is not a source: it lacks "
+                                             r"name \(a str\), samples\(\), read\(\), identity\(\)"),
+    (lambda db: {"source": "builtins:dict", "folder": "x"}, r"train\.folder: split 'train' reads its samples from "
+                                                            r"train\.source; remove train\.folder"),
+    (lambda db: {"source": "not a path"}, r"train\.source: must be 'package\.module:factory'"),
+    (lambda db: {"folder": "train", "source_args": {"x": 1}}, r"train\.source_args: are the arguments of "
+                                                              r"train\.source's factory"),
+])
+def test_a_source_that_cannot_be_made_is_named_with_the_fix(table, case, message):
+    _, db = table
+    config = base_config(db.parent, train=case(db))
+    del config["val"]
+    with pytest.raises(ConfigError, match=message):
+        build_loader(config, "train")
+
+
+def test_an_object_that_is_no_source_and_labels_out_of_range_are_named(tmp_path):
+    config = base_config(tmp_path, train={"mode": "eval"})
+    with pytest.raises(ConfigError, match=r"build_loader\(source=\.\.\.\): object object is not a source: it lacks "
+                                          r"name \(a str\), samples\(\), read\(\), identity\(\)"):
+        build_loader(config, "train", source=object())
+    _, rows, classes = numbered_images(tmp_path)
+    rows[4] = (rows[4][0], rows[4][1], 3)
+    with pytest.raises(ConfigError, match=r"source 'flaky' \(train\): sample 4 \('a_red/n_04\.png'\): label 3 out "
+                                          r"of range"):
+        build_loader(config, "train", source=Flaky(rows, classes, bad=-1))
+    rows[4] = rows[5]
+    with pytest.raises(ConfigError, match=r"'a_red/n_05\.png' names two samples"):
+        build_loader(config, "train", source=Flaky(rows, classes, bad=-1))
+
+
+class Items(torch.utils.data.Dataset):
+    """A map-style Dataset of (image, label), the image as `kind` gives it."""
+
+    def __init__(self, rows, folder: Path, kind: str, targets: bool):
+        self.rows, self.folder, self.kind = rows, folder, kind
+        self.classes = ["a_red", "b_green", "c_blue"]
+        if targets:
+            self.targets = [label for _, _, label in rows]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, item):
+        name, data, label = self.rows[item]
+        if self.kind == "bytes":
+            return data, label
+        if self.kind == "path":
+            return str(self.folder / name), label
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        if self.kind == "pil":
+            return image, label
+        if self.kind == "array":
+            return np.asarray(image), label
+        return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1), label  # CHW tensor
+
+
+@pytest.mark.parametrize("kind, backend, targets", [
+    ("bytes", "torch", True), ("path", "torch", False), ("pil", "torch", True), ("array", "torch", False),
+    ("tensor", "torch", True), ("bytes", "dali", True), ("array", "dali", True)])
+def test_a_datasets_items_of_each_kind_give_its_folders_pixels(tmp_path, kind, backend, targets):
+    folders, rows, _ = numbered_images(tmp_path)
+    split = {"mode": "eval", "batch_size": 18}
+    config = base_config(tmp_path, backend=backend, train=split)
+    loader = build_loader(config, "train", source=from_dataset(Items(rows, folders / "train", kind, targets)))
+    images, labels = next(iter(loader))
+    expected, expected_labels = next(iter(build_loader(base_config(folders, backend=backend, train=split), "train")))
+    assert torch.equal(images, expected) and labels.tolist() == expected_labels.tolist()
+    assert loader.classes == ("a_red", "b_green", "c_blue") and loader.index.path(7) == f"{loader.index.root}:07"
+
+
+def test_a_dataset_that_reorders_its_items_is_refused_not_mislabelled(tmp_path):
+    folders, rows, _ = numbered_images(tmp_path)
+    dataset = Items(rows, folders / "train", "bytes", targets=True)
+    config = base_config(tmp_path, train={"mode": "eval", "batch_size": 18})
+    loader = build_loader(config, "train", source=from_dataset(dataset))
+    dataset.rows = rows[::-1]
+    colours, labels = delivered(loader)
+    assert labels == [1] * 6 and len(loader.bad_samples) == 12  # the green ones kept their places; no mislabel
+    assert "item 0's label is 2 now and was 0 when the loader was built" in loader.bad_samples[0][1]
+
+
+def test_the_commands_and_the_uint8_cache_read_a_source(table, tmp_path):
+    folders, db = table
+    config = sqlite_config(db, mode="eval", batch_size=6)
+    path = tmp_path / "sqlite.yaml"
+    path.write_text(json.dumps({**config, "dataset": {"cache": str(tmp_path / "cache")}}))
+    env = cpu_only_env(tmp_path / "home")
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-m", "fastloader.cli", *args], capture_output=True, text=True,
+                              env=env, timeout=240)
+        assert done.returncode == 0, done.stderr
+        return done.stdout + done.stderr
+
+    assert "18 images" in run("check", str(path))
+    assert "split train: 18 images," in run("cache", str(path), "--split", "train", "--short-side", "40")
+    run("pack", str(path), "--split", "train", "--out", str(tmp_path / "shards"))
+    assert len(list((tmp_path / "shards").glob("*.tar"))) >= 1
+    cached = build_loader({**config, "dataset": {"cache": str(tmp_path / "cache")}}, "train")
+    assert cached.pixels_from == f"the cache {tmp_path / 'cache' / 'train'}"
+    assert sorted(delivered(cached)[0]) == sorted(delivered(build_loader(config, "train"))[0])
