@@ -4,12 +4,13 @@ Dataset through `fastloader.sources.from_dataset`, its items the files' bytes (`
 decoded PIL images (`dataset PIL`, what a torchvision-style Dataset gives: no region decode, no
 nvJPEG), both backends, in one run.
 
-Per (backend, split, source), fresh loaders in interleaved rounds: images/s over an epoch and the
-training thread's CPU time per sample inside next() (time.thread_time(), as benchmarks/shards.py
-measures it), then each source's ratio to the folder's. The issue's bar: a SQLite table at >= 0.9x
-the folder's images/s on the torch backend.
+Per (backend, split, source), fresh loaders in interleaved rounds, each warmed by one untimed epoch
+(its workers started, the page cache and the source's connections warm) and then timed over
+--epochs epochs: images/s and the training thread's CPU time per sample inside next()
+(time.thread_time(), as benchmarks/shards.py measures it), then each source's ratio to the
+folder's. The issue's bar: a SQLite table at >= 0.9x the folder's images/s on the torch backend.
 
-    python benchmarks/sources.py --data ../shared/data/realphotos [--rounds 3]
+    python benchmarks/sources.py --data ../shared/data/realphotos [--rounds 3] [--epochs 3]
 """
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import harness
 import shards as shard_benchmark
 from PIL import Image
 
+import fastloader
 from fastloader.parallel import available_cores
 from fastloader.sources import from_dataset
 from fastloader.sources.folder import scan_folder
@@ -55,10 +58,33 @@ def split_files(data: Path, split: str) -> tuple[list[str], list[int], list[str]
     return [index.path(i) for i in range(len(index))], index.labels.tolist(), list(index.classes)
 
 
+def warm_epochs(config: dict, split: str, source: object | None, epochs: int) -> dict:
+    """A fresh loader: one epoch untimed, then `epochs` timed (images/s, thread us per sample)."""
+    loader = fastloader.build_loader(config, split, source=source)
+    for _ in loader:
+        pass
+    cpu, samples = 0.0, 0
+    started = time.perf_counter()
+    for _ in range(epochs):
+        iterator = iter(loader)
+        while True:
+            before = time.thread_time()
+            batch = next(iterator, None)
+            cpu += time.thread_time() - before
+            if batch is None:
+                break
+            samples += len(batch[1])
+    elapsed = time.perf_counter() - started
+    loader.close()
+    return {"images_per_s": samples / elapsed, "thread_us_per_sample": cpu / samples * 1e6,
+            "samples": samples // epochs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_data_argument(parser)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs of each loader, after one untimed")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, help="output size (default: the config's)")
     parser.add_argument("--split", choices=("train", "val", "both"), default="both")
@@ -87,7 +113,7 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for source in SOURCES:  # interleaved: the machine's drift falls on all
                         config, make = runs[source]
-                        rows[source].append(shard_benchmark.one_epoch(config, split, make() if make else None))
+                        rows[source].append(warm_epochs(config, split, make() if make else None, args.epochs))
                 results[f"{backend} {split}"] = rows
                 show(backend, split, rows)
     if args.json:

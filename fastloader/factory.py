@@ -22,7 +22,8 @@ from .prepared import PreparedSplit, worker_count
 from .schema import Config, SplitConfig
 from .screening import screen_index
 from .sources.formats import build_index
-from .sources.reading import cache_limit
+from .sources.stores import StoreSettings
+from .sources.urls import is_url
 from .weights import check_epoch_size, read_weights_file, weighted_draws
 
 log = logging.getLogger("fastloader")
@@ -137,8 +138,10 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
     check_budget(config, split)  # a `shuffle: block` without a budget, an epoch too small for the ranks, or a bad
     check_epoch_size(config, split, ranks)  # weights file fails at once, before the split is indexed
     table = read_weights_file(config, split)
-    index = build_index(config, split, source)
-    limit = cache_limit(index.ranges.files) if index.ranges is not None else None  # shards in an object store
+    store = StoreSettings.of(config)  # dataset.remote, once: opened where the split names a store
+    index = build_index(config, split, source, store)
+    stored = index.ranges is not None and len(index.ranges.files) and is_url(index.ranges.files[0])
+    limit = store.open().limit if stored else None  # the node cache's, for the block budget and the costs
     budget = block_budget(config, split, limit)
     cost = uniform_cost(config, split, index, limit)
     if cost:

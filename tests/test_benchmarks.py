@@ -63,7 +63,7 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
                 "--file-samples", "2000"],
     "feed": ["feed.py", "--rounds", "1", "--batch", "4", "--seconds", "0.2"],
-    "sources": ["sources.py", "--rounds", "1", "--batch-size", "4", "--size", "32", "--split", "val"],
+    "sources": ["sources.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32", "--split", "val"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
                "--rounds", "1", "--batch-size", "4", "--size", "32", "--workers", "1", "--latency-ms", "5"],
 }

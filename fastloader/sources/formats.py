@@ -16,6 +16,7 @@ from ..samples import SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
 from . import folder, multi, parquet, webdataset  # noqa: F401  (each registers its formats)
 from .registry import FORMATS, Format, IndexedSource
+from .stores import StoreSettings, reads_a_store
 from .user_source import from_factory, index_of, named_source
 
 
@@ -31,8 +32,13 @@ def split_source(config: Config, split: SplitConfig, given: object | None = None
     return split_format(config).open(config, split)
 
 
-def build_index(config: Config, split: SplitConfig, given: object | None = None) -> SampleIndex:
-    """The split's samples, names, labels and where their bytes are (split_source's, indexed)."""
+def build_index(config: Config, split: SplitConfig, given: object | None = None,
+                store: StoreSettings | None = None) -> SampleIndex:
+    """The split's samples, names, labels and where their bytes are (split_source's, indexed). A
+    split that names objects in a store opens it first, with `store` (the factory's) or the config's
+    dataset.remote."""
+    if given is None and reads_a_store(config, split):
+        (store or StoreSettings.of(config)).open()
     source = split_source(config, split, given)
     sample_index = getattr(source, "sample_index", None)
     if callable(sample_index):

@@ -227,16 +227,17 @@ class NodeCache:
 
     # -- fetching --------------------------------------------------------------------------------
 
-    def ensure(self, info: remote.ObjectInfo, reader: bool) -> None:
+    def ensure(self, info: remote.ObjectInfo, reader: bool, wanted: Callable[[], bool] | None = None) -> None:
         """Make the shard's complete copy exist here, fetching it unless another thread or process of
-        the node is (then wait for it). `reader`: a reader waits for it, which counts as network wait."""
+        the node is (then wait for it). `reader`: a reader waits for it, which counts as network wait.
+        `wanted`: asked right before a fetch starts (a plan's: not once it is cancelled)."""
         started = time.monotonic()
         entry = self.entry(info)
         try:
             if _complete(entry):
                 return
             with self._locked(self._slot(entry), f"the fetch lock of {info.url}", self._download_moved(entry)):
-                if not _complete(entry):
+                if not _complete(entry) and (wanted is None or wanted()):
                     self._fetch(info, entry)
         finally:
             if reader:
@@ -632,8 +633,8 @@ class Plan:
             container = self._take()
             if container is None:
                 return
-            try:
-                self.cache.ensure(self.infos[container], reader=False)
+            try:  # not once cancelled, though taken before (a thread may run late): a closed loader fetches nothing
+                self.cache.ensure(self.infos[container], reader=False, wanted=lambda: not self.cancelled)
             except Exception as error:  # noqa: BLE001 - the reader that needs it meets it, named
                 self.failures.append(str(error))
                 log.debug("fetching %s ahead failed: %s", self.infos[container].url, error)

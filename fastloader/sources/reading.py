@@ -183,14 +183,6 @@ def will_read(files: Sequence[str], identities: Sequence[Identity] | None, seque
     return node_cache.plan(files, identities, sequence, label)
 
 
-def cache_limit(files: Sequence[str]) -> int | None:
-    """The node cache's limit in bytes where these containers are in an object store (what a block
-    order's budget and the cost of a uniform order follow); None for local files, read in place."""
-    if not len(files) or not is_url(files[0]):
-        return None
-    return node_cache.current().limit
-
-
 def fetch_counters():
     """What the node cache fetched and what readers waited for it, so far in this process
     (node_cache.Counters; zeros without shards in an object store)."""

@@ -37,9 +37,8 @@ from ..paths import cache_home
 from ..progress import Progress
 from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import DEFAULT_ROOT_ORIGIN, Config, SplitConfig
-from ..units import parse_size
 from ..words import plural
-from . import node_cache, remote
+from . import remote
 from .class_names import read_class_names
 from .exclude import read_exclude_list
 from .locations import open_regular, stat_stamp
@@ -268,12 +267,10 @@ class Listed(NamedTuple):
 
 def listed_files(config: Config, patterns: Sequence[str], key: str, noun: str) -> Listed:
     """A split's container files (tar shards, parquet files) as its key names them: looked up (in a
-    store through remote.py, its client configured first), those in dataset.exclude left out (never
-    read). A ConfigError names the key where none is found, or every one is excluded."""
+    store through remote.py, opened by formats.build_index with the config's settings), those in
+    dataset.exclude left out (never read). A ConfigError names the key where none is found, or every one is excluded."""
     source = config.origin(key)
     stored = any(remote.is_url(pattern) for pattern in patterns)
-    if stored:
-        configure_remote(config)
     objects: dict[str, remote.ObjectInfo] = {}
     found, missing = shard_paths(patterns, key, source, objects)
     if not found:
@@ -328,14 +325,6 @@ def _read_remote_class_names(url: str) -> tuple[str, ...]:
         copy.write(remote.read_object(url))
         copy.flush()
         return read_class_names(copy.name)
-
-
-def configure_remote(config: Config) -> None:
-    """dataset.remote for this process: the client's settings and the node cache (repaired if a run was killed)."""
-    settings = config.dataset.remote
-    remote.configure(remote.Settings(settings.options, settings.timeout, settings.retries, settings.retry_timeout))
-    limit = parse_size(settings.cache_limit, "dataset.remote.cache_limit") if settings.cache_limit else None
-    node_cache.configure(settings.cache_dir, limit, settings.concurrency)
 
 
 def _store_hint(url: str) -> str:
