@@ -39,10 +39,26 @@ from fastloader.schema import IMAGE_EXTENSIONS
 from fastloader.sources.folder import scan_folder
 
 SOURCES = ("folder", "shards")
+MARKER = "/fastloader-count-opens-marker/"
+"""A path that never exists: the counting process tries to open MARKER + case before each case, so
+that the trace's lines between two markers are that case's opens."""
 COUNT_OPENS = r"""
-import json, sys, fastloader
-loader = fastloader.build_loader(json.loads(sys.argv[1]), sys.argv[2])
-print(sum(len(labels) for _, labels in loader))
+import json, os, sys, fastloader
+try:
+    import dali_loader.loader  # noqa: F401  imported once here, not again in each forked case
+except ImportError:
+    pass
+for case, config, split in json.loads(sys.argv[1]):
+    try:
+        os.open(sys.argv[2] + case, os.O_RDONLY)
+    except OSError:
+        pass
+    child = os.fork()
+    if child == 0:  # a fresh loader in a fresh process: nothing opened before it
+        with fastloader.build_loader(config, split) as loader:
+            sum(len(labels) for _, labels in loader)
+        os._exit(0)
+    os.waitpid(child, 0)
 """
 
 
@@ -77,20 +93,20 @@ def config_for(source: str, backend: str, data: Path, shards: dict[str, list[str
 def one_epoch(config: dict, split: str, source: object | None = None) -> dict:
     """One epoch of a fresh loader (of `source`, where given): images/s and the training thread's CPU
     time per sample inside next()."""
-    loader = fastloader.build_loader(config, split, source=source)
-    iterator = iter(loader)
-    cpu = 0.0
-    samples = 0
-    started = time.perf_counter()
-    while True:
-        before = time.thread_time()
-        try:
-            _, labels = next(iterator)
-        except StopIteration:
-            break
-        cpu += time.thread_time() - before
-        samples += len(labels)
-    elapsed = time.perf_counter() - started
+    with fastloader.build_loader(config, split, source=source) as loader:  # closed: its workers stop now
+        iterator = iter(loader)
+        cpu = 0.0
+        samples = 0
+        started = time.perf_counter()
+        while True:
+            before = time.thread_time()
+            try:
+                _, labels = next(iterator)
+            except StopIteration:
+                break
+            cpu += time.thread_time() - before
+            samples += len(labels)
+        elapsed = time.perf_counter() - started
     return {"images_per_s": samples / elapsed, "thread_us_per_sample": cpu / samples * 1e6, "samples": samples}
 
 
@@ -123,16 +139,27 @@ def worker_path(data: Path, split: str, shards: list[str], rounds: int, size: in
     return {source: statistics.median(values) for source, values in times.items()}
 
 
-def count_opens(config: dict, split: str, roots: list[str]) -> int | None:
+def count_opens(cases: dict[str, tuple[dict, str]], roots: list[str]) -> dict[str, int | None]:
+    """Case -> the files under `roots` that a fresh loader of (config, split) opens in one epoch, each
+    case in a process of its own forked from one traced process (which imports torch and DALI once);
+    None where strace is absent."""
     if not shutil.which("strace"):
-        return None
+        return dict.fromkeys(cases)
     with tempfile.TemporaryDirectory() as folder:
         log = os.path.join(folder, "trace")
+        listed = json.dumps([[case, config, split] for case, (config, split) in cases.items()])
         subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=open,openat", "-o", log, sys.executable,
-                        "-c", COUNT_OPENS, json.dumps(config), split], check=True, capture_output=True, timeout=600)
-        opened = [line for line in open(log) if any(f'"{root}' in line for root in roots) and "= -1" not in line
-                  and "O_DIRECTORY" not in line]
-    return len(opened)
+                        "-c", COUNT_OPENS, listed, MARKER], check=True, capture_output=True, timeout=600)
+        counts: dict[str, int | None] = {}
+        case = None
+        for line in open(log):
+            if f'"{MARKER}' in line:
+                case = line.split(f'"{MARKER}', 1)[1].split('"', 1)[0]
+                counts[case] = 0
+            elif case is not None and any(f'"{root}' in line for root in roots) and "= -1" not in line \
+                    and "O_DIRECTORY" not in line:
+                counts[case] += 1
+    return counts
 
 
 def index_at_scale(members: int, folder: Path) -> dict:
@@ -192,16 +219,18 @@ def main() -> None:
                   for split in ("train", "val")}
         print(f"data: {data}; shards: {sum(map(len, shards.values()))} of {args.per_shard} samples; "
               f"{available_cores()} cores; batch {args.batch_size}; {args.rounds} rounds, fresh loaders", flush=True)
+        configs = {(backend, source): config_for(source, backend, data, shards, args.batch_size, args.size)
+                   for backend in backends for source in SOURCES}
+        counted = count_opens({f"{backend}-{split}-{source}": (configs[backend, source], split)
+                               for split in ("train", "val") for backend in backends for source in SOURCES},
+                              [str(data), str(work / "shards")])
         for split in ("train", "val"):
             for backend in backends:
-                configs = {source: config_for(source, backend, data, shards, args.batch_size, args.size)
-                           for source in SOURCES}
                 rows = {source: [] for source in SOURCES}
                 for _ in range(args.rounds):
                     for source in SOURCES:  # interleaved: the machine's drift falls on both
-                        rows[source].append(one_epoch(configs[source], split))
-                opens = {source: count_opens(configs[source], split, [str(data), str(work / "shards")])
-                         for source in SOURCES}
+                        rows[source].append(one_epoch(configs[backend, source], split))
+                opens = {source: counted.get(f"{backend}-{split}-{source}") for source in SOURCES}
                 results[f"{backend} {split}"] = {"rounds": rows, "opens": opens,
                                                  "shards": len(shards[split]), "samples": rows["folder"][0]["samples"]}
                 show(backend, split, rows, opens, len(shards[split]))

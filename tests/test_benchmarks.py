@@ -78,12 +78,12 @@ LANE = textwrap.dedent("""
     # Runs each case [name, script, arguments] to its exit, as `python benchmarks/<script> arguments`
     # would, each in the environment this process started with; writes each case's exit status and
     # output to <results>/<name>.json as soon as it ends.
-    import contextlib, io, json, os, runpy, sys, traceback
+    import contextlib, io, json, os, runpy, sys, time, traceback
     benchmarks, cases, results = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     sys.path.insert(0, benchmarks)
     environment = dict(os.environ)
     for name, script, argv in cases:
-        sys.argv, out, err, status = [script, *argv], io.StringIO(), io.StringIO(), 0
+        sys.argv, out, err, status, started = [script, *argv], io.StringIO(), io.StringIO(), 0, time.perf_counter()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 runpy.run_path(f"{benchmarks}/{script}", run_name="__main__")
@@ -97,7 +97,8 @@ LANE = textwrap.dedent("""
         os.environ.clear()
         os.environ.update(environment)
         with open(f"{results}/{name}.json", "w") as handle:
-            json.dump({"status": status, "out": out.getvalue(), "err": err.getvalue()}, handle)
+            json.dump({"status": status, "out": out.getvalue(), "err": err.getvalue(),
+                       "seconds": time.perf_counter() - started}, handle)
 """)
 
 
