@@ -248,7 +248,7 @@ class ConfigBuilder:
                 except ConfigError as error:
                     if _structure_fits(value, option):  # a list of sources, a mapping: what is wrong inside it
                         raise
-                    refusals.append(error)
+                    refusals.append(error.with_traceback(None))  # its traceback holds this frame: a cycle
             not_finite = [error for error in refusals if "expected a finite number" in str(error)]
             if not_finite:  # the type fits, the value does not: say so rather than "expected a number"
                 raise not_finite[0]

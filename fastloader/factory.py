@@ -6,10 +6,12 @@ so that `import fastloader` never imports DALI, and the backends stay out of fas
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
 import re
+import sys
 
 import torch
 
@@ -118,14 +120,25 @@ def create_loader(config: Config, split_name: str, source: object | None = None)
     log.log(logging.WARNING if surprising else logging.INFO, "backend %s for split '%s': %s", backend, split_name,
             reason)
     prepared = prepare_split(config, split, backend, ranks, source)
-    module, name = BACKENDS[backend]
-    loader_class = getattr(importlib.import_module(module), name)
-    loader = loader_class(config, split, prepared, ranks, device)
+    loader = backend_class(backend)(config, split, prepared, ranks, device)
     cost = read_ahead_cost(config, split, prepared.index, prepared.blocks,
                            loader.prefetch_depth * loader.batch_size * ranks.world_size)
     if cost:
         log.warning(cost)
     return loader
+
+
+def backend_class(backend: str) -> type[Loader]:
+    """The backend's Loader class, its module imported on first use. A first import leaves cyclic
+    garbage (frames of torch's and DALI's modules) whose frames hold this call's callers, and so the
+    loader they build: collected here, at once, rather than by a later collection, which would then
+    stop the loader's workers (torch: two 5-s joins) in the middle of whatever the program does."""
+    module, name = BACKENDS[backend]
+    first = module not in sys.modules
+    loader_class = getattr(importlib.import_module(module), name)
+    if first:
+        gc.collect()
+    return loader_class
 
 
 def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo,
