@@ -108,6 +108,27 @@ def identities(images: torch.Tensor, mean=(0.485, 0.456, 0.406), std=(0.229, 0.2
     return [tuple(int(v) for v in row) for row in torch.round(rgb * 255).to(torch.int64).tolist()]
 
 
+def resumed_on_three_ranks(config: dict, batches_before: int = 2) -> list[tuple]:
+    """An epoch of the config's train split begun on 2 ranks (each `batches_before` batches, then
+    its state saved) and resumed on 3: the colour of each image the 3 ranks deliver, in the global
+    order (a step's rank 0, rank 1, rank 2, then the next step's)."""
+    from fastloader import build_loader
+
+    def ranked(rank: int, world: int) -> dict:
+        return {**config, "distributed": {"rank": rank, "world_size": world}}
+    for rank in range(2):
+        batches = iter(loader := build_loader(ranked(rank, 2), "train"))
+        for _ in range(batches_before):
+            next(batches)
+        state = loader.state_dict()
+    rest = []
+    for rank in range(3):
+        loader = build_loader(ranked(rank, 3), "train")
+        loader.load_state_dict(state)
+        rest.append([colour for images, _ in loader for colour in identities(images)])
+    return [rest[r][k] for k in range(len(rest[0])) for r in range(3) if k < len(rest[r])]
+
+
 def crop_extent(image: torch.Tensor, size=(200, 150), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
     """(area fraction, aspect w / h, flipped) of the source box a gradient image's crop came from."""
     width, height = size

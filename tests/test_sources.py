@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import base_config, identities, write_numbered_dataset
+from conftest import base_config, identities, resumed_on_three_ranks, write_numbered_dataset
 from shardfiles import pack_folder_split, png_bytes
 from tablefiles import split_as_arrow, split_as_parquet, table, write_parquet
 from test_weights import BACKENDS, within_binomial
@@ -158,22 +158,10 @@ def test_a_resume_mid_epoch_on_2_ranks_then_3_over_shard_sources(tmp_path):
     train, val = shard_sources(tmp_path)
     config = sources_config(tmp_path, {"shards": train, "weight": 1}, {"shards": val, "weight": 2}, epoch_size=48)
     config["dataset"] = {"format": "webdataset"}
-    ranked = lambda r, w: {**config, "distributed": {"rank": r, "world_size": w}}  # noqa: E731
-    state = None
-    for rank in range(2):
-        loader = build_loader(ranked(rank, 2), "train")
-        batches = iter(loader)
-        next(batches), next(batches)
-        state = loader.state_dict()
-    rest = []
-    for rank in range(3):
-        loader = build_loader(ranked(rank, 3), "train")
-        loader.load_state_dict(state)
-        rest.append([c for images, _ in loader for c in identities(images)])
+    interleaved = resumed_on_three_ranks(config)
     whole = build_loader(config, "train")
     by_sample = colours_in_index_order(config)
     planned = [by_sample[i] for i in whole.order.permutation(0).tolist()]
-    interleaved = [rest[r][k] for k in range(len(rest[0])) for r in range(3)]
     assert interleaved == planned[16:16 + len(interleaved)] and len(interleaved) == 24  # 32 left: 2 batches of 12
 
 

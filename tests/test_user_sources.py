@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import base_config, cpu_only_env, identities, write_numbered_dataset
+from conftest import base_config, cpu_only_env, resumed_on_three_ranks, write_numbered_dataset
 from PIL import Image
+from test_sources import delivered
 
 from fastloader import build_loader
 from fastloader.errors import BadImageError, ConfigError
@@ -54,14 +55,6 @@ def sqlite_config(db: Path, backend: str = "torch", **train) -> dict:
     return config
 
 
-def delivered(loader) -> tuple[list[tuple], list[int]]:
-    colours, labels = [], []
-    for images, batch_labels in loader:
-        colours += identities(images)
-        labels += batch_labels.tolist()
-    return colours, labels
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_sqlite_table_reads_as_its_folder_does_every_sample_once_on_both_backends(table, backend):
     folders, db = table
@@ -84,20 +77,10 @@ def test_both_backends_give_a_sources_train_batches_alike(table):
 def test_a_resume_mid_epoch_on_2_ranks_then_3_reads_the_rest_of_the_uninterrupted_order(table):
     _, db = table
     config = sqlite_config(db, batch_size=2, drop_last=False)
-    ranked = lambda rank, world: {**config, "distributed": {"rank": rank, "world_size": world}}  # noqa: E731
-    for rank in range(2):
-        batches = iter(loader := build_loader(ranked(rank, 2), "train"))
-        next(batches), next(batches)
-        state = loader.state_dict()
-    rest = []
-    for rank in range(3):
-        loader = build_loader(ranked(rank, 3), "train")
-        loader.load_state_dict(state)
-        rest.append([colour for images, _ in loader for colour in identities(images)])
+    interleaved = resumed_on_three_ranks(config)
     whole = build_loader({**config, "train": {**config["train"], "mode": "eval", "batch_size": 18}}, "train")
     by_sample = delivered(whole)[0]
     planned = [by_sample[i] for i in build_loader(config, "train").order.permutation(0).tolist()]
-    interleaved = [rest[r][k] for k in range(len(rest[0])) for r in range(3) if k < len(rest[r])]
     # 2 ranks x 2 batches x 2 read before; the last step padded so that 3 ranks yield equal batches
     assert interleaved[:10] == planned[8:] and len(interleaved) == 12 and set(interleaved[10:]) <= set(planned)
 
