@@ -26,6 +26,7 @@ from .prepared import PreparedSplit
 from .resolution import Resolution
 from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
 from .sources import reading
+from .sources.protocol import forget_source
 from .sources.user_source import check_length
 from .stats import LOG_LEVELS, LoaderStats
 from .weights import class_shares
@@ -406,6 +407,7 @@ class Loader(abc.ABC):
             if self._plan is not None:
                 self._plan.cancel()
             self._close()
+            forget_source(self.index.reader)
 
     def _closed_error(self) -> RuntimeError:
         return RuntimeError(f"this {self.backend} loader for split '{self.split.name}' is closed; "
@@ -426,6 +428,7 @@ class Loader(abc.ABC):
         self._closed = True
         try:
             self._drop()
+            forget_source(self.index.reader)
         except Exception:
             pass
 

@@ -157,6 +157,24 @@ def test_a_source_that_hangs_on_one_sample_stops_at_workers_timeout(tmp_path, ba
         delivered(loader)  # sample 8 is in the second batch
 
 
+def test_a_closed_or_dropped_loader_lets_go_of_its_source(table):
+    """The table of opened sources keeps a source only while a loader reads it: a long process
+    that builds loader after loader does not keep every source it ever read."""
+    import weakref
+
+    from fastloader.sources.protocol import SourceReadError, opened
+    _, db = table
+    with build_loader(sqlite_config(db), "train") as loader:
+        token = loader.index.reader
+        assert opened(token).name == str(db)
+    with pytest.raises(SourceReadError, match="is not open in this process"):
+        opened(token)
+    loader = build_loader(sqlite_config(db), "train")
+    source = weakref.ref(opened(loader.index.reader))
+    del loader
+    assert source() is None
+
+
 def test_a_source_whose_length_changes_between_epochs_is_refused(table):
     _, db = table
     loader = build_loader(sqlite_config(db), "train")

@@ -22,7 +22,6 @@ and may give:
                                 The built-in formats give this (IndexedSource).
     __len__() -> int            its length now: checked at every epoch, so that a source that grew
                                 or shrank under a running loader is named, not misread
-    close()                     called when the loader that opened it is dropped
 
 Everything past `samples()` reads through `read` (reading.read_bytes dispatches on the Location,
 whose `source` names an opened source): screening, both backends, the uint8 cache, `check`,
@@ -37,7 +36,7 @@ from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 REQUIRED = ("name", "samples", "read", "identity")
 """What a source must have (`name` an attribute, the others methods)."""
-OPTIONAL = ("sample_index", "__len__", "close")
+OPTIONAL = ("sample_index", "__len__")
 
 
 class Samples(NamedTuple):
@@ -97,10 +96,9 @@ def opened(token: str) -> object:
                                  f"opened where the loader is built, and read there or in forked workers)") from None
 
 
-def close_source(token: str) -> None:
-    """Drop a source from the table, calling its close() where it has one."""
+def forget_source(token: str) -> None:
+    """Drop a source from the table once the loader that opened it is closed or dropped, so that
+    the table does not keep every source a long process ever read. Its own close(), if any, is
+    the caller's: a source given to build_loader may serve another loader."""
     with _lock:
-        source = _opened.pop(token, None)
-    close = getattr(source, "close", None)
-    if callable(close):
-        close()
+        _opened.pop(token, None)
