@@ -10,7 +10,6 @@ one, is checked again at every epoch (check_length).
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 import os
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dotted import import_dotted
 from ..errors import ConfigError, error_text
 from ..samples import IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig
@@ -30,19 +30,7 @@ log = logging.getLogger("fastloader")
 def from_factory(config: Config, split: SplitConfig) -> object:
     """The source that `<split>.source`'s factory returns, called with `<split>.source_args`."""
     key, where = f"{split.name}.source", config.origin(f"{split.name}.source")
-    module_name, _, attribute = split.source.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # ImportError, or whatever the module raised while it was imported
-        raise ConfigError(f"{where}: {key}: {split.source!r}: the module {module_name!r} does not import "
-                          f"({type(error).__name__}: {error_text(error)}); install it or put its folder on "
-                          f"PYTHONPATH") from None
-    factory: Any = module
-    for part in attribute.split("."):
-        factory = getattr(factory, part, None)
-    if not callable(factory):
-        raise ConfigError(f"{where}: {key}: {split.source!r}: {module_name} has no callable {attribute!r}; name "
-                          f"the function or class that returns the source")
+    factory = import_dotted(split.source, key, where, "the function or class that returns the source")
     args = dict(split.source_args or {})
     try:
         inspect.signature(factory).bind(**args)
