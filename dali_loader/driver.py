@@ -75,7 +75,8 @@ def _stop_running_drivers() -> None:
         driver.close(wait=False)
     deadline = time.monotonic() + EXIT_S
     for driver in drivers:
-        driver.join(max(0.0, deadline - time.monotonic()))
+        if not driver.join(max(0.0, deadline - time.monotonic())):
+            driver.leave_pipeline()
 
 
 class Driver:
@@ -104,6 +105,7 @@ class Driver:
         self._draining = False  # an epoch ended early: run the pipeline through its prefetched batches
         self._abandoned = False  # closed: stop at once, nobody takes anything any more
         self._pid = os.getpid()
+        self._pipe = weakref.ref(pipe)
         self._thread = threading.Thread(target=self._run, args=(pipe, convert, stream),
                                         name="fastloader-dali-driver", daemon=True)
         self._thread.start()
@@ -239,6 +241,15 @@ class Driver:
             return False
         _RUNNING.discard(self)
         return True
+
+    def leave_pipeline(self) -> None:
+        """At exit, for a thread that did not return from DALI: its pipeline off DALI's list of those
+        its own exit hook shuts down (which runs after this one). Its executor may be stuck in the
+        user's Python (a sample hook that hangs, on a DALI thread), and shutting it down would wait
+        for that thread for ever: the process would never exit."""
+        pipe = self._pipe()
+        if pipe is not None:
+            getattr(type(pipe), "_pipes", set()).discard(weakref.ref(pipe))
 
     def _drain_queue(self) -> None:
         """Drop what waits in the queue, so that a hand-over blocked on it returns."""
