@@ -47,6 +47,7 @@ from .pipeline import build_pipeline, centre_boxes, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
 from .sizes import SizeTable
 from .transcode import transcoded_for_dali
+from .user_ops import PythonSampleHook, UserOps, graph_size_check, hook_inputs
 
 log = logging.getLogger("fastloader")
 
@@ -76,8 +77,10 @@ class _Feed:
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
                  stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
                  max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False,
-                 draws: WeightedDraws | None = None):
+                 draws: WeightedDraws | None = None, hooked: bool = False):
         self.index = index
+        self.hooked = hooked
+        """The graph runs the user's sample hook or graph function: each batch's (sample, seed) rows are fed."""
         self.draws = draws
         """The split's weighted draws, if any: a refilled slot's substitutes are drawn by them."""
         self.sized = sized
@@ -98,8 +101,9 @@ class _Feed:
         (external_source without no_copy), so each batch's reads land where the last batch's were."""
         self.kind = "pixels" if pixels is not None else "bytes"
         """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
-        self.reading: tuple[str, float] | None = None
-        """(name, monotonic start) of the sample being read now: what a stalled pipeline names."""
+        self.busy: tuple[str, float] | None = None
+        """(what, monotonic start) of what the loader's own code does now inside the pipeline (reading a
+        sample, running a user's hook): what a stalled pipeline names."""
 
     def start(self, batches: Iterable[np.ndarray]) -> None:
         """Feed these batches next (only while no driver runs the pipeline)."""
@@ -131,6 +135,8 @@ class _Feed:
             data += feed_arrays(self.augmenter, batch[:, 1], sizes, side)
         else:
             data += (centre_boxes(sizes, self.split),)
+        if self.hooked:  # user_ops.HOOK_INPUTS
+            data += (np.ascontiguousarray(batch[:, :2], dtype=np.int64),)
         self.fed.append(Fed(batch, self.skipped, self.empty))
         self.skipped, self.empty = [], []
         return data
@@ -165,10 +171,10 @@ class _Feed:
 
     def stuck_words(self) -> str:
         """What the feed is doing, for a pipeline that sent no batch for workers.timeout."""
-        reading = self.reading
-        if reading is None:
+        busy = self.busy
+        if busy is None:
             return "the feed is not reading a sample: DALI is stuck in a batch (a file on a hung file system?)"
-        return f"the feed has been reading {reading[0]} for {time.monotonic() - reading[1]:.0f} s"
+        return f"the loader has been {busy[0]} for {time.monotonic() - busy[1]:.0f} s"
 
     def take(self, sample: int, into: ReadArena | None = None) -> tuple[np.ndarray, tuple[int, int]] | None:
         """What DALI is fed for a sample, and its upright size; None, noted in `skipped`, where it
@@ -180,9 +186,9 @@ class _Feed:
         if self.pixels is not None:
             return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
         location = self.location(sample)
-        self.reading = location.name, time.monotonic()
+        self.busy = f"reading {location.name}", time.monotonic()
         data, screened = read_screened(location, self.max_pixels, into)
-        self.reading = None
+        self.busy = None
         if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened
             data, screened = self.transcoded(sample, screened.format or "unknown")
         if screened.problem:
@@ -223,7 +229,7 @@ class Fed(NamedTuple):
 
 
 def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
-              bfloat16: bool, finisher: BatchFinisher | None) -> Callable:
+              bfloat16: bool, finisher: BatchFinisher | None, check: Callable | None = None) -> Callable:
     """The driver thread's work on each pipeline output: (images, labels, Fed) as torch tensors on
     `device`, in the configured dtype and memory format, finished (erasing, mixing, soft targets)
     there rather than on the training thread. A function of these values, not of the loader, so
@@ -237,7 +243,9 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
     covers only its own allocator's blocks). One device copy into torch's allocator (some 0.1 ms for
     256 x 3 x 224 x 224 float32 at an H100's 3 TB/s) makes the lifetime torch's. DALI orders its
     buffer's reuse after a non-blocking copy (`copy_to_external`), so the driver lets the output go
-    right after the hand-over."""
+    right after the hand-over. `check(images, plan)`: a graph function's output checked (its size)."""
+    hook = getattr(finisher, "hook", None)  # the user's batch hook, named where a pipeline stalls in it
+
     def convert(outputs) -> tuple[torch.Tensor, torch.Tensor, Fed]:
         (images,) = outputs
         fed = feed.fed.popleft()
@@ -252,9 +260,14 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
             images = images.permute(0, 3, 1, 2)  # NHWC memory seen as a channels_last NCHW tensor
         if bfloat16:
             images = images.to(torch.bfloat16)
+        if check is not None:
+            check(images, fed.plan)
         batch_labels = to_device(torch.from_numpy(labels[fed.plan[:, 0]]), device)
         if finisher is not None:
+            if hook is not None:
+                feed.busy = f"running {hook.label} on a batch of {len(fed.plan)}", time.monotonic()
             images, batch_labels = finisher(images, batch_labels, fed.plan[:, 1])
+            feed.busy = None
         return images, batch_labels, fed
     return convert
 
@@ -272,7 +285,17 @@ class DaliLoader(Loader):
         self._feed = _Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
                            prepared.sizes, self.augmentation, config.dataset.max_pixels,
                            refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
-                           sized=self.order.resolution is not None, draws=prepared.draws)
+                           sized=self.order.resolution is not None, draws=prepared.draws,
+                           hooked=bool(hook_inputs(prepared.hooks)))
+        hook = prepared.hooks.sample
+        self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._feed) if hook is not None else None
+        if hook is not None:
+            log.warning("split '%s': %s runs through DALI's Python-function operator, one Python call per sample on "
+                        "a DALI thread holding the GIL%s: an identity function cost 7%% of the images/s on 2 CPU "
+                        "cores, torchvision's RandAugment half of fastloader's rand-m9's "
+                        "(docs/performance.md#your-own-transforms); for DALI's speed give the op as dali.graph_hook",
+                        split.name, hook.label,
+                        ", each batch copied to the host and back" if self.flavour == "gpu" else "")
         self._pipe = self._build()
         self._pid = os.getpid()  # a forked child cannot run the pipeline: DALI's threads stay here
         self._stream = torch.cuda.Stream(device) if self.flavour == "gpu" else None
@@ -291,7 +314,8 @@ class DaliLoader(Loader):
             self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
-            seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation, sized=self._feed.sized)
+            seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation, sized=self._feed.sized,
+            user=UserOps(self.hooks, self._sample_hook))
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
@@ -333,6 +357,8 @@ class DaliLoader(Loader):
                     break
                 if not (item.in_pipeline and isinstance(item.error, RuntimeError) and not out_of_memory(item.error)):
                     raise self._stopped(item.error)
+                if self._sample_hook is not None and self._sample_hook.failure is not None:  # no file's fault
+                    raise self._stopped(self._sample_hook.failure) from item.error
                 self._recover(item.error, delivered)
                 self._driver = self._drive()
                 continue
@@ -353,8 +379,9 @@ class DaliLoader(Loader):
 
     def _drive(self) -> Driver:
         """A driver thread running the pipeline over the feed's batches (see driver.py)."""
+        check = graph_size_check(self.hooks.graph, self.split, self._feed.sized)
         convert = converter(self._feed, self.index.labels, self.device, self.config.output.channels_last,
-                            self._bfloat16, self.finisher)
+                            self._bfloat16, self.finisher, check)
         return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream,
                       stall_s=self.config.workers.timeout, stuck=self._feed.stuck_words)
 

@@ -30,10 +30,12 @@ from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
 from fastloader.augment.draws import Augmenter
+from fastloader.hooks import SplitHooks
 from fastloader.imaging.boxes import centre_boxes as centre_box_array
 from fastloader.schema import Config, SplitConfig
 
 from .augment import augment_images, feed_inputs
+from .user_ops import NO_USER_OPS, UserOps, apply_user_ops, hook_inputs
 
 INTERPOLATION = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
 OUTPUT_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT}  # bf16: cast in torch
@@ -96,7 +98,8 @@ def decoder_words(config: Config, gpu: bool) -> str:
 
 
 def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
-                augmenter: Augmenter | None = None, threads: int = NVIDIA_THREADS) -> DataNode:
+                augmenter: Augmenter | None = None, threads: int = NVIDIA_THREADS, user: UserOps = NO_USER_OPS
+                ) -> DataNode:
     """The images DataNode of one split's graph, from an encoded-file DataNode and the feed's
     per-sample `inputs` (feed_layout's names).
 
@@ -109,7 +112,7 @@ def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool
         images = resize_to_size(images, split, inputs.get("out_size"))
     else:
         images = resize_box(decode(encoded, config, gpu, threads=threads), inputs["box"], split)
-    return finish(images, config, split, inputs, augmenter)
+    return finish(images, config, split, inputs, augmenter, user, gpu)
 
 
 def decode(encoded: DataNode, config: Config, gpu: bool, region: tuple[DataNode, DataNode] | None = None,
@@ -128,7 +131,7 @@ def decode(encoded: DataNode, config: Config, gpu: bool, region: tuple[DataNode,
 
 
 def pixel_graph(pixels: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
-                augmenter: Augmenter | None = None) -> DataNode:
+                augmenter: Augmenter | None = None, user: UserOps = NO_USER_OPS) -> DataNode:
     """The same graph after the decoder, for decoded HWC uint8 pixels (the uint8 cache): train
     slices the crop the host drew, eval the same centre box."""
     images = pixels.gpu() if gpu else pixels
@@ -138,7 +141,7 @@ def pixel_graph(pixels: DataNode, config: Config, split: SplitConfig, gpu: bool,
         images = resize_to_size(images, split, inputs.get("out_size"))
     else:
         images = resize_box(images, inputs["box"], split)
-    return finish(images, config, split, inputs, augmenter)
+    return finish(images, config, split, inputs, augmenter, user, gpu)
 
 
 def resize_to_size(images: DataNode, split: SplitConfig, out_size: DataNode | None = None) -> DataNode:
@@ -172,9 +175,10 @@ def centre_boxes(sizes: np.ndarray, split: SplitConfig) -> np.ndarray:
 
 
 def finish(images: DataNode, config: Config, split: SplitConfig, inputs: Inputs,
-           augmenter: Augmenter | None = None) -> DataNode:
-    """Train: the flips and the ops the host drew (dali_loader/augment.py). Then normalize, cast and
-    lay out size x size images.
+           augmenter: Augmenter | None = None, user: UserOps = NO_USER_OPS, gpu: bool = False) -> DataNode:
+    """Train: the flips and the ops the host drew (dali_loader/augment.py). Then the user's sample
+    hook and graph function (user_ops.py), where the torch backend runs its sample hook. Then
+    normalize, cast and lay out size x size images.
 
     Images leave as the configured float dtype (bfloat16 as float32, cast by the loader), CHW, or
     HWC when the output is channels_last (NHWC memory, which torch sees as a channels_last NCHW
@@ -182,6 +186,7 @@ def finish(images: DataNode, config: Config, split: SplitConfig, inputs: Inputs,
     """
     if split.mode == "train":
         images = augment_images(images, inputs, augmenter, nearest=split.transform.interpolation == "nearest")
+    images = apply_user_ops(images, inputs, user, gpu)
     mean = [m * 255 for m in config.normalize.mean]
     std = [s * 255 for s in config.normalize.std]
     return fn.crop_mirror_normalize(
@@ -194,17 +199,18 @@ FEEDS = ("bytes", "pixels")
 by the feed), or the uint8 cache's decoded pixels."""
 
 
-def feed_layout(split: SplitConfig, feed: str, augmenter: Augmenter | None,
-                sized: bool = False) -> list[tuple[str, types.DALIDataType]]:
+def feed_layout(split: SplitConfig, feed: str, augmenter: Augmenter | None, sized: bool = False,
+                hooks: SplitHooks = SplitHooks()) -> list[tuple[str, types.DALIDataType]]:
     """(name, DALI dtype) of the arrays the feed gives with each batch, in order: the encoded bytes
     (a list of uint8 arrays), or the cache's pixels (a list of HWC uint8 arrays); then in eval mode
     the centre boxes (float32 [n, 4]: roi_start, roi_end in (y, x), from centre_boxes), in train mode the crops,
     flips and ops the host drew
-    (dali_loader.augment.feed_inputs), with each sample's output size under a size schedule (`sized`)."""
+    (dali_loader.augment.feed_inputs), with each sample's output size under a size schedule (`sized`);
+    last, where the split has a sample hook or a graph function, each sample's (sample, seed)."""
     layout = {"pixels": [("pixels", types.UINT8)], "bytes": [("encoded", types.UINT8)]}[feed]
     if split.mode == "train":
-        return layout + feed_inputs(augmenter, sized)
-    return layout + [("box", types.FLOAT)]
+        return layout + feed_inputs(augmenter, sized) + hook_inputs(hooks)
+    return layout + [("box", types.FLOAT)] + hook_inputs(hooks)
 
 
 _HELD_IN_CHILD: list[Pipeline] = []
@@ -242,7 +248,8 @@ DALI's list."""
 
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
-                   feed: str = "bytes", augmenter: Augmenter | None = None, sized: bool = False) -> Pipeline:
+                   feed: str = "bytes", augmenter: Augmenter | None = None, sized: bool = False,
+                   user: UserOps = NO_USER_OPS) -> Pipeline:
     """A built pipeline whose output is the images of the batches it pulls from `source`, the
     arrays of feed_layout for `feed` (FEEDS). Files and shard members come as bytes, read and
     checked by the feed on the driver thread, so that no decoder sees bytes the host has not
@@ -255,10 +262,11 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     thread that runs the pipeline (driver.py); raising StopIteration ends the epoch. device_id None
     builds the cpu flavour. A train split with ops needs DALI's conditionals (auto_aug's `select`),
     which only a @pipeline_def function gets. `sized`: each batch comes with its output size (a size
-    schedule), which the same graph takes as an argument input: no pipeline per size.
+    schedule), which the same graph takes as an argument input: no pipeline per size. `user`: the
+    split's hooks (user_ops.py).
     """
     gpu = device_id is not None
-    layout = feed_layout(split, feed, augmenter, sized)
+    layout = feed_layout(split, feed, augmenter, sized, user.hooks)
 
     def graph():
         arrays = fn.external_source(source=source, num_outputs=len(layout), batch=True,
@@ -266,8 +274,8 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
                                     layout=["HWC" if name == "pixels" else "" for name, _ in layout])
         inputs = dict(zip((name for name, _ in layout), arrays))
         if feed == "pixels":
-            return pixel_graph(inputs["pixels"], config, split, gpu, inputs, augmenter)
-        return image_graph(inputs["encoded"], config, split, gpu, inputs, augmenter, threads=num_threads)
+            return pixel_graph(inputs["pixels"], config, split, gpu, inputs, augmenter, user)
+        return image_graph(inputs["encoded"], config, split, gpu, inputs, augmenter, threads=num_threads, user=user)
 
     conditionals = bool(split.mode == "train" and augmenter is not None and augmenter.slots)
     pipe = pipeline_def(graph, enable_conditionals=conditionals)(

@@ -7,24 +7,31 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .config import load_config
 from .contract import Loader
+from .hooks import with_global_rng
 from .schema import Config
 from .sources.protocol import Samples, Source
 
 __version__ = "0.1.0"
-__all__ = ["build_loader", "load_config", "Loader", "Samples", "Source", "__version__"]
+__all__ = ["build_loader", "load_config", "Loader", "Samples", "Source", "with_global_rng", "__version__"]
 
 
 def build_loader(config: str | os.PathLike | Mapping[str, Any] | Config, split: str = "train",
-                 overrides: Mapping[str, Any] | list[str] | None = None, source: Source | None = None) -> Loader:
+                 overrides: Mapping[str, Any] | list[str] | None = None, source: Source | None = None,
+                 sample_hook: Callable | str | None = None, batch_hook: Callable | str | None = None,
+                 graph_hook: Callable | str | None = None) -> Loader:
     """A loader for one split of the config (a YAML path, a dict or a loaded Config).
 
     overrides: {"train.batch_size": 32} or ["train.batch_size=32"], validated like the file.
     source: an object of the Source protocol (fastloader.Source) to read the split from, instead of
     what the config says (its dataset keys then only need to be valid; docs/sources.md).
+    sample_hook, batch_hook, graph_hook: your own transforms (functions, or 'package.module:function'),
+    in place of the config's <split>.transform.sample_hook, batch_hook and dali.graph_hook
+    (docs/transforms.md).
     """
     from .factory import create_loader
-    return create_loader(load_config(config, overrides), split, source)
+    return create_loader(load_config(config, overrides), split, source,
+                         {"sample_hook": sample_hook, "batch_hook": batch_hook, "graph_hook": graph_hook})

@@ -19,6 +19,7 @@ from .config_rules import (
     check_sizes,
     check_sources,
     draws_need_a_uniform_order,
+    graph_args_need_a_graph_hook,
     source_keys,
     split_format,
 )
@@ -145,6 +146,7 @@ class ConfigBuilder:
         split_format(self.fail, values["dataset"], splits)
         block_order_needs_shards(self.fail, values["dataset"], splits)
         draws_need_a_uniform_order(self.fail, splits)
+        graph_args_need_a_graph_hook(self.fail, values.get("dali"))
         return Config(**values, splits=splits, source=self.source, origins=dict(self.origins))
 
     def split(self, name: str, raw: dict) -> SplitConfig:

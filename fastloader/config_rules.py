@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 from typing import Callable, Mapping, NoReturn
 
-from .schema import SOURCE_KINDS, DatasetConfig, SplitConfig, TransformConfig
+from .schema import SOURCE_KINDS, DaliConfig, DatasetConfig, SplitConfig, TransformConfig
 from .sources.registry import FORMATS
 from .sources.urls import is_url
 
@@ -69,6 +69,13 @@ def draws_need_a_uniform_order(fail: Fail, splits: Mapping[str, SplitConfig]) ->
             fail(f"{name}.shuffle", f"false reads the samples in index order, and {weighted[0]} draws them at "
                                     f"random in proportion to their weights; set {name}.shuffle: true, or "
                                     f"remove {weighted[0]}")
+
+
+def graph_args_need_a_graph_hook(fail: Fail, dali: DaliConfig | None) -> None:
+    """dali.graph_hook_args without dali.graph_hook would be read by nothing."""
+    if dali is not None and dali.graph_hook_args and dali.graph_hook is None:
+        fail("dali.graph_hook_args", "is set, and dali.graph_hook is not: nothing would read them; set "
+                                     "dali.graph_hook: 'package.module:function', or remove dali.graph_hook_args")
 
 
 def check_sizes(fail: Fail, name: str, t: TransformConfig) -> None:

@@ -86,9 +86,11 @@ class Loader(abc.ABC):
         if policy and not policy.keeps_color_jitter and split.transform.color_jitter is not None:
             log.info("%s: %s.transform.color_jitter is off because %s.transform.auto_augment is set, as in timm",
                      config.source, split.name, split.name)
-        self.finisher = BatchFinisher.for_split(split, len(index.classes))
-        """Random erasing, mixing and soft targets of each batch (fastloader.device_ops), or None:
-        the backend applies it where it costs the training thread least."""
+        self.hooks = prepared.hooks
+        """The user's own transforms (fastloader.hooks): the backends run them; the state names them."""
+        self.finisher = BatchFinisher.for_split(split, len(index.classes), prepared.hooks.batch)
+        """The batch hook, random erasing, mixing and soft targets of each batch (fastloader.device_ops),
+        or None: the backend applies it where it costs the training thread least."""
         self._closed = False
         self._reads_shards = prepared.pixels is None and index.ranges is not None
         self._plan = None  # the shards the running loop reads, fetched ahead (shards in an object store)
@@ -294,13 +296,15 @@ class Loader(abc.ABC):
                 "sizes": self.resolution.key() if self.resolution else f"size {self.split.transform.size}",
                 "epoch": self._epoch,
                 "position": min(self._position, self.order.epoch_length),
-                "batch_size": self.batch_size, "world_size": self.ranks.world_size}
+                "batch_size": self.batch_size, "world_size": self.ranks.world_size, "hooks": self.hooks.state()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, force_hooks: bool = False) -> None:
         """Make the next `for` loop continue the saved epoch after its last consumed batch.
 
         Another world size or batch size re-shards the rest of the epoch: the ranks together still
-        get every remaining sample once (eval) or equal shares of it (train).
+        get every remaining sample once (eval) or equal shares of it (train). A state saved with
+        other hooks (their names or versions) is refused: their draws would not replay; force_hooks
+        resumes anyway (the samples and the loader's own draws are the same).
         """
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
@@ -308,6 +312,7 @@ class Loader(abc.ABC):
                              f"loader.state_dict() returned, saved by this fastloader version")
         self._refuse_other(state)
         self._refuse_out_of_range(state)
+        self._refuse_other_hooks(state, force_hooks)
         if state["backend"] != self.backend:
             log.info("split '%s': resuming a state the %s backend saved on the %s backend: the same samples, crops, "
                      "flips and ops (drawn from each sample's seed), with pixels within the backends' tolerance "
@@ -367,6 +372,24 @@ class Loader(abc.ABC):
             raise ValueError(f"loader state was saved with {config_key}: {saved!r}, this loader has "
                              f"{config_key}: {mine[key]!r} (from {self.config.source}); set it back to "
                              f"resume the same order")
+
+    def _refuse_other_hooks(self, state: dict, force: bool) -> None:
+        """The hooks a state was saved with against this loader's (a state from before hooks: none)."""
+        saved, mine = state.get("hooks", {}), self.hooks.state()
+        if not isinstance(saved, dict) or not all(isinstance(v, str) for v in saved.values()):
+            raise ValueError(f"loader state: hooks must be a mapping of hook kinds to names, got {saved!r}; pass the "
+                             f"dict that loader.state_dict() returned")
+        if saved == mine:
+            return
+        differ = "; ".join(f"{kind}: {saved.get(kind, 'none')} then, {mine.get(kind, 'none')} now"
+                           for kind in sorted(set(saved) | set(mine)) if saved.get(kind) != mine.get(kind))
+        if force:
+            log.warning("split '%s': resuming with other hooks than the state's (%s), as force_hooks asks: the "
+                        "samples and fastloader's own draws replay, the hooks' do not", self.split.name, differ)
+            return
+        raise ValueError(f"loader state was saved with other hooks ({differ}): their draws would not replay. Give "
+                         f"the same hooks (a hook's `version` attribute names a change), or pass force_hooks=True to "
+                         f"load_state_dict to resume anyway")
 
     def _refuse_out_of_range(self, state: dict) -> None:
         """Every number of the state, checked against this loader: a position of -8 would deliver 8
@@ -437,7 +460,7 @@ class Loader(abc.ABC):
         return {"backend": self.backend, "split": self.split.name, "device": str(self.device),
                 "batches": len(self), "batch_size": self.batch_size, "num_samples": self.num_samples,
                 "rank": self.ranks.rank, "world_size": self.ranks.world_size, "pixels": self.pixels_from,
-                "config": config_to_dict(self.config)}
+                "hooks": self.hooks.state(), "config": config_to_dict(self.config)}
 
     @property
     def prefetch_depth(self) -> int:
@@ -452,7 +475,8 @@ class Loader(abc.ABC):
         """Once the backend has built itself: log the repr, the one line that says what this loader
         is and where its pixels come from (both backends, the same words)."""
         ops = f"; augmentation: {self.augmentation.describe()}" if self.augmentation and self.augmentation.slots else ""
-        log.info("%r; ranks: %s%s", self, self.ranks.source, ops)
+        hooks = "".join(f"; {hook.label}" for hook in self.hooks.all())
+        log.info("%r; ranks: %s%s%s", self, self.ranks.source, ops, hooks)
 
     def __repr__(self) -> str:
         """What the loader is doing, so that `print(loader)` answers "which backend, where, how wide"."""

@@ -1,5 +1,6 @@
-"""Batch-level augmentations that both backends apply to the normalized batch, on its device:
-random erasing, then mixing (fastloader/mixing.py), composed by BatchFinisher.
+"""Batch-level stages that both backends apply to the normalized batch, on its device: the user's
+batch hook (fastloader/hooks.py), random erasing, then mixing (fastloader/mixing.py), composed by
+BatchFinisher.
 
 Where they run is the backend's choice, off the training thread where it can be: the DALI backend's
 driver thread (dali_loader/driver.py), the torch backend's workers for CPU output (in the collate,
@@ -22,6 +23,7 @@ import math
 import numpy as np
 import torch
 
+from .hooks import Hook
 from .mixing import BatchMixer
 from .order import seeded_uniform
 from .schema import SplitConfig, TransformConfig
@@ -88,18 +90,18 @@ def random_erasing(images: torch.Tensor, seeds: np.ndarray, transform: Transform
 
 
 class BatchFinisher:
-    """A train split's batch augmentations, in order: random erasing, then mixup / cutmix with the
-    soft targets they imply (or label smoothing alone). `pixels` and `labels` apart, so that a torch
-    worker can finish the pixels it has just written and the main process the labels."""
+    """A split's batch stages, in order: the user's batch hook (fastloader.hooks), random erasing,
+    then mixup / cutmix with the soft targets they imply (or label smoothing alone)."""
 
-    def __init__(self, transform: TransformConfig, erasing: bool, mixer: BatchMixer | None):
-        self.transform, self.erasing, self.mixer = transform, erasing, mixer
+    def __init__(self, transform: TransformConfig, erasing: bool, mixer: BatchMixer | None, hook: Hook | None = None):
+        self.transform, self.erasing, self.mixer, self.hook = transform, erasing, mixer, hook
 
     @classmethod
-    def for_split(cls, split: SplitConfig, num_classes: int) -> "BatchFinisher | None":
-        """The split's finisher; None where it would do nothing (eval, or nothing configured)."""
+    def for_split(cls, split: SplitConfig, num_classes: int, hook: Hook | None = None) -> "BatchFinisher | None":
+        """The split's finisher; None where it would do nothing (eval without a batch hook, or
+        nothing configured)."""
         erasing, mixer = erasing_enabled(split.transform, split.mode), BatchMixer.for_split(split, num_classes)
-        return cls(split.transform, erasing, mixer) if erasing or mixer is not None else None
+        return cls(split.transform, erasing, mixer, hook) if erasing or mixer is not None or hook else None
 
     def start_epoch(self, planned: list[np.ndarray]) -> None:
         """Before an epoch's first batch: what can be drawn for all of its batches at once."""
@@ -118,4 +120,7 @@ class BatchFinisher:
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor,
                  seeds: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The finished batch: possibly new tensors (the hook's), erased and mixed in place."""
+        if self.hook is not None:
+            images, labels = self.hook.on_batch(images, labels, seeds)
         return images, self.labels(labels, self.pixels(images, seeds))

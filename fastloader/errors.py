@@ -27,6 +27,12 @@ class BadImageError(RuntimeError):
     """A file that cannot be decoded, under dataset.on_bad_image: raise."""
 
 
+class HookError(RuntimeError):
+    """The user's own hook (a sample, batch or graph hook) raised, or gave what it must not: the
+    user's bug, never a bad file's, so no backend skips a sample for it. The message names the hook,
+    its key, the sample or batch, what was expected, and the hook's traceback."""
+
+
 class DiskFullError(OSError):
     """No room to write (ENOSPC, EDQUOT), found before writing or while writing; the message names
     the folder, the space needed and free, and nothing half-written is left."""

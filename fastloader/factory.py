@@ -20,6 +20,7 @@ from .cache import open_split_cache
 from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
 from .errors import ConfigError, error_text
+from .hooks import SplitHooks, split_hooks
 from .prepared import PreparedSplit, worker_count
 from .schema import Config, SplitConfig
 from .screening import screen_index
@@ -102,9 +103,12 @@ def choose_device(config: Config, ranks: RankInfo) -> torch.device:
     return device
 
 
-def create_loader(config: Config, split_name: str, source: object | None = None) -> Loader:
-    """The loader of one split; `source`: an object of the Source protocol to read it from."""
+def create_loader(config: Config, split_name: str, source: object | None = None,
+                  hooks: dict | None = None) -> Loader:
+    """The loader of one split; `source`: an object of the Source protocol to read it from;
+    `hooks`: the user's hooks given in code ({kind: function}), in place of the config's."""
     split = config.split(split_name)
+    user_hooks = split_hooks(config, split, **(hooks or {}))  # a path that does not import fails now
     ranks = detect_ranks(config.distributed)
     device = choose_device(config, ranks)
     backend, reason = choose_backend(config, device)
@@ -119,7 +123,11 @@ def create_loader(config: Config, split_name: str, source: object | None = None)
                        "nvJPEG); set backend: torch or run on a GPU to silence this")
     log.log(logging.WARNING if surprising else logging.INFO, "backend %s for split '%s': %s", backend, split_name,
             reason)
-    prepared = prepare_split(config, split, backend, ranks, source)
+    if backend == "torch" and user_hooks.graph is not None:
+        raise ConfigError(f"{user_hooks.graph.label} adds operators to a DALI graph, and split '{split_name}' is read "
+                          f"by the torch backend ({reason}): set backend: dali (DALI's CPU flavour runs without a "
+                          f"GPU), or give the op as {split_name}.transform.sample_hook, which both backends run")
+    prepared = prepare_split(config, split, backend, ranks, source, user_hooks)
     loader = backend_class(backend)(config, split, prepared, ranks, device)
     cost = read_ahead_cost(config, split, prepared.index, prepared.blocks,
                            loader.prefetch_depth * loader.batch_size * ranks.world_size)
@@ -142,7 +150,7 @@ def backend_class(backend: str) -> type[Loader]:
 
 
 def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo,
-                  source: object | None = None) -> PreparedSplit:
+                  source: object | None = None, hooks: SplitHooks = SplitHooks()) -> PreparedSplit:
     """The split's index less its unusable files, and its pixel source: the uint8 cache when
     dataset.cache holds one for the split (it lists the files it could not decode, so no screening
     is needed), else the image files, screened; its block order where `shuffle: block`, its weighted
@@ -162,11 +170,12 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
     cache = open_split_cache(config, split, index)  # None: read the image files
     if cache is not None:
         bad = index.unusable + tuple(cache.bad)
-        return PreparedSplit(cache.index, bad, workers, pixels=cache.pixels,
+        return PreparedSplit(cache.index, bad, workers, pixels=cache.pixels, hooks=hooks,
                              blocks=block_order(config, split, cache.index, budget, limit),
                              draws=weighted_draws(config, split, cache.index, table, [path for path, _ in bad]))
     screened = screen_index(config, split, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
     bad = index.unusable + tuple(screened.bad)
     return PreparedSplit(screened.index, bad, workers, needs_substitute=screened.formats, sizes=screened.sizes,
+                         hooks=hooks,
                          blocks=block_order(config, split, screened.index, budget, limit),
                          draws=weighted_draws(config, split, screened.index, table, [path for path, _ in bad]))

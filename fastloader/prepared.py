@@ -15,6 +15,7 @@ import numpy as np
 
 from .cache import CachedPixels
 from .distributed import RankInfo, cpu_workers_per_rank
+from .hooks import SplitHooks
 from .order import BlockShuffle, WeightedDraws
 from .samples import SampleIndex
 from .schema import Config
@@ -44,6 +45,8 @@ class PreparedSplit:
     draws: WeightedDraws | None = None
     """The weighted draws over `index` where the split weighs its samples (weights, class_weights, the
     sources' weights), else None."""
+    hooks: SplitHooks = field(default_factory=SplitHooks)
+    """The user's own transforms for the split (fastloader.hooks), imported and named."""
 
     @property
     def pixels_from(self) -> str:

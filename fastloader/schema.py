@@ -236,6 +236,20 @@ class TransformConfig:
                                                                    "a probability in [0, 1]"))
     """train: probability that an image is blurred, sigma uniform in [0.1, 2] pixels (timm's
     --gaussian-blur-prob), after grayscale_prob. 0: off."""
+    sample_hook: str | None = field(default=None, metadata=_check(
+        lambda v: v is None or FACTORY_PATH.fullmatch(v) is not None,
+        "'package.module:function', called as function(image, generator) for each sample"))
+    """Your own op on each sample (docs/transforms.md): `package.module:function`, called as
+    function(image, generator) with the sample's uint8 [3, H, W] tensor after the crop, resize, flips
+    and ops, and a torch.Generator seeded with the sample's seed; returns a uint8 image of that shape.
+    torch backend: in the workers; DALI: through DALI's Python-function operator, on the CPU. null: none."""
+    batch_hook: str | None = field(default=None, metadata=_check(
+        lambda v: v is None or FACTORY_PATH.fullmatch(v) is not None,
+        "'package.module:function', called as function(images, labels, seeds) for each batch"))
+    """Your own op on each batch (docs/transforms.md): `package.module:function`, called as
+    function(images, labels, seeds) on the loader's device after normalizing, before erasing and
+    mixing, `seeds` the batch's sample seeds (int64 [B]); returns (images, labels) of the same
+    shapes, dtypes and device. null: none."""
 
 
 @dataclass(frozen=True)
@@ -296,8 +310,8 @@ DRAW_KEYS = ("weights", "class_weights", "epoch_size")
 
 TRAIN_TRANSFORM_KEYS = ("size", "progressive", "sizes", "scale", "ratio", "hflip", "vflip", "auto_augment",
                         "color_jitter", "interpolation", "erase_prob", "erase_mode", "erase_area", "erase_ratio",
-                        "erase_count", "grayscale_prob", "gaussian_blur_prob")
-EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation")
+                        "erase_count", "grayscale_prob", "gaussian_blur_prob", "sample_hook", "batch_hook")
+EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation", "sample_hook", "batch_hook")
 TRAIN_SPLIT_KEYS = ("aug_repeats", "label_smoothing", "mixup")
 """Split keys that only train mode takes: eval batches are never repeated, mixed or smoothed."""
 
@@ -429,6 +443,16 @@ class DaliConfig:
                                                                  f"'auto' or an integer in [1, {MAX_PROCESSES}]"))
     """DALI's CPU threads per rank. auto: workers.num_workers when set, else the CPU cores available to this
     local rank, capped by workers.max_workers."""
+    graph_hook: str | None = field(default=None, metadata=_check(
+        lambda v: v is None or FACTORY_PATH.fullmatch(v) is not None,
+        "'package.module:function', called as function(images, seeds, **graph_hook_args) while the graph is built"))
+    """Your own DALI operators (docs/transforms.md): `package.module:function`, called once while the
+    graph is built as function(images, seeds, **graph_hook_args), with the DataNode of the uint8 HWC
+    images after the crop, resize, flips and ops (on the GPU in the GPU flavour) and the DataNode of
+    the samples' seeds (int64, CPU); returns the images' DataNode, of the same size. DALI backend
+    only: a torch loader refuses it. null: none."""
+    graph_hook_args: Mapping[str, Any] | None = None
+    """Keyword arguments of graph_hook (plain YAML values)."""
 
 
 @dataclass(frozen=True)

@@ -459,3 +459,27 @@ def test_dali_gpu_flavour_without_fancy_upsampling_stays_within_its_stated_bound
     per_image = (gpu_x - cpu_x).abs().mean(dim=(1, 2, 3))
     print(f"fancy_upsampling false, GPU - CPU flavour: mean {per_image.mean():.4f}, worst {per_image.max():.4f}")
     assert per_image.max() <= 0.09
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_hooks_on_the_gpu_give_what_they_give_on_the_cpu(textured_root, backend):
+    """The sample hook (DALI: its images to the host for DALI's Python-function operator and back),
+    the batch hook on the device (torch: on the prefetcher's side stream; DALI: the driver thread)
+    and, on DALI, the graph function on the GPU: the same draws as the CPU path, pixels within its
+    bounds."""
+    if backend == "dali":
+        _dali_or_skip()
+    transform = {"size": 32, "sample_hook": "user_hooks:stamp", "batch_hook": "user_hooks:batch_stamp"}
+    # DALI: every image flipped upside down by the graph function, after the sample hook: its row is the last
+    dali = {"graph_hook": "user_hooks:graph_flip", "graph_hook_args": {"every": 1}} if backend == "dali" else {}
+    row = -1 if backend == "dali" else 0
+    config = base_config(textured_root, backend=backend, val={"batch_size": 4, "transform": transform}, dali=dali)
+    cpu = build_loader(config, "val")
+    gpu = build_loader({**config, "output": {"device": "cuda"}}, "val")
+    pairs = list(zip(cpu, gpu))
+    assert len(pairs) == len(cpu) == 6
+    for (x_cpu, _), (x_gpu, _) in pairs:
+        assert x_gpu.is_cuda
+        assert torch.equal(x_cpu[:, :, 0, 0], x_gpu[:, :, 0, 0].cpu())  # the batch hook's stamp: the seeds
+        assert torch.allclose(x_cpu[:, :, row, 1:], x_gpu[:, :, row, 1:].cpu(), atol=1e-5)  # the sample hook's row
+        assert (x_cpu.float() - x_gpu.float().cpu()).abs().mean() < 0.02

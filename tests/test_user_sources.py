@@ -152,7 +152,7 @@ def test_a_source_that_hangs_on_one_sample_stops_at_workers_timeout(tmp_path, ba
                          workers={"num_workers": 1, "timeout": 1})
     source.armed = True  # a source's samples are not read when its loader is built
     loader = build_loader(config, "train", source=source)
-    with pytest.raises(error, match=r"workers\.timeout" + (r".*the feed has been reading flaky:b_green/n_02\.png"
+    with pytest.raises(error, match=r"workers\.timeout" + (r".*the loader has been reading flaky:b_green/n_02\.png"
                                                              if backend == "dali" else "")):
         delivered(loader)  # sample 8 is in the second batch
 

@@ -195,11 +195,14 @@ class NormalizingCollate:
             self.normalizer.into(view, image)
         labels, targets = _labels(decoded), None
         if self.finisher is not None:
-            lam = self.finisher.pixels(images, np.array([seed for *_, seed in decoded], dtype=np.int64))
-            if self.finisher.mixer is not None:
-                soft = self.finisher.labels(torch.from_numpy(labels), lam)
-                if room is not None:
-                    room.copy_(soft)
-                else:
-                    targets = soft.numpy()
+            seeds = np.array([seed for *_, seed in decoded], dtype=np.int64)
+            finished, out = self.finisher(images, torch.from_numpy(labels), seeds)
+            if finished is not images:  # the batch hook's own tensor (of the same shape and dtype)
+                images.copy_(finished)
+            if self.finisher.mixer is None:
+                labels = out.numpy()
+            elif room is not None:
+                room.copy_(out)
+            else:
+                targets = out.numpy()
         return None if slot >= 0 else images, labels, skipped, slot, targets

@@ -10,6 +10,9 @@ sample, which names the file and why, so the main process learns what was droppe
 the slot is refilled: the substitutes that `fastloader.order.substitutes` draws from the slot's seed
 are tried in turn, as the DALI backend's feed tries them, so batches keep their size and both
 backends deliver the same samples.
+
+The user's sample hook (fastloader.hooks) runs on each crop, with the slot's seed; what it raises
+stops the run as a HookError, never a skip.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import torch.utils.data
 
 from fastloader.cache import CachedPixels
 from fastloader.errors import BadImageError, CacheError, decoder_reason, refused_file
+from fastloader.hooks import Hook
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
 
@@ -44,8 +48,11 @@ class Missed(NamedTuple):
 
 class ImageDataset(torch.utils.data.Dataset):
     def __init__(self, index: SampleIndex, transform: SampleTransform, pixels: CachedPixels | None = None,
-                 skip_bad: bool = True, source: str = "the config", draws: WeightedDraws | None = None):
+                 skip_bad: bool = True, source: str = "the config", draws: WeightedDraws | None = None,
+                 sample_hook: Hook | None = None):
         self.index = index
+        self.sample_hook = sample_hook
+        """The user's sample hook (fastloader.hooks), run on each decoded crop; its errors are its own."""
         self.draws = draws
         """The split's weighted draws, if any: a refilled slot's substitutes are drawn by them."""
         self.transform = transform
@@ -84,6 +91,8 @@ class ImageDataset(torch.utils.data.Dataset):
             if self.skip_bad:
                 return Skipped(self.index.path(sample), reason)
             raise BadImageError(refused_file(self.index.path(sample), reason, self.source)) from error
+        if self.sample_hook is not None:  # outside the decoder's try: a hook's error is no bad file
+            image = self.sample_hook.on_sample(image, seed, self.index.path(sample))
         return image, self.index.label(sample), seed
 
     def __getitems__(self, batch: np.ndarray) -> list[Decoded | Missed]:

@@ -124,11 +124,13 @@ class TorchLoader(Loader):
                                                     (split.batch_size, 3, size, size), self._normalizer.dtype,
                                                     config.output.channels_last,
                                                     classes=self.num_classes if soft_targets else 0)
+        if num_workers > 0 and fork_context() is None:  # spawned workers unpickle the dataset, hooks and all
+            prepared.hooks.check_picklable(f"workers.num_workers: {num_workers} workers start by spawn here")
         if prepared.index.ranges is not None and prepared.pixels is None:
             keep_open(prepared.index.ranges.files)  # opened here, shared by the forked workers: one open a shard
         self._dataloader = torch.utils.data.DataLoader(
             ImageDataset(prepared.index, transform, prepared.pixels, skip_bad=config.dataset.on_bad_image == "skip",
-                         source=config.source, draws=prepared.draws),
+                         source=config.source, draws=prepared.draws, sample_hook=prepared.hooks.sample),
             batch_sampler=self._feed,
             collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool, self.finisher),
             num_workers=num_workers,
@@ -308,10 +310,13 @@ class TorchLoader(Loader):
         files = ", ".join(self.index.relpath(int(sample)) for sample in batch[:3, 0]) if len(batch) else ""
         files += ", ..." if len(batch) > 3 else ""
         timeout = self.config.workers.timeout
+        in_workers = (self.hooks.sample, self.hooks.batch if self.device.type == "cpu" else None)
+        hooks = [hook.label for hook in in_workers if hook is not None]
         return RuntimeError(
             f"the torch loader for split '{self.split.name}' waited {waited:.0f} s for a batch from "
             + "; ".join(f"its decoding worker (pid {pid}), which {state}" for pid, state in states.items())
             + (" (a worker stopped while it hands over a batch holds up the others' too)" if stopped else "")
+            + (f". The workers run your {' and '.join(hooks)} too: a hook that hangs stops them so" if hooks else "")
             + (f". That batch holds {len(batch)} samples: {files}" if files else "")
             + f". The workers were stopped; the next loop starts new ones. A batch may take workers.timeout "
             f"({timeout:g} s; the first after the workers start {FIRST_BATCH_TIMES}x that): raise it if batches are "

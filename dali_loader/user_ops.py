@@ -1,0 +1,109 @@
+"""The user's own transforms in the DALI graph (fastloader.hooks), where the torch backend runs
+them: after the crop, resize, flips and ops, before normalizing.
+
+- The sample hook runs through DALI's Python-function operator (fn.python_function), one call per
+  sample on DALI's CPU thread, holding the GIL; in the GPU flavour the images go to the host for
+  it and back (the dynamic executor allows the GPU->CPU step). The images are HWC uint8 there, as
+  the torch workers' crops are in memory: the hook sees the same [3, H, W] tensor view.
+- The graph function (dali.graph_hook) is called once while the graph is built, with the images'
+  DataNode and the samples' seeds' DataNode, and adds its operators where the graph runs.
+
+Both need each sample's (sample, seed), which the feed passes in as one more per-sample input
+(HOOK_INPUTS). A sample hook's error is kept (`failure`), so that the loader stops with it rather
+than probing the batch's files for a bad one.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import torch
+from nvidia.dali import fn, types
+from nvidia.dali.data_node import DataNode
+
+from fastloader.errors import HookError
+from fastloader.hooks import Hook, SplitHooks
+from fastloader.order import output_size
+from fastloader.schema import SplitConfig
+
+HOOK_INPUTS = [("sample_seed", types.INT64)]
+"""Per-sample input of a graph with a hook: int64 [2], the sample's number in the index and its seed."""
+
+
+def hook_inputs(hooks: SplitHooks) -> list[tuple[str, types.DALIDataType]]:
+    """The feed's extra inputs for the split's hooks (none without a sample hook or graph function)."""
+    return HOOK_INPUTS if hooks.sample is not None or hooks.graph is not None else []
+
+
+class UserOps(NamedTuple):
+    """What the graph needs of the split's hooks: the hooks, and the sample hook's caller (or None)."""
+    hooks: SplitHooks
+    sample_hook: "PythonSampleHook | None"
+
+
+NO_USER_OPS = UserOps(SplitHooks(), None)
+
+
+class PythonSampleHook:
+    """The function fn.python_function calls per sample: (HWC uint8 image, [sample, seed]) -> the
+    hook's image, HWC uint8. `name_of` names a sample by its number (the index's path); `doing`
+    has a `busy` slot (the feed's) where the sample being hooked is noted, for a stalled pipeline."""
+
+    def __init__(self, hook: Hook, name_of: Callable[[int], str], doing: Any):
+        self.hook, self.name_of, self.doing = hook, name_of, doing
+        self.failure: HookError | None = None
+        """The hook's error, kept for the loader: DALI's own carries only its text."""
+
+    def __call__(self, image: np.ndarray, sample_seed: np.ndarray) -> np.ndarray:
+        sample, seed = (int(value) for value in sample_seed)
+        name = self.name_of(sample)
+        self.doing.busy = f"running {self.hook.label} on sample {name}", time.monotonic()
+        try:
+            out = self.hook.on_sample(torch.from_numpy(image).permute(2, 0, 1), seed, name)
+        except HookError as error:
+            self.failure = error
+            raise
+        self.doing.busy = None
+        return np.ascontiguousarray(out.permute(1, 2, 0).numpy())
+
+
+def apply_user_ops(images: DataNode, inputs: dict[str, DataNode], user: UserOps, gpu: bool) -> DataNode:
+    """The sample hook, then the graph function, on HWC uint8 images (on the GPU in the gpu flavour)."""
+    hooks, sample_hook = user
+    if sample_hook is not None:
+        host = images.cpu() if gpu else images
+        images = fn.python_function(host, inputs["sample_seed"], function=sample_hook, batch_processing=False,
+                                    num_outputs=1, output_layouts="HWC")
+        images = images.gpu() if gpu else images
+    if hooks.graph is not None:
+        images = _graph_function(images, inputs["sample_seed"][1], hooks)
+    return images
+
+
+def _graph_function(images: DataNode, seeds: DataNode, hooks: SplitHooks) -> DataNode:
+    hook = hooks.graph
+    try:
+        out = hook.function(images, seeds, **hooks.graph_args)
+    except Exception as error:
+        raise HookError(hook.failure_words(error, "the graph, while DALI built it") +
+                        f"\n(called with the images, the seeds and dali.graph_hook_args {dict(hooks.graph_args)!r})"
+                        ) from error
+    if not isinstance(out, DataNode):
+        raise HookError(f"{hook.label} returned a {type(out).__name__}; a graph function returns the images' DataNode "
+                        f"(DALI operators' output), HWC uint8 of the size it is given")
+    return out
+
+
+def graph_size_check(hook: Hook | None, split: SplitConfig, sized: bool) -> Callable | None:
+    """A check that a graph function kept each batch's output size; None without one."""
+    if hook is None:
+        return None
+
+    def check(images: torch.Tensor, plan: np.ndarray) -> None:
+        side = output_size(plan, split.transform.size) if sized else split.transform.size
+        if tuple(images.shape[-2:]) != (side, side):
+            raise HookError(f"{hook.label} gave images of {images.shape[-2]}x{images.shape[-1]} pixels (height x "
+                            f"width); a graph function returns images of the size it is given, {side}x{side} "
+                            f"({split.name}.transform's size)")
+    return check

@@ -1,0 +1,287 @@
+"""The user's own transforms (docs/transforms.md): a sample hook, a batch hook and a DALI graph
+function, with one meaning on both backends (DALI: its CPU flavour here; the GPU flavour's lines
+are in test_cuda.py). Their draws are the samples' (the same with any number of workers, on either
+backend, after a resume), the state names them, and what a hook does wrong stops the run naming
+the hook, the sample and what was expected.
+
+The hooks are in tests/user_hooks.py, named by path as a user's config names them.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import user_hooks
+from conftest import REPO, base_config, cpu_only_env, identities, write_numbered_dataset, write_textured_dataset
+
+from fastloader import build_loader, with_global_rng
+from fastloader.errors import ConfigError, HookError
+from fastloader.hooks import load_hook
+
+BACKENDS = ["torch", "dali"]
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+    return write_numbered_dataset(tmp_path_factory.mktemp("numbered"), per_class=4)
+
+
+@pytest.fixture(scope="module")
+def textured(tmp_path_factory):
+    return write_textured_dataset(tmp_path_factory.mktemp("textured"), per_class=4)
+
+
+def config(root, backend="torch", workers=0, train=None, val=None, **sections):
+    return base_config(root, backend=backend, workers={"num_workers": workers},
+                       train={"batch_size": 4, "transform": {"size": 32}, **(train or {})},
+                       val={"batch_size": 4, "transform": {"size": 32}, **(val or {})}, **sections)
+
+
+def hooked(root, backend="torch", workers=0, split="train", **transform):
+    section = {"transform": {"size": 32, **transform}}
+    return config(root, backend, workers, **{split: section})
+
+
+def stamped_values(images: torch.Tensor) -> list[int]:
+    """The grey value user_hooks.stamp wrote in each image's first row, read back from the normalized batch."""
+    rgb = images[:, :, 0, :].float().mean(dim=2) * torch.tensor(STD) + torch.tensor(MEAN)
+    return torch.round(rgb[:, 0] * 255).to(torch.int64).tolist()
+
+
+def expected_stamps(loader, epoch: int = 0) -> list[int]:
+    """What stamp draws for the samples the loader plans for an epoch, from their seeds."""
+    seeds = np.concatenate([plan[:, 1] for plan in loader.order.batches(epoch)])
+    values = []
+    for seed in seeds.tolist():
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        values.append(int(torch.randint(0, 256, (1,), generator=generator)))
+    return values
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_sample_hook_draws_from_the_samples_seed_on_both_backends_with_any_workers(numbered, split):
+    runs = {}
+    for backend, workers in (("torch", 0), ("torch", 2), ("dali", 1)):
+        loader = build_loader(hooked(numbered, backend, workers, split, sample_hook="user_hooks:stamp"), split)
+        runs[backend, workers] = [v for images, _ in loader for v in stamped_values(images)]
+        assert runs[backend, workers] == expected_stamps(loader), (backend, workers)
+    assert runs["torch", 0] == runs["torch", 2] == runs["dali", 1]
+    assert len(set(runs["torch", 0])) > len(runs["torch", 0]) // 2  # a draw per sample, not one for all
+
+
+def test_a_sample_hook_sees_the_crop_after_the_flips_and_ops_and_the_rest_is_untouched(numbered):
+    plain = build_loader(config(numbered), "train")
+    hooked_loader = build_loader(hooked(numbered, sample_hook="user_hooks:identity"), "train")
+    for (a, la), (b, lb) in zip(plain, hooked_loader):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    stamped = build_loader(hooked(numbered, sample_hook="user_hooks:stamp"), "train")
+    plain.set_epoch(0)
+    for (a, _), (b, _) in zip(plain, stamped):  # only the first row changed: the hook runs before normalizing
+        assert torch.equal(a[:, :, 1:], b[:, :, 1:]) and not torch.equal(a[:, :, 0], b[:, :, 0])
+
+
+@pytest.mark.parametrize("given", ["config", "object"])
+def test_a_torchvision_v2_compose_as_a_sample_hook_is_bit_identical_across_runs_and_workers(textured, given):
+    def run(workers, backend="torch"):
+        if given == "config":
+            loader = build_loader(hooked(textured, backend, workers, sample_hook="user_hooks:RAND_AUGMENT"), "train")
+        else:
+            loader = build_loader(config(textured, backend, workers), "train", sample_hook=user_hooks.RAND_AUGMENT)
+        assert loader.hooks.sample.name.startswith("with_global_rng(")
+        return torch.cat([images for images, _ in loader])
+    one, again, two = run(1), run(1), run(2)
+    assert torch.equal(one, again) and torch.equal(one, two)
+    plain = torch.cat([images for images, _ in build_loader(config(textured), "train")])
+    changed = [not torch.equal(a, b) for a, b in zip(one, plain)]
+    assert 0 < sum(changed) and len(set(map(tuple, one[:, :, 3, 3].tolist()))) > 1  # per-sample draws
+    dali = run(1, "dali")
+    assert torch.equal(dali, run(1, "dali"))
+
+
+def test_with_global_rng_seeds_the_global_generators_from_the_samples_and_restores_them():
+    drawn = []
+
+    def draws(image):
+        import random
+        drawn.append((float(torch.rand(1)), random.random(), float(np.random.rand())))
+        return image
+    hook = with_global_rng(draws)
+    image = torch.zeros(3, 4, 4, dtype=torch.uint8)
+    torch.manual_seed(1)
+    expected_next = torch.rand(1)
+    torch.manual_seed(1)
+    for seed in (5, 6, 5):
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        hook(image, generator)
+    assert drawn[0] == drawn[2] != drawn[1]
+    assert torch.equal(torch.rand(1), expected_next)
+    compose = with_global_rng(user_hooks.RAND_AUGMENT)  # a class, so that spawned workers can unpickle it
+    unpickled = pickle.loads(pickle.dumps(compose))
+    assert unpickled.hook_name == "with_global_rng(torchvision.transforms.v2._container:Compose)"
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_batch_hook_gets_the_batchs_seeds_on_both_backends_before_the_mixing(numbered, split):
+    runs = {}
+    extra = {"mixup": {"mixup_alpha": 0.2}} if split == "train" else {}
+    for backend, workers in (("torch", 0), ("torch", 2), ("dali", 1)):
+        cfg = config(numbered, backend, workers, **{split: {"transform": {"size": 32, "batch_hook":
+                                                                          "user_hooks:batch_stamp"}, **extra}})
+        user_hooks.SEEN.clear()
+        loader = build_loader(cfg, split)
+        seeds = np.concatenate([plan[:, 1] for plan in loader.order.batches(0)])
+        out = [(images, labels) for images, labels in loader]
+        stamps = torch.cat([images[:, :, 0, 0] for images, _ in out])
+        if split == "val":  # no mixing: each pixel is its own sample's seed
+            assert torch.equal(stamps, torch.from_numpy(seeds % 251).float().view(-1, 1).expand(-1, 3) / 251)
+        else:
+            assert out[0][1].dtype == torch.float32  # soft targets: the mixing ran after the hook
+        if workers == 0:  # the hook saw normalized images and int64 labels, before any mixing
+            assert user_hooks.SEEN[0] == (torch.float32, (4, 3, 32, 32), torch.int64, (4,))
+        runs[backend, workers] = torch.cat([images for images, _ in out])
+    assert torch.equal(runs["torch", 0], runs["torch", 2])
+    assert torch.equal(runs["torch", 0][:, :, 0, 0], runs["dali", 1][:, :, 0, 0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batch_hook_may_return_new_tensors(numbered, backend):
+    plain = torch.cat([images for images, _ in build_loader(config(numbered, backend, 1), "val")])
+    loader = build_loader(config(numbered, backend, 1, val={"transform": {"size": 32, "batch_hook":
+                                                                          "user_hooks:batch_new_tensors"}}), "val")
+    assert torch.equal(torch.cat([images for images, _ in loader]), plain.flip(1))
+
+
+def test_a_dali_graph_function_adds_its_op_seeded_per_sample(numbered):
+    flipped = config(numbered, "dali", dali={"graph_hook": "user_hooks:graph_flip", "graph_hook_args": {"every": 2}})
+    loader = build_loader(flipped, "val")
+    plain = build_loader(config(numbered, "dali"), "val")
+    seeds = np.concatenate([plan[:, 1] for plan in loader.order.batches(0)])
+    out = torch.cat([images for images, _ in loader])
+    reference = torch.cat([images for images, _ in plain])
+    even = torch.from_numpy(seeds % 2 == 0)
+    assert torch.equal(out[even], reference[even].flip(2)) and torch.equal(out[~even], reference[~even])
+    assert loader.state_dict()["hooks"] == {"graph_hook": "user_hooks:graph_flip"}
+
+
+def test_resume_replays_the_hooks_draws_and_refuses_other_hooks_unless_forced(numbered, caplog):
+    cfg = hooked(numbered, sample_hook="user_hooks:stamp")
+    whole = [v for images, _ in build_loader(cfg, "train") for v in stamped_values(images)]
+    loader = build_loader(cfg, "train")
+    batches = iter(loader)
+    first = stamped_values(next(batches)[0])
+    state = loader.state_dict()
+    assert state["hooks"] == {"sample_hook": "user_hooks:stamp"}
+    resumed = build_loader(cfg, "train")
+    resumed.load_state_dict(state)
+    assert first + [v for images, _ in resumed for v in stamped_values(images)] == whole
+    other = build_loader(hooked(numbered, sample_hook="user_hooks:VERSIONED"), "train")
+    with pytest.raises(ValueError, match=r"other hooks \(sample_hook: user_hooks:stamp then, user_hooks:VERSIONED@2 "
+                                         r"now\).*force_hooks=True"):
+        other.load_state_dict(state)
+    none = build_loader(config(numbered), "train")
+    with pytest.raises(ValueError, match="sample_hook: user_hooks:stamp then, none now"):
+        none.load_state_dict(state)
+    none.load_state_dict(state, force_hooks=True)
+    assert "as force_hooks asks" in caplog.text
+    assert sum(len(labels) for _, labels in none) == len(whole) - len(first)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hook_that_raises_stops_the_run_naming_it_the_sample_and_its_traceback(numbered, backend):
+    cfg = hooked(numbered, backend, 1, sample_hook="user_hooks:fails")
+    cfg["dataset"]["on_bad_image"] = "skip"  # a hook's error is never taken for a bad file
+    loader = build_loader(cfg, "train")
+    with pytest.raises(HookError, match=r"train\.transform\.sample_hook user_hooks:fails raised KeyError: 'the key' on "
+                                        r"sample '.*n_\d\d\.png' \(seed -?\d+\)(.|\n)*user_hooks\.py.*in fails"):
+        next(iter(loader))
+    assert loader.bad_samples == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("hook, said", [("shrinks", r"returned a uint8 tensor \[3, 8, 8\] on cpu"),
+                                        ("floats", r"returned a float32 tensor \[3, 32, 32\] on cpu")])
+def test_a_sample_hook_of_the_wrong_shape_or_dtype_is_named_at_the_first_batch(numbered, backend, hook, said):
+    loader = build_loader(hooked(numbered, backend, 0 if backend == "torch" else 1, sample_hook=f"user_hooks:{hook}"),
+                          "train")
+    with pytest.raises(HookError, match=f"user_hooks:{hook} {said} for sample .*a uint8 torch tensor of the shape it "
+                                        r"is given, \[3, 32, 32\]"):
+        next(iter(loader))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("hook, said", [("batch_wrong_labels", r"returned a tuple of 2 \(.*float32 tensor \[4\]"),
+                                        ("batch_fails", r"raised ValueError: batch hook bug on a batch of 4 samples")])
+def test_a_batch_hook_that_fails_or_gives_the_wrong_labels_is_named(numbered, backend, hook, said):
+    loader = build_loader(config(numbered, backend, 1, train={"transform": {"size": 32, "batch_hook":
+                                                                            f"user_hooks:{hook}"}}), "train")
+    with pytest.raises(HookError, match=f"train.transform.batch_hook user_hooks:{hook} {said}"):
+        next(iter(loader))
+
+
+def test_a_sample_hook_that_hangs_is_named_by_workers_timeout_and_the_process_still_exits(numbered, tmp_path):
+    """torch: the worker is named and killed. DALI: the hook hangs on a DALI thread, which nothing
+    can stop; the loader names it, and the process exits (DALI's own exit hook would wait for that
+    thread for ever), in a process of its own here."""
+    cfg = hooked(numbered, "torch", 1, sample_hook="user_hooks:hangs")
+    cfg["workers"]["timeout"] = 0.5
+    with pytest.raises(RuntimeError, match=r"The workers run your train\.transform\.sample_hook user_hooks:hangs too"):
+        next(iter(build_loader(cfg, "train")))
+    cfg = {**cfg, "backend": "dali"}
+    script = ("import json, sys; from fastloader import build_loader\n"
+              f"loader = build_loader(json.loads({json.dumps(json.dumps(cfg))}), 'train')\n"
+              "try:\n    next(iter(loader))\nexcept TimeoutError as error:\n    print(error)\n")
+    env = cpu_only_env(tmp_path / "cache", PYTHONPATH=f"{Path(user_hooks.__file__).parent}:{REPO}")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"running train\.transform\.sample_hook user_hooks:hangs on sample .*n_\d\d\.png", done.stdout)
+
+
+def test_hook_paths_and_places_that_cannot_work_fail_at_build_naming_the_key(numbered):
+    with pytest.raises(ConfigError, match=r"train\.transform\.sample_hook: 'no_such_module:f': the module "
+                                          r"'no_such_module' does not import"):
+        build_loader(hooked(numbered, sample_hook="no_such_module:f"), "train")
+    with pytest.raises(ConfigError, match=r"val\.transform\.batch_hook: 'user_hooks:nothing': user_hooks has no "
+                                          r"callable 'nothing'"):
+        build_loader(config(numbered, val={"transform": {"size": 32, "batch_hook": "user_hooks:nothing"}}), "val")
+    with pytest.raises(ConfigError, match=r"must be 'package\.module:function'"):
+        build_loader(hooked(numbered, sample_hook="not a path"), "train")
+    with pytest.raises(ConfigError, match=r"dali\.graph_hook user_hooks:graph_flip adds operators to a DALI graph, "
+                                          r"and split 'train' is read by the torch backend.*set backend: dali"):
+        build_loader(config(numbered, dali={"graph_hook": "user_hooks:graph_flip"}), "train")
+    with pytest.raises(ConfigError, match=r"build_loader\(sample_hook=\.\.\.\): a int is not callable"):
+        build_loader(config(numbered), "train", sample_hook=3)
+
+
+@pytest.mark.parametrize("hook, said", [("graph_not_a_node", r"returned a bool; a graph function returns the images' "
+                                                             r"DataNode"),
+                                        ("graph_resizes", r"gave images of 8x8 pixels.*the size it is given, 32x32")])
+def test_a_graph_function_that_gives_no_images_or_another_size_is_named(numbered, hook, said):
+    with pytest.raises(HookError, match=f"dali.graph_hook user_hooks:{hook} {said}"):
+        next(iter(build_loader(config(numbered, "dali", dali={"graph_hook": f"user_hooks:{hook}"}), "val")))
+
+
+def test_where_workers_are_spawned_a_hook_that_cannot_pickle_fails_at_build(numbered, monkeypatch):
+    import torch_loader.loader
+    monkeypatch.setattr(torch_loader.loader, "fork_context", lambda: None)  # what macOS and Windows get
+    with pytest.raises(ConfigError, match=r"build_loader\(sample_hook=\.\.\.\) .*<lambda> cannot be pickled.*spawn.*"
+                                          r"top level of a module"):
+        build_loader(config(numbered, workers=1), "train", sample_hook=lambda image, generator: image)
+    by_path = load_hook("user_hooks:stamp", "sample_hook", "train.transform.sample_hook", "test")
+    assert pickle.loads(pickle.dumps(by_path)).function is user_hooks.stamp  # imported again by its path
+
+
+def test_the_hooks_on_a_colour_coded_split_keep_every_sample_once(numbered):
+    loader = build_loader(config(numbered, "torch", 2, train={"transform": {
+        "size": 32, "sample_hook": "user_hooks:identity", "batch_hook": "user_hooks:batch_identity"}}), "train")
+    colours = [colour for images, _ in loader for colour in identities(images)]
+    assert len(colours) == len(set(colours)) == len(loader) * 4

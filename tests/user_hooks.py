@@ -1,0 +1,92 @@
+"""Hooks the tests name by path (`user_hooks:stamp`), as a user's config would: a module on the
+path, imported where the loader is built and in every worker."""
+from __future__ import annotations
+
+import time
+
+import torch
+from torchvision.transforms import v2
+
+
+def stamp(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The first row becomes one grey value drawn from the sample's generator."""
+    out = image.clone()
+    out[:, 0, :] = int(torch.randint(0, 256, (1,), generator=generator))
+    return out
+
+
+def identity(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return image
+
+
+def batch_identity(images, labels, seeds):
+    return images, labels
+
+
+def fails(image, generator):
+    return {"no such key": 1}["the key"]
+
+
+def shrinks(image, generator):
+    return image[:, :8, :8]
+
+
+def floats(image, generator):
+    return image.float()
+
+
+def hangs(image, generator):
+    time.sleep(3600)
+
+
+SEEN: list[tuple] = []
+
+
+def batch_stamp(images, labels, seeds):
+    """Pixel (0, 0) of each image becomes its seed's last digits (normalized: before the mixing);
+    what it was given is noted."""
+    SEEN.append((images.dtype, tuple(images.shape), labels.dtype, tuple(labels.shape)))
+    images[:, :, 0, 0] = (seeds % 251).to(images.device, images.dtype).view(-1, 1) / 251
+    return images, labels
+
+
+def batch_new_tensors(images, labels, seeds):
+    """New tensors, not the ones given: each image's colours reversed."""
+    return images.flip(1).contiguous(), labels.clone()
+
+
+def batch_wrong_labels(images, labels, seeds):
+    return images, labels.float()
+
+
+def batch_fails(images, labels, seeds):
+    raise ValueError("batch hook bug")
+
+
+def graph_flip(images, seeds, every=2):
+    """A DALI op: the samples whose seed is even (every=2) flipped upside down."""
+    from nvidia.dali import fn, types
+    return fn.flip(images, vertical=fn.cast(seeds % every == 0, dtype=types.INT32))
+
+
+def graph_not_a_node(images, seeds):
+    return images is not None
+
+
+def graph_resizes(images, seeds):
+    from nvidia.dali import fn
+    return fn.resize(images, resize_x=8, resize_y=8)
+
+
+RAND_AUGMENT = v2.Compose([v2.RandAugment(num_ops=2, magnitude=9), v2.RandomGrayscale(p=0.3)])
+"""A torchvision v2 pipeline, named in a config as `user_hooks:RAND_AUGMENT`."""
+
+
+class versioned:  # noqa: N801 - a hook function with a version
+    version = "2"
+
+    def __call__(self, image, generator):
+        return image
+
+
+VERSIONED = versioned()
