@@ -11,6 +11,8 @@ With --checkpoint, rank 0 saves the model, the optimizer and the train loader's 
 --save-every steps, at the end of each epoch and on Ctrl-C (after the step under way: press it twice
 to stop at once); starting again with the same command resumes exactly where the checkpoint left
 off, mid-epoch included. The loader does the sharding; this script only wraps the model in DDP.
+--sample-hook and --batch-hook add your own transforms (docs/transforms.md; examples/my_transforms.py
+holds one of each); a checkpoint records them, and resuming with others is refused.
 Works on CPU (gloo) and GPU (nccl, one GPU per local rank). A config error prints its message and
 exits with status 2; Ctrl-C exits with 130.
 """
@@ -47,7 +49,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=0,
                         help="stop after this many steps of this run, saving a checkpoint (as a preemption would)")
     parser.add_argument("--log-every", type=int, default=10, metavar="STEPS")
-    return parser.parse_args()
+    parser.add_argument("--sample-hook", metavar="MODULE:FUNCTION",
+                        help="your own op on each train sample (train.transform.sample_hook; docs/transforms.md), "
+                             "e.g. my_transforms:RAND_AUGMENT (examples/my_transforms.py)")
+    parser.add_argument("--batch-hook", metavar="MODULE:FUNCTION",
+                        help="your own op on each train batch (train.transform.batch_hook), e.g. "
+                             "my_transforms:brightness")
+    args = parser.parse_args()
+    args.overrides += [f"train.transform.{key}={value}" for key, value in
+                       (("sample_hook", args.sample_hook), ("batch_hook", args.batch_hook)) if value]
+    return args
 
 
 def say(*parts) -> None:
@@ -172,7 +183,10 @@ def train(args) -> int:
         saved = torch.load(args.checkpoint, map_location=device, weights_only=True)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        train.load_state_dict(saved["train_loader"])  # the next loop continues the saved epoch
+        try:  # the next loop continues the saved epoch
+            train.load_state_dict(saved["train_loader"])
+        except ValueError as error:  # saved with another split, seed, order or hooks: named, with the fix
+            raise ConfigError(f"{args.checkpoint}: {error}") from None
         step = saved["step"]
         resumed = train.state_dict()  # where the next loop starts: a saved end of epoch is the next one's start
         say(f"resumed from {args.checkpoint}: step {step}, epoch {resumed['epoch']}, "

@@ -121,3 +121,20 @@ def test_ctrl_c_saves_a_checkpoint_that_the_same_command_resumes_exactly(tmp_pat
     assert third.returncode == 0, err[-3000:]
     assert f"resumed from {checkpoint}: step 15, epoch 1, sample 0 of 240" in out  # not "epoch 1, sample 240"
     assert "epoch 1 step 16 loss" in out
+
+
+def test_hooks_from_the_command_line_are_checkpointed_and_a_resume_with_others_is_refused(tmp_path):
+    checkpoint = tmp_path / "ckpt.pt"
+    first = example("--sample-hook", "my_transforms:RAND_AUGMENT", "--max-steps", "2", "--checkpoint",
+                    str(checkpoint), cwd=tmp_path)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["train_loader"]["hooks"] == {"sample_hook": "with_global_rng(my_transforms:RAND_AUGMENT)"}
+    second = example("--batch-hook", "my_transforms:brightness", "--max-steps", "1", "--checkpoint", str(checkpoint),
+                     cwd=tmp_path)
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 2, err[-3000:]
+    assert ("loader state was saved with other hooks (batch_hook: none then, my_transforms:brightness now; "
+            "sample_hook: with_global_rng(my_transforms:RAND_AUGMENT) then, none now)") in err
+    assert "Traceback" not in err
