@@ -341,3 +341,39 @@ def build_cache(split: str, overrides: dict, cache_dir: Path, files: SampleIndex
           f"the {source_bytes / 2**20:.1f} MiB of JPEGs)", flush=True)
     return {"images": report["images"], "seconds": report["seconds"], "bytes": report["bytes"],
             "source_bytes": source_bytes, "short_side": args.short_side}
+
+
+def warm_epochs(config: dict, split: str, epochs: int, **build_args) -> dict:
+    """A fresh loader (build_loader's keyword arguments: a source, hooks): one epoch untimed, then
+    `epochs` timed: images/s and the training thread's CPU time per sample inside next()."""
+    loader = fastloader.build_loader(config, split, **build_args)
+    for _ in loader:
+        pass
+    cpu, samples = 0.0, 0
+    started = time.perf_counter()
+    for _ in range(epochs):
+        iterator = iter(loader)
+        while True:
+            before = time.thread_time()
+            batch = next(iterator, None)
+            cpu += time.thread_time() - before
+            if batch is None:
+                break
+            samples += len(batch[1])
+    elapsed = time.perf_counter() - started
+    loader.close()
+    return {"images_per_s": samples / elapsed, "thread_us_per_sample": cpu / samples * 1e6,
+            "samples": samples // epochs}
+
+
+def ratio_table(title: str, rows: dict[str, list[dict]], reference: str, column: str) -> None:
+    """Print each case's median images/s (of warm_epochs' rounds), its ratio to the `reference`
+    case's and the training thread's us/sample."""
+    rate = {case: statistics.median(r["images_per_s"] for r in runs) for case, runs in rows.items()}
+    thread = {case: statistics.median(r["thread_us_per_sample"] for r in runs) for case, runs in rows.items()}
+    width = max(len(column), *map(len, rows))
+    print(f"\n{title} ({rows[reference][0]['samples']} images)")
+    print(f"  {column:<{width}} {'images/s':>9} {'x ' + reference:>12} {'thread us/sample':>17}")
+    for case in rows:
+        print(f"  {case:<{width}} {rate[case]:>9.0f} {rate[case] / rate[reference]:>11.2f}x {thread[case]:>17.2f}")
+    sys.stdout.flush()

@@ -17,17 +17,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import harness
 import shards as shard_benchmark
 from PIL import Image
 
-import fastloader
 from fastloader.parallel import available_cores
 from fastloader.sources import from_dataset
 from fastloader.sources.folder import scan_folder
@@ -56,28 +52,6 @@ class PhotoItems:
 def split_files(data: Path, split: str) -> tuple[list[str], list[int], list[str]]:
     index = scan_folder(str(data / split), harness.IMAGE_EXTENSIONS)
     return [index.path(i) for i in range(len(index))], index.labels.tolist(), list(index.classes)
-
-
-def warm_epochs(config: dict, split: str, source: object | None, epochs: int) -> dict:
-    """A fresh loader: one epoch untimed, then `epochs` timed (images/s, thread us per sample)."""
-    loader = fastloader.build_loader(config, split, source=source)
-    for _ in loader:
-        pass
-    cpu, samples = 0.0, 0
-    started = time.perf_counter()
-    for _ in range(epochs):
-        iterator = iter(loader)
-        while True:
-            before = time.thread_time()
-            batch = next(iterator, None)
-            cpu += time.thread_time() - before
-            if batch is None:
-                break
-            samples += len(batch[1])
-    elapsed = time.perf_counter() - started
-    loader.close()
-    return {"images_per_s": samples / elapsed, "thread_us_per_sample": cpu / samples * 1e6,
-            "samples": samples // epochs}
 
 
 def main() -> None:
@@ -113,21 +87,12 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for source in SOURCES:  # interleaved: the machine's drift falls on all
                         config, make = runs[source]
-                        rows[source].append(warm_epochs(config, split, make() if make else None, args.epochs))
+                        given = make() if make else None
+                        rows[source].append(harness.warm_epochs(config, split, args.epochs, source=given))
                 results[f"{backend} {split}"] = rows
-                show(backend, split, rows)
+                harness.ratio_table(f"{backend} {split}", rows, "folder", "source")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-
-
-def show(backend: str, split: str, rows: dict) -> None:
-    rate = {source: statistics.median(r["images_per_s"] for r in rows[source]) for source in SOURCES}
-    thread = {source: statistics.median(r["thread_us_per_sample"] for r in rows[source]) for source in SOURCES}
-    print(f"\n{backend} {split} ({rows['folder'][0]['samples']} images)")
-    print(f"  {'source':<14} {'images/s':>9} {'x folder':>9} {'thread us/sample':>17}")
-    for source in SOURCES:
-        print(f"  {source:<14} {rate[source]:>9.0f} {rate[source] / rate['folder']:>8.2f}x {thread[source]:>17.2f}")
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -64,14 +64,15 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
                 "--file-samples", "2000"],
     "feed": ["feed.py", "--rounds", "1", "--batch", "4", "--seconds", "0.2"],
     "sources": ["sources.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32", "--split", "val"],
+    "hooks": ["hooks.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32", "--workers", "1"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
                "--rounds", "1", "--batch-size", "4", "--size", "32", "--workers", "1", "--latency-ms", "5"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
-    ("memory_workers", "memory_index", "cache", "stages", "train_step", "trainer_thread", "shards", "block_order",
-     "sampler", "sizes", "feed"),
-    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "screening"),
+    ("memory_workers", "memory_index", "cache", "stages", "train_step", "shards", "block_order", "sampler", "feed"),
+    ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "trainer_thread",
+     "sizes", "hooks", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -370,7 +371,7 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 18
+    assert len(SCRIPTS) == 19
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -445,6 +446,22 @@ def test_sources_reads_the_photos_from_folders_sqlite_and_a_dataset_on_both_back
             line = next(line for line in table.splitlines() if line.strip().startswith(source + "  "))
             assert float(line.split("x")[-2].split()[-1]) == pytest.approx(
                 runs[0]["images_per_s"] / rows["folder"][0]["images_per_s"], abs=0.006), line
+
+
+@runs_for("hooks")
+def test_hooks_measures_each_hook_against_no_hook_on_both_backends(run):
+    out, report = run
+    for backend in ["torch"] + (["dali"] if HAS_DALI else []):
+        rows = report[backend]
+        expected = ["no hook", "identity sample hook", "identity batch hook", "torchvision RandAugment hook",
+                    "fastloader rand-m9"] + (["identity graph function"] if backend == "dali" else [])
+        assert list(rows) == expected
+        assert all(r["samples"] == 12 and r["images_per_s"] > 0 for runs in rows.values() for r in runs)
+        table = out[out.index(f"{backend} train (12 images)"):]
+        for case, runs in rows.items():
+            line = next(line for line in table.splitlines() if line.strip().startswith(case + "  "))
+            assert float(line.split("x")[-2].split()[-1]) == pytest.approx(
+                runs[0]["images_per_s"] / rows["no hook"][0]["images_per_s"], abs=0.006), line
 
 
 @runs_for("sizes")
