@@ -291,7 +291,7 @@ class DaliLoader(Loader):
         self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._feed) if hook is not None else None
         if hook is not None:
             log.warning("split '%s': %s runs through DALI's Python-function operator, one Python call per sample on "
-                        "a DALI thread holding the GIL%s: an identity function cost 7%% of the images/s on 2 CPU "
+                        "a DALI thread holding the GIL%s: an identity function cost 4-7%% of the images/s on 2 CPU "
                         "cores, torchvision's RandAugment half of fastloader's rand-m9's "
                         "(docs/performance.md#your-own-transforms); for DALI's speed give the op as dali.graph_hook",
                         split.name, hook.label,

@@ -60,7 +60,8 @@ class PythonSampleHook:
         name = self.name_of(sample)
         self.doing.busy = f"running {self.hook.label} on sample {name}", time.monotonic()
         try:
-            out = self.hook.on_sample(torch.from_numpy(image).permute(2, 0, 1), seed, name)
+            # a copy: DALI's operator must not modify its input, and a hook may work in place (torch lets it)
+            out = self.hook.on_sample(torch.from_numpy(image.copy()).permute(2, 0, 1), seed, name)
         except HookError as error:
             self.failure = error
             raise

@@ -76,6 +76,8 @@ def test_a_sample_hook_draws_from_the_samples_seed_on_both_backends_with_any_wor
         assert runs[backend, workers] == expected_stamps(loader), (backend, workers)
     assert runs["torch", 0] == runs["torch", 2] == runs["dali", 1]
     assert len(set(runs["torch", 0])) > len(runs["torch", 0]) // 2  # a draw per sample, not one for all
+    in_place = build_loader(hooked(numbered, "dali", 1, split, sample_hook="user_hooks:in_place"), split)
+    assert [v for images, _ in in_place for v in stamped_values(images)] == runs["dali", 1]  # its own copy
 
 
 def test_a_sample_hook_sees_the_crop_after_the_flips_and_ops_and_the_rest_is_untouched(numbered):
@@ -173,8 +175,21 @@ def test_a_dali_graph_function_adds_its_op_seeded_per_sample(numbered):
     assert loader.state_dict()["hooks"] == {"graph_hook": "user_hooks:graph_flip"}
 
 
-def test_resume_replays_the_hooks_draws_and_refuses_other_hooks_unless_forced(numbered, caplog):
-    cfg = hooked(numbered, sample_hook="user_hooks:stamp")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_on_two_ranks_each_ranks_hook_draws_are_its_own_samples(numbered, backend):
+    stamps = []
+    for rank in range(2):
+        cfg = {**hooked(numbered, backend, sample_hook="user_hooks:stamp"),
+               "distributed": {"rank": rank, "world_size": 2}}
+        loader = build_loader(cfg, "train")
+        stamps.append([v for images, _ in loader for v in stamped_values(images)])
+        assert stamps[rank] == expected_stamps(loader) and len(stamps[rank]) == len(loader) * 4
+    assert stamps[0] != stamps[1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resume_replays_the_hooks_draws_and_refuses_other_hooks_unless_forced(numbered, backend, caplog):
+    cfg = hooked(numbered, backend, sample_hook="user_hooks:stamp")
     whole = [v for images, _ in build_loader(cfg, "train") for v in stamped_values(images)]
     loader = build_loader(cfg, "train")
     batches = iter(loader)
@@ -184,11 +199,11 @@ def test_resume_replays_the_hooks_draws_and_refuses_other_hooks_unless_forced(nu
     resumed = build_loader(cfg, "train")
     resumed.load_state_dict(state)
     assert first + [v for images, _ in resumed for v in stamped_values(images)] == whole
-    other = build_loader(hooked(numbered, sample_hook="user_hooks:VERSIONED"), "train")
+    other = build_loader(hooked(numbered, backend, sample_hook="user_hooks:VERSIONED"), "train")
     with pytest.raises(ValueError, match=r"other hooks \(sample_hook: user_hooks:stamp then, user_hooks:VERSIONED@2 "
                                          r"now\).*force_hooks=True"):
         other.load_state_dict(state)
-    none = build_loader(config(numbered), "train")
+    none = build_loader(config(numbered, backend), "train")
     with pytest.raises(ValueError, match="sample_hook: user_hooks:stamp then, none now"):
         none.load_state_dict(state)
     none.load_state_dict(state, force_hooks=True)
