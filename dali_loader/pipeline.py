@@ -21,6 +21,7 @@ fastloader.imaging.boxes), `interpolation` the filter, and shrinking is antialia
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from typing import Callable
 
@@ -281,5 +282,8 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     pipe = pipeline_def(graph, enable_conditionals=conditionals)(
         batch_size=batch_size, num_threads=num_threads, device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth, seed=seed, exec_dynamic=True)
-    pipe.build()
+    with warnings.catch_warnings():
+        if hook_inputs(user.hooks):  # a graph function need not use the seeds it is given: no warning for it
+            warnings.filterwarnings("ignore", message=r"The external source node .* is not used")
+        pipe.build()
     return pipe

@@ -300,3 +300,12 @@ def test_the_hooks_on_a_colour_coded_split_keep_every_sample_once(numbered):
         "size": 32, "sample_hook": "user_hooks:identity", "batch_hook": "user_hooks:batch_identity"}}), "train")
     colours = [colour for images, _ in loader for colour in identities(images)]
     assert len(colours) == len(set(colours)) == len(loader) * 4
+
+
+def test_a_graph_function_that_leaves_the_seeds_unused_builds_without_dalis_warning(numbered):
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = build_loader(config(numbered, "dali", dali={"graph_hook": "user_hooks:graph_identity"}), "val")
+    assert [str(w.message) for w in caught if "is not used" in str(w.message)] == []
+    assert sum(len(labels) for _, labels in loader) == loader.num_samples
