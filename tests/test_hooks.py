@@ -309,3 +309,16 @@ def test_a_graph_function_that_leaves_the_seeds_unused_builds_without_dalis_warn
         loader = build_loader(config(numbered, "dali", dali={"graph_hook": "user_hooks:graph_identity"}), "val")
     assert [str(w.message) for w in caught if "is not used" in str(w.message)] == []
     assert sum(len(labels) for _, labels in loader) == loader.num_samples
+
+
+def test_check_names_each_hook_and_a_path_that_does_not_import(tmp_path, capsys):
+    """check said "no problems" for a sample hook that a loader would refuse at build."""
+    from fastloader.cli import main
+    config = tmp_path / "c.yaml"
+    config.write_text("dataset: {root: builtin:sample}\ntrain: {transform: {sample_hook: 'user_hooks:stamp'}}\n"
+                      "val: {transform: {batch_hook: 'user_hooks:nothing'}}\n")
+    assert main(["check", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "  hook: train.transform.sample_hook user_hooks:stamp" in out
+    assert re.search(r"problem: .*val\.transform\.batch_hook: 'user_hooks:nothing': user_hooks has no callable "
+                     r"'nothing'", out)

@@ -262,10 +262,26 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
           f"{_count(len(tally.problems), 'problem')}")
     if split.mode == "train":
         print(f"  augmentation: {ops_summary(config, split)}")
-    for problem in batch_problems(config, split, len(index) - len(tally.problems)):
+    hooks, problems = hook_lines(config, split)
+    for line in hooks:
+        print(f"  {line}")
+    for problem in problems + batch_problems(config, split, len(index) - len(tally.problems)):
         print(f"  problem: {problem}")
         tally.split_problems.append(problem)
     return tally
+
+
+def hook_lines(config: Config, split: SplitConfig) -> tuple[list[str], list[str]]:
+    """The split's hooks as a loader would import them (docs/transforms.md): a line for each, or the
+    problem that a loader would refuse at build (a path that does not import)."""
+    from ..errors import ConfigError
+    from ..hooks import split_hooks
+
+    try:
+        hooks = split_hooks(config, split)
+    except ConfigError as error:
+        return [], [str(error)]
+    return [f"hook: {hook.label}" for hook in hooks.all()], []
 
 
 def batch_problems(config: Config, split: SplitConfig, usable: int) -> list[str]:
