@@ -116,6 +116,28 @@ def test_a_dropped_loader_stops_its_workers_at_once(tmp_path, backend):
     assert not [pid for pid in workers if alive(pid)]
 
 
+def test_a_loader_collected_in_a_reference_cycle_stops_its_workers_at_once(tmp_path):
+    """Device: CPU. A loader caught in a cycle (an error's traceback holding the frame that held it,
+    say) is collected by the cycle collector, which runs the queues' finalizers before the DataLoader
+    iterator's: torch's shutdown then sends its workers' stop signal into a closed queue and waits
+    5 s for each worker before it kills them, inside whatever the program does when the collector
+    runs (10 s here with 2 workers)."""
+    import gc
+    root = write_solid_dataset(tmp_path / "data", per_class=4, splits=("train",))
+    before = children(os.getpid())
+    loader = build_loader(base_config(root, workers={"num_workers": 2}, train={"batch_size": 2}))
+    for _ in loader:  # the workers go on with the next epoch's first batches
+        pass
+    workers = children(os.getpid()) - before
+    assert len(workers) == 2
+    loader.cycle = loader
+    del loader
+    started = time.monotonic()
+    gc.collect()
+    assert time.monotonic() - started < 2
+    assert not [pid for pid in workers if alive(pid)]
+
+
 DROP_IN_A_FORK = """
 import gc, json, os, sys, time
 from fastloader import build_loader

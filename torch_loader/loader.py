@@ -204,6 +204,8 @@ class TorchLoader(Loader):
         self._dataloader.worker_init_fn = functools.partial(die_with, os.getpid(),
                                                             forked_by_main_thread=in_main_thread())
         self._live = iter(self._dataloader)
+        stop = weakref.finalize(self._live, _stop_unreaped, list(getattr(self._live, "_workers", ())), os.getpid())
+        stop.atexit = False  # at exit the workers die with this process (fastloader.parallel.die_with)
         self._fresh = True
         if getattr(self._live, "_worker_pids_set", False):
             torch.utils.data._utils.signal_handling._remove_worker_pids(id(self._live))
@@ -354,6 +356,20 @@ class TorchLoader(Loader):
     def _close(self) -> None:
         self._shutdown()
         self._dataloader = None
+
+
+def _stop_unreaped(workers: list, parent: int) -> None:
+    """When a DataLoader iterator is collected: kill its workers that still run. Where the iterator
+    dies of its last reference, torch's own shutdown has stopped them already. Where the cycle
+    collector takes it, the worker queues' finalizers may run first, and torch's shutdown then sends
+    the workers' stop signal into a closed queue and waits 5 s for each before it kills them, inside
+    whatever the program does then. A worker whose exit was collected is not signalled: its pid may
+    be another process's by now; nor are any in a forked copy of the iterator (they are not its children)."""
+    if os.getpid() != parent:
+        return
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
 
 
 def _state(pid: int) -> str:
