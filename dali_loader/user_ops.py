@@ -4,7 +4,8 @@ them: after the crop, resize, flips and ops, before normalizing.
 - The sample hook runs through DALI's Python-function operator (fn.python_function), one call per
   sample on DALI's CPU thread, holding the GIL; in the GPU flavour the images go to the host for
   it and back (the dynamic executor allows the GPU->CPU step). The images are HWC uint8 there, as
-  the torch workers' crops are in memory: the hook sees the same [3, H, W] tensor view.
+  the torch workers' crops are in memory: the hook sees the same [3, H, W] view, of a copy (DALI's
+  operator must not modify its input; a hook may).
 - The graph function (dali.graph_hook) is called once while the graph is built, with the images'
   DataNode and the samples' seeds' DataNode, and adds its operators where the graph runs.
 
