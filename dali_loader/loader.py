@@ -101,9 +101,10 @@ class _Feed:
         (external_source without no_copy), so each batch's reads land where the last batch's were."""
         self.kind = "pixels" if pixels is not None else "bytes"
         """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
-        self.busy: tuple[str, float] | None = None
-        """(what, monotonic start) of what the loader's own code does now inside the pipeline (reading a
-        sample, running a user's hook): what a stalled pipeline names."""
+        self.busy: tuple[str, str, float] | None = None
+        """(doing, on what, monotonic start) of what the loader's own code does now inside the pipeline
+        (reading a sample, running a user's hook): what a stalled pipeline names. Words built only
+        when a stall is reported: the read path sets it for every sample."""
 
     def start(self, batches: Iterable[np.ndarray]) -> None:
         """Feed these batches next (only while no driver runs the pipeline)."""
@@ -174,7 +175,7 @@ class _Feed:
         busy = self.busy
         if busy is None:
             return "the feed is not reading a sample: DALI is stuck in a batch (a file on a hung file system?)"
-        return f"the loader has been {busy[0]} for {time.monotonic() - busy[1]:.0f} s"
+        return f"the loader has been {busy[0]} {busy[1]} for {time.monotonic() - busy[2]:.0f} s"
 
     def take(self, sample: int, into: ReadArena | None = None) -> tuple[np.ndarray, tuple[int, int]] | None:
         """What DALI is fed for a sample, and its upright size; None, noted in `skipped`, where it
@@ -186,7 +187,7 @@ class _Feed:
         if self.pixels is not None:
             return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
         location = self.location(sample)
-        self.busy = f"reading {location.name}", time.monotonic()
+        self.busy = "reading", location.name, time.monotonic()
         data, screened = read_screened(location, self.max_pixels, into)
         self.busy = None
         if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened
@@ -265,7 +266,7 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
         batch_labels = to_device(torch.from_numpy(labels[fed.plan[:, 0]]), device)
         if finisher is not None:
             if hook is not None:
-                feed.busy = f"running {hook.label} on a batch of {len(fed.plan)}", time.monotonic()
+                feed.busy = f"running {hook.label} on", f"a batch of {len(fed.plan)}", time.monotonic()
             images, batch_labels = finisher(images, batch_labels, fed.plan[:, 1])
             feed.busy = None
         return images, batch_labels, fed

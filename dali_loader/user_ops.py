@@ -59,7 +59,7 @@ class PythonSampleHook:
     def __call__(self, image: np.ndarray, sample_seed: np.ndarray) -> np.ndarray:
         sample, seed = (int(value) for value in sample_seed)
         name = self.name_of(sample)
-        self.doing.busy = f"running {self.hook.label} on sample {name}", time.monotonic()
+        self.doing.busy = f"running {self.hook.label} on sample", name, time.monotonic()
         try:
             # a copy: DALI's operator must not modify its input, and a hook may work in place (torch lets it)
             out = self.hook.on_sample(torch.from_numpy(image.copy()).permute(2, 0, 1), seed, name)
