@@ -15,7 +15,6 @@ from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as functional
-from torchvision.transforms.v2 import functional as F
 
 from fastloader.augment.ops import IDENTITY, KINDS
 
@@ -26,12 +25,20 @@ LUMA = (0.299, 0.587, 0.114)
 """ITU-R 601 luma weights: Pillow's grey (L) conversion, DALI's contrast centre and YIQ's Y."""
 _RGB_TO_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.321], [0.211, -0.523, 0.311]],
                            dtype=torch.float64)
+_YIQ_TO_RGB = torch.linalg.inv(_RGB_TO_YIQ)
 
 
 class Context(NamedTuple):
     """What an op needs besides its parameter: the fill of uncovered pixels, the sampling mode."""
     fill: tuple[int, int, int]
     nearest: bool
+
+
+def _float(image: Image) -> torch.Tensor:
+    """float32 [3, H, W] in plain CHW memory, whatever the image's: the crops come in HWC memory,
+    where each channel's pixels lie 3 apart, and the per-channel arithmetic below runs about twice
+    as fast over contiguous planes (the same values: only the layout changes)."""
+    return image.to(torch.float32, memory_format=torch.contiguous_format)
 
 
 def _round(x: torch.Tensor) -> Image:
@@ -63,7 +70,7 @@ def solarize_add(image: Image, param: float, ctx: Context) -> Image:
 
 
 def brightness(image: Image, param: float, ctx: Context) -> Image:
-    return _round(image.float() * param)
+    return _round(_float(image).mul_(param))
 
 
 def _grey(image: torch.Tensor) -> torch.Tensor:
@@ -72,13 +79,13 @@ def _grey(image: torch.Tensor) -> torch.Tensor:
 
 
 def contrast(image: Image, param: float, ctx: Context) -> Image:
-    x = image.float()
+    x = _float(image)
     centre = float(_grey(x).mean())
     return _round(x.sub_(centre).mul_(param).add_(centre))
 
 
 def color(image: Image, param: float, ctx: Context) -> Image:
-    x = image.float()
+    x = _float(image)
     grey = _grey(x)
     return _round(x.sub_(grey).mul_(param).add_(grey))
 
@@ -89,9 +96,9 @@ def hue(image: Image, param: float, ctx: Context) -> Image:
     angle = -2 * math.pi * param
     rotation = torch.tensor([[1, 0, 0], [0, math.cos(angle), -math.sin(angle)],
                              [0, math.sin(angle), math.cos(angle)]], dtype=torch.float64)
-    matrix = (torch.linalg.inv(_RGB_TO_YIQ) @ rotation @ _RGB_TO_YIQ).float()
-    x = image.float()
-    return _round(torch.einsum("ij,jhw->ihw", matrix, x))
+    matrix = (_YIQ_TO_RGB @ rotation @ _RGB_TO_YIQ).float()
+    x = _float(image)
+    return _round(torch.matmul(matrix, x.view(3, -1)).view(x.shape))  # one matrix product over the pixels
 
 
 def grayscale(image: Image, param: float, ctx: Context) -> Image:
@@ -105,10 +112,28 @@ def blur_window(sigma: float) -> int:
 
 
 def gaussian_blur(image: Image, param: float, ctx: Context) -> Image:
-    """torchvision.transforms.v2's gaussian_blur (a separable normalized Gaussian, the border
-    reflected without repeating the edge), with DALI's default window for the sigma."""
+    """torchvision.transforms.v2's gaussian_blur (a normalized Gaussian, the border reflected
+    without repeating the edge), with DALI's default window for the sigma, run as the separable
+    filter it is: a row pass, then a column pass, each a weighted sum of shifted views (torchvision
+    convolves with the 2-D kernel: at a 13-pixel window, 169 products per pixel for these 26, and a
+    depthwise convolution of that shape is slow on the CPU; the same kernel, float rounding apart)."""
     window = blur_window(param)
-    return F.gaussian_blur(image, [window, window], [param, param])
+    weights = _gaussian_kernel(window, float(param)).tolist()
+    half, (height, width) = window // 2, image.shape[1:]
+    x = functional.pad(_float(image)[None], (half, half, half, half), mode="reflect")[0]
+    rows = x[:, :, :width] * weights[0]
+    for tap in range(1, window):
+        rows.add_(x[:, :, tap:tap + width], alpha=weights[tap])
+    out = rows[:, :height] * weights[0]
+    for tap in range(1, window):
+        out.add_(rows[:, tap:tap + height], alpha=weights[tap])
+    return _round(out)
+
+
+def _gaussian_kernel(window: int, sigma: float) -> torch.Tensor:
+    """torchvision's 1-D Gaussian kernel (`_get_gaussian_kernel1d`'s arithmetic), float32."""
+    lim = (window - 1) / (2.0 * math.sqrt(2.0))
+    return torch.softmax(torch.linspace(-lim, lim, steps=window).div(sigma).pow(2).neg(), dim=0)
 
 
 def sharpness(image: Image, param: float, ctx: Context) -> Image:
