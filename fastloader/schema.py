@@ -236,6 +236,12 @@ class TransformConfig:
                                                                    "a probability in [0, 1]"))
     """train: probability that an image is blurred, sigma uniform in [0.1, 2] pixels (timm's
     --gaussian-blur-prob), after grayscale_prob. 0: off."""
+    color_jitter_prob: float = field(default=1.0, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
+    """train: probability that color_jitter applies to an image at all (torchvision's RandomApply around
+    ColorJitter, as DINO's and SimCLR's recipes: 0.8). 1: always."""
+    solarize_prob: float = field(default=0.0, metadata=_check(lambda v: 0 <= v <= 1, "a probability in [0, 1]"))
+    """train: probability that an image is solarized, pixels >= 128 inverted (torchvision's
+    RandomSolarize(128), as DINO's second global view: 0.2), after gaussian_blur_prob. 0: off."""
     sample_hook: str | None = field(default=None, metadata=_check(
         lambda v: v is None or FACTORY_PATH.fullmatch(v) is not None,
         "'package.module:function', called as function(image, generator) for each sample"))
@@ -310,10 +316,29 @@ DRAW_KEYS = ("weights", "class_weights", "epoch_size")
 
 TRAIN_TRANSFORM_KEYS = ("size", "progressive", "sizes", "scale", "ratio", "hflip", "vflip", "auto_augment",
                         "color_jitter", "interpolation", "erase_prob", "erase_mode", "erase_area", "erase_ratio",
-                        "erase_count", "grayscale_prob", "gaussian_blur_prob", "sample_hook", "batch_hook")
+                        "erase_count", "grayscale_prob", "gaussian_blur_prob", "color_jitter_prob", "solarize_prob",
+                        "sample_hook", "batch_hook")
+VIEW_TRANSFORM_KEYS = tuple(key for key in TRAIN_TRANSFORM_KEYS
+                            if key not in ("progressive", "sizes", "sample_hook", "batch_hook"))
+"""The transform keys a view group may set for its views (the size schedules and the hooks are the split's)."""
+MAX_VIEWS = 64
+"""The most views of a sample a train split's `views` may ask for, all groups together."""
 EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation", "sample_hook", "batch_hook")
 TRAIN_SPLIT_KEYS = ("aug_repeats", "label_smoothing", "mixup")
 """Split keys that only train mode takes: eval batches are never repeated, mixed or smoothed."""
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """One group of a train split's `views` (docs/views.md): `count` crops of each sample, each with
+    draws of its own, through the split's transform with the group's own keys over it."""
+    count: int = field(default=1, metadata=_in_range(1, MAX_VIEWS))
+    """Views of each sample in this group: its tensor is [count * batch, 3, size, size], crop-major."""
+    name: str | None = field(default=None, metadata=_check(lambda v: v is None or (v != "" and v.isprintable()),
+                                                           "a non-empty name"))
+    """What logs, `fastloader show` and describe() call the group. Default: view<k>, k its place from 0."""
+    transform: TransformConfig = TransformConfig()
+    """The group's transform: the split's, with the group's own keys (VIEW_TRANSFORM_KEYS) over it."""
 
 
 @dataclass(frozen=True)
@@ -380,6 +405,11 @@ class SplitConfig:
     label_smoothing: float = field(default=0.0, metadata=_check(lambda v: 0 <= v < 1, "in [0, 1)"))
     """train: labels become soft targets [B, num_classes]: 1 - smoothing + smoothing / C on the label,
     smoothing / C elsewhere (timm's mixup_target). 0: off (int64 labels unless mixup is on)."""
+    views: tuple[ViewConfig, ...] | None = None
+    """train: several views of each sample (multi-crop, DINO's), decoded once: a list of groups, each
+    {count, name, and any train transform key over the split's: size, scale, ratio, flips, ops, blur,
+    solarize, erasing, interpolation}; `images` becomes a list with one [count * B, 3, size, size]
+    tensor per group, crop-major: view k of sample i at row k * B + i (docs/views.md). null: one crop per sample."""
     transform: TransformConfig = TransformConfig()
     mixup: MixupConfig = MixupConfig()
 

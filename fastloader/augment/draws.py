@@ -23,7 +23,10 @@ from .policy import Policy, parse_policy
 
 _CROP_SALT, _FLIP_SALT, _OPS_SALT, _JITTER_SALT = 0xC209, 0xF11B, 0x0B5, 0x717E
 _WEIGHTED_SALT, _GREY_SALT, _BLUR_SALT = 0x3E16, 0x6EE7, 0xB1E2
-GREY, BLUR = KIND_IDS["grayscale"], KIND_IDS["gaussian_blur"]
+_JITTER_ON_SALT, _SOLARIZE_SALT = 0x7A99, 0x5017
+GREY, BLUR, SOLARIZE = KIND_IDS["grayscale"], KIND_IDS["gaussian_blur"], KIND_IDS["solarize"]
+SOLARIZE_THRESHOLD = 128
+"""solarize_prob's threshold: torchvision's RandomSolarize(128) in DINO's recipes."""
 BLUR_SIGMA = (0.1, 2.0)
 """gaussian_blur_prob's sigma range: torchvision's GaussianBlur default, which timm's train script uses."""
 _PER_SLOT = 6  # uniforms per RandAugment / AutoAugment slot: choice, coin, 2 noise, sign, spare
@@ -80,13 +83,17 @@ class Augmenter:
         self.policy: Policy | None = parse_policy(t.auto_augment) if t.auto_augment else None
         jitter_on = t.color_jitter is not None and (not self.policy or self.policy.keeps_color_jitter)
         self.jitter = jitter_ranges(t.color_jitter) if jitter_on else None
-        if self.jitter and all(low == high for low, high in self.jitter):
-            self.jitter = None  # ColorJitter(0, 0, 0, 0) does nothing
+        if self.jitter and (all(low == high for low, high in self.jitter) or t.color_jitter_prob == 0):
+            self.jitter = None  # ColorJitter(0, 0, 0, 0) does nothing, nor one applied with p 0
+        self.jitter_prob = t.color_jitter_prob
         self.grayscale_prob, self.blur_prob = t.grayscale_prob, t.gaussian_blur_prob
-        self.extra_slots = (("grayscale",) if self.grayscale_prob > 0 else ()) + (
-            ("gaussian_blur",) if self.blur_prob > 0 else ())
-        """timm's secondary transforms after the policy and the colour jitter, in its order: RandomGrayscale
-        (grayscale_prob), then GaussianBlur (gaussian_blur_prob): one slot each."""
+        self.solarize_prob = t.solarize_prob
+        probs = (("grayscale", t.grayscale_prob), ("gaussian_blur", t.gaussian_blur_prob),
+                 ("solarize", t.solarize_prob))
+        self.extra_slots = tuple(name for name, prob in probs if prob > 0)
+        """The secondary transforms after the policy and the colour jitter, in timm's and DINO's order:
+        RandomGrayscale (grayscale_prob), GaussianBlur (gaussian_blur_prob), then RandomSolarize
+        (solarize_prob): one slot each."""
         self.slots = (self.policy.layers if self.policy else 0) + (4 if self.jitter else 0) + len(self.extra_slots)
         fill_mean = self.policy is None or self.policy.fill_mean
         self.fill = tuple(min(255, round(255 * m)) for m in mean) if fill_mean else (0, 0, 0)
@@ -98,12 +105,15 @@ class Augmenter:
         if self.jitter:
             b, c, s, h = self.jitter
             words.append(f"colour jitter: brightness x[{b[0]:g}, {b[1]:g}], contrast x[{c[0]:g}, {c[1]:g}], "
-                         f"saturation x[{s[0]:g}, {s[1]:g}], hue {h[1]:g} turn, in random order")
+                         f"saturation x[{s[0]:g}, {s[1]:g}], hue {h[1]:g} turn, in random order"
+                         + (f", with p {self.jitter_prob:g}" if self.jitter_prob < 1 else ""))
         if self.grayscale_prob > 0:
             words.append(f"grey with p {self.grayscale_prob:g}")
         if self.blur_prob > 0:
             words.append(f"Gaussian blur with p {self.blur_prob:g}, sigma uniform in [{BLUR_SIGMA[0]:g}, "
                          f"{BLUR_SIGMA[1]:g}]")
+        if self.solarize_prob > 0:
+            words.append(f"solarize (>= {SOLARIZE_THRESHOLD}) with p {self.solarize_prob:g}")
         return "; then ".join(words) or "none"
 
     @cached_property
@@ -126,8 +136,8 @@ class Augmenter:
             kinds = [{op.kind_id for op in TRIVIAL_OPS}]
         if self.jitter:
             on = [KIND_IDS[name] for name, (low, high) in zip(JITTER_KINDS, self.jitter) if low != high]
-            kinds += [set(on) | ({IDENTITY} if len(on) < len(JITTER_KINDS) else set())] * 4
-        probs = {"grayscale": self.grayscale_prob, "gaussian_blur": self.blur_prob}
+            kinds += [set(on) | ({IDENTITY} if len(on) < len(JITTER_KINDS) or self.jitter_prob < 1 else set())] * 4
+        probs = {"grayscale": self.grayscale_prob, "gaussian_blur": self.blur_prob, "solarize": self.solarize_prob}
         kinds += [{KIND_IDS[name]} | ({IDENTITY} if probs[name] < 1 else set()) for name in self.extra_slots]
         return tuple(tuple(sorted(slot)) for slot in kinds)
 
@@ -179,11 +189,15 @@ class Augmenter:
         return hflip, vflip, op.astype(np.int32), param.astype(np.float32)
 
     def _extra(self, seeds: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """timm's RandomGrayscale (grayscale_prob), or RandomApply of GaussianBlur with sigma uniform
-        in BLUR_SIGMA (gaussian_blur_prob): one slot, identity where the coin says no."""
+        """timm's RandomGrayscale (grayscale_prob), RandomApply of GaussianBlur with sigma uniform in
+        BLUR_SIGMA (gaussian_blur_prob), or RandomSolarize (solarize_prob): one slot, identity where the
+        coin says no."""
         if name == "grayscale":
             u = seeded_uniform(seeds, _GREY_SALT, 1)
             return np.where(u[:, :1] < self.grayscale_prob, GREY, IDENTITY), np.zeros((len(seeds), 1))
+        if name == "solarize":
+            on = seeded_uniform(seeds, _SOLARIZE_SALT, 1) < self.solarize_prob
+            return np.where(on, SOLARIZE, IDENTITY), np.where(on, float(SOLARIZE_THRESHOLD), 0.0)
         u = seeded_uniform(seeds, _BLUR_SALT, 2)
         on = u[:, :1] < self.blur_prob
         sigma = BLUR_SIGMA[0] + (BLUR_SIGMA[1] - BLUR_SIGMA[0]) * u[:, 1:]
@@ -270,7 +284,8 @@ class Augmenter:
 
     def _jitter(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """torchvision's ColorJitter: each factor uniform in its range, the four in a random order
-        (a uniform permutation: the argsort of four uniforms); a component that is off is identity."""
+        (a uniform permutation: the argsort of four uniforms); a component that is off is identity,
+        and all four where color_jitter_prob's coin says no (its own stream: p 1 draws as before)."""
         u = seeded_uniform(seeds, _JITTER_SALT, 8)
         low = np.array([r[0] for r in self.jitter])
         high = np.array([r[1] for r in self.jitter])
@@ -278,6 +293,11 @@ class Augmenter:
         order = np.argsort(u[:, 4:], axis=1)
         kinds = np.array([KIND_IDS[name] for name in JITTER_KINDS])
         on = low != high
-        op = np.where(on[order], kinds[order], IDENTITY)
-        param = np.where(on[order], np.take_along_axis(factors, order, axis=1), 0.0)
+        if self.jitter_prob < 1:
+            on = on[None, :] & (seeded_uniform(seeds, _JITTER_ON_SALT, 1) < self.jitter_prob)
+            on = np.take_along_axis(np.broadcast_to(on, order.shape), order, axis=1)
+        else:
+            on = on[order]
+        op = np.where(on, kinds[order], IDENTITY)
+        param = np.where(on, np.take_along_axis(factors, order, axis=1), 0.0)
         return op, param
