@@ -40,6 +40,7 @@ from fastloader.samples import SampleIndex
 from fastloader.schema import BOMB_PIXELS, Config, SplitConfig
 from fastloader.sources.locations import Location, ReadArena
 from fastloader.transfer import to_device
+from fastloader.views import ViewPlan
 
 from .augment import feed_arrays
 from .driver import Driver, Ended
@@ -48,6 +49,7 @@ from .probe import DecodeProbe, dali_reason, out_of_memory
 from .sizes import SizeTable
 from .transcode import transcoded_for_dali
 from .user_ops import PythonSampleHook, UserOps, graph_size_check, hook_inputs
+from .views import join_views, view_arrays
 
 log = logging.getLogger("fastloader")
 
@@ -77,8 +79,10 @@ class _Feed:
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
                  stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
                  max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False,
-                 draws: WeightedDraws | None = None, hooked: bool = False):
+                 draws: WeightedDraws | None = None, hooked: bool = False, views: ViewPlan | None = None):
         self.index = index
+        self.views = views
+        """A train split's view groups: every view's draws are fed (views.view_arrays)."""
         self.hooked = hooked
         """The graph runs the user's sample hook or graph function: each batch's (sample, seed) rows are fed."""
         self.draws = draws
@@ -131,12 +135,14 @@ class _Feed:
             if len(batch):
                 break
             self.empty.append(planned)
-        if self.split.mode == "train":  # every random choice of each sample, drawn from its seed
+        if self.views is not None:  # every view's draws, from the view's seed (hooked: its (sample, seed) too)
+            data += view_arrays(self.views, batch, sizes, self.hooked)
+        elif self.split.mode == "train":  # every random choice of each sample, drawn from its seed
             side = output_size(planned, self.split.transform.size) if self.sized else None
             data += feed_arrays(self.augmenter, batch[:, 1], sizes, side)
         else:
             data += (centre_boxes(sizes, self.split),)
-        if self.hooked:  # user_ops.HOOK_INPUTS
+        if self.hooked and self.views is None:  # user_ops.HOOK_INPUTS
             data += (np.ascontiguousarray(batch[:, :2], dtype=np.int64),)
         self.fed.append(Fed(batch, self.skipped, self.empty))
         self.skipped, self.empty = [], []
@@ -230,7 +236,8 @@ class Fed(NamedTuple):
 
 
 def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
-              bfloat16: bool, finisher: BatchFinisher | None, check: Callable | None = None) -> Callable:
+              bfloat16: bool, finisher: BatchFinisher | None, check: Callable | None = None,
+              views: ViewPlan | None = None) -> Callable:
     """The driver thread's work on each pipeline output: (images, labels, Fed) as torch tensors on
     `device`, in the configured dtype and memory format, finished (erasing, mixing, soft targets)
     there rather than on the training thread. A function of these values, not of the loader, so
@@ -244,25 +251,34 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
     covers only its own allocator's blocks). One device copy into torch's allocator (some 0.1 ms for
     256 x 3 x 224 x 224 float32 at an H100's 3 TB/s) makes the lifetime torch's. DALI orders its
     buffer's reuse after a non-blocking copy (`copy_to_external`), so the driver lets the output go
-    right after the hand-over. `check(images, plan)`: a graph function's output checked (its size)."""
+    right after the hand-over. `check(images, plan)`: a graph function's output checked (its size).
+    `views`: the outputs are a batch's views, joined into one tensor per view group (views.join_views)."""
     hook = getattr(finisher, "hook", None)  # the user's batch hook, named where a pipeline stalls in it
 
-    def convert(outputs) -> tuple[torch.Tensor, torch.Tensor, Fed]:
-        (images,) = outputs
-        fed = feed.fed.popleft()
-        images = images.as_tensor()
+    def to_torch(images) -> torch.Tensor:
         if device.type == "cuda":  # on the driver's stream; a copy, not DLPack: see above
             stream = torch.cuda.current_stream(device)
             images = feed_ndarray(images, torch.empty(images.shape(), dtype=to_torch_type[images.dtype],
                                                       device=device), cuda_stream=stream)
         else:  # DALI's executor does not reuse output buffers still referenced: no copy needed
             images = torch.from_dlpack(images)
+        return layout(images)
+
+    def layout(images: torch.Tensor) -> torch.Tensor:
         if channels_last:
             images = images.permute(0, 3, 1, 2)  # NHWC memory seen as a channels_last NCHW tensor
-        if bfloat16:
-            images = images.to(torch.bfloat16)
-        if check is not None:
-            check(images, fed.plan)
+        return images.to(torch.bfloat16) if bfloat16 else images
+
+    def convert(outputs) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor, Fed]:
+        fed = feed.fed.popleft()
+        tensors = [output.as_tensor() for output in outputs]
+        if check is not None:  # each output's (height, width), before anything is copied
+            check([tuple(t.shape()[1:3] if channels_last else t.shape()[2:4]) for t in tensors], fed.plan)
+        if views is not None:  # each view copied once, into its rows of its group's tensor
+            stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+            images = [layout(group) for group in join_views(views, tensors, device, stream)]
+        else:
+            images = to_torch(tensors[0])
         batch_labels = to_device(torch.from_numpy(labels[fed.plan[:, 0]]), device)
         if finisher is not None:
             if hook is not None:
@@ -287,7 +303,7 @@ class DaliLoader(Loader):
                            prepared.sizes, self.augmentation, config.dataset.max_pixels,
                            refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
                            sized=self.order.resolution is not None, draws=prepared.draws,
-                           hooked=bool(hook_inputs(prepared.hooks)))
+                           hooked=bool(hook_inputs(prepared.hooks)), views=self.views)
         hook = prepared.hooks.sample
         self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._feed) if hook is not None else None
         if hook is not None:
@@ -316,7 +332,7 @@ class DaliLoader(Loader):
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
             seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation, sized=self._feed.sized,
-            user=UserOps(self.hooks, self._sample_hook))
+            user=UserOps(self.hooks, self._sample_hook), views=self.views)
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
@@ -380,9 +396,9 @@ class DaliLoader(Loader):
 
     def _drive(self) -> Driver:
         """A driver thread running the pipeline over the feed's batches (see driver.py)."""
-        check = graph_size_check(self.hooks.graph, self.split, self._feed.sized)
+        check = graph_size_check(self.hooks.graph, self.split, self._feed.sized, self.views)
         convert = converter(self._feed, self.index.labels, self.device, self.config.output.channels_last,
-                            self._bfloat16, self.finisher, check)
+                            self._bfloat16, self.finisher, check, self.views)
         return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream,
                       stall_s=self.config.workers.timeout, stuck=self._feed.stuck_words)
 
@@ -439,7 +455,8 @@ class DaliLoader(Loader):
         self._pipe = None  # freed now, with its buffers, before the probe and the new pipeline take theirs
         suspects = [batch.plan for batch in fed]
         probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None, self.split.batch_size,
-                            self._regions if self.split.mode == "train" and self._feed.sizes is not None else None)
+                            self._regions if self.split.mode == "train" and self._feed.sizes is not None
+                            and self.views is None else None)  # views decode whole images
         try:
             culprits = probe.culprits(suspects, self._feed.location)
         except BaseException as failure:  # out of memory, say: no file to blame, no pipeline left

@@ -34,9 +34,11 @@ from fastloader.augment.draws import Augmenter
 from fastloader.hooks import SplitHooks
 from fastloader.imaging.boxes import centre_boxes as centre_box_array
 from fastloader.schema import Config, SplitConfig
+from fastloader.views import ViewPlan
 
 from .augment import augment_images, feed_inputs
 from .user_ops import NO_USER_OPS, UserOps, apply_user_ops, hook_inputs
+from .views import view_inputs, view_layout
 
 INTERPOLATION = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
 OUTPUT_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT}  # bf16: cast in torch
@@ -99,15 +101,17 @@ def decoder_words(config: Config, gpu: bool) -> str:
 
 
 def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
-                augmenter: Augmenter | None = None, threads: int = NVIDIA_THREADS, user: UserOps = NO_USER_OPS
-                ) -> DataNode:
+                augmenter: Augmenter | None = None, threads: int = NVIDIA_THREADS, user: UserOps = NO_USER_OPS,
+                views: ViewPlan | None = None) -> DataNode | tuple[DataNode, ...]:
     """The images DataNode of one split's graph, from an encoded-file DataNode and the feed's
     per-sample `inputs` (feed_layout's names).
 
     Train decodes only the crop the host drew (ROI decode of `crop_anchor`, `crop_shape`) and
     resizes it; eval decodes the whole image and resizes the centre `box` the host computed. Then
-    the steps shared with the cache's graph (finish).
+    the steps shared with the cache's graph (finish). With views, every view from one whole decode.
     """
+    if views is not None:
+        return view_graph(decode(encoded, config, gpu, threads=threads), config, gpu, inputs, views, user)
     if split.mode == "train":  # the crop fits: drawn for the size of the very bytes fed (loader.py)
         images = decode(encoded, config, gpu, (inputs["crop_anchor"], inputs["crop_shape"]), threads)
         images = resize_to_size(images, split, inputs.get("out_size"))
@@ -132,10 +136,13 @@ def decode(encoded: DataNode, config: Config, gpu: bool, region: tuple[DataNode,
 
 
 def pixel_graph(pixels: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
-                augmenter: Augmenter | None = None, user: UserOps = NO_USER_OPS) -> DataNode:
+                augmenter: Augmenter | None = None, user: UserOps = NO_USER_OPS,
+                views: ViewPlan | None = None) -> DataNode | tuple[DataNode, ...]:
     """The same graph after the decoder, for decoded HWC uint8 pixels (the uint8 cache): train
     slices the crop the host drew, eval the same centre box."""
     images = pixels.gpu() if gpu else pixels
+    if views is not None:
+        return view_graph(images, config, gpu, inputs, views, user)
     if split.mode == "train":
         images = fn.slice(images, inputs["crop_anchor"], inputs["crop_shape"], axis_names="WH",
                           normalized_anchor=False, normalized_shape=False)
@@ -143,6 +150,20 @@ def pixel_graph(pixels: DataNode, config: Config, split: SplitConfig, gpu: bool,
     else:
         images = resize_box(images, inputs["box"], split)
     return finish(images, config, split, inputs, augmenter, user, gpu)
+
+
+def view_graph(images: DataNode, config: Config, gpu: bool, inputs: Inputs, views: ViewPlan,
+               user: UserOps = NO_USER_OPS) -> tuple[DataNode, ...]:
+    """Every view of whole decoded images, one output per view: the view's crop sliced (its box drawn
+    on the host for the size of the very bytes fed), resized to its group's size, then its group's
+    flips, ops, the user's hooks (with the view's seed) and normalization (finish)."""
+    outputs = []
+    for view, group in enumerate(views.group_of_view):
+        mine = view_inputs(inputs, view)
+        crop = fn.slice(images, mine["crop_anchor"], mine["crop_shape"], axis_names="WH", normalized_anchor=False,
+                        normalized_shape=False)
+        outputs.append(finish(resize_to_size(crop, group.split), config, group.split, mine, group.augmenter, user, gpu))
+    return tuple(outputs)
 
 
 def resize_to_size(images: DataNode, split: SplitConfig, out_size: DataNode | None = None) -> DataNode:
@@ -201,14 +222,18 @@ by the feed), or the uint8 cache's decoded pixels."""
 
 
 def feed_layout(split: SplitConfig, feed: str, augmenter: Augmenter | None, sized: bool = False,
-                hooks: SplitHooks = SplitHooks()) -> list[tuple[str, types.DALIDataType]]:
+                hooks: SplitHooks = SplitHooks(), views: ViewPlan | None = None
+                ) -> list[tuple[str, types.DALIDataType]]:
     """(name, DALI dtype) of the arrays the feed gives with each batch, in order: the encoded bytes
     (a list of uint8 arrays), or the cache's pixels (a list of HWC uint8 arrays); then in eval mode
     the centre boxes (float32 [n, 4]: roi_start, roi_end in (y, x), from centre_boxes), in train mode the crops,
     flips and ops the host drew
     (dali_loader.augment.feed_inputs), with each sample's output size under a size schedule (`sized`);
-    last, where the split has a sample hook or a graph function, each sample's (sample, seed)."""
+    last, where the split has a sample hook or a graph function, each sample's (sample, seed). With
+    views: every view's inputs in their place (views.view_layout)."""
     layout = {"pixels": [("pixels", types.UINT8)], "bytes": [("encoded", types.UINT8)]}[feed]
+    if views is not None:
+        return layout + view_layout(views, hooks)
     if split.mode == "train":
         return layout + feed_inputs(augmenter, sized) + hook_inputs(hooks)
     return layout + [("box", types.FLOAT)] + hook_inputs(hooks)
@@ -250,7 +275,7 @@ DALI's list."""
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
                    feed: str = "bytes", augmenter: Augmenter | None = None, sized: bool = False,
-                   user: UserOps = NO_USER_OPS) -> Pipeline:
+                   user: UserOps = NO_USER_OPS, views: ViewPlan | None = None) -> Pipeline:
     """A built pipeline whose output is the images of the batches it pulls from `source`, the
     arrays of feed_layout for `feed` (FEEDS). Files and shard members come as bytes, read and
     checked by the feed on the driver thread, so that no decoder sees bytes the host has not
@@ -264,10 +289,10 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     builds the cpu flavour. A train split with ops needs DALI's conditionals (auto_aug's `select`),
     which only a @pipeline_def function gets. `sized`: each batch comes with its output size (a size
     schedule), which the same graph takes as an argument input: no pipeline per size. `user`: the
-    split's hooks (user_ops.py).
+    split's hooks (user_ops.py). `views`: the split's view groups, one output per view (view_graph).
     """
     gpu = device_id is not None
-    layout = feed_layout(split, feed, augmenter, sized, user.hooks)
+    layout = feed_layout(split, feed, augmenter, sized, user.hooks, views)
 
     def graph():
         arrays = fn.external_source(source=source, num_outputs=len(layout), batch=True,
@@ -275,10 +300,11 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
                                     layout=["HWC" if name == "pixels" else "" for name, _ in layout])
         inputs = dict(zip((name for name, _ in layout), arrays))
         if feed == "pixels":
-            return pixel_graph(inputs["pixels"], config, split, gpu, inputs, augmenter, user)
-        return image_graph(inputs["encoded"], config, split, gpu, inputs, augmenter, threads=num_threads, user=user)
+            return pixel_graph(inputs["pixels"], config, split, gpu, inputs, augmenter, user, views)
+        return image_graph(inputs["encoded"], config, split, gpu, inputs, augmenter, num_threads, user, views)
 
-    conditionals = bool(split.mode == "train" and augmenter is not None and augmenter.slots)
+    conditionals = bool(split.mode == "train" and augmenter is not None and augmenter.slots) or bool(
+        views and views.has_ops)
     pipe = pipeline_def(graph, enable_conditionals=conditionals)(
         batch_size=batch_size, num_threads=num_threads, device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth, seed=seed, exec_dynamic=True)

@@ -27,6 +27,7 @@ from fastloader.errors import HookError
 from fastloader.hooks import Hook, SplitHooks
 from fastloader.order import output_size
 from fastloader.schema import SplitConfig
+from fastloader.views import ViewPlan
 
 HOOK_INPUTS = [("sample_seed", types.INT64)]
 """Per-sample input of a graph with a hook: int64 [2], the sample's number in the index and its seed."""
@@ -97,15 +98,21 @@ def _graph_function(images: DataNode, seeds: DataNode, hooks: SplitHooks) -> Dat
     return out
 
 
-def graph_size_check(hook: Hook | None, split: SplitConfig, sized: bool) -> Callable | None:
-    """A check that a graph function kept each batch's output size; None without one."""
+def graph_size_check(hook: Hook | None, split: SplitConfig, sized: bool, views: ViewPlan | None = None
+                     ) -> Callable | None:
+    """A check that a graph function kept each batch's output size (each view's: its group's size);
+    None without one."""
     if hook is None:
         return None
+    groups = views.group_of_view if views is not None else None
 
-    def check(images: torch.Tensor, plan: np.ndarray) -> None:
-        side = output_size(plan, split.transform.size) if sized else split.transform.size
-        if tuple(images.shape[-2:]) != (side, side):
-            raise HookError(f"{hook.label} gave images of {images.shape[-2]}x{images.shape[-1]} pixels (height x "
-                            f"width); a graph function returns images of the size it is given, {side}x{side} "
-                            f"({split.name}.transform's size)")
+    def check(sizes: list[tuple[int, int]], plan: np.ndarray) -> None:
+        """`sizes`: each output's (height, width), one per view with views."""
+        for view, (height, width) in enumerate(sizes):
+            side = output_size(plan, split.transform.size) if sized else split.transform.size
+            side, what = (groups[view].size, f"view group {groups[view].name}'s size") if groups else (
+                side, f"{split.name}.transform's size")
+            if (height, width) != (side, side):
+                raise HookError(f"{hook.label} gave images of {height}x{width} pixels (height x width); a graph "
+                                f"function returns images of the size it is given, {side}x{side} ({what})")
     return check

@@ -18,6 +18,7 @@ from .config_rules import (
     block_order_needs_shards,
     check_sizes,
     check_sources,
+    check_views,
     draws_need_a_uniform_order,
     graph_args_need_a_graph_hook,
     source_keys,
@@ -33,20 +34,23 @@ from .schema import (
     SECTIONS,
     TRAIN_SPLIT_KEYS,
     TRAIN_TRANSFORM_KEYS,
+    VIEW_TRANSFORM_KEYS,
     Config,
     MixupConfig,
     SourceConfig,
     SplitConfig,
     TransformConfig,
+    ViewConfig,
 )
 from .sources import formats  # noqa: F401  (registers the built-in formats: dataset.format's choices)
 
 SPLIT_SECTIONS = {"transform": TransformConfig, "mixup": MixupConfig}
 """Split keys that hold a section of their own."""
 SPLIT_VALUE_KEYS = tuple(f.name for f in dataclasses.fields(SplitConfig)
-                         if f.name not in ("name", "mode") and f.name not in SPLIT_SECTIONS)
+                         if f.name not in ("name", "mode", "views") and f.name not in SPLIT_SECTIONS)
 """The split keys read as values, in the dataclass's order: every field but the name, the mode (read
-first, since it sets the defaults) and the sections, so that a new key cannot be left out."""
+first, since it sets the defaults), the views (read over the transform) and the sections, so that a
+new key cannot be left out."""
 
 
 def all_dotted_keys() -> list[str]:
@@ -65,6 +69,8 @@ def all_dotted_keys() -> list[str]:
             keys += [f"<split>.{f.name}.{t.name}" for t in dataclasses.fields(SPLIT_SECTIONS[f.name])]
         elif f.name == "sources":
             keys += ["<split>.sources", *(f"<split>.sources.{t.name}" for t in dataclasses.fields(SourceConfig))]
+        elif f.name == "views":
+            keys += ["<split>.views", "<split>.views.count", "<split>.views.name"]  # and transform keys
         else:
             keys.append(f"<split>.{f.name}")
     return keys
@@ -202,8 +208,42 @@ class ConfigBuilder:
         check_sizes(self.fail, name, values["transform"])
         if "mixup" in raw:
             values["mixup"] = self.section(MixupConfig, raw["mixup"], f"{name}.mixup")
+        if raw.get("views") is not None:
+            values["views"] = self.views(name, mode, raw["views"], transform)
+            check_views(self.fail, name, values)
         self.validate_fields(SplitConfig, values, name)
         return SplitConfig(**values)
+
+    def views(self, name: str, mode: str, raw: Any, transform: dict) -> tuple[ViewConfig, ...]:
+        """A train split's view groups, each group's transform the split's with the group's keys over it."""
+        if mode != "train":
+            self.fail(f"{name}.views", f"applies only to train mode, and split '{name}' has mode: {mode}: an eval "
+                                       f"split gives one centre crop of each sample; remove {name}.views, or set "
+                                       f"{name}.mode: train")
+        if not isinstance(raw, (list, tuple)) or not raw:
+            self.fail(f"{name}.views", f"expected a list of view groups, each a mapping of count, name and "
+                                       f"transform keys (e.g. [{{count: 2, size: 224, scale: [0.32, 1.0]}}, {{count: "
+                                       f"8, size: 96, scale: [0.05, 0.32]}}]), got {show_value(raw)}")
+        valid = ["count", "name", *VIEW_TRANSFORM_KEYS]
+        inherited = {key: value for key, value in transform.items() if key in VIEW_TRANSFORM_KEYS}
+        groups = []
+        for k, group in enumerate(raw):
+            path = f"{name}.views[{k}]"
+            if not isinstance(group, dict):
+                self.fail(path, f"expected a mapping of {', '.join(valid[:6])}, ... keys, got {show_value(group)}")
+            for key in group:
+                if key in ("progressive", "sizes", "sample_hook", "batch_hook"):
+                    self.fail(f"{path}.{key}", f"is the split's, not a view group's: set it as {name}.transform.{key} "
+                                               f"(a size schedule is refused with views; a hook runs on every view)")
+                if key not in valid:
+                    self.unknown(f"{path}.{key}", valid)
+            own = {key: value for key, value in group.items() if key in VIEW_TRANSFORM_KEYS}
+            view_transform = self.section(TransformConfig, {**inherited, **own}, path)
+            values = {key: self.coerce(group[key], typing.get_type_hints(ViewConfig)[key], f"{path}.{key}")
+                      for key in ("count", "name") if key in group}
+            self.validate_fields(ViewConfig, values, path)
+            groups.append(ViewConfig(**values, transform=view_transform))
+        return tuple(groups)
 
     # -- sections and values -------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from .schema import DRAW_KEYS, EVAL_TRANSFORM_KEYS, TRAIN_SPLIT_KEYS, TRAIN_TRANSFORM_KEYS, Config
+from .schema import DRAW_KEYS, EVAL_TRANSFORM_KEYS, TRAIN_SPLIT_KEYS, TRAIN_TRANSFORM_KEYS, VIEW_TRANSFORM_KEYS, Config
 
 
 def plain_copy(value: Any) -> Any:
@@ -38,6 +38,12 @@ def config_to_raw(config: Config) -> dict:
                         section.pop(key)
                 if section["sources"] is None:
                     section.pop("sources")
+                if section["views"] is None:
+                    section.pop("views")
+                else:  # a group as a file gives it: its count and name over its whole transform
+                    section["views"] = [{"count": group["count"], **({"name": group["name"]} if group["name"] else {}),
+                                         **{k: group["transform"][k] for k in VIEW_TRANSFORM_KEYS}}
+                                        for group in section["views"]]
                 raw[name] = section
         else:
             raw[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value

@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 from typing import Callable, Mapping, NoReturn
 
-from .schema import SOURCE_KINDS, DaliConfig, DatasetConfig, SplitConfig, TransformConfig
+from .schema import MAX_VIEWS, SOURCE_KINDS, DaliConfig, DatasetConfig, SplitConfig, TransformConfig
 from .sources.registry import FORMATS
 from .sources.urls import is_url
 
@@ -159,3 +159,32 @@ def split_format(fail: Fail, dataset: DatasetConfig, splits: Mapping[str, SplitC
         fail("dataset.root", f"{dataset.root!r} is in an object store, which fastloader reads as tar shards or "
                              f"parquet files: set dataset.format: webdataset and each split's shards (pack a folder "
                              f"with `fastloader pack`, then upload the shards)")
+
+
+def check_views(fail: Fail, name: str, values: dict) -> None:
+    """Views (multi-crop) with what has no meaning for them yet: mixing and soft targets (which view's
+    pixels would a partner's be mixed into?), a size schedule (each group has its size), repeated
+    augmentation (views are repetitions of a sample already); at most MAX_VIEWS views, names distinct."""
+    views, key = values["views"], f"{name}.views"
+    if sum(group.count for group in views) > MAX_VIEWS:
+        fail(key, f"asks for {sum(group.count for group in views)} views of each sample; at most {MAX_VIEWS}")
+    names = [group.name or f"view{k}" for k, group in enumerate(views)]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        fail(f"{key}[{names.index(twice, names.index(twice) + 1)}].name", f"'{twice}' names two view groups; give "
+                                                                        f"each its own name")
+    transform, mixup = values["transform"], values.get("mixup")
+    for setting, on in ((f"{name}.transform.sizes", transform.sizes is not None),
+                        (f"{name}.transform.progressive", transform.progressive is not None)):
+        if on:
+            fail(setting, f"a size schedule has no meaning with {key}, where each view group has its own size; "
+                          f"remove {setting}, or {key}")
+    if values.get("aug_repeats", 1) > 1:
+        fail(f"{name}.aug_repeats", f"repeats each sample with a new crop, as {key} does within the sample; remove "
+                                    f"{name}.aug_repeats (or set it to 1), or {key}")
+    if mixup is not None and (mixup.mixup_alpha > 0 or mixup.cutmix_alpha > 0 or mixup.cutmix_minmax is not None):
+        fail(f"{name}.mixup", f"mixing has no meaning yet with {key} (each view would need its own partner's "
+                              f"view); remove {name}.mixup, or {key}")
+    if values.get("label_smoothing", 0) > 0:
+        fail(f"{name}.label_smoothing", f"soft targets are not given with {key}: the batch's labels stay one int64 per "
+                                        f"sample; remove {name}.label_smoothing, or {key}")

@@ -29,6 +29,7 @@ from .sources import reading
 from .sources.protocol import forget_source
 from .sources.user_source import check_length
 from .stats import LOG_LEVELS, LoaderStats
+from .views import ViewFinisher, ViewPlan
 from .weights import class_shares
 from .words import plural
 
@@ -88,7 +89,10 @@ class Loader(abc.ABC):
                      config.source, split.name, split.name)
         self.hooks = prepared.hooks
         """The user's own transforms (fastloader.hooks): the backends run them; the state names them."""
-        self.finisher = BatchFinisher.for_split(split, len(index.classes), prepared.hooks.batch)
+        self.views = ViewPlan(split, config.normalize.mean) if split.views else None
+        """A train split's view groups (fastloader.views): each sample's images are several views."""
+        self.finisher = (ViewFinisher.for_views(self.views, prepared.hooks.batch) if self.views else
+                         BatchFinisher.for_split(split, len(index.classes), prepared.hooks.batch))
         """The batch hook, random erasing, mixing and soft targets of each batch (fastloader.device_ops),
         or None: the backend applies it where it costs the training thread least."""
         self._closed = False
@@ -247,9 +251,13 @@ class Loader(abc.ABC):
                 "can be decoded%s", self.backend, self.split.name, self.epoch, self.ranks.rank, planned,
                 "" if self._empty_batches else " (later empty batches are logged at DEBUG level)")
         self._empty_batches += 1
+        dtype = getattr(torch, self.config.output.dtype)
+        if self.views is not None:
+            return (self.views.empty(dtype, self.device, self.config.output.channels_last),
+                    torch.empty(0, dtype=torch.int64, device=self.device))
         size = self.size
         memory_format = torch.channels_last if self.config.output.channels_last else torch.contiguous_format
-        images = torch.empty((0, 3, size, size), dtype=getattr(torch, self.config.output.dtype), device=self.device,
+        images = torch.empty((0, 3, size, size), dtype=dtype, device=self.device,
                              memory_format=memory_format)
         if self.finisher is not None and self.finisher.mixer is not None:
             return images, torch.empty((0, self.num_classes), dtype=torch.float32, device=self.device)
@@ -460,7 +468,8 @@ class Loader(abc.ABC):
         return {"backend": self.backend, "split": self.split.name, "device": str(self.device),
                 "batches": len(self), "batch_size": self.batch_size, "num_samples": self.num_samples,
                 "rank": self.ranks.rank, "world_size": self.ranks.world_size, "pixels": self.pixels_from,
-                "hooks": self.hooks.state(), "config": config_to_dict(self.config)}
+                "hooks": self.hooks.state(), "config": config_to_dict(self.config),
+                **({"views": {g.name: [g.count, g.size] for g in self.views.groups}} if self.views else {})}
 
     @property
     def prefetch_depth(self) -> int:
@@ -476,6 +485,9 @@ class Loader(abc.ABC):
         is and where its pixels come from (both backends, the same words)."""
         ops = f"; augmentation: {self.augmentation.describe()}" if self.augmentation and self.augmentation.slots else ""
         hooks = "".join(f"; {hook.label}" for hook in self.hooks.all())
+        if self.views is not None:
+            ops = "".join(f"; views {g.name}: {g.count} x {g.size} px, scale {g.split.transform.scale}, augmentation: "
+                          f"{g.augmenter.describe()}" for g in self.views.groups)
         log.info("%r; ranks: %s%s%s", self, self.ranks.source, ops, hooks)
 
     def __repr__(self) -> str:
@@ -483,6 +495,7 @@ class Loader(abc.ABC):
         closed = ", closed" if self._closed else ""
         sizes = self.resolution and self.resolution.per_batch
         size = f"sizes={self.split.transform.sizes!r}" if sizes else f"size={self.size}"
+        size = f"views=[{self.views.describe()}]" if self.views else size
         return (f"{type(self).__name__}(split={self.split.name!r}, backend={self.backend!r}, {self._parallelism()}, "
                 f"device={str(self.device)!r}, {size}, samples={self.num_samples}, batches={len(self)} of "
                 f"{self.batch_size}, rank={self.ranks.rank}/{self.ranks.world_size}, pixels from "
@@ -491,7 +504,7 @@ class Loader(abc.ABC):
     def _ops_repr(self) -> str:
         """The policy (or colour jitter) a train split applies, for repr."""
         t = self.split.transform
-        if not self.augmentation or not self.augmentation.slots:
+        if not self.augmentation or not self.augmentation.slots or self.views:
             return ""
         return f", auto_augment={t.auto_augment!r}" if t.auto_augment else f", color_jitter={t.color_jitter!r}"
 

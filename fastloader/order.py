@@ -80,6 +80,14 @@ def seeded_uniform(seeds: np.ndarray, salt: int, count: int) -> np.ndarray:
     return (_splitmix64(streams) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def derived_seeds(seeds: np.ndarray, salt: int, count: int) -> np.ndarray:
+    """`count` new seeds per seed (int64 [count, len(seeds)], each in [0, 2**63)): a pure function of
+    (seed, salt, index), unrelated to the seed's own draws (a sample's views, fastloader.views)."""
+    keys = _splitmix64(np.full(count, salt, dtype=np.uint64) + np.arange(count, dtype=np.uint64))
+    mixed = _splitmix64(np.asarray(seeds, dtype=np.int64).astype(np.uint64)[None, :] ^ keys[:, None])
+    return (mixed >> np.uint64(1)).astype(np.int64)
+
+
 def substitutes(seed: int, num_samples: int, draws: WeightedDraws | None = None) -> list[int]:
     """The samples that may take a train slot's place, in the order they are tried, when the slot's
     file cannot be decoded: drawn from the slot's augmentation seed, so that both backends, every

@@ -483,3 +483,29 @@ def test_the_hooks_on_the_gpu_give_what_they_give_on_the_cpu(textured_root, back
         assert torch.equal(x_cpu[:, :, 0, 0], x_gpu[:, :, 0, 0].cpu())  # the batch hook's stamp: the seeds
         assert torch.allclose(x_cpu[:, :, row, 1:], x_gpu[:, :, row, 1:].cpu(), atol=1e-5)  # the sample hook's row
         assert (x_cpu.float() - x_gpu.float().cpu()).abs().mean() < 0.02
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_views_on_the_gpu_give_what_they_give_on_the_cpu(textured_root, backend):
+    """Device: CUDA. train.views on the GPU (DALI: one whole decode by nvJPEG, a slice and resize
+    per view on the GPU; torch: the groups' uint8 tensors normalized and erased on the side stream):
+    each group crop-major on the device, the labels and shapes the CPU path's, the pixels within
+    the train bounds, and in channels_last bfloat16 too."""
+    if backend == "dali":
+        _dali_or_skip()
+    views = [{"count": 2, "size": 32, "scale": [0.4, 1.0]},
+             {"count": 3, "size": 16, "scale": [0.05, 0.4], "gaussian_blur_prob": 0.5, "solarize_prob": 0.5,
+              "erase_prob": 0.5}]
+    train = {"batch_size": 4, "views": views,
+             "transform": {"size": 32, "color_jitter": [0.4, 0.4, 0.2, 0.1], "color_jitter_prob": 0.8}}
+    config = base_config(textured_root, backend=backend, train=train)
+    for output in ({"device": "cuda"}, {"device": "cuda", "dtype": "bfloat16", "channels_last": True}):
+        cpu, gpu = build_loader(config, "train"), build_loader({**config, "output": output}, "train")
+        pairs = list(zip(cpu, gpu))
+        assert len(pairs) == len(cpu) > 0
+        for (x_cpu, y_cpu), (x_gpu, y_gpu) in pairs:
+            assert torch.equal(y_cpu, y_gpu.cpu())
+            for a, b in zip(x_cpu, x_gpu):
+                assert b.is_cuda and a.shape == b.shape
+                per_image = (a - b.float().cpu()).abs().mean(dim=(1, 2, 3))
+                assert per_image.mean() < 0.05 and per_image.max() < 0.2, per_image

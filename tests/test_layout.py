@@ -81,7 +81,7 @@ FLOORS = (
     ("schema", ("fastloader.schema", "fastloader.samples", "fastloader.cache_format", "fastloader.config_dump",
                 "fastloader.demo", "fastloader.distributed", "fastloader.bad_input", "fastloader.resolution",
                 "fastloader.mixing", "fastloader.device_ops", "fastloader.augment.draws",
-                "fastloader.imaging.geometry", "fastloader.hooks")),
+                "fastloader.imaging.geometry", "fastloader.hooks", "fastloader.views")),
     ("sources", ("fastloader.sources", "fastloader.sources.*")),
     ("pixels", ("fastloader.imaging.*",)),
     ("preparation", ("fastloader.config*", "fastloader.weights", "fastloader.blocks", "fastloader.screening",

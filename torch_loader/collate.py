@@ -56,7 +56,7 @@ targets [B, classes] where the split has them (fastloader.device_ops.BatchFinish
 holds them, else None."""
 
 
-def _partition(samples: list) -> tuple[list[Decoded], tuple[tuple[int, Skipped, bool], ...]]:
+def partition(samples: list) -> tuple[list[Decoded], tuple[tuple[int, Skipped, bool], ...]]:
     """The decoded samples (a substitute in its slot), and each file that failed: (its position in
     the batch, Skipped, whether the slot was filled)."""
     if not any(isinstance(s, Missed) for s in samples):
@@ -71,7 +71,7 @@ def _partition(samples: list) -> tuple[list[Decoded], tuple[tuple[int, Skipped, 
     return decoded, tuple(skipped)
 
 
-def _labels(samples) -> np.ndarray:
+def labels_of(samples) -> np.ndarray:
     return np.array([label for _, label, _ in samples], dtype=np.int64)
 
 
@@ -86,13 +86,13 @@ def _check_shapes(samples) -> tuple[int, int, int, int]:
 def fast_collate(samples: list) -> Batch:
     """A Batch of uint8 [B, 3, H, W] images in channels_last memory, fresh in shared memory (the
     DataLoader's pin-memory thread receives and pins it, off the training thread)."""
-    decoded, skipped = _partition(samples)
+    decoded, skipped = partition(samples)
     if not decoded:
-        return None, _labels(decoded), skipped, -1, None
+        return None, labels_of(decoded), skipped, -1, None
     images = empty_batch(_check_shapes(decoded), torch.uint8, channels_last=True)
     for slot, (image, *_) in zip(images, decoded):
         slot.copy_(image)
-    return images, _labels(decoded), skipped, -1, None
+    return images, labels_of(decoded), skipped, -1, None
 
 
 class BatchPool:
@@ -183,9 +183,9 @@ class NormalizingCollate:
         self.normalizer, self.pool, self.finisher = normalizer, pool, finisher
 
     def __call__(self, samples: list) -> Batch:
-        decoded, skipped = _partition(samples)
+        decoded, skipped = partition(samples)
         if not decoded:
-            return None, _labels(decoded), skipped, -1, None
+            return None, labels_of(decoded), skipped, -1, None
         shape = _check_shapes(decoded)
         if self.pool.fits(shape) and shape[2] == shape[3]:
             images, room, slot = self.pool.take(len(decoded), shape[2])
@@ -193,7 +193,7 @@ class NormalizingCollate:
             images, room, slot = empty_batch(shape, self.normalizer.dtype, self.normalizer.channels_last), None, -1
         for view, (image, *_) in zip(images, decoded):
             self.normalizer.into(view, image)
-        labels, targets = _labels(decoded), None
+        labels, targets = labels_of(decoded), None
         if self.finisher is not None:
             seeds = np.array([seed for *_, seed in decoded], dtype=np.int64)
             finished, out = self.finisher(images, torch.from_numpy(labels), seeds)

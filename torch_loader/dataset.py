@@ -29,8 +29,8 @@ from fastloader.samples import SampleIndex
 
 from .transforms import SampleOps, SampleTransform
 
-Decoded = tuple[torch.Tensor, int, int]
-"""(uint8 image, label, seed) of one slot."""
+Decoded = tuple[torch.Tensor | tuple[torch.Tensor, ...], int, int]
+"""(uint8 image, or a tuple of one per view, label, seed) of one slot."""
 
 
 class Skipped(NamedTuple):
@@ -56,6 +56,7 @@ class ImageDataset(torch.utils.data.Dataset):
         self.draws = draws
         """The split's weighted draws, if any: a refilled slot's substitutes are drawn by them."""
         self.transform = transform
+        """The crop of each sample, or every view of it (torch_loader.views.ViewsTransform: a tuple)."""
         self.pixels = pixels
         self.skip_bad = skip_bad
         self.refill = skip_bad and transform.train
@@ -92,8 +93,15 @@ class ImageDataset(torch.utils.data.Dataset):
                 return Skipped(self.index.path(sample), reason)
             raise BadImageError(refused_file(self.index.path(sample), reason, self.source)) from error
         if self.sample_hook is not None:  # outside the decoder's try: a hook's error is no bad file
-            image = self.sample_hook.on_sample(image, seed, self.index.path(sample))
+            image = self._hooked(image, seed, self.index.path(sample))
         return image, self.index.label(sample), seed
+
+    def _hooked(self, image, seed: int, path: str):
+        """The sample hook on the crop, or on each view with the view's seed (views: a tuple)."""
+        if not isinstance(image, tuple):
+            return self.sample_hook.on_sample(image, seed, path)
+        return tuple(self.sample_hook.on_sample(view, view_seed, path)
+                     for view, view_seed in zip(image, self.transform.view_seeds(seed)))
 
     def __getitems__(self, batch: np.ndarray) -> list[Decoded | Missed]:
         """A whole batch per call: the DataLoader hands us the [k, 2] array from the sampler ([k, 3]

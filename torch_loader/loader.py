@@ -33,6 +33,7 @@ from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
 from .prefetch import Normalizer, prefetch_stream, prefetch_to_cuda
 from .transforms import SampleTransform
+from .views import ViewsCollate, ViewsTransform
 
 log = logging.getLogger("fastloader")
 
@@ -111,8 +112,12 @@ class TorchLoader(Loader):
         self._newest = None  # the loop that owns the live iterator
         if self._persistent:
             _PERSISTENT.add(self)
-        transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation,
-                                    max_pixels=config.dataset.max_pixels, mean=config.normalize.mean)
+        if self.views is not None:  # every view of a sample from one decode
+            transform = ViewsTransform(self.views, exif_orientation=config.dataset.exif_orientation,
+                                       max_pixels=config.dataset.max_pixels, mean=config.normalize.mean)
+        else:
+            transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation,
+                                        max_pixels=config.dataset.max_pixels, mean=config.normalize.mean)
         self._normalizer = Normalizer(config.normalize, config.output, device)
         on_cuda = device.type == "cuda"
         self._side_stream = prefetch_stream(device) if on_cuda else None  # one for the loader's life
@@ -120,10 +125,13 @@ class TorchLoader(Loader):
         # A worker's buffers: those in flight (prefetch_factor), the trainer's, one not yet swept.
         size = self.resolution.largest if self.resolution else split.transform.size  # a size schedule's largest
         soft_targets = self.finisher is not None and self.finisher.mixer is not None
-        self._pool = None if on_cuda else BatchPool(num_workers, workers.prefetch_factor + 2,
-                                                    (split.batch_size, 3, size, size), self._normalizer.dtype,
-                                                    config.output.channels_last,
-                                                    classes=self.num_classes if soft_targets else 0)
+        slots = workers.prefetch_factor + 2
+        self._pool = None if on_cuda or self.views else BatchPool(num_workers, slots, (split.batch_size, 3, size, size),
+                                                                  self._normalizer.dtype, config.output.channels_last,
+                                                                  classes=self.num_classes if soft_targets else 0)
+        self._view_pools = [] if on_cuda or not self.views else [  # one pool per view group's tensor
+            BatchPool(num_workers, slots, (group.count * split.batch_size, 3, group.size, group.size),
+                      self._normalizer.dtype, config.output.channels_last) for group in self.views.groups]
         if num_workers > 0 and fork_context() is None:  # spawned workers unpickle the dataset, hooks and all
             prepared.hooks.check_picklable(f"workers.num_workers: {num_workers} workers start by spawn here")
         if prepared.index.ranges is not None and prepared.pixels is None:
@@ -132,7 +140,7 @@ class TorchLoader(Loader):
             ImageDataset(prepared.index, transform, prepared.pixels, skip_bad=config.dataset.on_bad_image == "skip",
                          source=config.source, draws=prepared.draws, sample_hook=prepared.hooks.sample),
             batch_sampler=self._feed,
-            collate_fn=fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool, self.finisher),
+            collate_fn=self._collate(on_cuda),
             num_workers=num_workers,
             pin_memory=pin and torch.cuda.is_available(),
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
@@ -149,6 +157,13 @@ class TorchLoader(Loader):
             # `next(loader)`, and the first batches are ready sooner. A first loop that wants other
             # batches (load_state_dict, set_epoch) drops these, as after a `break`.
             self._start_workers(self.order.batches(self._epoch))
+
+    def _collate(self, on_cuda: bool):
+        """uint8 batches for the device to normalize, or batches normalized and finished in the workers."""
+        if self.views is not None:
+            return ViewsCollate(self.views) if on_cuda else ViewsCollate(self.views, self._normalizer, self.finisher,
+                                                                         self._view_pools)
+        return fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool, self.finisher)
 
     def describe(self) -> dict:
         return {**super().describe(), "workers": self.num_workers}
@@ -190,7 +205,9 @@ class TorchLoader(Loader):
             if images is None:
                 images, labels = self._empty_batch(len(plan))
                 if self.device.type == "cuda":  # as the workers give it: the prefetcher normalizes and finishes it
-                    images, labels = torch.empty((0, *images.shape[1:]), dtype=torch.uint8), torch.empty(0).long()
+                    images = ([torch.empty((0, *group.shape[1:]), dtype=torch.uint8) for group in images]
+                              if isinstance(images, list) else torch.empty((0, *images.shape[1:]), dtype=torch.uint8))
+                    labels = torch.empty(0).long()
             yield images, labels, seeds
 
     def _start_workers(self, batches: list) -> None:
@@ -252,7 +269,10 @@ class TorchLoader(Loader):
                 images, labels, skipped, slot, targets = self._next_batch()
                 planned = self._feed.sent.popleft()
                 labels = torch.from_numpy(labels if targets is None else targets)
-                if slot >= 0:
+                if isinstance(slot, tuple):  # views: each group's tensor in its pool's slot, or sent (-1)
+                    images = [pool.batch(s, group.count * len(labels))[0] if s >= 0 else sent for pool, s, sent, group
+                              in zip(self._view_pools, slot, images, self.views.groups)]
+                elif slot >= 0:
                     side = output_size(planned, self.split.transform.size)
                     images, in_slot = self._pool.batch(slot, len(labels), side)
                     labels = labels if in_slot is None else in_slot
@@ -350,8 +370,8 @@ class TorchLoader(Loader):
             self._live._shutdown_workers()
         self._live = None
         self._feed.sent.clear()
-        if self._pool is not None:
-            self._pool.forget()
+        for pool in ([self._pool] if self._pool is not None else []) + self._view_pools:
+            pool.forget()
 
     def _close(self) -> None:
         self._shutdown()

@@ -69,7 +69,8 @@ def prefetch_to_cuda(batches: Iterable[tuple], normalizer: Normalizer, stream: t
     ready = None
     for images, labels, seeds, *_ in batches:
         with torch.cuda.stream(stream):
-            next_images = normalizer.batch(images)
+            views = isinstance(images, list)  # one uint8 tensor per view group (fastloader.views)
+            next_images = [normalizer.batch(group) for group in images] if views else normalizer.batch(images)
             next_labels = to_device(labels, normalizer.device)
             if finisher is not None:
                 next_images, next_labels = finisher(next_images, next_labels, seeds)
@@ -77,7 +78,8 @@ def prefetch_to_cuda(batches: Iterable[tuple], normalizer: Normalizer, stream: t
             yield ready
         current = torch.cuda.current_stream(normalizer.device)
         current.wait_stream(stream)
-        next_images.record_stream(current)
+        for tensor in (next_images if views else [next_images]):
+            tensor.record_stream(current)
         next_labels.record_stream(current)
         ready = (next_images, next_labels)
     if ready is not None:

@@ -71,9 +71,10 @@ class Layout:
         return PAD + column * (self.tile_w + PAD), HEADER_HEIGHT + row * (self.tile_h + self.caption_height + PAD)
 
 
-def make_layout(count: int, height: int, width: int, caption_lines: int = 1) -> Layout:
-    """An about-square grid (columns = ceil(sqrt(n))) with tiles scaled up when too small to caption."""
-    columns = max(1, math.ceil(math.sqrt(count)))
+def make_layout(count: int, height: int, width: int, caption_lines: int = 1, columns: int | None = None) -> Layout:
+    """An about-square grid (columns = ceil(sqrt(n)), or `columns`: a sample's views in a row) with
+    tiles scaled up when too small to caption."""
+    columns = columns or max(1, math.ceil(math.sqrt(count)))
     rows = max(1, math.ceil(count / columns))
     factor = upscale_factor(height, width)
     return Layout(count, columns, rows, width * factor, height * factor, caption_lines)
@@ -125,6 +126,9 @@ def run(args) -> int:
             raise no_batch_error(loader)
         loader.set_epoch(args.epoch)
         images, labels = first_samples(loader, args.n)
+        views = loader.views
+        names = [f"{g.name}{'' if g.count == 1 else f' {k}'}" for g in views.groups for k in range(g.count)] \
+            if views else None
         if len(labels) == 0:
             raise BadImageError(f"split '{args.split}' yielded no sample in epoch {args.epoch}: its files could not "
                                 f"be decoded ({len(loader.bad_samples)} in loader.bad_samples; the warnings above "
@@ -135,19 +139,23 @@ def run(args) -> int:
         soft = labels.is_floating_point()
         captions = soft_captions(labels, loader.classes) if soft else [
             [f"{int(label)}: {loader.classes[int(label)]}"] for label in labels]
+        if names:  # a row per sample: each of its views, captioned with its view's name and the class
+            captions = [[f"{name}: {loader.classes[int(label)]}"] for label in labels for name in names]
         backend, available = loader.backend, loader.num_samples
         ops = sample_ops(loader, args.epoch, labels) if args.ops else None
     label_lines = SOFT_LINES if soft else 1
-    layout = make_layout(len(captions), pixels.shape[1], pixels.shape[2], label_lines + (OPS_LINES if ops else 0))
+    layout = make_layout(len(captions), pixels.shape[1], pixels.shape[2], label_lines + (OPS_LINES if ops else 0),
+                         columns=len(names) if names else None)
     canvas = render(pixels, captions, header, layout, ops)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(out, format="PNG", optimize=True)
-    if len(captions) < args.n:
+    if len(labels) < args.n:
         print(f"split '{args.split}' yields {plural(len(captions), 'sample')} in epoch {args.epoch} "
               f"({available} in the split), fewer than --n {args.n}: showing them all")
     soft_words = ", captioned with their soft targets' top-2 classes" if soft else ""
-    print(f"wrote {args.out}: {plural(len(captions), 'sample')} of split '{args.split}' (backend {backend}), "
+    shown = f"{plural(len(labels), 'sample')} x {len(names)} views" if names else plural(len(captions), "sample")
+    print(f"wrote {args.out}: {shown} of split '{args.split}' (backend {backend}), "
           f"{layout.columns}x{layout.rows} tiles of {layout.tile_w}x{layout.tile_h} px{soft_words}")
     return 0
 
@@ -175,6 +183,11 @@ def sample_ops(loader, epoch: int, labels) -> list[str] | None:
     if skipped:
         print("--ops: a file was skipped, so the samples shown are not those planned; ops captions left out")
         return None
+    if loader.views is not None:  # each view's ops, drawn by its group from its seed; tiles sample by sample
+        seeds = loader.views.seeds(plan[:, 1])
+        texts = [[ops_text(*row) for row in zip(*group.augmenter.draw_ops(seeds[view]))]
+                 for view, group in enumerate(loader.views.group_of_view)]
+        return [texts[view][i] for i in range(len(plan)) for view in range(len(texts))]
     hflip, vflip, op, param = loader.augmentation.draw_ops(plan[:, 1])
     return [ops_text(*row) for row in zip(hflip, vflip, op, param)]
 
@@ -185,6 +198,15 @@ def first_samples(loader, n: int):
     images, labels, taken = [], [], 0
     for batch_images, batch_labels in loader:
         keep = min(n - taken, len(batch_labels))
+        if isinstance(batch_images, list):  # views: each sample's views in a row, at the largest view's size
+            batch_images = _views_in_rows(batch_images, len(batch_labels))
+            keep_rows = keep * len(batch_images) // len(batch_labels)
+            images.append(batch_images[:keep_rows].detach().cpu())
+            labels.append(batch_labels[:keep].detach().cpu())
+            taken += keep
+            if taken >= n:
+                break
+            continue
         images.append(batch_images[:keep].detach().cpu())
         labels.append(batch_labels[:keep].detach().cpu())
         taken += keep
@@ -197,6 +219,18 @@ def first_samples(loader, n: int):
               torch.nn.functional.interpolate(batch.float(), size=(side, side), mode="nearest").to(batch.dtype)
               for batch in images]
     return torch.cat(images), torch.cat(labels)
+
+
+def _views_in_rows(groups, count: int):
+    """A batch's view groups ([views * B, 3, S, S] each, crop-major) as one tensor of every sample's
+    views in turn (sample 0's views, then sample 1's), each scaled (nearest) to the largest size."""
+    import torch
+    side = max(group.shape[-1] for group in groups)
+    views = [group[k * count:(k + 1) * count] for group in groups for k in range(len(group) // max(1, count))]
+    views = [view if view.shape[-1] == side else
+             torch.nn.functional.interpolate(view.float(), size=(side, side), mode="nearest").to(view.dtype)
+             for view in views]
+    return torch.stack(views, dim=1).flatten(0, 1)
 
 
 def denormalize(images, mean, std):

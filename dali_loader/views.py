@@ -1,0 +1,62 @@
+"""Views on the DALI backend (fastloader.views): what the feed passes in for every view of a batch,
+and the pipeline's outputs, one per view, joined into one tensor per view group.
+
+The graph (pipeline.view_graph) decodes each sample once, whole, and slices, resizes, flips and
+augments every view from that one image: one pipeline, one decode, a branch per view. Each view's
+crop box, flips and ops are drawn on the host from the view's seed, as the torch backend draws
+them, and fed in under the view's own names ("v3.crop_anchor"): view v's inputs are a train
+batch's inputs (augment.feed_inputs) for its group's transform.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from nvidia.dali import types
+from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+from fastloader.hooks import SplitHooks
+from fastloader.views import ViewPlan
+
+from .augment import feed_arrays, feed_inputs
+from .user_ops import hook_inputs
+
+
+def view_name(view: int, name: str) -> str:
+    return f"v{view}.{name}"
+
+
+def view_layout(plan: ViewPlan, hooks: SplitHooks) -> list[tuple[str, types.DALIDataType]]:
+    """(name, DALI dtype) of every view's per-sample inputs, view by view."""
+    return [(view_name(v, name), dtype) for v, group in enumerate(plan.group_of_view)
+            for name, dtype in feed_inputs(group.augmenter) + hook_inputs(hooks)]
+
+
+def view_inputs(inputs: dict, view: int) -> dict:
+    """View `view`'s inputs under the names a single crop's graph reads."""
+    prefix = view_name(view, "")
+    return {name[len(prefix):]: node for name, node in inputs.items() if name.startswith(prefix)}
+
+
+def view_arrays(plan: ViewPlan, batch: np.ndarray, sizes: np.ndarray, hooked: bool) -> tuple[np.ndarray, ...]:
+    """A batch's arrays for view_layout, from its (sample, seed) rows and upright sizes [B, 2]."""
+    view_seeds, arrays = plan.seeds(batch[:, 1]), ()
+    for view, group in enumerate(plan.group_of_view):
+        arrays += feed_arrays(group.augmenter, view_seeds[view], sizes)
+        if hooked:  # user_ops.HOOK_INPUTS, with the view's seed
+            arrays += (np.ascontiguousarray(np.stack([batch[:, 0], view_seeds[view]], axis=1), dtype=np.int64),)
+    return arrays
+
+
+def join_views(plan: ViewPlan, views: list, device: torch.device, stream=None) -> list[torch.Tensor]:
+    """The pipeline's outputs, one DALI tensor [B, ...] per view, as one torch tensor [count * B, ...]
+    per group on `device`, crop-major (view k of sample i at row k * B + i): each view copied once,
+    straight into its rows (on the driver's CUDA `stream` in the GPU flavour)."""
+    groups = []
+    for group in plan.groups:
+        first = views[group.first]
+        count, shape = first.shape()[0], first.shape()[1:]
+        out = torch.empty((group.count * count, *shape), dtype=to_torch_type[first.dtype], device=device)
+        for k in range(group.count):
+            feed_ndarray(views[group.first + k], out[k * count:(k + 1) * count], cuda_stream=stream)
+        groups.append(out)
+    return groups

@@ -1,0 +1,122 @@
+"""Views on the torch backend: every view of a sample cropped from one decode, and the batch of
+views (one tensor per view group, crop-major: view k of sample i at row k * B + i).
+
+The decoder decodes the union of the sample's view boxes (region decode where the decoder can, the
+whole image where Pillow decodes) at full resolution, never drafted: Pillow's draft scales the
+whole JPEG for the smallest view's need, and the DALI backend decodes every view from the whole,
+unscaled image. Each view is then cropped, resized, flipped and augmented as a sample of its group
+would be (transforms.SampleTransform), from its own seed (fastloader.views).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fastloader.device_ops import BatchFinisher
+from fastloader.imaging.decode import load_region
+from fastloader.imaging.geometry import Crop
+from fastloader.schema import BOMB_PIXELS, IMAGENET_MEAN
+from fastloader.sources.locations import Location
+from fastloader.views import ViewPlan
+
+from .collate import Batch, BatchPool, empty_batch, labels_of, partition
+from .prefetch import Normalizer
+from .transforms import SampleOps, SampleTransform
+
+ViewOps = tuple[SampleOps, ...]
+"""One sample's draws, one SampleOps per view."""
+
+
+class ViewsTransform:
+    """(path, sample seed) -> a tuple of uint8 [3, size, size] images, one per view, from one decode;
+    picklable, so it travels to the workers."""
+
+    train = True
+
+    def __init__(self, plan: ViewPlan, exif_orientation: bool = True, max_pixels: int = BOMB_PIXELS,
+                 mean: tuple[float, float, float] = IMAGENET_MEAN):
+        self.plan = plan
+        groups = [SampleTransform(g.split, exif_orientation, use_draft=False, max_pixels=max_pixels, mean=mean)
+                  for g in plan.groups]
+        self.of_view = [groups[plan.groups.index(g)] for g in plan.group_of_view]
+        self.size = max(g.size for g in plan.groups)
+        self.exif_orientation, self.max_pixels = exif_orientation, max_pixels
+
+    def view_seeds(self, seed: int) -> list[int]:
+        return self.plan.seeds(np.array([seed]))[:, 0].tolist()
+
+    def sample_ops(self, seeds: np.ndarray, size: int | None = None) -> list[ViewOps]:
+        """Every view's draws of a batch's samples, one vectorized draw per view."""
+        view_seeds = self.plan.seeds(seeds)
+        per_view = [t.sample_ops(view_seeds[v]) for v, t in enumerate(self.of_view)]
+        return list(zip(*per_view))
+
+    def __call__(self, where: str | Location, seed: int, ops: ViewOps | None = None,
+                 size: int | None = None) -> tuple[torch.Tensor, ...]:
+        ops = ops or self.sample_ops([seed])[0]
+        boxes: list[Crop] = []
+
+        def union(width: int, height: int) -> Crop:
+            boxes[:] = [t.crop_for(width, height, op) for t, op in zip(self.of_view, ops)]
+            return Crop(min(b.left for b in boxes), min(b.top for b in boxes), max(b.right for b in boxes),
+                        max(b.bottom for b in boxes))
+
+        pixels, decoded, _ = load_region(where, union, self.size, exif_orientation=self.exif_orientation,
+                                         use_draft=False, max_pixels=self.max_pixels)
+        dx, dy = decoded.left - min(b.left for b in boxes), decoded.top - min(b.top for b in boxes)
+        return tuple(t.augment(t.resize(pixels, Crop(b.left + dx, b.top + dy, b.right + dx, b.bottom + dy, b.flip)),
+                               op) for t, op, b in zip(self.of_view, ops, boxes))
+
+    def from_pixels(self, pixels: np.ndarray, seed: int, ops: ViewOps | None = None,
+                    size: int | None = None) -> tuple[torch.Tensor, ...]:
+        """Every view of already decoded upright HWC uint8 pixels (the uint8 cache's)."""
+        ops = ops or self.sample_ops([seed])[0]
+        image, (height, width) = torch.from_numpy(pixels), pixels.shape[:2]
+        return tuple(t.augment(t.resize(image, t.crop_for(width, height, op)), op) for t, op in zip(self.of_view, ops))
+
+
+class ViewsCollate:
+    """A Batch whose images are a list of one tensor per view group, crop-major: uint8 in
+    channels_last memory for the device to normalize (`normalizer` None), fresh in shared memory;
+    or normalized here in the output dtype and memory format and finished per view (the CPU's),
+    each group's tensor in a slot of its group's BatchPool (`pools`; collate.py says why), the
+    Batch's slot then a tuple of one slot per group (-1 where a group's tensor is sent)."""
+
+    def __init__(self, plan: ViewPlan, normalizer: Normalizer | None = None, finisher: BatchFinisher | None = None,
+                 pools: list[BatchPool] | None = None):
+        self.plan, self.normalizer, self.finisher, self.pools = plan, normalizer, finisher, pools
+
+    def __call__(self, samples: list) -> Batch:
+        decoded, skipped = partition(samples)
+        if not decoded:
+            return None, labels_of(decoded), skipped, -1, None
+        count, groups, slots = len(decoded), [], []
+        for number, group in enumerate(self.plan.groups):
+            shape = (group.count * count, 3, group.size, group.size)
+            slot = -1
+            if self.normalizer is None:
+                batch = empty_batch(shape, torch.uint8, channels_last=True)
+            elif self.pools:
+                batch, _, slot = self.pools[number].take(shape[0])
+            else:
+                batch = empty_batch(shape, self.normalizer.dtype, self.normalizer.channels_last)
+            slots.append(slot)
+            for k in range(group.count):
+                for i, (views, *_) in enumerate(decoded):
+                    image = views[group.first + k]
+                    if tuple(image.shape) != shape[1:]:
+                        raise ValueError(f"view {group.first + k} of sample {i} of the batch has shape "
+                                         f"{tuple(image.shape)}, expected {shape[1:]}")
+                    if self.normalizer is None:
+                        batch[k * count + i].copy_(image)
+                    else:
+                        self.normalizer.into(batch[k * count + i], image)
+            groups.append(batch)
+        labels = labels_of(decoded)
+        if self.finisher is not None and self.normalizer is not None:
+            seeds = np.array([seed for *_, seed in decoded], dtype=np.int64)
+            groups, finished = self.finisher(groups, torch.from_numpy(labels), seeds)
+            labels = finished.numpy()
+        if not self.pools:
+            return groups, labels, skipped, -1, None
+        return [None if slot >= 0 else batch for batch, slot in zip(groups, slots)], labels, skipped, tuple(slots), None
