@@ -90,3 +90,29 @@ def test_a_size_recipe_names_its_source_and_trains_logging_the_size_per_epoch(tm
     out = capsys.readouterr().out
     sizes = [int(s) for s in re.findall(r"epoch \d done: .*train size (\d+) px", out)]
     assert sizes == ([16, 32] if ramp else [32, 32]), out
+
+
+def test_the_dinov2_recipe_names_its_source_and_the_views_example_trains_on_it(monkeypatch, capsys):
+    """configs/recipes/dinov2.yaml: DINOv2's crops and per-view ops as its source sets them;
+    examples/views.py runs 2 DINO steps on it over the embedded demo (torch backend, CPU, batch 4)."""
+    path = REPO / "configs" / "recipes" / "dinov2.yaml"
+    header = path.read_text().split("\nbackend:")[0]
+    assert "Source:" in header and "facebookresearch/dinov2" in header
+    train = load_config(path).split("train")
+    groups = {view.name: view for view in train.views}
+    assert [(v.count, v.transform.size, v.transform.scale) for v in train.views] == [
+        (1, 224, (0.32, 1.0)), (1, 224, (0.32, 1.0)), (8, 96, (0.05, 0.32))]
+    assert [(v.transform.gaussian_blur_prob, v.transform.solarize_prob) for v in train.views] == [
+        (1.0, 0.0), (0.1, 0.2), (0.5, 0.0)]
+    assert all(v.transform.color_jitter == (0.4, 0.4, 0.2, 0.1) and v.transform.color_jitter_prob == 0.8
+               and v.transform.grayscale_prob == 0.2 and v.transform.interpolation == "bicubic"
+               and v.transform.hflip == 0.5 for v in groups.values())
+    args = ["views.py", "--steps", "2", "--out-dim", "32", "--set", "backend=torch", "--set", "output.device=cpu",
+            "--set", "workers.num_workers=0", "--set", "train.batch_size=4"]
+    monkeypatch.setattr(sys, "argv", args)
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(str(REPO / "examples" / "views.py"), run_name="__main__")
+    assert stopped.value.code == 0
+    out = capsys.readouterr().out
+    losses = re.findall(r"step \d: loss (\d+\.\d+), 10 views of 4 images \(1x224px, 1x224px, 8x96px\)", out)
+    assert len(losses) == 2 and all(float(loss) > 0 for loss in losses), out
