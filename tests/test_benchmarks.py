@@ -65,12 +65,15 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "feed": ["feed.py", "--rounds", "1", "--batch", "4", "--seconds", "0.2"],
     "sources": ["sources.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32", "--split", "val"],
     "hooks": ["hooks.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32", "--workers", "1"],
+    "views": ["views.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--sizes", "32", "16",
+              "--workers", "1"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
                "--rounds", "1", "--batch-size", "4", "--size", "32", "--workers", "1", "--latency-ms", "5"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
-    ("memory_workers", "memory_index", "cache", "stages", "train_step", "shards", "block_order", "sampler", "feed"),
+    ("memory_workers", "memory_index", "cache", "stages", "train_step", "shards", "block_order", "sampler", "feed",
+     "views"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "trainer_thread",
      "sizes", "hooks", "screening"),
 )
@@ -371,7 +374,7 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 19
+    assert len(SCRIPTS) == 20
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -462,6 +465,22 @@ def test_hooks_measures_each_hook_against_no_hook_on_both_backends(run):
             line = next(line for line in table.splitlines() if line.strip().startswith(case + "  "))
             assert float(line.split("x")[-2].split()[-1]) == pytest.approx(
                 runs[0]["images_per_s"] / rows["no hook"][0]["images_per_s"], abs=0.006), line
+
+
+@runs_for("views")
+def test_views_measures_dinov2s_views_against_one_crop_and_dinov2s_own_transform(run):
+    out, report = run
+    for backend in ["torch"] + (["dali"] if HAS_DALI else []):
+        rows = report[backend]
+        assert list(rows) == ["single crop", "views geometric", "views DINOv2", "DINOv2's transform"]
+        assert all(r["samples"] == 12 and r["images_per_s"] > 0 for runs in rows.values() for r in runs)
+        table = out[out.index(f"{backend} train (12 images)"):]
+        for case, runs in rows.items():
+            line = next(line for line in table.splitlines() if line.strip().startswith(case + "  "))
+            assert float(line.split("x")[-2].split()[-1]) == pytest.approx(
+                runs[0]["images_per_s"] / rows["single crop"][0]["images_per_s"], abs=0.006), line
+        ratio = rows["views DINOv2"][0]["images_per_s"] / rows["DINOv2's transform"][0]["images_per_s"]
+        assert f"views DINOv2 / DINOv2's transform (bar >= 1.5x): {ratio:.2f}x" in table
 
 
 @runs_for("sizes")
