@@ -166,7 +166,8 @@ class Driver:
         elif item.ready is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(item.ready)
-            item.images.record_stream(current)
+            for images in item.images if isinstance(item.images, list) else [item.images]:  # views: a list
+                images.record_stream(current)
             item.labels.record_stream(current)
         return item
 

@@ -480,7 +480,8 @@ def test_the_hooks_on_the_gpu_give_what_they_give_on_the_cpu(textured_root, back
     assert len(pairs) == len(cpu) == 6
     for (x_cpu, _), (x_gpu, _) in pairs:
         assert x_gpu.is_cuda
-        assert torch.equal(x_cpu[:, :, 0, 0], x_gpu[:, :, 0, 0].cpu())  # the batch hook's stamp: the seeds
+        # the batch hook's stamp, the seeds: (seed % 251) / 251, divided on each device (the last bit may differ)
+        assert torch.allclose(x_cpu[:, :, 0, 0], x_gpu[:, :, 0, 0].cpu(), rtol=0, atol=1e-6)
         assert torch.allclose(x_cpu[:, :, row, 1:], x_gpu[:, :, row, 1:].cpu(), atol=1e-5)  # the sample hook's row
         assert (x_cpu.float() - x_gpu.float().cpu()).abs().mean() < 0.02
 
