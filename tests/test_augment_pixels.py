@@ -203,3 +203,21 @@ def test_the_feed_arrays_match_the_declared_inputs_and_the_crop_they_encode():
     assert [name for name, _ in feed_inputs(augmenter())] == ["crop_anchor", "crop_shape", "hflip", "vflip"]
     boxes = spec.crops(seeds, sizes)
     assert np.array_equal(arrays[0], boxes[:, :2]) and np.array_equal(arrays[1], boxes[:, 2:] - boxes[:, :2])
+
+
+@pytest.mark.parametrize("sigma", [0.1, 0.5, 1.0, 1.7, 2.0])
+def test_the_torch_blur_is_torchvisions_gaussian_within_one_level(sigma):
+    """Device: CPU. The torch backend's blur (a row pass, then a column pass) against torchvision's
+    gaussian_blur (the 2-D kernel) at the same window: the same filter, float rounding apart; on a
+    crop in HWC memory (as the crops come) and in CHW memory."""
+    from torchvision.transforms.v2 import functional as F
+
+    from torch_loader.augment import blur_window
+    gaussian_blur = TORCH_OPS["gaussian_blur"]
+    window = blur_window(sigma)
+    image = torch.from_numpy(np.random.default_rng(4).integers(0, 256, size=(40, 56, 3), dtype=np.uint8))
+    for layout in (image.permute(2, 0, 1), image.permute(2, 0, 1).contiguous()):
+        ours, theirs = gaussian_blur(layout, sigma, None), F.gaussian_blur(layout, [window, window], [sigma, sigma])
+        assert ours.dtype == torch.uint8 and ours.shape == theirs.shape
+        difference = (ours.int() - theirs.int()).abs()
+        assert difference.max() <= 1 and difference.float().mean() < 0.01

@@ -41,8 +41,11 @@ def _float(image: Image) -> torch.Tensor:
     return image.to(torch.float32, memory_format=torch.contiguous_format)
 
 
-def _round(x: torch.Tensor) -> Image:
-    return x.round_().clamp_(0, 255).to(torch.uint8)
+def _round(x: torch.Tensor) -> torch.Tensor:
+    """The op's result as uint8 values, kept in float: apply_ops chains the ops in float and turns
+    the image into uint8 once at the end (the same values as a uint8 image after each op, without
+    two conversions per op); TORCH_OPS' functions give uint8."""
+    return x.round_().clamp_(0, 255)
 
 
 # -- point and colour ops ---------------------------------------------------------------------------
@@ -57,6 +60,7 @@ def invert(image: Image, param: float, ctx: Context) -> Image:
 
 def posterize(image: Image, param: float, ctx: Context) -> Image:
     bits = int(param)
+    image = image.to(torch.uint8)  # a bitwise op: uint8 (a no-op for a uint8 image)
     return image if bits >= 8 else image & (0xFF ^ ((1 << (8 - bits)) - 1))
 
 
@@ -236,20 +240,33 @@ def translate_y(image: Image, param: float, ctx: Context) -> Image:
     return _affine(image, (1, 0, 0, 0, 1, param * image.shape[1]), ctx)
 
 
-TORCH_OPS: dict[str, Callable[[Image, float, Context], Image]] = {
+_OPS: dict[str, Callable[[Image, float, Context], torch.Tensor]] = {
     "identity": identity, "auto_contrast": auto_contrast, "equalize": equalize, "invert": invert,
     "rotate": rotate, "shear_x": shear_x, "shear_y": shear_y, "translate_x": translate_x,
     "translate_y": translate_y, "posterize": posterize, "solarize": solarize, "solarize_add": solarize_add,
     "color": color, "contrast": contrast, "brightness": brightness, "sharpness": sharpness, "hue": hue,
     "grayscale": grayscale, "gaussian_blur": gaussian_blur,
 }
-"""Kind name -> its function; every kind of fastloader.augment.ops.KINDS has one (tests hold it)."""
-_BY_ID = [TORCH_OPS[kind.name] for kind in KINDS]
+"""Kind name -> its function, whose result may be uint8 values kept in float (_round)."""
+_BY_ID = [_OPS[kind.name] for kind in KINDS]
+
+
+def _uint8(op: Callable[[Image, float, Context], torch.Tensor]) -> Callable[[Image, float, Context], Image]:
+    @functools.wraps(op)
+    def as_uint8(image: Image, param: float, ctx: Context) -> Image:
+        return op(image, param, ctx).to(torch.uint8)
+    return as_uint8
+
+
+TORCH_OPS: dict[str, Callable[[Image, float, Context], Image]] = {name: _uint8(op) for name, op in _OPS.items()}
+"""Kind name -> its function on a uint8 image, giving uint8; every kind of fastloader.augment.ops.KINDS
+has one (tests hold it)."""
 
 
 def apply_ops(image: Image, ops: list[int], params: list[float], ctx: Context) -> Image:
-    """A sample's slots, in order (kind ids and parameters from fastloader.augment.draws)."""
+    """A sample's slots, in order (kind ids and parameters from fastloader.augment.draws), chained
+    in float (_round), uint8 at the end."""
     for kind, param in zip(ops, params):
         if kind != IDENTITY:
             image = _BY_ID[kind](image, param, ctx)
-    return image
+    return image.to(torch.uint8)
