@@ -39,6 +39,7 @@ class ViewsTransform:
         groups = [SampleTransform(g.split, exif_orientation, use_draft=False, max_pixels=max_pixels, mean=mean)
                   for g in plan.groups]
         self.of_view = [groups[plan.groups.index(g)] for g in plan.group_of_view]
+        self.groups = [(transform, range(g.first, g.first + g.count)) for transform, g in zip(groups, plan.groups)]
         self.size = max(g.size for g in plan.groups)
         self.exif_orientation, self.max_pixels = exif_orientation, max_pixels
 
@@ -57,7 +58,7 @@ class ViewsTransform:
         boxes: list[Crop] = []
 
         def union(width: int, height: int) -> Crop:
-            boxes[:] = [t.crop_for(width, height, op) for t, op in zip(self.of_view, ops)]
+            boxes[:] = self.boxes(width, height, ops)
             return Crop(min(b.left for b in boxes), min(b.top for b in boxes), max(b.right for b in boxes),
                         max(b.bottom for b in boxes))
 
@@ -67,12 +68,23 @@ class ViewsTransform:
         return tuple(t.augment(t.resize(pixels, Crop(b.left + dx, b.top + dy, b.right + dx, b.bottom + dy, b.flip)),
                                op) for t, op, b in zip(self.of_view, ops, boxes))
 
+    def boxes(self, width: int, height: int, ops: ViewOps) -> list[Crop]:
+        """Every view's crop box in an image of this upright size: one vectorized draw per group."""
+        boxes = []
+        for transform, views in self.groups:
+            uniforms = np.stack([ops[view].crop for view in views])
+            sizes = np.broadcast_to(np.array([[height, width]]), (len(views), 2))
+            boxes += [Crop(*box, flip=ops[view].hflip)
+                      for view, box in zip(views, transform.augmenter.boxes(uniforms, sizes).tolist())]
+        return boxes
+
     def from_pixels(self, pixels: np.ndarray, seed: int, ops: ViewOps | None = None,
                     size: int | None = None) -> tuple[torch.Tensor, ...]:
         """Every view of already decoded upright HWC uint8 pixels (the uint8 cache's)."""
         ops = ops or self.sample_ops([seed])[0]
         image, (height, width) = torch.from_numpy(pixels), pixels.shape[:2]
-        return tuple(t.augment(t.resize(image, t.crop_for(width, height, op)), op) for t, op in zip(self.of_view, ops))
+        return tuple(t.augment(t.resize(image, box), op)
+                     for t, op, box in zip(self.of_view, ops, self.boxes(width, height, ops)))
 
 
 class ViewsCollate:
