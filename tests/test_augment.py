@@ -160,6 +160,24 @@ def test_colour_jitter_draws_each_factor_in_its_range_in_a_random_order():
     assert augmenter(color_jitter=0.4, auto_augment="v0").jitter is None  # off with a policy, as in timm
 
 
+def test_colour_jitter_with_a_probability_and_solarize_are_drawn_on_their_own_coins():
+    """color_jitter_prob: the four jitter slots all identity on the coin's no, else as before
+    (p 1 draws exactly as without the key); solarize_prob: one slot after the blur, threshold 128."""
+    seeds = np.arange(20000)
+    always = augmenter(color_jitter=[0.4, 0.4, 0.2, 0.1]).draw_ops(seeds)
+    sometimes = augmenter(color_jitter=[0.4, 0.4, 0.2, 0.1], color_jitter_prob=0.8).draw_ops(seeds)
+    off = (sometimes[2] == IDENTITY).all(axis=1)
+    assert abs(off.mean() - 0.2) < 0.01
+    assert np.array_equal(sometimes[2][~off], always[2][~off]) and np.array_equal(sometimes[3][~off], always[3][~off])
+    assert augmenter(color_jitter=0.4, color_jitter_prob=0.0).jitter is None
+    spec = augmenter(gaussian_blur_prob=0.5, solarize_prob=0.2)
+    assert spec.extra_slots == ("gaussian_blur", "solarize") and spec.slot_kinds[1] == (IDENTITY, KIND_IDS["solarize"])
+    _, _, op, param = spec.draw_ops(seeds)
+    solarized = op[:, 1] == KIND_IDS["solarize"]
+    assert abs(solarized.mean() - 0.2) < 0.01 and (param[solarized, 1] == 128).all()
+    assert np.array_equal(op[:, 0], augmenter(gaussian_blur_prob=0.5).draw_ops(seeds)[2][:, 0])  # the blur as before
+
+
 @pytest.mark.parametrize("text", ISSUE_STRINGS + EXTREME_STRINGS)
 def test_every_parameter_lies_in_its_kinds_valid_range(text):
     _, _, op, param = augmenter(auto_augment=text).draw_ops(np.arange(5000))
