@@ -165,3 +165,25 @@ def test_mixed_samples_are_captioned_with_their_two_largest_soft_labels(tmp_path
         off_class = [p for p in tile_pixels if np.abs(colours - p).max(axis=1).min() > 2]
         blended += len(tile_pixels) > 1 or bool(off_class)  # a pasted box, or a blend of two colours
     assert blended >= 3
+
+
+def test_show_draws_every_view_of_each_sample_in_a_row(tmp_path):
+    """train.views: a row per sample, its views in order (a 16 px local view scaled to the 32 px
+    global's tile), each tile the sample's class colour (solid images: every crop is that colour)."""
+    root = write_solid_dataset(tmp_path / "solid", per_class=4, splits=("train",))
+    config = tmp_path / "views.yaml"
+    config.write_text(f"backend: torch\nseed: 0\ndataset:\n  root: {root}\nworkers:\n  num_workers: 0\n"
+                      f"train:\n  batch_size: 4\n  views:\n    - {{name: global, count: 2, size: 32}}\n"
+                      f"    - {{name: local, count: 3, size: 16, scale: [0.05, 0.4]}}\n")
+    out = tmp_path / "views.png"
+    result = run("show", str(config), "--out", str(out), "--n", "3", "--ops", cache_dir=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stdout and "3 samples x 5 views of split 'train' (backend torch), 5x3 tiles of " \
+                                      "128x128 px" in result.stdout
+    pixels = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    lines = 1 + 2  # the caption, then two lines of ops (--ops)
+    for row in range(3):
+        y = HEADER_HEIGHT + row * (128 + CAPTION_HEIGHT * lines + PAD)
+        centres = [pixels[y + 64, PAD + column * (128 + PAD) + 64] for column in range(5)]
+        assert any(np.abs(centres[0] - np.asarray(c)).max() <= 2 for c in COLOURS.values()), centres[0]
+        assert all(np.abs(centre - centres[0]).max() <= 2 for centre in centres)  # one sample's views, one colour

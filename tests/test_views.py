@@ -258,3 +258,43 @@ def test_a_view_group_inherits_the_splits_transform_and_overrides_its_own_keys(t
     assert (glob.transform.size, local.transform.size) == (32, 16) and local.transform.gaussian_blur_prob == 0.5
     assert glob.transform.gaussian_blur_prob == 0.0 and glob.name == "global"
     assert user_hooks  # the hooks module the tests above name by path
+
+
+def test_the_torch_backend_decodes_each_sample_once_for_all_its_views(textured, monkeypatch):
+    """Device: CPU. One decoder call per sample however many views (the decoder counted, not
+    replaced), and its region is the union of the views' boxes."""
+    import torch_loader.views as views_module
+    calls = []
+    real = views_module.load_region
+
+    def counted(where, choose_crop, size, **options):
+        decoded = real(where, choose_crop, size, **options)
+        calls.append(decoded.crop)
+        return decoded
+    monkeypatch.setattr(views_module, "load_region", counted)
+    with build_loader(views_config(textured), "train") as loader:
+        images, labels = next(iter(loader))
+    assert len(calls) == len(labels) == 4 and sum(len(group) for group in images) == 5 * 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_views_from_tar_shards_and_parquet_are_the_folders_views(textured, tmp_path, backend):
+    """Device: CPU. The same samples as tar shards and as parquet rows give the same views as the
+    folder, label for label (the views come after the byte seam: any source gives them)."""
+    from shardfiles import pack_folder_split
+    from tablefiles import split_as_parquet
+    backend_or_skip(backend)
+    raw = views_config(textured, backend, shuffle=False)
+    folder, labels = epoch(build_loader(raw, "train"))
+    pack_folder_split(textured / "train", tmp_path / "shards", "train", per_shard=5)
+    split_as_parquet(textured / "train", tmp_path / "parquet", files=2, row_group_size=4)
+    for fmt, key, files in (("webdataset", "shards", "train-{000000..000002}.tar"),
+                            ("parquet", "files", "train-*.parquet")):
+        folder_of = tmp_path / ("shards" if fmt == "webdataset" else "parquet")
+        other = {**raw, "dataset": {"root": str(folder_of), "format": fmt},
+                 "train": {**raw["train"], key: files}}
+        batches, other_labels = epoch(build_loader(other, "train"))
+        assert other_labels == labels, fmt
+        for a_batch, b_batch in zip(folder, batches):
+            for a, b in zip(a_batch, b_batch):
+                assert (a - b).abs().mean(dim=(1, 2, 3)).max() < 1e-6, fmt
