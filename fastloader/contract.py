@@ -153,6 +153,27 @@ class Loader(abc.ABC):
         images' last dimension."""
         return self.resolution.epoch_size(self._epoch) if self.resolution else self.split.transform.size
 
+    @property
+    def dataset(self):
+        """There is none: what Hugging Face Accelerate's skip_first_batches (and other code written
+        for torch DataLoaders) reaches for. Said with the fix rather than as a bare AttributeError."""
+        raise AttributeError(f"a fastloader loader (split '{self.split.name}') has no torch `dataset`: it reads its "
+                             f"own index (loader.index) and shards it itself. To resume mid-epoch, restore its "
+                             f"position rather than skipping batches: loader.load_state_dict(state), or with "
+                             f"Accelerate accelerator.register_for_checkpointing(loader) before load_state "
+                             f"(docs/accelerate.md)")
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next `for` loop runs: the one set (set_epoch, a loaded state), else the one
+        after the last started."""
+        return self._epoch if self._epoch_set else self._epoch + 1
+
+    @property
+    def resume_position(self) -> int:
+        """Where the next loop starts in its epoch's global order: a loaded state's position, else 0."""
+        return self._resume_position
+
     def __len__(self) -> int:
         """Batches this rank yields per epoch."""
         return self.order.num_batches
