@@ -1,0 +1,128 @@
+"""fastloader.lightning.DataModule under a real Lightning Trainer on the CPU: the loaders built per
+rank, the epochs the trainer's, a mid-epoch checkpoint that resumes with exactly the rest of the
+epoch (Lightning fetches a batch ahead: the state counts what was trained), DDP ranks sharing the
+samples, and a config without its val split refused with the fix."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, base_config, write_numbered_dataset
+
+pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
+import lightning.pytorch as pl  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning_run import Recorder, datamodule, trainer  # noqa: E402
+
+from fastloader.errors import ConfigError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+    return write_numbered_dataset(tmp_path_factory.mktemp("numbered"), per_class=4)
+
+
+def config(root, **train):
+    return base_config(root, train={"batch_size": 2, "transform": {"size": 16}, **train},
+                       val={"batch_size": 4, "transform": {"size": 16}})
+
+
+def test_a_mid_epoch_checkpoint_resumes_with_exactly_the_rest_of_the_epoch(numbered, tmp_path):
+    """Device: CPU. 2 epochs of 6 steps uninterrupted, against 4 steps, a checkpoint (saved by
+    ModelCheckpoint at step 4, Lightning's next batch already fetched), and fit(ckpt_path=...): the
+    same batches, none lost, none repeated, the second epoch included."""
+    whole = Recorder()
+    trainer(str(tmp_path / "a"), max_epochs=2, num_sanity_val_steps=0).fit(
+        whole, datamodule=datamodule(config(numbered)))
+    assert len(whole.seen) == 12
+    first = Recorder()
+    saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    trainer(str(tmp_path / "b"), max_steps=4, callbacks=[saving], num_sanity_val_steps=0).fit(
+        first, datamodule=datamodule(config(numbered)))
+    checkpoint = next((tmp_path / "ckpt").glob("*step=4*.ckpt"))
+    rest = Recorder()
+    trainer(str(tmp_path / "b"), max_epochs=2, num_sanity_val_steps=0).fit(
+        rest, datamodule=datamodule(config(numbered)), ckpt_path=str(checkpoint))
+    assert first.seen + rest.seen == whole.seen
+
+
+class SaveBeforeStep(pl.Callback):
+    """A checkpoint taken when a batch has been fetched but not trained on (on_train_batch_start)."""
+
+    def __init__(self, path, batch: int):
+        self.path, self.batch = path, batch
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if batch_idx == self.batch and trainer.current_epoch == 0:
+            trainer.save_checkpoint(self.path)
+
+
+def test_a_checkpoint_taken_with_a_batch_fetched_but_not_trained_replays_that_batch(numbered, tmp_path):
+    """Device: CPU. The loader has handed over batch 4 when the checkpoint is taken, the model has
+    not trained on it: the state says 4 batches, and the resumed run starts with batch 4 (the
+    loader's own position would skip it, as a fit loop that fetches ahead would)."""
+    whole = Recorder()
+    trainer(str(tmp_path / "a"), max_epochs=2, num_sanity_val_steps=0).fit(
+        whole, datamodule=datamodule(config(numbered)))
+    first = Recorder()
+    trainer(str(tmp_path / "b"), max_steps=5, callbacks=[SaveBeforeStep(tmp_path / "at4.ckpt", 4)],
+            num_sanity_val_steps=0).fit(first, datamodule=datamodule(config(numbered)))
+    rest = Recorder()
+    trainer(str(tmp_path / "b"), max_epochs=2, num_sanity_val_steps=0).fit(
+        rest, datamodule=datamodule(config(numbered)), ckpt_path=str(tmp_path / "at4.ckpt"))
+    assert first.seen[:4] + rest.seen == whole.seen
+
+
+def test_each_epoch_is_the_trainers_and_the_val_loader_is_fastloaders(numbered, tmp_path):
+    """Device: CPU. The train loader runs the trainer's epoch (a new order each epoch), validation
+    reads every val sample."""
+    module = datamodule(config(numbered))
+    model = Recorder()
+    run = trainer(str(tmp_path), max_epochs=2, num_sanity_val_steps=0)
+    run.fit(model, datamodule=module)
+    first, second = model.seen[:6], model.seen[6:]
+    assert sorted(sum(first, [])) == sorted(sum(second, [])) and first != second
+    assert "val_loss" in run.callback_metrics
+
+
+def test_two_ddp_ranks_on_the_cpu_share_the_epochs_samples(numbered, tmp_path):
+    """Device: CPU. Trainer(strategy="ddp", devices=2) in its own processes: each rank trains on
+    its own half of the epoch's samples, none twice (Lightning's sampler injection leaves fastloader
+    alone)."""
+    out = tmp_path / "seen"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "lightning_run.py"), json.dumps(config(numbered)),
+                           str(out)], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"seen.{rank}").read_text()) for rank in range(2)]
+    assert all(rank["world_size"] == 2 for rank in ranks)
+    images = [tuple(colour) for rank in ranks for batch in rank["seen"] for colour in batch]
+    assert len(images) == len(set(images)) == 12  # 12 train images, 2 ranks x 3 steps x 2
+
+
+def test_a_datamodule_without_its_val_split_is_refused_with_the_fix(numbered):
+    raw = config(numbered)
+    del raw["val"]
+    with pytest.raises(ConfigError, match=r"DataModule\(val_split='val'\): the config has no split 'val' \(it has "
+                                          r"train\); add a 'val:' section, or pass val_split=<one of them> or "
+                                          r"val_split=None to train without validation"):
+        datamodule(raw)
+
+
+def test_the_lightning_example_trains_saves_and_resumes_on_the_demo(tmp_path):
+    """examples/lightning_train.py as a user runs it (CPU, the embedded demo, small): 3 steps with a
+    checkpoint, then `--resume last` goes on from it."""
+    command = [sys.executable, str(REPO / "examples" / "lightning_train.py"), str(REPO / "configs" / "sample.yaml"),
+               "--set", "train.transform.size=32", "--set", "val.transform.size=32", "--set", "output.device=cpu",
+               "--set", "workers.num_workers=0", "--save-every", "2", "--checkpoints", str(tmp_path / "ckpt")]
+    env = {**os.environ, "FASTLOADER_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run([*command, "--max-steps", "3"], capture_output=True, text=True, timeout=240, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (tmp_path / "ckpt" / "last.ckpt").is_file() and "`max_steps=3` reached" in first.stderr
+    again = subprocess.run([*command, "--max-steps", "5", "--resume", str(tmp_path / "ckpt" / "last.ckpt")],
+                           capture_output=True, text=True, timeout=240, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Restored all states from the checkpoint" in again.stderr and "`max_steps=5` reached" in again.stderr
