@@ -65,6 +65,8 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "feed": ["feed.py", "--rounds", "1", "--batch", "4", "--seconds", "0.2"],
     "sources": ["sources.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32", "--split", "val"],
     "hooks": ["hooks.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32", "--workers", "1"],
+    "frameworks": ["frameworks.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32",
+                   "--workers", "1"],
     "views": ["views.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--sizes", "32", "16",
               "--workers", "1"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
@@ -75,7 +77,7 @@ LANES = (  # about the same time each. Scripts that count their process's childr
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "shards", "block_order", "sampler", "feed",
      "views"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "trainer_thread",
-     "sizes", "hooks", "screening"),
+     "sizes", "hooks", "frameworks", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -374,7 +376,7 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 20
+    assert len(SCRIPTS) == 21
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
@@ -481,6 +483,15 @@ def test_views_measures_dinov2s_views_against_one_crop_and_dinov2s_own_transform
                 runs[0]["images_per_s"] / rows["single crop"][0]["images_per_s"], abs=0.006), line
         ratio = rows["views DINOv2"][0]["images_per_s"] / rows["DINOv2's transform"][0]["images_per_s"]
         assert f"views DINOv2 / DINOv2's transform (bar >= 1.5x): {ratio:.2f}x" in table
+
+
+@runs_for("frameworks")
+def test_frameworks_measures_lightning_and_accelerate_against_the_bare_loop(run):
+    out, report = run
+    assert list(report) == ["bare loop", "Lightning", "Accelerate"]
+    assert all(len(rates) == 1 and rates[0] > 0 for rates in report.values())
+    ratio = report["Lightning"][0] / report["bare loop"][0]
+    assert f"Lightning / bare loop (bar >= 0.97x): {ratio:.2f}x" in out
 
 
 @runs_for("sizes")

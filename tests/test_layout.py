@@ -87,7 +87,8 @@ FLOORS = (
     ("preparation", ("fastloader.config*", "fastloader.weights", "fastloader.blocks", "fastloader.screening",
                      "fastloader.cache", "fastloader.cache_write", "fastloader.prepared", "fastloader.packing")),
     ("loader", ("fastloader.contract", "fastloader.factory", "fastloader")),
-    ("front", ("fastloader.cli", "fastloader.commands", "fastloader.commands.*", "dali_loader", "dali_loader.*",
+    ("front", ("fastloader.cli", "fastloader.commands", "fastloader.commands.*", "fastloader.lightning",
+               "fastloader.timm", "dali_loader", "dali_loader.*",
                "torch_loader", "torch_loader.*")),
 )
 """The floors of the packages, from the bottom up: a module imports from its own floor or below.
