@@ -74,22 +74,23 @@ def test_a_prepared_loader_is_the_loader_and_skipping_batches_names_the_fix(numb
         accelerator.skip_first_batches(loader, 2)
 
 
-def test_the_accelerate_example_stops_and_the_same_command_resumes_mid_epoch(tmp_path):
-    """examples/accelerate_train.py as a user runs it (CPU, the embedded demo): stopped after 3
-    steps, the same command resumes at the 4th batch of epoch 0 and finishes the epoch."""
-    import os
-    import subprocess
+def test_the_accelerate_example_stops_and_the_same_command_resumes_mid_epoch(tmp_path, monkeypatch, capsys):
+    """examples/accelerate_train.py, in this process as `python examples/accelerate_train.py ...`
+    would run (CPU, the embedded demo): stopped after 3 steps, the same command resumes at the 4th
+    batch of epoch 0 and finishes the epoch."""
+    import runpy
     import sys
 
     from conftest import REPO
-    command = [sys.executable, str(REPO / "examples" / "accelerate_train.py"), str(REPO / "configs" / "sample.yaml"),
-               "--set", "train.transform.size=32", "--set", "workers.num_workers=0", "--epochs", "1",
+    command = ["accelerate_train.py", str(REPO / "configs" / "sample.yaml"), "--set", "train.transform.size=32",
+               "--set", "workers.num_workers=0", "--set", "output.device=cpu", "--epochs", "1",
                "--state", str(tmp_path / "state")]
-    env = {**os.environ, "FASTLOADER_CACHE_DIR": str(tmp_path / "cache"), "ACCELERATE_USE_CPU": "true"}
-    first = subprocess.run([*command, "--max-steps", "3"], capture_output=True, text=True, timeout=240, env=env)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "stopped after 3 steps; the same command resumes" in first.stdout
-    again = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" in again.stdout and "epoch 0, sample 96" in again.stdout  # 3 x batch 32
-    assert "epoch 0 done" in again.stdout
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    for argv in ([*command, "--max-steps", "3"], command):
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as stopped:
+            runpy.run_path(str(REPO / "examples" / "accelerate_train.py"), run_name="__main__")
+        assert stopped.value.code == 0
+    out = capsys.readouterr().out
+    assert "stopped after 3 steps; the same command resumes" in out
+    assert "resumed from" in out and "epoch 0, sample 96" in out and "epoch 0 done" in out  # 3 x batch 32

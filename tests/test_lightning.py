@@ -112,17 +112,19 @@ def test_a_datamodule_without_its_val_split_is_refused_with_the_fix(numbered):
         datamodule(raw)
 
 
-def test_the_lightning_example_trains_saves_and_resumes_on_the_demo(tmp_path):
-    """examples/lightning_train.py as a user runs it (CPU, the embedded demo, small): 3 steps with a
-    checkpoint, then `--resume last` goes on from it."""
-    command = [sys.executable, str(REPO / "examples" / "lightning_train.py"), str(REPO / "configs" / "sample.yaml"),
-               "--set", "train.transform.size=32", "--set", "val.transform.size=32", "--set", "output.device=cpu",
-               "--set", "workers.num_workers=0", "--save-every", "2", "--checkpoints", str(tmp_path / "ckpt")]
-    env = {**os.environ, "FASTLOADER_CACHE_DIR": str(tmp_path / "cache")}
-    first = subprocess.run([*command, "--max-steps", "3"], capture_output=True, text=True, timeout=240, env=env)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert (tmp_path / "ckpt" / "last.ckpt").is_file() and "`max_steps=3` reached" in first.stderr
-    again = subprocess.run([*command, "--max-steps", "5", "--resume", str(tmp_path / "ckpt" / "last.ckpt")],
-                           capture_output=True, text=True, timeout=240, env=env)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "Restored all states from the checkpoint" in again.stderr and "`max_steps=5` reached" in again.stderr
+def test_the_lightning_example_trains_saves_and_resumes_on_the_demo(tmp_path, monkeypatch, caplog):
+    """examples/lightning_train.py, in this process as `python examples/lightning_train.py ...` would
+    run (CPU, the embedded demo, small): 3 steps with a checkpoint, then `--resume` goes on from it."""
+    import logging
+    import runpy
+    command = ["lightning_train.py", str(REPO / "configs" / "sample.yaml"), "--set", "train.transform.size=32",
+               "--set", "val.transform.size=32", "--set", "output.device=cpu", "--set", "workers.num_workers=0",
+               "--save-every", "2", "--checkpoints", str(tmp_path / "ckpt")]
+    for argv in ([*command, "--max-steps", "3"], [*command, "--max-steps", "5", "--resume",
+                                                   str(tmp_path / "ckpt" / "last.ckpt")]):
+        monkeypatch.setattr(sys, "argv", argv)
+        with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as stopped:
+            runpy.run_path(str(REPO / "examples" / "lightning_train.py"), run_name="__main__")
+        assert stopped.value.code == 0
+        assert (tmp_path / "ckpt" / "last.ckpt").is_file()
+    assert "Restored all states from the checkpoint" in caplog.text and "`max_steps=5` reached" in caplog.text
