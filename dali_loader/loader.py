@@ -251,8 +251,9 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
     covers only its own allocator's blocks). One device copy into torch's allocator (some 0.1 ms for
     256 x 3 x 224 x 224 float32 at an H100's 3 TB/s) makes the lifetime torch's. DALI orders its
     buffer's reuse after a non-blocking copy (`copy_to_external`), so the driver lets the output go
-    right after the hand-over. `check(images, plan)`: a graph function's output checked (its size).
-    `views`: the outputs are a batch's views, joined into one tensor per view group (views.join_views)."""
+    right after the hand-over. `check(sizes, plan)`: a graph function's outputs' (height, width)
+    checked. `views`: the outputs are a batch's views, joined into one tensor per view group
+    (views.join_views)."""
     hook = getattr(finisher, "hook", None)  # the user's batch hook, named where a pipeline stalls in it
 
     def to_torch(images) -> torch.Tensor:
