@@ -9,12 +9,10 @@ images/s of the timed epochs. The issue's bar: Lightning >= 0.97x the bare loop.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import statistics
 import time
-from pathlib import Path
 
 import harness
 import torch
@@ -99,14 +97,9 @@ def accelerate(config: dict, epochs: int, classes: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_data_argument(parser)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=2, help="timed epochs, after one untimed")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = harness.epochs_parser(__doc__)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
     data = harness.check_data(parser, args.data, ["train"])
     config = config_to_raw(harness.fastloader.load_config(harness.CONFIG, {"dataset.root": str(data)}))

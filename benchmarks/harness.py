@@ -125,6 +125,18 @@ def base_parser(doc: str) -> argparse.ArgumentParser:
     return parser
 
 
+def epochs_parser(doc: str, epochs: int = 2) -> argparse.ArgumentParser:
+    """The options of the scripts that time whole epochs of fresh loaders (warm_epochs): the data,
+    the rounds, the timed epochs, the batch size, the JSON report."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_argument(parser)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=epochs, help="timed epochs of each loader, after one untimed")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--json", type=Path, help="write the raw results here")
+    return parser
+
+
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     for name in ("workers", "batch_size", "size", "repeat", "batches", "rounds"):
         minimum = 0 if name == "workers" else 1

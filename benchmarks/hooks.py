@@ -12,9 +12,7 @@ identity sample hook costs <= 5% images/s on the torch backend (2 workers), an i
 """
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import harness
 import shards as shard_benchmark
@@ -55,15 +53,10 @@ def cases_for(backend: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_data_argument(parser)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=2, help="timed epochs of each loader, after one untimed")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = harness.epochs_parser(__doc__)
     parser.add_argument("--size", type=int, help="output size (default: the config's)")
     parser.add_argument("--workers", type=int, default=2, help="torch workers / DALI threads")
     parser.add_argument("--backends", nargs="+", default=list(harness.BACKENDS), choices=harness.BACKENDS)
-    parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
     data = harness.check_data(parser, args.data, ["train"])
     backends = harness.usable_backends(parser, args.backends)

@@ -14,7 +14,6 @@ folder's. The issue's bar: a SQLite table at >= 0.9x the folder's images/s on th
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import tempfile
@@ -55,15 +54,10 @@ def split_files(data: Path, split: str) -> tuple[list[str], list[int], list[str]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_data_argument(parser)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=3, help="timed epochs of each loader, after one untimed")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = harness.epochs_parser(__doc__, epochs=3)
     parser.add_argument("--size", type=int, help="output size (default: the config's)")
     parser.add_argument("--split", choices=("train", "val", "both"), default="both")
     parser.add_argument("--backends", nargs="+", default=list(harness.BACKENDS), choices=harness.BACKENDS)
-    parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
     data = harness.check_data(parser, args.data, harness.splits_of(args))
     backends = harness.usable_backends(parser, args.backends)

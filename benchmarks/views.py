@@ -16,7 +16,6 @@ DINOv2 >= 1.5x DINOv2's transform; on a GPU, DALI's views geometric >= 0.6x its 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -98,18 +97,13 @@ def dinov2_epochs(data: Path, batch: int, workers: int, epochs: int, sizes: tupl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_data_argument(parser)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=2, help="timed epochs of each loader, after one untimed")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = harness.epochs_parser(__doc__)
     parser.add_argument("--workers", type=int, default=2, help="torch workers / DALI threads, the peer's workers")
     parser.add_argument("--device", default="cpu", help="the loaders' output device (cuda on a GPU)")
     parser.add_argument("--backends", nargs="+", default=list(harness.BACKENDS), choices=harness.BACKENDS)
     parser.add_argument("--no-peer", action="store_true", help="leave DINOv2's own transform out")
     parser.add_argument("--sizes", type=int, nargs=2, default=[224, 96], metavar=("GLOBAL", "LOCAL"),
                         help="the global and local views' sides (default: DINOv2's 224 96)")
-    parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
     data = harness.check_data(parser, args.data, ["train"])
     backends = harness.usable_backends(parser, args.backends)
