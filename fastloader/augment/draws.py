@@ -88,9 +88,10 @@ class Augmenter:
         self.jitter_prob = t.color_jitter_prob
         self.grayscale_prob, self.blur_prob = t.grayscale_prob, t.gaussian_blur_prob
         self.solarize_prob = t.solarize_prob
-        probs = (("grayscale", t.grayscale_prob), ("gaussian_blur", t.gaussian_blur_prob),
-                 ("solarize", t.solarize_prob))
-        self.extra_slots = tuple(name for name, prob in probs if prob > 0)
+        self.extra_probs = {name: prob for name, prob in (("grayscale", t.grayscale_prob),
+                                                          ("gaussian_blur", t.gaussian_blur_prob),
+                                                          ("solarize", t.solarize_prob)) if prob > 0}
+        self.extra_slots = tuple(self.extra_probs)
         """The secondary transforms after the policy and the colour jitter, in timm's and DINO's order:
         RandomGrayscale (grayscale_prob), GaussianBlur (gaussian_blur_prob), then RandomSolarize
         (solarize_prob): one slot each."""
@@ -137,8 +138,8 @@ class Augmenter:
         if self.jitter:
             on = [KIND_IDS[name] for name, (low, high) in zip(JITTER_KINDS, self.jitter) if low != high]
             kinds += [set(on) | ({IDENTITY} if len(on) < len(JITTER_KINDS) or self.jitter_prob < 1 else set())] * 4
-        probs = {"grayscale": self.grayscale_prob, "gaussian_blur": self.blur_prob, "solarize": self.solarize_prob}
-        kinds += [{KIND_IDS[name]} | ({IDENTITY} if probs[name] < 1 else set()) for name in self.extra_slots]
+        kinds += [{KIND_IDS[name]} | ({IDENTITY} if self.extra_probs[name] < 1 else set())
+                  for name in self.extra_slots]
         return tuple(tuple(sorted(slot)) for slot in kinds)
 
     # -- the draws ---------------------------------------------------------------------------------

@@ -197,17 +197,13 @@ def first_samples(loader, n: int):
     import torch
     images, labels, taken = [], [], 0
     for batch_images, batch_labels in loader:
-        keep = min(n - taken, len(batch_labels))
+        keep = rows = min(n - taken, len(batch_labels))
         if isinstance(batch_images, list):  # views: each sample's views in a row, at the largest view's size
+            if not keep:
+                continue  # an empty batch: none of its files could be decoded
             batch_images = _views_in_rows(batch_images, len(batch_labels))
-            keep_rows = keep * len(batch_images) // len(batch_labels)
-            images.append(batch_images[:keep_rows].detach().cpu())
-            labels.append(batch_labels[:keep].detach().cpu())
-            taken += keep
-            if taken >= n:
-                break
-            continue
-        images.append(batch_images[:keep].detach().cpu())
+            rows = keep * len(batch_images) // len(batch_labels)
+        images.append(batch_images[:rows].detach().cpu())
         labels.append(batch_labels[:keep].detach().cpu())
         taken += keep
         if taken >= n:
