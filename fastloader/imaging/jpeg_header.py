@@ -19,7 +19,7 @@ import struct
 from typing import NamedTuple
 
 HEAD_BYTES = 4096
-"""First read of a file; a segment beyond it (after a large EXIF thumbnail) is read where it lies."""
+"""First read of a file; where a segment needs more (a large EXIF thumbnail), the file is read on."""
 ORIENTATION = 0x0112
 """The EXIF Orientation tag."""
 SWAPPED = frozenset({5, 6, 7, 8})
@@ -58,63 +58,77 @@ class _NotSure(Exception):
     """The walk met something Pillow may read otherwise."""
 
 
-class _Source:
-    """Bytes by absolute offset: from memory, or from a file read HEAD_BYTES at a time."""
+class _Short(Exception):
+    """The walk over a file's first bytes needs more of them: up to `needed`."""
 
-    def __init__(self, buffer, size: int, handle=None):
-        self.buffer, self.base, self.size, self.handle = buffer, 0, size, handle
-
-    def at(self, start: int, count: int):
-        if self.handle is not None and (start < self.base or start + count > self.base + len(self.buffer)):
-            self.handle.seek(start)
-            self.base, self.buffer = start, self.handle.read(max(count, HEAD_BYTES))
-        return self.buffer[start - self.base:start - self.base + count]
+    def __init__(self, needed: int):
+        super().__init__(needed)
+        self.needed = needed
 
 
-def read_header(data: bytes | bytearray) -> JpegHeader | None:
+_MARKER = struct.Struct(">BBH")
+"""A segment's start: 0xFF, the marker, the length (which counts itself)."""
+
+
+def read_header(data: bytes | bytearray | memoryview) -> JpegHeader | None:
     """The header of a JPEG file's bytes in memory; None: not a JPEG, or ask Pillow."""
-    return _walk(_Source(memoryview(data), len(data)))
+    return _walk(memoryview(data), len(data))
 
 
 def read_header_from(handle) -> JpegHeader | None:
     """The header of an open JPEG file (or an in-memory one: a shard member), reading only the
-    header's bytes; None: ask Pillow."""
+    file's first bytes, as many as its segments before the scan take; None: ask Pillow."""
     start = handle.tell()
     size = handle.seek(0, os.SEEK_END) - start
     handle.seek(start)
-    return _walk(_Source(handle.read(HEAD_BYTES), size, handle))
+    head = handle.read(HEAD_BYTES)
+    while True:
+        try:
+            return _walk(memoryview(head), size)
+        except _Short as short:  # a segment past what was read (a large EXIF thumbnail): read on to it
+            more = handle.read(max(short.needed, 2 * len(head)) - len(head))
+            if not more:
+                return None  # the file shrank since its size was taken
+            head += more
 
 
-def _walk(source: _Source) -> JpegHeader | None:
-    if source.at(0, 3) != b"\xff\xd8\xff":
+def _walk(view: memoryview, size: int) -> JpegHeader | None:
+    """The header from `view`, the first bytes of a file of `size` bytes (all of them, for bytes in
+    memory); _Short where more are needed."""
+    if view[:3] != b"\xff\xd8\xff":
         return None
     try:
-        return _segments(source)
+        return _segments(view, size)
     except (_NotSure, struct.error, IndexError):
         return None
 
 
-def _segments(source: _Source) -> JpegHeader | None:
-    """Every segment from the start of image to the start of scan, as Pillow's JpegImageFile reads them."""
-    position, frame, exif, xmp = 2, None, None, None
+def _segments(view: memoryview, size: int) -> JpegHeader | None:
+    """Every segment from the start of image to the start of scan, as Pillow's JpegImageFile reads
+    them. One loop over the bytes themselves, no call per marker: it runs once per sample on the DALI
+    feed's thread and in every torch worker."""
+    position, frame, exif, xmp, have = 2, None, None, None, len(view)
     while True:
-        head = source.at(position, 4)
-        if len(head) < 4 or head[0] != 0xFF:
-            raise _NotSure  # junk, fill bytes or the end of the file where a marker belongs
-        marker, length = head[1], (head[2] << 8) | head[3]
+        if position + 4 > have:
+            if position + 4 > size:
+                raise _NotSure  # the end of the file where a marker belongs
+            raise _Short(position + HEAD_BYTES)
+        fill, marker, length = _MARKER.unpack_from(view, position)
         end = position + 2 + length
-        if length < 2 or end > source.size:
-            raise _NotSure
+        if fill != 0xFF or length < 2 or end > size:
+            raise _NotSure  # junk or fill bytes where a marker belongs, or a segment past the end
         if marker == _SOS:
             break
+        if end > have and marker not in _READ_PAST:
+            raise _Short(end + HEAD_BYTES)
         if marker in _SOF:
             if frame is not None:
                 raise _NotSure  # Pillow keeps the last frame header, decoders the first
-            frame = _frame(source.at(position + 4, length - 2))
+            frame = _frame(view[position + 4:end])
         elif marker == _DQT:
-            _check_tables(source.at(position + 4, length - 2))
+            _check_tables(view[position + 4:end])
         elif 0xE0 <= marker <= 0xEF:
-            body = source.at(position + 4, length - 2)
+            body = view[position + 4:end]
             if marker == _APP1 and body[:6] == _EXIF:
                 if exif is not None:
                     raise _NotSure  # Pillow joins the blocks
@@ -159,13 +173,15 @@ def _check_tables(body) -> None:
 
 def _check_other_app(marker: int, body) -> None:
     """The application segments that make Pillow refuse a file, or read it as another format."""
-    if marker == _APP2 and body[:4] == b"MPF\x00":
-        raise _NotSure  # an MPO index: Pillow may open the file as an MPO
-    if marker == _APP2 and body[:12] == b"ICC_PROFILE\x00" and len(body) < 14:
-        raise _NotSure
-    if (marker == _APP0 and body[:4] == b"JFIF" or marker == _APP14 and body[:5] == b"Adobe") and len(body) < 7:
-        raise _NotSure  # Pillow reads a version there
-    if marker == _APP13 and body[:14] == b"Photoshop 3.0\x00":
+    if marker == _APP2:
+        if body[:4] == b"MPF\x00":
+            raise _NotSure  # an MPO index: Pillow may open the file as an MPO
+        if len(body) < 14 and body[:12] == b"ICC_PROFILE\x00":
+            raise _NotSure
+    elif marker == _APP0 or marker == _APP14:
+        if len(body) < 7 and (body[:4] == b"JFIF" if marker == _APP0 else body[:5] == b"Adobe"):
+            raise _NotSure  # Pillow reads a version there
+    elif marker == _APP13 and body[:14] == b"Photoshop 3.0\x00":
         _check_photoshop(body)
 
 
