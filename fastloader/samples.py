@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import os
 from array import array
 from dataclasses import dataclass
@@ -156,6 +157,26 @@ class SampleIndex:
                         int(ranges.header[i]) if ranges.header is not None else 0,
                         ranges.identities[file] if ranges.identities is not None else None,
                         row, ranges.columns[file] or "" if row >= 0 and ranges.columns is not None else "")
+
+    def locations(self, samples: np.ndarray) -> list[Location]:
+        """location(i) of each of `samples`, built together from the arrays (the DALI feed asks for a
+        batch of them on its one thread: a third of the per-sample cost of `location`)."""
+        rows = np.asarray(samples, dtype=np.int64)
+        if self.reader or (self.ranges is not None and self.ranges.table_row is not None):
+            return [self.location(i) for i in rows.tolist()]
+        names, folder = memoryview(self.path_bytes), os.path.join(self.root, "")
+        names = [str(names[start:end], "utf-8", "surrogateescape")
+                 for start, end in zip(self.offsets[rows].tolist(), self.offsets[rows + 1].tolist())]
+        names = [name if name[:1] == "/" else folder + name for name in names]  # os.path.join's result
+        if self.ranges is None:
+            return [Location(name, name) for name in names]
+        ranges = self.ranges
+        files = [ranges.files[file] for file in ranges.file[rows].tolist()]
+        identities = ([ranges.identities[file] for file in ranges.file[rows].tolist()]
+                      if ranges.identities is not None else itertools.repeat(None))
+        headers = ranges.header[rows].tolist() if ranges.header is not None else itertools.repeat(0)
+        return [Location(*fields) for fields in zip(names, files, ranges.start[rows].tolist(),
+                                                    ranges.length[rows].tolist(), headers, identities)]
 
     def label(self, i: int) -> int:
         return int(self.labels[i])

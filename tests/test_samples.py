@@ -172,3 +172,29 @@ def test_without_drops_samples_and_keeps_the_rest_in_order():
     assert kept.labels.tolist() == [0, 1] and kept.excluded == 2
     assert kept.fingerprint != index.fingerprint
     assert len(index.without([])) == 4
+
+
+def test_a_batch_of_locations_is_each_samples_own_location():
+    """The DALI feed asks for a batch's locations at once (SampleIndex.locations): each is what
+    location(i) gives, for files (a path outside the root stays absolute, names that are not UTF-8
+    keep their bytes), tar members (header digests, container identities) and parquet rows."""
+    import dataclasses
+
+    from fastloader.samples import ByteRanges
+    from fastloader.sources.locations import Identity
+    odd = b"b/\xff.jpg".decode("utf-8", "surrogateescape")
+    names = ["a/1.jpg", "b/é 2.jpg", "/elsewhere/3.jpg", odd, "a/5.jpg"]
+    order = np.array([4, 0, 2, 3, 1, 2])
+    for root in ("/r", "/r/", ""):
+        index = SampleIndex.from_lists(root, ["a", "b"], names, [0, 1, 0, 1, 0])
+        assert index.locations(order) == [index.location(i) for i in order.tolist()]
+    index = SampleIndex.from_lists("/s", ["a", "b"], [f"s{i % 2}.tar:m{i}.jpg" for i in range(5)], [0, 1, 0, 1, 0])
+    ranges = ByteRanges(("/s/s0.tar", "/s/s1.tar"), np.array([0, 1, 0, 1, 0], dtype=np.int32),
+                        np.arange(5, dtype=np.int64) * 1024 + 512, np.arange(5, dtype=np.int64) + 100,
+                        np.arange(5, dtype=np.int64) + 7, (Identity(1, 2, 3, 4), Identity(5, 6, 7, 8)))
+    for kept in (ranges, dataclasses.replace(ranges, header=None, identities=None),
+                 dataclasses.replace(ranges, table_row=np.array([0, 3, 0, 1, 2]), columns=("image", None))):
+        shards = dataclasses.replace(index, ranges=kept)
+        locations = shards.locations(order)
+        assert locations == [shards.location(i) for i in order.tolist()]
+        assert locations[0].start == 4 * 1024 + 512 and locations[0].file == "/s/s0.tar"

@@ -120,6 +120,12 @@ def not_regular(mode: int) -> str | None:
 def open_regular(path: str) -> int:
     """A read-only descriptor of `path`, or NotRegularFile: opened non-blocking (a FIFO's open
     would wait for a writer for ever) and checked with fstat before anything is read."""
+    return open_regular_sized(path)[0]
+
+
+def open_regular_sized(path: str) -> tuple[int, int]:
+    """open_regular's descriptor and the file's size, from its one fstat: the read of a whole file
+    (one per sample on the DALI feed's thread) takes no second."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as error:
@@ -129,14 +135,15 @@ def open_regular(path: str) -> int:
                 raise NotRegularFile(errno.EINVAL, reason, path) from None
         raise
     try:
-        reason = not_regular(os.fstat(fd).st_mode)
+        status = os.fstat(fd)
+        reason = not_regular(status.st_mode)
         if reason:
             raise NotRegularFile(errno.EINVAL, reason, path)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, status.st_size
 
 
 def header_digest(block: bytes | bytearray | memoryview) -> int:
@@ -148,8 +155,8 @@ def header_digest(block: bytes | bytearray | memoryview) -> int:
 class ReadArena:
     """Reused memory that a batch's reads land in, one after another, instead of a fresh zero-filled
     bytearray each: no allocation, no memset and no new pages per sample. Chunks of CHUNK bytes are
-    filled in turn and kept; `reset()` starts again at the first, once the last batch's bytes are no
-    longer needed (the DALI feed: DALI copies what a call returns before it calls again). A read of
+    filled in turn and kept; `reset()` starts again at the first, once the bytes read since the last
+    reset are no longer needed (the DALI feed keeps one arena per batch in flight). A read of
     more than a quarter of a chunk gets memory of its own, so the arena stays near a batch's bytes."""
 
     CHUNK = 8 << 20

@@ -41,6 +41,7 @@ from .locations import (
     as_location,
     header_digest,
     open_regular,
+    open_regular_sized,
     table_changed,
 )
 from .row_groups import read_row
@@ -62,7 +63,7 @@ def read_bytes(where: str | Location, into: ReadArena | None = None) -> bytearra
     if is_url(location.file):
         return _from_node_cache(location)
     if location.whole_file:
-        return _whole(open_regular(location.file), close=True, into=into)
+        return _whole(*open_regular_sized(location.file), close=True, into=into)
     return _range(_open_containers.descriptor(location.file, location.identity), location, into)
 
 
@@ -75,7 +76,7 @@ def _from_node_cache(location: Location) -> bytearray:
     for attempt in range(2):
         with cache.opened(location) as fd:
             try:
-                return _whole(fd) if location.whole_file else _range(fd, location)
+                return _whole(fd, os.fstat(fd).st_size) if location.whole_file else _range(fd, location)
             except ContainerChanged:
                 if attempt:
                     raise
@@ -84,12 +85,11 @@ def _from_node_cache(location: Location) -> bytearray:
     raise AssertionError("unreachable")
 
 
-def _whole(fd: int, close: bool = False, into: ReadArena | None = None) -> bytearray | memoryview:
-    """A whole file in one read of its size and a byte more: that byte says the file grew since
-    fstat, and then the rest is read too. Into a fresh writable bytearray (torch.frombuffer wants
-    one), or into the arena (a view of it)."""
+def _whole(fd: int, size: int, close: bool = False, into: ReadArena | None = None) -> bytearray | memoryview:
+    """A whole file of `size` bytes (its fstat's) in one read of its size and a byte more: that byte
+    says the file grew since fstat, and then the rest is read too. Into a fresh writable bytearray
+    (torch.frombuffer wants one), or into the arena (a view of it)."""
     try:
-        size = os.fstat(fd).st_size
         data = into.view(size + 1) if into is not None else bytearray(size + 1)
         got = os.readv(fd, [data])
         if got > size:  # it grew
