@@ -9,6 +9,8 @@ pipeline behind it (the graph's speed is peers.py's question), in one process, p
   DALI's driver thread calls it;
 - the same feed reading each sample into a fresh zero-filled buffer, as it did before its arena
   (`fresh buffers`), in the same rounds;
+- into DALI: the feed handed to DALI's external source as the loader's pipeline takes it, in place
+  (`no_copy`), and with DALI's copy (`copied`), in a pipeline that decodes nothing;
 - bare reads: `open()` + `read()` of the same files in the same order (shards: one `pread` of each
   member's range, a descriptor per shard), nothing checked; the ratio feed / bare is the figure;
 - the GIL: a thread spinning in pure Python (a training thread's launches stand in for it) counts
@@ -24,6 +26,7 @@ size per batch (`sizes: [160, 192, 224]`) and val:
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -66,6 +69,40 @@ def feed_epochs(loader, seconds: float) -> tuple[int, float]:
         feed.fed.clear()
         epoch += 1
     return samples, time.perf_counter() - started
+
+
+def handover_epochs(loader, seconds: float, no_copy: bool) -> tuple[int, float]:
+    """(samples, seconds): whole epochs of the feed handed to DALI's external source, as the
+    loader's pipeline takes it (`no_copy`: in place) or with DALI's copy, in a pipeline that only
+    returns the bytes' shapes (no decode): the feed and DALI's side of taking its arrays."""
+    from nvidia.dali import fn, pipeline_def
+
+    from dali_loader.pipeline import feed_layout
+    feed = loader._feed
+    layout = feed_layout(loader.split, feed.kind, loader.augmentation, feed.sized)
+
+    def graph():
+        arrays = fn.external_source(source=feed, num_outputs=len(layout), batch=True, no_copy=no_copy,
+                                    dtype=[dtype for _, dtype in layout])
+        return tuple(array.shape() for array in arrays)  # every output used: DALI takes each
+
+    pipe = pipeline_def(graph)(batch_size=loader.split.batch_size, num_threads=2, device_id=None,
+                               prefetch_queue_depth=loader.config.workers.prefetch_factor, exec_dynamic=True)
+    pipe.build()
+    samples, epoch = 0, 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        feed.start(loader.order.batches(epoch))
+        try:
+            while True:
+                samples += len(pipe.run()[0])
+        except StopIteration:
+            pipe.reset()
+        feed.fed.clear()
+        epoch += 1
+    took = time.perf_counter() - started
+    del pipe
+    return samples, took
 
 
 def bare_epochs(loader, seconds: float) -> tuple[int, float]:
@@ -128,15 +165,20 @@ class FreshBuffers:
 
 def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS) -> dict:
     loader = fastloader.build_loader(config, split)
-    arena = loader._feed.arena
+    arenas = loader._feed.arenas
     try:
         feed_epochs(loader, 0.3)  # warm: the page cache, the size table
         feed_rates, bare_rates, gil, contended, fresh_rates = [], [], [], [], []
+        handed, copied = [], []
         for _ in range(rounds):
-            loader._feed.arena = FreshBuffers()
+            samples, took = handover_epochs(loader, seconds, no_copy=True)
+            handed.append(samples / took)
+            samples, took = handover_epochs(loader, seconds, no_copy=False)
+            copied.append(samples / took)
+            loader._feed.arenas = collections.deque([FreshBuffers()])
             samples, took = feed_epochs(loader, seconds)
             fresh_rates.append(samples / took)
-            loader._feed.arena = arena
+            loader._feed.arenas = arenas
             samples, took = feed_epochs(loader, seconds)
             feed_rates.append(samples / took)
             samples, took = bare_epochs(loader, seconds)
@@ -150,7 +192,8 @@ def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS) -> 
     feed, bare = statistics.median(feed_rates), statistics.median(bare_rates)
     return {"feed": feed, "bare": bare, "ratio": feed / bare, "gil_taken": statistics.median(gil),
             "us_per_sample": 1e6 / feed, "feed_beside_trainer": statistics.median(contended),
-            "fresh": statistics.median(fresh_rates)}
+            "fresh": statistics.median(fresh_rates), "into_dali": statistics.median(handed),
+            "into_dali_copied": statistics.median(copied)}
 
 
 def main() -> None:
@@ -175,7 +218,8 @@ def main() -> None:
             for split in ("train", "val"):
                 shards[split] = shard_benchmark.pack_in_index_order(data / split, Path(folder), 64)
         print(f"{'source':8} {'split':6} {'feed /s':>10} {'bare /s':>10} {'feed/bare':>10} {'us/sample':>10} "
-              f"{'GIL taken':>10} {'beside a spinning trainer /s':>29} {'fresh buffers /s':>17}")
+              f"{'GIL taken':>10} {'beside a spinning trainer /s':>29} {'fresh buffers /s':>17} "
+              f"{'into DALI /s':>13} {'copied /s':>10}")
         report = {}
         for source in args.sources:
             for split in ("train", "val"):
@@ -184,7 +228,8 @@ def main() -> None:
                 report[f"{source} {split}"] = result
                 print(f"{source:8} {split:6} {result['feed']:10.0f} {result['bare']:10.0f} {result['ratio']:9.2f}x "
                       f"{result['us_per_sample']:10.1f} {result['gil_taken']:9.0%} "
-                      f"{result['feed_beside_trainer']:29.0f} {result['fresh']:17.0f}")
+                      f"{result['feed_beside_trainer']:29.0f} {result['fresh']:17.0f} "
+                      f"{result['into_dali']:13.0f} {result['into_dali_copied']:10.0f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

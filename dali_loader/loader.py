@@ -79,7 +79,8 @@ class _Feed:
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
                  stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
                  max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False,
-                 draws: WeightedDraws | None = None, hooked: bool = False, views: ViewPlan | None = None):
+                 draws: WeightedDraws | None = None, hooked: bool = False, views: ViewPlan | None = None,
+                 in_flight: int = 2):
         self.index = index
         self.views = views
         """A train split's view groups: every view's draws are fed (views.view_arrays)."""
@@ -100,9 +101,12 @@ class _Feed:
         self.batches: Iterator[np.ndarray] = iter(())
         self.fed: collections.deque[Fed] = collections.deque()
         self.stopping = False
-        self.arena = ReadArena()
-        """Where a batch's bytes are read: DALI copies what a call returns before it calls again
-        (external_source without no_copy), so each batch's reads land where the last batch's were."""
+        self.arenas = collections.deque(ReadArena() for _ in range(in_flight + 1))
+        """Where the batches' bytes are read, one arena a batch in turn. DALI reads what a call returns
+        where it lies (external_source's no_copy) until the batch's outputs are out, `in_flight`
+        (the pipeline's prefetch_queue_depth) calls later: a batch's arena is reused only after
+        that, and the arrays a call returns are held as long (`held`)."""
+        self.held: collections.deque[tuple] = collections.deque(maxlen=in_flight + 1)
         self.kind = "pixels" if pixels is not None else "bytes"
         """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
         self.busy: tuple[str, str, float] | None = None
@@ -146,17 +150,21 @@ class _Feed:
             data += (np.ascontiguousarray(batch[:, :2], dtype=np.int64),)
         self.fed.append(Fed(batch, self.skipped, self.empty))
         self.skipped, self.empty = [], []
+        self.held.append(data)  # DALI does not copy them (no_copy): alive until the batch is out
         return data
 
     def take_batch(self, planned: np.ndarray) -> tuple[np.ndarray, tuple[list[np.ndarray]], np.ndarray]:
         """(the (sample, seed) rows fed, (their data,), int64 [n, 2] upright sizes): the planned rows
         that can be used, a train slot that cannot refilled by a substitute."""
         batch, rows, data, sizes = planned, [], [], []
-        self.arena.reset()  # the last batch's bytes are DALI's copy now
-        for row, sample in enumerate(planned[:, 0].tolist()):
-            taken = self.take(sample, self.arena)
+        self.arenas.rotate(-1)
+        arena = self.arenas[0]  # the batch fed `in_flight + 1` calls ago is out of the pipeline
+        arena.reset()
+        locations = self.locations(planned[:, 0]) if self.pixels is None else itertools.repeat(None)
+        for row, (sample, location) in enumerate(zip(planned[:, 0].tolist(), locations)):
+            taken = self.take(sample, arena, location)
             if taken is None and self.refill:
-                sample, taken = self.substitute(int(planned[row, 1]), self.arena)
+                sample, taken = self.substitute(int(planned[row, 1]), arena)
                 if taken is not None:  # the substitute keeps the slot's seed
                     batch = batch.copy() if batch is planned else batch
                     batch[row, 0] = sample
@@ -183,16 +191,18 @@ class _Feed:
             return "the feed is not reading a sample: DALI is stuck in a batch (a file on a hung file system?)"
         return f"the loader has been {busy[0]} {busy[1]} for {time.monotonic() - busy[2]:.0f} s"
 
-    def take(self, sample: int, into: ReadArena | None = None) -> tuple[np.ndarray, tuple[int, int]] | None:
+    def take(self, sample: int, into: ReadArena | None = None, location: Location | None = None
+             ) -> tuple[np.ndarray, tuple[int, int]] | None:
         """What DALI is fed for a sample, and its upright size; None, noted in `skipped`, where it
         cannot be used: known bad, or its bytes fail the check now (then known bad, with the reason).
-        `into`: the arena the bytes are read into (valid until the next batch)."""
+        `into`: the arena the bytes are read into (valid until the next batch); `location`: the
+        sample's, where the batch's were looked up together (`locations`)."""
         if sample in self.known_bad:
             self.skipped.append(sample)
             return None
         if self.pixels is not None:
             return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
-        location = self.location(sample)
+        location = location or self.location(sample)
         self.busy = "reading", location.name, time.monotonic()
         data, screened = read_screened(location, self.max_pixels, into)
         self.busy = None
@@ -214,6 +224,14 @@ class _Feed:
         except Exception as error:  # Pillow could not decode the file either
             return None, Screened(self.index.path(sample), problem=f"cannot be converted for DALI: {error_text(error)}")
         return read_screened(self.location(sample), self.max_pixels)
+
+    def locations(self, samples: np.ndarray) -> list[Location]:
+        """`location` of each of a batch's samples, looked up together."""
+        found = self.index.locations(samples)
+        if self.substitutes:
+            found = [self.location(sample) if sample in self.substitutes else location
+                     for sample, location in zip(samples.tolist(), found)]
+        return found
 
     def location(self, sample: int) -> Location:
         """Where the bytes DALI decodes for a sample are: its file or shard member, or a substitute."""
@@ -304,7 +322,8 @@ class DaliLoader(Loader):
                            prepared.sizes, self.augmentation, config.dataset.max_pixels,
                            refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
                            sized=self.order.resolution is not None, draws=prepared.draws,
-                           hooked=bool(hook_inputs(prepared.hooks)), views=self.views)
+                           hooked=bool(hook_inputs(prepared.hooks)), views=self.views,
+                           in_flight=config.workers.prefetch_factor)
         hook = prepared.hooks.sample
         self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._feed) if hook is not None else None
         if hook is not None:

@@ -285,7 +285,9 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     on the image size, which as DALI operators halved the GPU eval rate. Labels stay on the host.
 
     `source` is called once per batch, ahead of use by `prefetch_queue_depth` batches, on the
-    thread that runs the pipeline (driver.py); raising StopIteration ends the epoch. device_id None
+    thread that runs the pipeline (driver.py); raising StopIteration ends the epoch. DALI reads what
+    it returns in place (no_copy): the source keeps each batch's memory unchanged and alive for
+    `prefetch_queue_depth` more calls (loader._Feed.arenas). device_id None
     builds the cpu flavour. A train split with ops needs DALI's conditionals (auto_aug's `select`),
     which only a @pipeline_def function gets. `sized`: each batch comes with its output size (a size
     schedule), which the same graph takes as an argument input: no pipeline per size. `user`: the
@@ -295,7 +297,7 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     layout = feed_layout(split, feed, augmenter, sized, user.hooks, views)
 
     def graph():
-        arrays = fn.external_source(source=source, num_outputs=len(layout), batch=True,
+        arrays = fn.external_source(source=source, num_outputs=len(layout), batch=True, no_copy=True,
                                     dtype=[dtype for _, dtype in layout],
                                     layout=["HWC" if name == "pixels" else "" for name, _ in layout])
         inputs = dict(zip((name for name, _ in layout), arrays))

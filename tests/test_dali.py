@@ -1,6 +1,7 @@
 """The DALI backend in its CPU flavour (what runs without a GPU), held to the torch backend's contract."""
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import subprocess
@@ -317,11 +318,19 @@ def test_a_file_shrunk_after_screening_is_named_and_cropped_for_its_size_now(tex
 # -- the feed's reused memory (issue 42) ----------------------------------------------------------
 
 
-def test_the_feed_hands_dali_each_files_own_bytes_from_its_reused_arena(tmp_path):
-    """Device: CPU. Every batch's bytes are read into one reused arena (no fresh buffer per sample):
-    what each call returns is each planned file's bytes, exactly, batch after batch, the arena's
-    chunks reused and a file larger than a quarter chunk in memory of its own; and a whole epoch
-    through DALI gives the pixels of an epoch read with fresh buffers."""
+def _spans(arrays) -> list[tuple[int, int]]:
+    """(first, past-the-last) addresses of each array's memory."""
+    return [(array.ctypes.data, array.ctypes.data + array.nbytes) for array in arrays]
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_the_feed_hands_dali_each_files_own_bytes_in_memory_no_batch_in_flight_holds(tmp_path, prefetch):
+    """Device: CPU. DALI reads the feed's arrays in place (no_copy) until a batch's outputs are out,
+    `workers.prefetch_factor` calls later. Every call returns each planned file's bytes, exactly,
+    batch after batch, read into reused arenas (one chunk each, no fresh buffer per sample; a file
+    larger than a quarter chunk in memory of its own), and never into memory that one of the
+    `prefetch` batches fed before it still holds; a whole epoch through DALI gives the pixels of
+    an epoch read into fresh buffers."""
     from PIL import Image
 
     from fastloader.sources.locations import ReadArena
@@ -330,24 +339,30 @@ def test_the_feed_hands_dali_each_files_own_bytes_from_its_reused_arena(tmp_path
     noise = np.random.default_rng(1).integers(0, 256, (1200, 1100, 3), dtype=np.uint8)  # > CHUNK / 4
     Image.fromarray(noise).save(big)
     assert big.stat().st_size > ReadArena.CHUNK // 4
-    config = base_config(root, backend="dali", val={"batch_size": 5, "transform": {"size": 32}})
+    config = base_config(root, backend="dali", val={"batch_size": 2, "transform": {"size": 32}},
+                         workers={"prefetch_factor": prefetch})
     with build_loader(config, "val") as loader:
         feed = loader._feed
         feed.start(loader.order.batches(0))
-        fed = []
+        fed, spans = [], []
         while True:
             try:
                 data = feed()
             except StopIteration:
                 break
-            fed.append([bytes(array) for array in data[0]])  # a copy, as DALI makes: the arena moves on
-        assert len(feed.arena.chunks) == 1  # reused: one chunk holds a batch of these files
+            for earlier in spans[-prefetch:]:  # the batches DALI may still be reading
+                assert not any(a < d and c < b for a, b in _spans(data[0]) for c, d in earlier)
+            spans.append(_spans(data[0]))
+            fed.append([bytes(array) for array in data[0]])
+        assert len(fed) > prefetch + 2
+        assert len(feed.arenas) == prefetch + 1 and all(len(arena.chunks) == 1 for arena in feed.arenas)
+        assert len({first for batch in spans for first, _ in batch[:1]}) <= prefetch + 2  # reused, not fresh
         planned = [int(sample) for batch in loader.order.batches(0) for sample in batch[:, 0]]
         expected = [open(loader.index.path(sample), "rb").read() for sample in planned]
         assert [data for batch in fed for data in batch] == expected
         reused = torch.cat([x for x, _ in loader])
     fresh = build_loader(config, "val")
-    fresh._feed.arena = type("Fresh", (), {"reset": lambda self: None,
-                                           "view": lambda self, size: memoryview(bytearray(size))})()
+    fresh._feed.arenas = collections.deque([type("Fresh", (), {
+        "reset": lambda self: None, "view": lambda self, size: memoryview(bytearray(size))})()])
     assert torch.equal(torch.cat([x for x, _ in fresh]), reused)
     fresh.close()
