@@ -214,11 +214,20 @@ def test_check_on_the_embedded_demo_reports_the_environment_and_the_splits(tmp_p
     assert "240/240 files (100%)" in result.stderr  # the progress line
 
 
-def test_check_names_each_broken_file_writes_an_exclude_list_and_deep_finds_the_rest(tmp_path):
+def check_here(capsys, *args) -> subprocess.CompletedProcess:
+    """The command in this process (the real-process run is the demo's test above): its exit code
+    and what it printed."""
+    from fastloader.cli import main
+    code = main(["check", *args])
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(["check", *args], code, printed.out, printed.err)
+
+
+def test_check_names_each_broken_file_writes_an_exclude_list_and_deep_finds_the_rest(tmp_path, capsys):
     config = broken_dataset(tmp_path)
     bad_list, deep_list = tmp_path / "bad.txt", tmp_path / "deep-bad.txt"
 
-    header = check(str(config), "--exclude-list", str(bad_list), cache_dir=tmp_path)
+    header = check_here(capsys, str(config), "--exclude-list", str(bad_list))
     assert header.returncode == 1, header.stderr
     for relpath, reason in BROKEN.items():
         assert f"  {relpath}: {reason}" in header.stdout
@@ -233,8 +242,8 @@ def test_check_names_each_broken_file_writes_an_exclude_list_and_deep_finds_the_
     assert lines[0].startswith("# written by fastloader check") and sorted(lines[1:]) == sorted(BROKEN)
     assert f"--set dataset.exclude={bad_list}" in header.stdout
 
-    deep = check(str(config), "--deep", "--set", f"dataset.exclude={bad_list}", "--exclude-list", str(deep_list),
-                 cache_dir=tmp_path)
+    deep = check_here(capsys, str(config), "--deep", "--set", f"dataset.exclude={bad_list}", "--exclude-list",
+                      str(deep_list))
     assert deep.returncode == 1, deep.stderr
     assert f"dataset.exclude: {len(BROKEN)} paths listed in {bad_list} are left out" in deep.stdout
     assert re.search(r"^split train: 8 images in 3 classes \(.*/data/train\), 4 more left out by dataset.exclude$",
@@ -242,14 +251,14 @@ def test_check_names_each_broken_file_writes_an_exclude_list_and_deep_finds_the_
     assert re.search(r"problems: 1 of 11 files .*\n  train/b_green/garbled.jpg: decode failed: ", deep.stdout)
     assert sorted(deep_list.read_text().splitlines()[2:]) == sorted([*BROKEN, "train/b_green/garbled.jpg"])
 
-    clean = check(str(config), "--deep", "--set", f"dataset.exclude={deep_list}", cache_dir=tmp_path)
+    clean = check_here(capsys, str(config), "--deep", "--set", f"dataset.exclude={deep_list}")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "no problems in 10 files (header check and full decode)" in clean.stdout
 
 
-def test_check_without_splits_is_a_usage_error(tmp_path):
+def test_check_without_splits_is_a_usage_error(tmp_path, capsys):
     (tmp_path / "none.yaml").write_text("dataset: {root: data}\n")
-    result = check(str(tmp_path / "none.yaml"), cache_dir=tmp_path)
+    result = check_here(capsys, str(tmp_path / "none.yaml"))
     assert result.returncode == 2 and "no split sections to check" in result.stderr
 
 
