@@ -131,8 +131,9 @@ def read_screened(where: str | Location, max_pixels: int = BOMB_PIXELS, into: Re
         return data, _screen_open(location.name, io.BytesIO(data), len(data), max_pixels)
     width, height, turned = header.width, header.height, header.exif_orientation in SWAPPED
     problem = bomb_problem(width, height, max_pixels) if width * height > max_pixels else None
-    return data, Screened(location.name, "JPEG", width, height,
-                          problem or _tail_problem("JPEG", bytes(data[-TAIL_BYTES:])), turned)
+    if problem is None and data[-2:] != b"\xff\xd9":  # nearly every JPEG ends with its EOI marker: no search
+        problem = _tail_problem("JPEG", bytes(data[-TAIL_BYTES:]))
+    return data, Screened(location.name, "JPEG", width, height, problem, turned)
 
 
 def unreadable(location: Location, error: OSError) -> str:
