@@ -62,7 +62,7 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
               "32"],
     "sampler": ["sampler.py", "--samples", "3000,5000", "--classes", "10", "--world-size", "2", "--batch-size", "8",
                 "--file-samples", "2000"],
-    "feed": ["feed.py", "--rounds", "1", "--batch", "4", "--seconds", "0.2"],
+    "feed": ["feed.py", "--rounds", "1", "--batch", "4", "--seconds", "0.2", "--processes", "2"],
     "sources": ["sources.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32", "--split", "val"],
     "hooks": ["hooks.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32", "--workers", "1"],
     "frameworks": ["frameworks.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--size", "32",
@@ -533,4 +533,7 @@ def test_feed_measures_the_dali_feed_against_bare_reads_for_folders_and_shards(r
     for row in rows:
         feed, bare, ratio = float(row[2]), float(row[3]), float(row[4].rstrip("x"))
         assert feed > 0 and bare > 0 and abs(ratio - feed / bare) < 0.01 + 0.01 * ratio, row
-        assert report[f"{row[0]} {row[1]}"]["feed"] == pytest.approx(feed, abs=1)
+        figures = report[f"{row[0]} {row[1]}"]
+        assert figures["feed"] == pytest.approx(feed, abs=1)
+        assert figures["into_dali"] > 0 and figures["into_dali_copied"] > 0  # in place, and with DALI's copy
+        assert figures["processes"] > 0 and 0 < figures["processes_thread_us"] == pytest.approx(float(row[-1]), abs=0.1)
