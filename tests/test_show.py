@@ -1,4 +1,5 @@
-"""`fastloader show` as a user runs it: a real subprocess writes a real PNG, and its pixels are checked.
+"""`fastloader show` as a user runs it: a real PNG is written, and its pixels are checked (the demo's
+run in a real subprocess, the rest in this process on the CPU).
 
 The solid-colour dataset gives pixel truth: whatever the backend, dtype or memory format, the centre of
 each tile must come back as its class colour, which only holds if de-normalization is right.
@@ -6,6 +7,7 @@ each tile must come back as its class colour, which only holds if de-normalizati
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import subprocess
 import sys
@@ -25,6 +27,16 @@ def run(*args, cache_dir) -> subprocess.CompletedProcess:
     environment = cpu_only_env(cache_dir)
     return subprocess.run([*FASTLOADER, *args], cwd=REPO, env=environment, capture_output=True, text=True,
                           timeout=240)
+
+
+def show_here(capsys, *args) -> subprocess.CompletedProcess:
+    """The command in this process, its loader on the CPU (`output.device=cpu`: what a machine's GPU
+    does is test_cuda.py's), with its exit code and what it printed; the real-process run is the
+    demo's test."""
+    from fastloader.cli import main
+    code = main([*args, "--set", "output.device=cpu"])
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(["fastloader", *args], code, printed.out, printed.err)
 
 
 def dali_missing() -> bool:
@@ -85,14 +97,13 @@ def test_show_writes_a_captioned_grid_of_the_demo_dataset(tmp_path):
     pytest.param(["--set", "output.dtype=bfloat16", "--set", "output.channels_last=true"], "torch",
                  id="bfloat16-channels-last"),
 ])
-def test_tiles_show_the_class_colours_in_the_loaders_order(tmp_path, options, backend):
+def test_tiles_show_the_class_colours_in_the_loaders_order(tmp_path, options, backend, capsys):
     root = write_solid_dataset(tmp_path / "solid", per_class=5, splits=("val",))
     config = tmp_path / "solid.yaml"
     config.write_text(f"backend: torch\nseed: 0\ndataset:\n  root: {root}\nworkers:\n  num_workers: 0\n"
                       f"val:\n  batch_size: 4\n  transform:\n    size: 32\n")
     out = tmp_path / "grid.png"
-    result = run("show", str(config), "--out", str(out), "--split", "val", "--n", "20", *options,
-                 cache_dir=tmp_path / "cache")
+    result = show_here(capsys, "show", str(config), "--out", str(out), "--split", "val", "--n", "20", *options)
     assert result.returncode == 0, result.stderr
     # 15 images in the split, fewer than --n: all are shown and the user is told
     assert "split 'val' yields 15 samples in epoch 0 (15 in the split), fewer than --n 20" in result.stdout
@@ -110,22 +121,21 @@ def test_tiles_show_the_class_colours_in_the_loaders_order(tmp_path, options, ba
         assert dark_pixels(pixels[y + 128:y + 128 + CAPTION_HEIGHT, x:x + 128].astype(np.uint8)) > 10
 
 
-def test_an_unknown_split_exits_2_naming_it_without_a_traceback(tmp_path):
-    result = run("show", "configs/sample.yaml", "--out", str(tmp_path / "grid.png"), "--split", "nope",
-                 cache_dir=tmp_path / "cache")
+def test_an_unknown_split_exits_2_naming_it_without_a_traceback(tmp_path, capsys):
+    result = show_here(capsys, "show", "configs/sample.yaml", "--out", str(tmp_path / "grid.png"), "--split", "nope")
     assert result.returncode == 2
     assert "fastloader: error:" in result.stderr and "no split 'nope'" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "grid.png").exists()
 
 
-def test_show_ops_captions_each_tile_with_the_ops_its_seed_drew(tmp_path):
+def test_show_ops_captions_each_tile_with_the_ops_its_seed_drew(tmp_path, capsys, caplog):
     """--ops: a second band under each tile names its flips and ops, the ones the loader drew from
     the sample's seed (fastloader.augment.draws); the grid grows by two caption lines per row."""
+    caplog.set_level(logging.INFO, logger="fastloader")
     out = tmp_path / "ops.png"
-    result = run("show", "configs/sample.yaml", "--out", str(out), "--n", "4", "--ops",
-                 "--set", "train.transform.auto_augment=rand-m9-n3-mstd0.5-p1", "--set", "train.transform.size=96",
-                 cache_dir=tmp_path / "cache")
+    result = show_here(capsys, "show", "configs/sample.yaml", "--out", str(out), "--n", "4", "--ops",
+                 "--set", "train.transform.auto_augment=rand-m9-n3-mstd0.5-p1", "--set", "train.transform.size=96")
     assert result.returncode == 0, result.stderr
     pixels = np.asarray(Image.open(out).convert("RGB"))
     rows_height = 2 * (96 + 3 * CAPTION_HEIGHT + PAD)
@@ -135,18 +145,18 @@ def test_show_ops_captions_each_tile_with_the_ops_its_seed_drew(tmp_path):
         x, y = PAD + column * (96 + PAD), HEADER_HEIGHT + row * (96 + 3 * CAPTION_HEIGHT + PAD)
         ops_band = pixels[y + 96 + CAPTION_HEIGHT:y + 96 + 3 * CAPTION_HEIGHT, x:x + 96]
         assert dark_pixels(ops_band) > 20, i  # three ops at p 1: every tile has some
-    assert "auto_augment='rand-m9-n3-mstd0.5-p1'" in result.stderr  # the loader's repr in its log line
+    assert "auto_augment='rand-m9-n3-mstd0.5-p1'" in caplog.text  # the loader's repr in its log line
 
 
-def test_mixed_samples_are_captioned_with_their_two_largest_soft_labels(tmp_path):
+def test_mixed_samples_are_captioned_with_their_two_largest_soft_labels(tmp_path, capsys):
     """Mixup and cutmix of solid colours: tiles hold blends or pasted boxes, and each tile's caption has
     two lines, "class: weight" for its two largest target weights (the CPU, as a user without a GPU)."""
     root = write_solid_dataset(tmp_path / "solid", per_class=4, splits=("train",))
     out = tmp_path / "mixed.png"
     keys = {"dataset.root": root, "train.batch_size": 9, "train.transform.size": 32, "train.label_smoothing": 0.1,
             "train.mixup": "{mixup_alpha: 1.0, cutmix_alpha: 1.0, mode: elem}"}
-    result = run("show", "configs/sample.yaml", "--out", str(out), "--n", "9",
-                 *(f"--set={key}={value}" for key, value in keys.items()), cache_dir=tmp_path / "cache")
+    result = show_here(capsys, "show", "configs/sample.yaml", "--out", str(out), "--n", "9",
+                 *(f"--set={key}={value}" for key, value in keys.items()))
     assert result.returncode == 0, result.stderr
     assert "9 samples of split 'train' (backend torch), 3x3 tiles of 128x128 px, captioned with their soft " \
            "targets' top-2 classes" in result.stdout
@@ -167,7 +177,7 @@ def test_mixed_samples_are_captioned_with_their_two_largest_soft_labels(tmp_path
     assert blended >= 3
 
 
-def test_show_draws_every_view_of_each_sample_in_a_row(tmp_path):
+def test_show_draws_every_view_of_each_sample_in_a_row(tmp_path, capsys):
     """train.views: a row per sample, its views in order (a 16 px local view scaled to the 32 px
     global's tile), each tile the sample's class colour (solid images: every crop is that colour)."""
     root = write_solid_dataset(tmp_path / "solid", per_class=4, splits=("train",))
@@ -176,7 +186,7 @@ def test_show_draws_every_view_of_each_sample_in_a_row(tmp_path):
                       f"train:\n  batch_size: 4\n  views:\n    - {{name: global, count: 2, size: 32}}\n"
                       f"    - {{name: local, count: 3, size: 16, scale: [0.05, 0.4]}}\n")
     out = tmp_path / "views.png"
-    result = run("show", str(config), "--out", str(out), "--n", "3", "--ops", cache_dir=tmp_path / "cache")
+    result = show_here(capsys, "show", str(config), "--out", str(out), "--n", "3", "--ops")
     assert result.returncode == 0, result.stderr
     assert "wrote" in result.stdout and "3 samples x 5 views of split 'train' (backend torch), 5x3 tiles of " \
                                       "128x128 px" in result.stdout
