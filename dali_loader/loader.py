@@ -49,7 +49,7 @@ from .probe import DecodeProbe, dali_reason, out_of_memory
 from .sizes import SizeTable
 from .transcode import transcoded_for_dali
 from .user_ops import PythonSampleHook, UserOps, graph_size_check, hook_inputs
-from .views import join_views, view_arrays
+from .views import HostBuffers, join_views, view_arrays
 
 log = logging.getLogger("fastloader")
 
@@ -255,7 +255,7 @@ class Fed(NamedTuple):
 
 def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
               bfloat16: bool, finisher: BatchFinisher | None, check: Callable | None = None,
-              views: ViewPlan | None = None) -> Callable:
+              views: ViewPlan | None = None, buffers: HostBuffers | None = None) -> Callable:
     """The driver thread's work on each pipeline output: (images, labels, Fed) as torch tensors on
     `device`, in the configured dtype and memory format, finished (erasing, mixing, soft targets)
     there rather than on the training thread. A function of these values, not of the loader, so
@@ -271,7 +271,7 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
     buffer's reuse after a non-blocking copy (`copy_to_external`), so the driver lets the output go
     right after the hand-over. `check(sizes, plan)`: a graph function's outputs' (height, width)
     checked. `views`: the outputs are a batch's views, joined into one tensor per view group
-    (views.join_views)."""
+    (views.join_views; on the host into `buffers`)."""
     hook = getattr(finisher, "hook", None)  # the user's batch hook, named where a pipeline stalls in it
 
     def to_torch(images) -> torch.Tensor:
@@ -295,7 +295,7 @@ def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_la
             check([tuple(t.shape()[1:3] if channels_last else t.shape()[2:4]) for t in tensors], fed.plan)
         if views is not None:  # each view copied once, into its rows of its group's tensor
             stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-            images = [layout(group) for group in join_views(views, tensors, device, stream)]
+            images = [layout(group) for group in join_views(views, tensors, device, stream, buffers)]
         else:
             images = to_torch(tensors[0])
         batch_labels = to_device(torch.from_numpy(labels[fed.plan[:, 0]]), device)
@@ -338,6 +338,8 @@ class DaliLoader(Loader):
         self._stream = torch.cuda.Stream(device) if self.flavour == "gpu" else None
         """The driver's side stream, one for the loader's life: a new stream per epoch would strand
         the caching allocator's blocks cached on the old ones."""
+        self._view_buffers = HostBuffers(self.prefetch_depth) if self.views and self.flavour == "cpu" else None
+        """The CPU flavour's view groups, in memory reused across batches and epochs (views.HostBuffers)."""
         self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
         self._driver: Driver | None = None  # the thread running the pipeline during an epoch
         self._run = 0  # which loop owns the pipeline
@@ -418,7 +420,7 @@ class DaliLoader(Loader):
         """A driver thread running the pipeline over the feed's batches (see driver.py)."""
         check = graph_size_check(self.hooks.graph, self.split, self._feed.sized, self.views)
         convert = converter(self._feed, self.index.labels, self.device, self.config.output.channels_last,
-                            self._bfloat16, self.finisher, check, self.views)
+                            self._bfloat16, self.finisher, check, self.views, self._view_buffers)
         return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream,
                       stall_s=self.config.workers.timeout, stuck=self._feed.stuck_words)
 

@@ -9,6 +9,8 @@ batch's inputs (augment.feed_inputs) for its group's transform.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 from nvidia.dali import types
@@ -47,15 +49,46 @@ def view_arrays(plan: ViewPlan, batch: np.ndarray, sizes: np.ndarray, hooked: bo
     return arrays
 
 
-def join_views(plan: ViewPlan, views: list, device: torch.device, stream=None) -> list[torch.Tensor]:
+class HostBuffers:
+    """Reused host memory for the CPU flavour's view groups. Why: a fresh group tensor every batch
+    (130 MB for DINOv2's ten views at batch 64) is paged in by the driver thread and unmapped by the
+    thread that drops it, the training thread: about 120 us a sample there. A buffer is handed out
+    as a tensor whose storage holds a numpy view of it; when the trainer drops the last tensor over
+    it, the view dies and the buffer is free again (as torch_loader.collate.BatchPool). At most
+    `slots` buffers of a shape; a trainer that keeps more batches gets fresh tensors."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.free: dict[tuple, list[np.ndarray]] = {}
+        self.made: dict[tuple, int] = {}
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        key = (tuple(shape), dtype)
+        free = self.free.setdefault(key, [])
+        if free:
+            memory = free.pop()
+        elif self.made.get(key, 0) < self.slots:
+            memory = np.empty(int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+            self.made[key] = self.made.get(key, 0) + 1
+        else:
+            return torch.empty(shape, dtype=dtype)
+        view = memory.view()
+        weakref.finalize(view, free.append, memory)  # the last tensor over it is gone: free again
+        return torch.from_numpy(view).view(dtype).view(shape)
+
+
+def join_views(plan: ViewPlan, views: list, device: torch.device, stream=None,
+               buffers: HostBuffers | None = None) -> list[torch.Tensor]:
     """The pipeline's outputs, one DALI tensor [B, ...] per view, as one torch tensor [count * B, ...]
     per group on `device`, crop-major (view k of sample i at row k * B + i): each view copied once,
-    straight into its rows (on the driver's CUDA `stream` in the GPU flavour)."""
+    straight into its rows (on the driver's CUDA `stream` in the GPU flavour; into `buffers` on the
+    host)."""
     groups = []
     for group in plan.groups:
         first = views[group.first]
         count, shape = first.shape()[0], first.shape()[1:]
-        out = torch.empty((group.count * count, *shape), dtype=to_torch_type[first.dtype], device=device)
+        full, dtype = (group.count * count, *shape), to_torch_type[first.dtype]
+        out = buffers.take(full, dtype) if buffers is not None else torch.empty(full, dtype=dtype, device=device)
         for k in range(group.count):
             feed_ndarray(views[group.first + k], out[k * count:(k + 1) * count], cuda_stream=stream)
         groups.append(out)

@@ -221,6 +221,31 @@ def test_dali_decodes_each_sample_once_for_all_views(textured):
     assert len(re.findall(r"\bSlice\b", graph)) == 5
 
 
+
+def test_dali_cpu_flavour_reuses_its_view_groups_memory_and_never_a_batch_the_trainer_keeps(textured):
+    """Device: CPU (DALI's CPU flavour). Its view groups are copied into host buffers reused from
+    batch to batch (views.HostBuffers): a trainer that drops each batch gets the same few buffers
+    again, with the pixels of a loader that allocates every batch; one that keeps every batch of
+    an epoch gets each intact, none written over by a later one."""
+    backend_or_skip("dali")
+    raw = views_config(textured, "dali", batch_size=2)
+    with build_loader(raw, "train") as loader:
+        loader._view_buffers, buffers = None, loader._view_buffers
+        fresh = [[group.clone() for group in images] for images, _ in loader]  # a fresh tensor a batch
+        loader._view_buffers = buffers
+        addresses = set()
+        loader.set_epoch(0)
+        for batch, (images, _) in enumerate(loader):  # each batch dropped before the next
+            assert all(torch.equal(a, b) for a, b in zip(images, fresh[batch])), batch
+            addresses.update(group.data_ptr() for group in images)
+        del images
+        assert len(fresh) == 6 and sum(buffers.made.values()) <= 2 * loader.prefetch_depth
+        assert len(addresses) <= sum(buffers.made.values())  # the same buffers, batch after batch
+        loader.set_epoch(0)
+        kept = [images for images, _ in loader]  # every batch held at once
+        assert all(torch.equal(a, b) for batch, images in enumerate(kept) for a, b in zip(images, fresh[batch]))
+        assert sum(buffers.made.values()) <= 2 * loader.prefetch_depth  # the rest were fresh tensors
+
 BAD = [
     ({"views": [{"count": 0, "size": 96}]}, "train.views[0].count: must be an integer in [1, 64], got 0"),
     ({"views": [{"count": 2, "size": 0}]}, "train.views[0].size: must be an integer in [1, 8192], got 0"),
