@@ -121,6 +121,11 @@ class _Feed:
         self.skipped, self.empty = [], []
         self.stopping = False
 
+    def new_arenas(self) -> None:
+        """Read the next batches into new memory: after a pipeline failed, the memory it was given
+        is left to it, whatever of it DALI's threads may still read while it is torn down."""
+        self.arenas = collections.deque(ReadArena() for _ in self.arenas)
+
     def stop(self) -> None:
         """End the epoch at the next call, from any thread (a loop left with `break`, close)."""
         self.stopping = True
@@ -493,6 +498,7 @@ class DaliLoader(Loader):
         log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files that cannot be decoded; "
                  "rebuilding it without them", self.split.name, number, self.epoch, len(culprits))
         self._feed.known_bad.update(culprits)
+        self._feed.new_arenas()
         again, rest = self._feed.unfinished(), self._feed.batches
         self._pipe = self._build()
         self._feed.start(itertools.chain(again, rest))

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -294,6 +295,24 @@ def test_a_file_gone_after_indexing_is_skipped_and_the_pipeline_rebuilt(textured
         assert labels == expected, epoch
     assert loader.bad_samples == [(gone, "missing (no such file)")]
 
+
+
+def test_after_a_decode_failure_the_new_pipeline_is_fed_from_memory_the_failed_one_never_had(tmp_path):
+    """Device: CPU. A file that passes the feed's checks and that DALI cannot decode (a lossless JPEG)
+    fails the pipeline, which is rebuilt without it. DALI reads the fed bytes in place, and the failed
+    pipeline's threads may still read its batches while it goes: the new pipeline's batches are read
+    into new arenas, never into those the failed one was given; the epoch is every other sample."""
+    from oddfiles import ODD_FILES
+    root = write_textured_dataset(tmp_path / "d", per_class=4, splits=("val",))
+    loader = build_loader(base_config(root, backend="dali", val={"batch_size": 2}), "val")
+    broken = int(loader.order.batches(0)[2][0, 0])
+    next(odd for odd in ODD_FILES if odd.name == "lossless.JPEG").write(Path(loader.index.path(broken)))
+    given = list(loader._feed.arenas)
+    labels = [label for _, batch in loader for label in batch.tolist()]
+    assert labels == [loader.index.label(i) for i in range(len(loader.index)) if i != broken]
+    assert broken in loader._feed.known_bad
+    assert not {id(arena) for arena in given} & {id(arena) for arena in loader._feed.arenas}
+    loader.close()
 
 def test_a_file_shrunk_after_screening_is_named_and_cropped_for_its_size_now(textured_root, caplog):
     """Device: CPU. A file rewritten smaller after it was screened would get a crop beyond its new
