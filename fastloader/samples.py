@@ -160,12 +160,12 @@ class SampleIndex:
 
     def locations(self, samples: np.ndarray) -> list[Location]:
         """location(i) of each of `samples`, built together from the arrays (the DALI feed asks for a
-        batch of them on its one thread: a third of the per-sample cost of `location`)."""
+        batch of them on its one thread: 0.6 against 1.5 us a file)."""
         rows = np.asarray(samples, dtype=np.int64)
         if self.reader or (self.ranges is not None and self.ranges.table_row is not None):
             return [self.location(i) for i in rows.tolist()]
-        names, folder = memoryview(self.path_bytes), os.path.join(self.root, "")
-        names = [str(names[start:end], "utf-8", "surrogateescape")
+        raw, folder = memoryview(self.path_bytes), os.path.join(self.root, "")
+        names = [str(raw[start:end], "utf-8", "surrogateescape")
                  for start, end in zip(self.offsets[rows].tolist(), self.offsets[rows + 1].tolist())]
         names = [name if name[:1] == "/" else folder + name for name in names]  # os.path.join's result
         if self.ranges is None:
