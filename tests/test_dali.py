@@ -296,7 +296,6 @@ def test_a_file_gone_after_indexing_is_skipped_and_the_pipeline_rebuilt(textured
     assert loader.bad_samples == [(gone, "missing (no such file)")]
 
 
-
 def test_after_a_decode_failure_the_new_pipeline_is_fed_from_memory_the_failed_one_never_had(tmp_path):
     """Device: CPU. A file that passes the feed's checks and that DALI cannot decode (a lossless JPEG)
     fails the pipeline, which is rebuilt without it. DALI reads the fed bytes in place, and the failed
@@ -313,6 +312,7 @@ def test_after_a_decode_failure_the_new_pipeline_is_fed_from_memory_the_failed_o
     assert broken in loader._feed.known_bad
     assert not {id(arena) for arena in given} & {id(arena) for arena in loader._feed.arenas}
     loader.close()
+
 
 def test_a_file_shrunk_after_screening_is_named_and_cropped_for_its_size_now(textured_root, caplog):
     """Device: CPU. A file rewritten smaller after it was screened would get a crop beyond its new

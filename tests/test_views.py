@@ -221,7 +221,6 @@ def test_dali_decodes_each_sample_once_for_all_views(textured):
     assert len(re.findall(r"\bSlice\b", graph)) == 5
 
 
-
 def test_dali_cpu_flavour_reuses_its_view_groups_memory_and_never_a_batch_the_trainer_keeps(textured):
     """Device: CPU (DALI's CPU flavour). Its view groups are copied into host buffers reused from
     batch to batch (views.HostBuffers): a trainer that drops each batch gets the same few buffers
@@ -245,6 +244,7 @@ def test_dali_cpu_flavour_reuses_its_view_groups_memory_and_never_a_batch_the_tr
         kept = [images for images, _ in loader]  # every batch held at once
         assert all(torch.equal(a, b) for batch, images in enumerate(kept) for a, b in zip(images, fresh[batch]))
         assert sum(buffers.made.values()) <= 2 * loader.prefetch_depth  # the rest were fresh tensors
+
 
 BAD = [
     ({"views": [{"count": 0, "size": 96}]}, "train.views[0].count: must be an integer in [1, 64], got 0"),
