@@ -155,7 +155,7 @@ class _Feed:
             data += (np.ascontiguousarray(batch[:, :2], dtype=np.int64),)
         self.fed.append(Fed(batch, self.skipped, self.empty))
         self.skipped, self.empty = [], []
-        self.held.append(data)  # DALI does not copy them (no_copy): alive until the batch is out
+        self.held.append(data)  # DALI neither copies them (no_copy) nor keeps them alive: held until the batch is out
         return data
 
     def take_batch(self, planned: np.ndarray) -> tuple[np.ndarray, tuple[list[np.ndarray]], np.ndarray]:
