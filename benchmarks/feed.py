@@ -11,9 +11,10 @@ pipeline behind it (the graph's speed is peers.py's question), in one process, p
   (`fresh buffers`), in the same rounds;
 - into DALI: the feed handed to DALI's external source as the loader's pipeline takes it, in place
   (`no_copy`), and with DALI's copy (`copied`), in a pipeline that decodes nothing;
-- with `--processes N`: the same reads and checks split across N worker processes, a batch at a
-  time (a lower bound of what a feed in worker processes would cost: the bytes stay there), and the
-  calling thread's CPU time a sample;
+- with `--processes N`: the same feed with its reads and checks in N worker processes
+  (`dali.feed_processes: N`), the bytes handed back in shared memory: its rate, the calling
+  thread's CPU time a sample, the GIL it takes from a spinning trainer and its rate beside it,
+  and its rate into DALI (in place);
 - bare reads: `open()` + `read()` of the same files in the same order (shards: one `pread` of each
   member's range, a descriptor per shard), nothing checked; the ratio feed / bare is the figure;
 - the GIL: a thread spinning in pure Python (a training thread's launches stand in for it) counts
@@ -108,52 +109,12 @@ def handover_epochs(loader, seconds: float, no_copy: bool) -> tuple[int, float]:
     return samples, took
 
 
-_ARENA = None
-"""A worker process's read memory (pool_epochs)."""
-
-
-def _read_and_check(job: tuple[list, int]) -> list[tuple[int, int | None, int | None, str | None]]:
-    """In a worker process: read and check each location as the feed does; (bytes, width, height,
-    problem) of each, the bytes left in the worker's arena."""
-    global _ARENA
-    from fastloader.imaging.screen import read_screened
-    from fastloader.sources.locations import ReadArena
-    locations, max_pixels = job
-    if _ARENA is None:
-        _ARENA = ReadArena()
-    _ARENA.reset()
-    found = []
-    for location in locations:
-        data, screened = read_screened(location, max_pixels, _ARENA)
-        found.append((len(data or b""), screened.width, screened.height, screened.problem))
-    return found
-
-
-def start_pool(processes: int):
-    """`processes` worker processes, started and warm (spawned: DALI's threads run in this one)."""
-    import multiprocessing
-    pool = multiprocessing.get_context("spawn").Pool(processes)
-    pool.map(_read_and_check, [([], 0)] * processes)
-    return pool
-
-
-def pool_epochs(loader, seconds: float, pool, processes: int) -> tuple[int, float, float]:
-    """(samples, seconds, the calling thread's CPU seconds): whole epochs' reads and checks split
-    across the pool's `processes` worker processes, a batch at a time, each taking a contiguous
-    share of it: what a feed in worker processes could do off the driver thread. A lower bound of
-    its cost: the bytes stay in the workers (a real one would hand them over in shared memory), and
-    the feed's bookkeeping (sizes, draws, refills) is not done."""
-    max_pixels = loader.config.dataset.max_pixels
-    samples, epoch = 0, 0
-    started, cpu = time.perf_counter(), time.thread_time()
-    while time.perf_counter() - started < seconds:
-        for batch in loader.order.batches(epoch):
-            locations = loader.index.locations(batch[:, 0])
-            share = -(-len(locations) // processes)
-            jobs = [(locations[start:start + share], max_pixels) for start in range(0, len(locations), share)]
-            samples += sum(len(found) for found in pool.map(_read_and_check, jobs))
-        epoch += 1
-    return samples, time.perf_counter() - started, time.thread_time() - cpu
+def process_epochs(loader, seconds: float) -> tuple[int, float, float]:
+    """(samples, seconds, the calling thread's CPU seconds): feed_epochs of a loader whose feed is
+    read by worker processes (dali.feed_processes)."""
+    cpu = time.thread_time()
+    samples, took = feed_epochs(loader, seconds)
+    return samples, took, time.thread_time() - cpu
 
 
 def bare_epochs(loader, seconds: float) -> tuple[int, float]:
@@ -214,18 +175,29 @@ class FreshBuffers:
         return memoryview(bytearray(size))
 
 
-def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS, pool=None, processes: int = 0) -> dict:
+def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS, processes: int = 0) -> dict:
     loader = fastloader.build_loader(config, split)
     arenas = loader._feed.arenas
+    pooled_loader = None
+    if processes:
+        pooled_loader = fastloader.build_loader({**config, "dali": {**config["dali"], "feed_processes": processes}},
+                                                split)
+        feed_epochs(pooled_loader, 0.3)  # the workers started
     try:
         feed_epochs(loader, 0.3)  # warm: the page cache, the size table
         feed_rates, bare_rates, gil, contended, fresh_rates = [], [], [], [], []
-        handed, copied, pooled, pool_cpu = [], [], [], []
+        handed, copied, pooled, pool_cpu, pool_gil, pool_contended, pool_handed = [], [], [], [], [], [], []
         for _ in range(rounds):
             if processes:
-                samples, took, cpu = pool_epochs(loader, seconds, pool, processes)
+                samples, took, cpu = process_epochs(pooled_loader, seconds)
                 pooled.append(samples / took)
                 pool_cpu.append(cpu / samples * 1e6)
+                alone, _ = spin_rate(seconds / 2)
+                beside, (samples, took) = spin_rate(0, lambda: feed_epochs(pooled_loader, seconds / 2))
+                pool_gil.append(1 - beside / alone)
+                pool_contended.append(samples / took)
+                samples, took = handover_epochs(pooled_loader, seconds, no_copy=True)
+                pool_handed.append(samples / took)
             samples, took = handover_epochs(loader, seconds, no_copy=True)
             handed.append(samples / took)
             samples, took = handover_epochs(loader, seconds, no_copy=False)
@@ -244,12 +216,17 @@ def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS, poo
             contended.append(samples / took)
     finally:
         loader.close()
+        if pooled_loader is not None:
+            pooled_loader.close()
     feed, bare = statistics.median(feed_rates), statistics.median(bare_rates)
     return {"feed": feed, "bare": bare, "ratio": feed / bare, "gil_taken": statistics.median(gil),
             "us_per_sample": 1e6 / feed, "feed_beside_trainer": statistics.median(contended),
             "fresh": statistics.median(fresh_rates), "into_dali": statistics.median(handed),
             "into_dali_copied": statistics.median(copied),
-            **({"processes": statistics.median(pooled), "processes_thread_us": statistics.median(pool_cpu)}
+            **({"processes": statistics.median(pooled), "processes_ratio": statistics.median(pooled) / bare,
+                "processes_thread_us": statistics.median(pool_cpu), "processes_gil_taken": statistics.median(pool_gil),
+                "processes_beside_trainer": statistics.median(pool_contended),
+                "processes_into_dali": statistics.median(pool_handed)}
                if processes else {})}
 
 
@@ -260,8 +237,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2, help="dali.threads")
     parser.add_argument("--processes", type=int, default=0,
-                        help="also read and check each batch in this many worker processes (a lower bound of a "
-                             "feed off the driver thread; spawned, so a few seconds to start)")
+                        help="also measure the feed read by this many worker processes (dali.feed_processes)")
     parser.add_argument("--sources", nargs="+", choices=("folder", "shards"), default=["folder", "shards"])
     parser.add_argument("--seconds", type=float, default=SECONDS, help="each measurement's least time (default: 2)")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
@@ -272,7 +248,6 @@ def main() -> None:
         sys.exit(f"feed.py measures the DALI backend's feed: {missing}")
     print(f"data {data}, batch {args.batch}, dali.threads {args.threads}, {args.rounds} rounds, medians; "
           f"train: {TRAIN_TRANSFORM}")
-    pool = start_pool(args.processes) if args.processes else None
     with tempfile.TemporaryDirectory() as folder:
         shards = {}
         if "shards" in args.sources:
@@ -281,22 +256,23 @@ def main() -> None:
         print(f"{'source':8} {'split':6} {'feed /s':>10} {'bare /s':>10} {'feed/bare':>10} {'us/sample':>10} "
               f"{'GIL taken':>10} {'beside a spinning trainer /s':>29} {'fresh buffers /s':>17} "
               f"{'into DALI /s':>13} {'copied /s':>10}"
-              + (f" {f'in {args.processes} processes /s':>17} {'thread us/sample':>17}" if args.processes else ""))
+              + (f" {f'{args.processes} processes /s':>14} {'/bare':>6} {'thread us/sample':>17} {'GIL taken':>10} "
+                 f"{'beside a trainer /s':>20} {'into DALI /s':>13}"
+                 if args.processes else ""))
         report = {}
         for source in args.sources:
             for split in ("train", "val"):
                 result = measure(config_for(source, data, shards, args.batch, args.threads), split, args.rounds,
-                                 args.seconds, pool, args.processes)
+                                 args.seconds, args.processes)
                 report[f"{source} {split}"] = result
                 print(f"{source:8} {split:6} {result['feed']:10.0f} {result['bare']:10.0f} {result['ratio']:9.2f}x "
                       f"{result['us_per_sample']:10.1f} {result['gil_taken']:9.0%} "
                       f"{result['feed_beside_trainer']:29.0f} {result['fresh']:17.0f} "
                       f"{result['into_dali']:13.0f} {result['into_dali_copied']:10.0f}"
-                      + (f" {result['processes']:17.0f} {result['processes_thread_us']:17.1f}" if args.processes
-                         else ""))
-    if pool is not None:
-        pool.close()
-        pool.join()
+                      + (f" {result['processes']:14.0f} {result['processes_ratio']:5.2f}x "
+                         f"{result['processes_thread_us']:17.1f} {result['processes_gil_taken']:9.0%} "
+                         f"{result['processes_beside_trainer']:20.0f} {result['processes_into_dali']:13.0f}"
+                         if args.processes else ""))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

@@ -15,250 +15,41 @@ ahead, so that the training thread only takes finished batches (driver.py).
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import os
 import time
 import traceback
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-from fastloader.augment.draws import Augmenter
-from fastloader.cache import CachedPixels
 from fastloader.contract import Loader
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError, add_note, error_text, refused_file
-from fastloader.imaging.screen import DALI_FORMATS, Screened, read_screened
-from fastloader.order import WeightedDraws, output_size, substitutes
+from fastloader.errors import BadImageError, add_note, refused_file
+from fastloader.imaging.shared_reads import SharedReads, shareable
+from fastloader.order import output_size
 from fastloader.prepared import PreparedSplit
-from fastloader.samples import SampleIndex
-from fastloader.schema import BOMB_PIXELS, Config, SplitConfig
-from fastloader.sources.locations import Location, ReadArena
+from fastloader.schema import Config, SplitConfig
 from fastloader.transfer import to_device
 from fastloader.views import ViewPlan
 
 from .augment import feed_arrays
 from .driver import Driver, Ended
-from .pipeline import build_pipeline, centre_boxes, decoder_words
+from .feed import READS_AHEAD, Fed, Feed
+from .pipeline import build_pipeline, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
-from .sizes import SizeTable
 from .transcode import transcoded_for_dali
 from .user_ops import PythonSampleHook, UserOps, graph_size_check, hook_inputs
-from .views import HostBuffers, join_views, view_arrays
+from .views import HostBuffers, join_views
 
 log = logging.getLogger("fastloader")
 
 
-class _Feed:
-    """The pipeline's source: each planned batch's samples and their draws, one batch a call.
-
-    Image files and shard members: their bytes, read here (one read per sample, off the training
-    thread) and checked before DALI sees them (fastloader.imaging.screen.read_screened: the magic
-    bytes, the header's size against dataset.max_pixels, the end marker), whether or not the split
-    was screened: a file that is no image, a bomb or truncated would crash or exhaust DALI's
-    decoder, and one changed since it was screened gets its crop or box drawn for its size now.
-    What DALI decodes is exactly what was checked. The cache: the decoded pixels (one array per
-    sample). Then, from each image's upright size: in eval mode its centre box, in train mode its
-    crop box, flips and ops, drawn from its seed (fastloader.augment, as the torch backend draws
-    them). Labels are not fed: the loader takes them from the index. DALI calls this on the thread
-    that runs the pipeline (the driver thread, driver.py).
-
-    A sample that cannot be used (found here, or `known_bad` from earlier) is left out of what is
-    fed; in train mode its slot takes the first substitute of `fastloader.order.substitutes` that
-    can be, as the torch backend's workers do. `fed` keeps, in order, the batches fed and not yet
-    delivered (DALI calls the source `prefetch_queue_depth` batches ahead of the batch it delivers),
-    each with the planned batches before it that came out empty (DALI takes no empty batch).
-    """
-
-    def __init__(self, index: SampleIndex, split: SplitConfig, substitutes: dict[int, str],
-                 pixels: CachedPixels | None = None, exif_orientation: bool = True,
-                 stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
-                 max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False,
-                 draws: WeightedDraws | None = None, hooked: bool = False, views: ViewPlan | None = None,
-                 in_flight: int = 2):
-        self.index = index
-        self.views = views
-        """A train split's view groups: every view's draws are fed (views.view_arrays)."""
-        self.hooked = hooked
-        """The graph runs the user's sample hook or graph function: each batch's (sample, seed) rows are fed."""
-        self.draws = draws
-        """The split's weighted draws, if any: a refilled slot's substitutes are drawn by them."""
-        self.sized = sized
-        """The planned batches carry their output size (a size schedule): fed with the draws."""
-        self.pixels = pixels
-        self.split, self.augmenter = split, augmenter
-        self.max_pixels, self.refill = max_pixels, refill
-        self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if pixels is None else None
-        self.substitutes = substitutes  # sample -> a file DALI can decode in its place (transcode.py)
-        self.known_bad: dict[int, str] = {}  # sample -> why it cannot be fed or decoded
-        self.skipped: list[int] = []  # known-bad samples left out and not yet attached to a fed batch
-        self.empty: list[np.ndarray] = []  # planned batches left empty, not yet attached to a fed batch
-        self.batches: Iterator[np.ndarray] = iter(())
-        self.fed: collections.deque[Fed] = collections.deque()
-        self.stopping = False
-        self.arenas = collections.deque(ReadArena() for _ in range(in_flight + 1))
-        """Where the batches' bytes are read, one arena a batch in turn. DALI reads what a call returns
-        where it lies (external_source's no_copy) until the batch's outputs are out, `in_flight`
-        (the pipeline's prefetch_queue_depth) calls later: a batch's arena is reused only after
-        that, and the arrays a call returns are held as long (`held`)."""
-        self.held: collections.deque[tuple] = collections.deque(maxlen=in_flight + 1)
-        self.kind = "pixels" if pixels is not None else "bytes"
-        """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
-        self.busy: tuple[str, str, float] | None = None
-        """(doing, on what, monotonic start) of what the loader's own code does now inside the pipeline
-        (reading a sample, running a user's hook): what a stalled pipeline names. Words built only
-        when a stall is reported: the read path sets it for every sample."""
-
-    def start(self, batches: Iterable[np.ndarray]) -> None:
-        """Feed these batches next (only while no driver runs the pipeline)."""
-        self.batches = iter(batches)
-        self.fed.clear()
-        self.skipped, self.empty = [], []
-        self.stopping = False
-
-    def new_arenas(self) -> None:
-        """Read the next batches into new memory: after a pipeline failed, the memory it was given
-        is left to it, whatever of it DALI's threads may still read while it is torn down."""
-        self.arenas = collections.deque(ReadArena() for _ in self.arenas)
-
-    def stop(self) -> None:
-        """End the epoch at the next call, from any thread (a loop left with `break`, close)."""
-        self.stopping = True
-
-    def unfinished(self) -> list[np.ndarray]:
-        """The batches fed and not delivered, with those left empty before them, in order: what a
-        new pipeline is fed again after this one failed."""
-        return [*itertools.chain.from_iterable((*fed.empty, fed.plan) for fed in self.fed), *self.empty]
-
-    def __call__(self) -> tuple:
-        while True:
-            planned = None if self.stopping else next(self.batches, None)
-            if planned is None:
-                raise StopIteration  # ends DALI's epoch
-            batch, data, sizes = self.take_batch(planned)
-            if len(batch):
-                break
-            self.empty.append(planned)
-        if self.views is not None:  # every view's draws, from the view's seed (hooked: its (sample, seed) too)
-            data += view_arrays(self.views, batch, sizes, self.hooked)
-        elif self.split.mode == "train":  # every random choice of each sample, drawn from its seed
-            side = output_size(planned, self.split.transform.size) if self.sized else None
-            data += feed_arrays(self.augmenter, batch[:, 1], sizes, side)
-        else:
-            data += (centre_boxes(sizes, self.split),)
-        if self.hooked and self.views is None:  # user_ops.HOOK_INPUTS
-            data += (np.ascontiguousarray(batch[:, :2], dtype=np.int64),)
-        self.fed.append(Fed(batch, self.skipped, self.empty))
-        self.skipped, self.empty = [], []
-        self.held.append(data)  # DALI neither copies them (no_copy) nor keeps them alive: held until the batch is out
-        return data
-
-    def take_batch(self, planned: np.ndarray) -> tuple[np.ndarray, tuple[list[np.ndarray]], np.ndarray]:
-        """(the (sample, seed) rows fed, (their data,), int64 [n, 2] upright sizes): the planned rows
-        that can be used, a train slot that cannot refilled by a substitute."""
-        batch, rows, data, sizes = planned, [], [], []
-        self.arenas.rotate(-1)
-        arena = self.arenas[0]  # the batch fed `in_flight + 1` calls ago is out of the pipeline
-        arena.reset()
-        locations = self.locations(planned[:, 0]) if self.pixels is None else itertools.repeat(None)
-        for row, (sample, location) in enumerate(zip(planned[:, 0].tolist(), locations)):
-            taken = self.take(sample, arena, location)
-            if taken is None and self.refill:
-                sample, taken = self.substitute(int(planned[row, 1]), arena)
-                if taken is not None:  # the substitute keeps the slot's seed
-                    batch = batch.copy() if batch is planned else batch
-                    batch[row, 0] = sample
-            if taken is not None:
-                rows.append(row)
-                data.append(taken[0])
-                sizes.append(taken[1])
-        return batch[rows], (data,), np.array(sizes, dtype=np.int64).reshape(-1, 2)
-
-    def substitute(self, seed: int, into: ReadArena | None = None
-                   ) -> tuple[int, tuple[np.ndarray, tuple[int, int]] | None]:
-        """The first substitute for a train slot of this seed that can be fed, and what `take` gave
-        for it; (-1, None) where none can."""
-        for sample in substitutes(seed, len(self.index), self.draws):
-            taken = self.take(sample, into)
-            if taken is not None:
-                return sample, taken
-        return -1, None
-
-    def stuck_words(self) -> str:
-        """What the feed is doing, for a pipeline that sent no batch for workers.timeout."""
-        busy = self.busy
-        if busy is None:
-            return "the feed is not reading a sample: DALI is stuck in a batch (a file on a hung file system?)"
-        return f"the loader has been {busy[0]} {busy[1]} for {time.monotonic() - busy[2]:.0f} s"
-
-    def take(self, sample: int, into: ReadArena | None = None, location: Location | None = None
-             ) -> tuple[np.ndarray, tuple[int, int]] | None:
-        """What DALI is fed for a sample, and its upright size; None, noted in `skipped`, where it
-        cannot be used: known bad, or its bytes fail the check now (then known bad, with the reason).
-        `into`: the arena the bytes are read into (valid until the next batch); `location`: the
-        sample's, where the batch's were looked up together (`locations`)."""
-        if sample in self.known_bad:
-            self.skipped.append(sample)
-            return None
-        if self.pixels is not None:
-            return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
-        location = location or self.location(sample)
-        self.busy = "reading", location.name, time.monotonic()
-        data, screened = read_screened(location, self.max_pixels, into)
-        self.busy = None
-        if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened
-            data, screened = self.transcoded(sample, screened.format or "unknown")
-        if screened.problem:
-            self.known_bad[sample] = screened.problem
-            self.skipped.append(sample)
-            return None
-        size = self.sizes.keep(sample, screened)
-        if size.held is not None:
-            _warn_resized(screened.path, size.held, size.now)
-        return np.frombuffer(data, dtype=np.uint8), size.now
-
-    def transcoded(self, sample: int, fmt: str) -> tuple[bytearray | None, Screened]:
-        """The bytes of a PNG copy of a file in a format DALI cannot decode (transcode.py), checked."""
-        try:
-            self.substitutes.update(transcoded_for_dali(self.index, {sample: fmt}))
-        except Exception as error:  # Pillow could not decode the file either
-            return None, Screened(self.index.path(sample), problem=f"cannot be converted for DALI: {error_text(error)}")
-        return read_screened(self.location(sample), self.max_pixels)
-
-    def locations(self, samples: np.ndarray) -> list[Location]:
-        """`location` of each of a batch's samples, looked up together."""
-        found = self.index.locations(samples)
-        if self.substitutes:
-            found = [self.location(sample) if sample in self.substitutes else location
-                     for sample, location in zip(samples.tolist(), found)]
-        return found
-
-    def location(self, sample: int) -> Location:
-        """Where the bytes DALI decodes for a sample are: its file or shard member, or a substitute."""
-        substitute = self.substitutes.get(sample)
-        return Location(substitute, substitute) if substitute else self.index.location(sample)
-
-
-def _warn_resized(path: str, held: tuple[int, int], now: tuple[int, int]) -> None:
-    log.warning("%s changed since it was screened: it is %dx%d (height x width) now, the screening result said "
-                "%dx%d; its crop or box is drawn for its size now, read from the bytes DALI decodes", path, *now, *held)
-
-
-class Fed(NamedTuple):
-    """A batch handed to the pipeline: its (sample, seed) rows (a substitute in a refilled slot);
-    the known-bad samples left out just before it; the planned batches just before it that came out
-    empty (none of their samples could be fed)."""
-    plan: np.ndarray
-    skipped: list[int]
-    empty: list[np.ndarray]
-
-
-def converter(feed: _Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
+def converter(feed: Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
               bfloat16: bool, finisher: BatchFinisher | None, check: Callable | None = None,
               views: ViewPlan | None = None, buffers: HostBuffers | None = None) -> Callable:
     """The driver thread's work on each pipeline output: (images, labels, Fed) as torch tensors on
@@ -323,12 +114,12 @@ class DaliLoader(Loader):
         self.num_threads = prepared.workers
         self._bfloat16 = config.output.dtype == "bfloat16"
         substitutes = transcoded_for_dali(prepared.index, prepared.needs_substitute)
-        self._feed = _Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
+        self._feed = Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
                            prepared.sizes, self.augmentation, config.dataset.max_pixels,
                            refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
                            sized=self.order.resolution is not None, draws=prepared.draws,
                            hooked=bool(hook_inputs(prepared.hooks)), views=self.views,
-                           in_flight=config.workers.prefetch_factor)
+                           in_flight=config.workers.prefetch_factor, reads=self._shared_reads(prepared))
         hook = prepared.hooks.sample
         self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._feed) if hook is not None else None
         if hook is not None:
@@ -353,6 +144,22 @@ class DaliLoader(Loader):
         if self._feed.kind == "bytes":
             log.info("split '%s': DALI decodes with %s", split.name, decoder_words(config, self.flavour == "gpu"))
 
+    def _shared_reads(self, prepared: PreparedSplit) -> SharedReads | None:
+        """The worker processes that read the feed's next batches (dali.feed_processes), if any."""
+        processes = self.config.dali.feed_processes
+        if processes == "auto":
+            processes = 0 if self.flavour == "cpu" else min(4, prepared.workers // 4)
+        if not processes or prepared.pixels is not None:  # the cache's pixels are not read
+            return None
+        why_not = shareable()
+        if why_not:
+            log.warning("split '%s': dali.feed_processes=%d asked for worker processes, but %s: the feed reads on "
+                        "the driver thread", self.split.name, processes, why_not)
+            return None
+        slabs = self.config.workers.prefetch_factor + 1 + READS_AHEAD  # in DALI, being taken, sent ahead
+        return SharedReads(processes, slabs, self.split.batch_size, self.config.dataset.max_pixels,
+                           self.config.workers.timeout)
+
     def _build(self):
         return build_pipeline(
             self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
@@ -362,7 +169,8 @@ class DaliLoader(Loader):
             user=UserOps(self.hooks, self._sample_hook), views=self.views)
 
     def describe(self) -> dict:
-        return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads}
+        return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads,
+                "feed_processes": self._feed_processes}
 
     @property
     def prefetch_depth(self) -> int:
@@ -373,7 +181,13 @@ class DaliLoader(Loader):
 
     def _parallelism(self) -> str:
         decoder = "nvJPEG on the GPU" if self.flavour == "gpu" else "decoding on the CPU"
-        return f"flavour={self.flavour!r} ({decoder}), threads={self.num_threads}"
+        feed = f", feed read by {self._feed_processes} processes" if self._feed_processes else ""
+        return f"flavour={self.flavour!r} ({decoder}), threads={self.num_threads}{feed}"
+
+    @property
+    def _feed_processes(self) -> int:
+        reads = self._feed.reads
+        return reads.processes if reads is not None and not self._feed.reads_failed else 0
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._broken:
@@ -552,3 +366,4 @@ class DaliLoader(Loader):
         driver, self._driver, self._pipe = self._driver, None, None
         if driver is not None:
             driver.close(wait)
+        self._feed.close()

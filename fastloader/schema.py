@@ -458,6 +458,10 @@ class WorkersConfig:
     (stopped, or alive but silent) and stops; the first batch after the workers start may take 3x that."""
 
 
+MAX_FEED_PROCESSES = 32
+"""More processes than this reading one rank's feed is a typo (each reads a share of a batch)."""
+
+
 @dataclass(frozen=True)
 class DaliConfig:
     hw_decoder_load: float = field(default=0.65, metadata=_check(lambda v: 0 <= v <= 1, "a fraction in [0, 1]"))
@@ -473,6 +477,12 @@ class DaliConfig:
                                                                  f"'auto' or an integer in [1, {MAX_PROCESSES}]"))
     """DALI's CPU threads per rank. auto: workers.num_workers when set, else the CPU cores available to this
     local rank, capped by workers.max_workers."""
+    feed_processes: int | Auto = field(default="auto", metadata=_check(
+        lambda v: v == "auto" or 0 <= v <= MAX_FEED_PROCESSES, f"'auto' or an integer in [0, {MAX_FEED_PROCESSES}]"))
+    """Worker processes that read and check the files of the next batches while DALI decodes, into
+    shared memory DALI reads in place (docs/performance.md); 0: the feed reads them on the driver
+    thread. auto: 0 in the CPU flavour (DALI's threads already take every core), else a quarter of
+    the rank's cores (dali.threads' count), at most 4."""
     graph_hook: str | None = field(default=None, metadata=_check(
         lambda v: v is None or FACTORY_PATH.fullmatch(v) is not None,
         "'package.module:function', called as function(images, seeds, **graph_hook_args) while the graph is built"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -240,3 +241,20 @@ def cpu_only_env(cache_dir, **extra: str) -> dict:
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])]
 """output.device values a test runs on: the CPU everywhere, the GPU where there is one."""
+
+
+def processes_end(pids, within: float = 10.0) -> bool:
+    """Whether these processes have all ended (killed: a zombie not yet reaped counts as ended)
+    within `within` seconds."""
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as status:
+                return status.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    deadline = time.monotonic() + within
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

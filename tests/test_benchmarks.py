@@ -536,4 +536,8 @@ def test_feed_measures_the_dali_feed_against_bare_reads_for_folders_and_shards(r
         figures = report[f"{row[0]} {row[1]}"]
         assert figures["feed"] == pytest.approx(feed, abs=1)
         assert figures["into_dali"] > 0 and figures["into_dali_copied"] > 0  # in place, and with DALI's copy
-        assert figures["processes"] > 0 and 0 < figures["processes_thread_us"] == pytest.approx(float(row[-1]), abs=0.1)
+        assert figures["processes"] > 0 and 0 < figures["processes_thread_us"] == pytest.approx(float(row[-4]), abs=0.1)
+        assert figures["processes_beside_trainer"] == pytest.approx(float(row[-2]), abs=1)
+        into_dali = figures["processes_into_dali"]
+        assert into_dali > 0 and into_dali == pytest.approx(float(row[-1]), abs=1)
+        assert figures["processes_ratio"] == pytest.approx(figures["processes"] / figures["bare"], rel=0.01)

@@ -1,0 +1,351 @@
+"""The DALI pipeline's source: each planned batch's samples, read and checked, and their draws.
+
+The loader (loader.py) hands the pipeline this feed through an external source; DALI calls it on the
+driver thread (driver.py) once a batch, `prefetch_queue_depth` batches ahead of the batch it delivers,
+and reads what it returns in place (no_copy). With dali.feed_processes, the reads and checks of the
+next batches run in worker processes meanwhile (fastloader.imaging.shared_reads), into shared memory
+DALI reads in place too; the feed then only unpacks what they found, and does the rest (known-bad
+samples, substitutes, sizes, draws) as it does for what it reads itself.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import time
+from typing import Iterable, Iterator, NamedTuple
+
+import numpy as np
+
+from fastloader.augment.draws import Augmenter
+from fastloader.cache import CachedPixels
+from fastloader.errors import error_text
+from fastloader.imaging.screen import DALI_FORMATS, Screened, read_screened
+from fastloader.imaging.shared_reads import Pending, Read, SharedReads, Slab, worker_reads
+from fastloader.order import WeightedDraws, output_size, substitutes
+from fastloader.samples import SampleIndex
+from fastloader.schema import BOMB_PIXELS, SplitConfig
+from fastloader.sources.locations import Location, ReadArena
+from fastloader.views import ViewPlan
+
+from .augment import feed_arrays
+from .pipeline import centre_boxes
+from .sizes import SizeTable
+from .transcode import transcoded_for_dali
+from .views import view_arrays
+
+log = logging.getLogger("fastloader")
+
+READS_AHEAD = 2
+"""Batches sent to the worker processes beyond the one the feed is taking: enough to keep every
+worker reading while the feed unpacks a batch and DALI takes it."""
+
+
+class Sent(NamedTuple):
+    """A planned batch's reads sent to the worker processes: the rows sent (the others are read here),
+    every row's location, and the reads under way."""
+    rows: list[int]
+    locations: list[Location]
+    pending: Pending
+
+
+class Feed:
+    """The pipeline's source: each planned batch's samples and their draws, one batch a call.
+
+    Image files and shard members: their bytes, read here (one read per sample, off the training
+    thread) and checked before DALI sees them (fastloader.imaging.screen.read_screened: the magic
+    bytes, the header's size against dataset.max_pixels, the end marker), whether or not the split
+    was screened: a file that is no image, a bomb or truncated would crash or exhaust DALI's
+    decoder, and one changed since it was screened gets its crop or box drawn for its size now.
+    What DALI decodes is exactly what was checked. The cache: the decoded pixels (one array per
+    sample). Then, from each image's upright size: in eval mode its centre box, in train mode its
+    crop box, flips and ops, drawn from its seed (fastloader.augment, as the torch backend draws
+    them). Labels are not fed: the loader takes them from the index. DALI calls this on the thread
+    that runs the pipeline (the driver thread, driver.py).
+
+    A sample that cannot be used (found here, or `known_bad` from earlier) is left out of what is
+    fed; in train mode its slot takes the first substitute of `fastloader.order.substitutes` that
+    can be, as the torch backend's workers do. `fed` keeps, in order, the batches fed and not yet
+    delivered (DALI calls the source `prefetch_queue_depth` batches ahead of the batch it delivers),
+    each with the planned batches before it that came out empty (DALI takes no empty batch).
+
+    `reads`: worker processes that read and check the next READS_AHEAD batches' local samples while
+    this one is taken (dali.feed_processes); where they fail, the feed logs why once and reads here.
+    """
+
+    def __init__(self, index: SampleIndex, split: SplitConfig, substitutes: dict[int, str],
+                 pixels: CachedPixels | None = None, exif_orientation: bool = True,
+                 stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
+                 max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False,
+                 draws: WeightedDraws | None = None, hooked: bool = False, views: ViewPlan | None = None,
+                 in_flight: int = 2, reads: SharedReads | None = None):
+        self.index = index
+        self.views = views
+        """A train split's view groups: every view's draws are fed (views.view_arrays)."""
+        self.hooked = hooked
+        """The graph runs the user's sample hook or graph function: each batch's (sample, seed) rows are fed."""
+        self.draws = draws
+        """The split's weighted draws, if any: a refilled slot's substitutes are drawn by them."""
+        self.sized = sized
+        """The planned batches carry their output size (a size schedule): fed with the draws."""
+        self.pixels = pixels
+        self.split, self.augmenter = split, augmenter
+        self.max_pixels, self.refill = max_pixels, refill
+        self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if pixels is None else None
+        self.substitutes = substitutes  # sample -> a file DALI can decode in its place (transcode.py)
+        self.known_bad: dict[int, str] = {}  # sample -> why it cannot be fed or decoded
+        self.skipped: list[int] = []  # known-bad samples left out and not yet attached to a fed batch
+        self.empty: list[np.ndarray] = []  # planned batches left empty, not yet attached to a fed batch
+        self.batches: Iterator[np.ndarray] = iter(())
+        self.fed: collections.deque[Fed] = collections.deque()
+        self.stopping = False
+        self.arenas = collections.deque(ReadArena() for _ in range(in_flight + 1))
+        """Where the batches' bytes are read here, one arena a call in turn. DALI reads what a call
+        returns where it lies (external_source's no_copy) until the batch's outputs are out, `in_flight`
+        (the pipeline's prefetch_queue_depth) calls later: a call's arena is reused only after that,
+        and the arrays a call returns (and its slab of the worker processes' reads) are held as long
+        (`held`). A planned batch that comes out empty feeds nothing, so it takes no arena of its own."""
+        self.held: collections.deque[tuple[tuple, Slab | None]] = collections.deque()
+        self.in_flight = in_flight
+        self.reads = reads
+        self.ahead: collections.deque[tuple[np.ndarray, Sent | None]] = collections.deque()
+        """The next planned batches, taken from `batches`, with their reads sent to the workers."""
+        self.reads_failed = False
+        self.kind = "pixels" if pixels is not None else "bytes"
+        """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
+        self.busy: tuple[str, str, float] | None = None
+        """(doing, on what, monotonic start) of what the loader's own code does now inside the pipeline
+        (reading a sample, running a user's hook): what a stalled pipeline names. Words built only
+        when a stall is reported: the read path sets it for every sample."""
+
+    def start(self, batches: Iterable[np.ndarray]) -> None:
+        """Feed these batches next (only while no driver runs the pipeline)."""
+        self.drop_ahead()
+        self.batches = iter(batches)
+        self.fed.clear()
+        self.skipped, self.empty = [], []
+        self.stopping = False
+
+    def new_arenas(self) -> None:
+        """Read the next batches into new memory: after a pipeline failed, the memory it was given
+        is left to it, whatever of it DALI's threads may still read while it is torn down."""
+        self.arenas = collections.deque(ReadArena() for _ in self.arenas)
+        if self.reads is not None:
+            self.reads.renew()  # the reads under way are waited for; their batches stay in `ahead`
+            self.ahead = collections.deque((planned, None) for planned, _ in self.ahead)
+
+    def drop_ahead(self) -> None:
+        """Forget the planned batches taken ahead (an epoch ended early), once their reads end."""
+        for _, sent in self.ahead:
+            if sent is not None:
+                self.reads.drop(sent.pending)
+        self.ahead.clear()
+
+    def close(self) -> None:
+        """Stop the worker processes (the arrays DALI was given stay valid while it holds them)."""
+        if self.reads is not None:
+            self.reads_failed = True  # what fails from now on is the closing, not worth a warning
+            self.reads.close()
+
+    def stop(self) -> None:
+        """End the epoch at the next call, from any thread (a loop left with `break`, close)."""
+        self.stopping = True
+
+    def unfinished(self) -> list[np.ndarray]:
+        """The batches fed and not delivered, with those left empty before them, in order: what a
+        new pipeline is fed again after this one failed."""
+        return [*itertools.chain.from_iterable((*fed.empty, fed.plan) for fed in self.fed), *self.empty,
+                *(planned for planned, _ in self.ahead)]
+
+    def __call__(self) -> tuple:
+        if len(self.held) > self.in_flight:  # fed `in_flight + 1` calls ago: out of the pipeline
+            self.release(self.held.popleft()[1])
+        self.arenas.rotate(-1)
+        arena = self.arenas[0]  # the call `in_flight + 1` calls ago is out of the pipeline
+        while True:
+            planned, sent = (None, None) if self.stopping else self.next_planned()
+            if planned is None:
+                raise StopIteration  # ends DALI's epoch
+            arena.reset()
+            batch, data, sizes, slab = self.take_batch(planned, arena, sent)
+            if len(batch):
+                break
+            self.release(slab)
+            self.empty.append(planned)
+        if self.views is not None:  # every view's draws, from the view's seed (hooked: its (sample, seed) too)
+            data += view_arrays(self.views, batch, sizes, self.hooked)
+        elif self.split.mode == "train":  # every random choice of each sample, drawn from its seed
+            side = output_size(planned, self.split.transform.size) if self.sized else None
+            data += feed_arrays(self.augmenter, batch[:, 1], sizes, side)
+        else:
+            data += (centre_boxes(sizes, self.split),)
+        if self.hooked and self.views is None:  # user_ops.HOOK_INPUTS
+            data += (np.ascontiguousarray(batch[:, :2], dtype=np.int64),)
+        self.fed.append(Fed(batch, self.skipped, self.empty))
+        self.skipped, self.empty = [], []
+        self.held.append((data, slab))  # DALI neither copies them (no_copy) nor keeps them alive: held until out
+        return data
+
+    def next_planned(self) -> tuple[np.ndarray | None, Sent | None]:
+        """The next planned batch (None at the end), and its reads where the workers took them; the
+        batches after it sent to the workers meanwhile, READS_AHEAD of them."""
+        if self.reads is None:
+            return next(self.batches, None), None
+        while len(self.ahead) <= READS_AHEAD:
+            planned = next(self.batches, None)
+            if planned is None:
+                break
+            self.ahead.append((planned, self.send(planned)))
+        return self.ahead.popleft() if self.ahead else (None, None)
+
+    def send(self, planned: np.ndarray) -> Sent | None:
+        """A planned batch's local samples sent to the workers to be read (not the known-bad ones)."""
+        if self.reads_failed or self.pixels is not None:
+            return None
+        locations = self.locations(planned[:, 0])
+        known_bad = self.known_bad
+        rows = [row for row, (sample, location) in enumerate(zip(planned[:, 0].tolist(), locations))
+                if sample not in known_bad and worker_reads(location)]
+        pending = self.reads.submit([locations[row] for row in rows])
+        if pending is None:
+            self.reads_stopped()
+            return None
+        return Sent(rows, locations, pending)
+
+    def received(self, sent: Sent, rows: int) -> tuple[list[Read | None], Slab | None]:
+        """What the workers read of a batch sent, by row (None: a row read here), and its slab."""
+        pending = sent.pending
+        self.busy = (f"waiting for the feed's worker processes {self.reads.pids} to read",
+                     f"a batch from {pending.locations[0].name}", time.monotonic())
+        reads = self.reads.take(pending)
+        self.busy = None
+        by_row: list[Read | None] = [None] * rows
+        if reads is None:
+            self.reads_stopped()
+            return by_row, None
+        for row, read in zip(sent.rows, reads):
+            by_row[row] = read
+        return by_row, pending.slab
+
+    def reads_stopped(self) -> None:
+        """The workers failed (or no slab was free): said once; the feed reads here from then on."""
+        if self.reads.failure is None or self.reads_failed:
+            return
+        self.reads_failed = True
+        log.warning("split '%s': the DALI feed's worker processes stopped reading (%s); the feed reads and checks "
+                    "the samples on the driver thread from here (dali.feed_processes)", self.split.name,
+                    self.reads.failure)
+        self.reads.close()
+
+    def release(self, slab: Slab | None) -> None:
+        """A batch's slab back to the workers once DALI is done with the batch."""
+        if slab is not None:
+            self.reads.release(slab)
+
+    def take_batch(self, planned: np.ndarray, arena: ReadArena | None = None, sent: Sent | None = None
+                   ) -> tuple[np.ndarray, tuple[list[np.ndarray]], np.ndarray, Slab | None]:
+        """(the (sample, seed) rows fed, (their data,), int64 [n, 2] upright sizes, the slab the
+        workers read them into): the planned rows that can be used, a train slot that cannot refilled
+        by a substitute. What is read here goes into `arena`."""
+        batch, rows, data, sizes = planned, [], [], []
+        reads, slab = self.received(sent, len(planned)) if sent is not None else (itertools.repeat(None), None)
+        if sent is not None:
+            locations = sent.locations
+        else:
+            locations = self.locations(planned[:, 0]) if self.pixels is None else itertools.repeat(None)
+        for row, (sample, location, read) in enumerate(zip(planned[:, 0].tolist(), locations, reads)):
+            taken = self.take(sample, arena, location, read)
+            if taken is None and self.refill:
+                sample, taken = self.substitute(int(planned[row, 1]), arena)
+                if taken is not None:  # the substitute keeps the slot's seed
+                    batch = batch.copy() if batch is planned else batch
+                    batch[row, 0] = sample
+            if taken is not None:
+                rows.append(row)
+                data.append(taken[0])
+                sizes.append(taken[1])
+        return batch[rows], (data,), np.array(sizes, dtype=np.int64).reshape(-1, 2), slab
+
+    def substitute(self, seed: int, into: ReadArena | None = None
+                   ) -> tuple[int, tuple[np.ndarray, tuple[int, int]] | None]:
+        """The first substitute for a train slot of this seed that can be fed, and what `take` gave
+        for it; (-1, None) where none can."""
+        for sample in substitutes(seed, len(self.index), self.draws):
+            taken = self.take(sample, into)
+            if taken is not None:
+                return sample, taken
+        return -1, None
+
+    def stuck_words(self) -> str:
+        """What the feed is doing, for a pipeline that sent no batch for workers.timeout."""
+        busy = self.busy
+        if busy is None:
+            return "the feed is not reading a sample: DALI is stuck in a batch (a file on a hung file system?)"
+        return f"the loader has been {busy[0]} {busy[1]} for {time.monotonic() - busy[2]:.0f} s"
+
+    def take(self, sample: int, into: ReadArena | None = None, location: Location | None = None,
+             read: Read | None = None) -> tuple[np.ndarray, tuple[int, int]] | None:
+        """What DALI is fed for a sample, and its upright size; None, noted in `skipped`, where it
+        cannot be used: known bad, or its bytes fail the check now (then known bad, with the reason).
+        `into`: the arena the bytes are read into (valid until the next batch); `location`: the
+        sample's, where the batch's were looked up together (`locations`); `read`: its bytes and
+        their check where a worker process read them."""
+        if sample in self.known_bad:
+            self.skipped.append(sample)
+            return None
+        if self.pixels is not None:
+            return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
+        if read is None:
+            location = location or self.location(sample)
+            self.busy = "reading", location.name, time.monotonic()
+            data, screened = read_screened(location, self.max_pixels, into)
+            self.busy = None
+        else:
+            data, screened = read
+        if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened
+            data, screened = self.transcoded(sample, screened.format or "unknown")
+        if screened.problem:
+            self.known_bad[sample] = screened.problem
+            self.skipped.append(sample)
+            return None
+        size = self.sizes.keep(sample, screened)
+        if size.held is not None:
+            _warn_resized(screened.path, size.held, size.now)
+        return (data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)), size.now
+
+    def transcoded(self, sample: int, fmt: str) -> tuple[bytearray | None, Screened]:
+        """The bytes of a PNG copy of a file in a format DALI cannot decode (transcode.py), checked."""
+        try:
+            self.substitutes.update(transcoded_for_dali(self.index, {sample: fmt}))
+        except Exception as error:  # Pillow could not decode the file either
+            return None, Screened(self.index.path(sample), problem=f"cannot be converted for DALI: {error_text(error)}")
+        return read_screened(self.location(sample), self.max_pixels)
+
+    def locations(self, samples: np.ndarray) -> list[Location]:
+        """`location` of each of a batch's samples, looked up together."""
+        found = self.index.locations(samples)
+        if self.substitutes:
+            found = [self.location(sample) if sample in self.substitutes else location
+                     for sample, location in zip(samples.tolist(), found)]
+        return found
+
+    def location(self, sample: int) -> Location:
+        """Where the bytes DALI decodes for a sample are: its file or shard member, or a substitute."""
+        substitute = self.substitutes.get(sample)
+        return Location(substitute, substitute) if substitute else self.index.location(sample)
+
+
+def _warn_resized(path: str, held: tuple[int, int], now: tuple[int, int]) -> None:
+    log.warning("%s changed since it was screened: it is %dx%d (height x width) now, the screening result said "
+                "%dx%d; its crop or box is drawn for its size now, read from the bytes DALI decodes", path, *now, *held)
+
+
+class Fed(NamedTuple):
+    """A batch handed to the pipeline: its (sample, seed) rows (a substitute in a refilled slot);
+    the known-bad samples left out just before it; the planned batches just before it that came out
+    empty (none of their samples could be fed)."""
+    plan: np.ndarray
+    skipped: list[int]
+    empty: list[np.ndarray]
+
+

@@ -1,0 +1,296 @@
+"""Read and check a batch's samples in worker processes, into memory the calling process reads in place.
+
+Why: the DALI backend's feed (dali_loader/loader.py) reads and checks every sample it hands to DALI,
+and on one thread those checks hold the GIL: 30-40 us a sample taken from the thread that also runs
+the pipeline, on the process the trainer runs in. Threads do not help (the checks are Python), but
+processes do: here the reads and checks of a batch are split across worker processes, each sample's
+bytes land in shared memory, and the caller unpacks what each sample's check found (offset, size,
+format, header size, problem) for a few microseconds a sample; DALI then reads the bytes where they
+lie (external_source's no_copy), so they are never copied in the caller.
+
+The shared memory is one `Slab` a batch in flight: a memfd (Linux), which a worker maps through
+/proc/<caller>/fd. Nothing is made in /dev/shm (64 MB in a Docker container by default, less than a
+few batches of ImageNet), and nothing is left behind when a process is killed. Workers start from a
+clean forkserver (parallel.script_safe_forkserver: the pipeline's native threads forbid a fork), never
+import torch (fastloader/__init__ imports it lazily), and die with the process they work for
+(parallel.die_with). Only local files and byte ranges of local containers go to the workers; a
+source's samples, compressed parquet rows and object-store shards are read by the caller.
+
+A worker that dies or fails breaks the reads: `failure` says why, and the caller reads in its own
+thread from there (the feed logs it). What a worker finds is what read_screened finds in the caller.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import mmap
+import os
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import error_text
+from ..parallel import die_with, script_safe_forkserver
+from ..sources.locations import Location
+from ..sources.urls import is_url
+from .screen import Screened, read_screened
+
+SAMPLE_BYTES = 160 << 10
+"""A slab's first room per sample: above an ImageNet JPEG's mean (110 KiB). A slab grows when a batch
+needed more (`Slab.need`); a sample that finds no room left comes back in the worker's reply."""
+
+
+def shareable() -> str | None:
+    """Why reads cannot be shared with worker processes here, or None where they can."""
+    if not hasattr(os, "memfd_create") or not os.path.isdir(f"/proc/{os.getpid()}/fd"):
+        return "this system has no memfd_create or /proc (Linux has both)"
+    return None
+
+
+def worker_reads(location: Location) -> bool:
+    """Whether a worker process reads this sample: a local file or a range of a local container."""
+    return not location.source and location.row < 0 and not is_url(location.file)
+
+
+class Slab:
+    """One batch's shared memory: a memfd of `capacity` bytes, mapped here (and in each worker that
+    reads into it). Its arrays stay valid as long as they are referenced, after `close` too."""
+
+    _numbers = itertools.count(1)
+
+    def __init__(self, capacity: int):
+        self.number = next(self._numbers)
+        self.capacity = capacity
+        self.fd = os.memfd_create("fastloader-feed", getattr(os, "MFD_CLOEXEC", 0))
+        os.ftruncate(self.fd, capacity)
+        self.array = np.frombuffer(mmap.mmap(self.fd, capacity), dtype=np.uint8)
+        self.need = 0
+        """The bytes the last batch read into it took, in it and beside it."""
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass(eq=False)
+class Pending:
+    """A batch's reads sent to the workers: its slab, one future per worker's share, the locations."""
+    slab: Slab
+    futures: list[Future]
+    locations: list[Location]
+
+
+Read = tuple[np.ndarray | None, Screened]
+"""What read_screened gives: the bytes (None where they could not be read) and their check."""
+
+
+class SharedReads:
+    """Batches read and checked by `processes` worker processes into `slabs` slabs that the caller
+    takes back (`release`) when DALI is done with a batch. Called from one thread (the feed's)."""
+
+    def __init__(self, processes: int, slabs: int, batch_size: int, max_pixels: int, timeout_s: float = 120.0):
+        self.processes, self.max_pixels = processes, max_pixels
+        self.timeout_s = timeout_s
+        """The longest wait for reads no longer wanted (workers.timeout): a worker stuck longer is killed."""
+        self.capacity = batch_size * SAMPLE_BYTES
+        self.slabs = [Slab(self.capacity) for _ in range(slabs)]
+        self.free = list(self.slabs)
+        self.pending: set[Pending] = set()
+        self.pool: ProcessPoolExecutor | None = None
+        self.failure: str | None = None
+        """Why the workers read no more (the caller reads from then on); None while they do."""
+
+    @property
+    def pids(self) -> list[int]:
+        return sorted(getattr(self.pool, "_processes", None) or ())
+
+    def submit(self, locations: list[Location]) -> Pending | None:
+        """These locations sent to the workers, a contiguous share each; None where they cannot take
+        them (they failed, or no slab is free)."""
+        if self.failure is not None or not self.free or not locations:
+            return None
+        slab = self._grown(self.free.pop())
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(self.processes, mp_context=script_safe_forkserver(),
+                                            initializer=functools.partial(die_with, os.getpid(),
+                                                                          forked_by_main_thread=False))
+        share = -(-len(locations) // self.processes)
+        room = slab.capacity // len(locations)
+        futures = []
+        sent = [location.file if location.whole_file and location.name == location.file else location
+                for location in locations]  # a path pickles in a thirtieth of a Location's time
+        try:
+            for first in range(0, len(locations), share):
+                part = sent[first:first + share]
+                futures.append(self.pool.submit(read_share, os.getpid(), slab.number, slab.fd, slab.capacity,
+                                                first * room, (first + len(part)) * room, part, self.max_pixels))
+        except Exception as error:  # noqa: BLE001 - a broken pool, a closed one: the caller reads itself
+            self.fail(error)
+            self._wait(futures)
+            self.release(slab)
+            return None
+        pending = Pending(slab, futures, locations)
+        self.pending.add(pending)
+        return pending
+
+    def take(self, pending: Pending) -> list[Read] | None:
+        """The reads of a batch sent, in order; None where the workers failed (`failure` says why)."""
+        self.pending.discard(pending)
+        try:
+            replies = [reply for future in pending.futures for reply in future.result()]
+        except Exception as error:  # noqa: BLE001 - a worker died, or failed outside the reads
+            self.fail(error)
+            self._wait(pending.futures)
+            self.release(pending.slab)
+            return None
+        slab, reads, need = pending.slab, [], 0
+        for location, (offset, length, inline, fmt, width, height, problem, turned) in zip(pending.locations,
+                                                                                           replies):
+            if inline is not None:
+                data = np.frombuffer(inline, dtype=np.uint8)
+            else:
+                data = None if offset < 0 else slab.array[offset:offset + length]
+            need += length
+            reads.append((data, Screened(location.name, fmt, width, height, problem, turned)))
+        slab.need = need
+        return reads
+
+    def drop(self, pending: Pending) -> None:
+        """A batch sent and no longer wanted (an epoch left early): its slab back once its reads end."""
+        self.pending.discard(pending)
+        self._wait(pending.futures)
+        self.release(pending.slab)
+
+    def release(self, slab: Slab) -> None:
+        """A slab whose batch DALI is done with, back to be read into (one of `renew`'s old ones is not)."""
+        if any(slab is mine for mine in self.slabs):
+            self.free.append(slab)
+
+    def renew(self) -> None:
+        """New slabs for the next batches: after a pipeline failed, the memory it was given is left to
+        it, whatever of it DALI's threads may still read while it is torn down."""
+        for pending in list(self.pending):
+            self.drop(pending)
+        for slab in self.slabs:
+            slab.close()
+        self.slabs = [Slab(self.capacity) for _ in self.slabs]
+        self.free = list(self.slabs)
+
+    def fail(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = f"{type(error).__name__}: {error_text(error)}"
+
+    def stop_workers(self) -> None:
+        """Kill the workers: one stuck in a read must hold up neither a wait nor the process's exit."""
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.kill()
+
+    def close(self) -> None:
+        """Stop the workers and close the slabs (their arrays stay valid while referenced)."""
+        self.stop_workers()
+        for slab in self.slabs:
+            slab.close()
+        self.free, self.pending = [], set()
+
+    def _grown(self, slab: Slab) -> Slab:
+        """The slab, or a larger one in its place where its last batch needed more room than it had."""
+        if slab.need <= slab.capacity:
+            return slab
+        self.capacity = max(self.capacity, -(-slab.need * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE)
+        larger = Slab(self.capacity)
+        slab.close()
+        self.slabs = [larger if mine is slab else mine for mine in self.slabs]
+        return larger
+
+    def _wait(self, futures: list[Future]) -> None:
+        """Until these reads have ended (their slab is then written no more); a worker that takes
+        longer than `timeout_s` is killed, and with it the reads."""
+        deadline = time.monotonic() + self.timeout_s
+        for future in futures:
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                self.fail(TimeoutError(f"a worker read for more than {self.timeout_s:g} s (workers.timeout)"))
+                self.stop_workers()
+                futures_wait(futures, timeout=self.timeout_s)  # they end with the killed workers, broken
+                return
+            except Exception:  # noqa: BLE001, S110 - the reads are not wanted any more; the failure is kept
+                pass
+
+
+# In a worker process
+
+
+_MAPPED: collections.OrderedDict[int, mmap.mmap] = collections.OrderedDict()
+"""The slabs this worker has mapped, by number, the most recent last (a few batches' worth kept)."""
+MAPPED_KEPT = 16
+
+
+def read_share(owner: int, number: int, fd: int, capacity: int, start: int, end: int,
+               locations: list[Location | str], max_pixels: int) -> list[tuple]:
+    """In a worker: read_screened of each location into bytes [start, end) of the caller's slab;
+    (offset, length, bytes that found no room there or None, format, width, height, problem, turned)
+    each, offset -1 where there are no bytes."""
+    arena = _SlabArena(_mapped(owner, number, fd, capacity), start, end)
+    replies = []
+    for location in locations:
+        data, screened = read_screened(location, max_pixels, arena)
+        offset, length, inline = -1, 0, None
+        if data is not None and screened.problem is None:
+            length = len(data)
+            if isinstance(data, memoryview) and data.obj is arena.memory:
+                offset = arena.offset_of(data)
+            else:  # no room left, or a file that grew while it was read
+                inline = bytes(data)
+        replies.append((offset, length, inline, screened.format, screened.width, screened.height,
+                        screened.problem, screened.turned))
+    return replies
+
+
+def _mapped(owner: int, number: int, fd: int, capacity: int) -> mmap.mmap:
+    memory = _MAPPED.get(number)
+    if memory is None:
+        handle = os.open(f"/proc/{owner}/fd/{fd}", os.O_RDWR)
+        try:
+            memory = mmap.mmap(handle, capacity)
+        finally:
+            os.close(handle)
+        _MAPPED[number] = memory
+        while len(_MAPPED) > MAPPED_KEPT:
+            _MAPPED.popitem(last=False)
+    _MAPPED.move_to_end(number)
+    return memory
+
+
+class _SlabArena:
+    """read_bytes' arena (sources.locations.ReadArena's `view`) over bytes [start, end) of a slab: a
+    read that finds no room left gets memory of its own, returned to the caller inline."""
+
+    def __init__(self, memory: mmap.mmap, start: int, end: int):
+        self.memory, self.start, self.end = memory, start, end
+        self.whole = memoryview(memory)
+        self.offset = start
+        self.given = -1
+
+    def view(self, size: int) -> memoryview:
+        if self.offset + size > self.end:
+            return memoryview(bytearray(size))
+        self.given, self.offset = self.offset, self.offset + size
+        return self.whole[self.given:self.offset]
+
+    def offset_of(self, data: memoryview) -> int:
+        """Where in the slab a view read_bytes returned starts: at the last view given (it returns a
+        view's first bytes)."""
+        return self.given
+
+    def reset(self) -> None:
+        self.offset = self.start

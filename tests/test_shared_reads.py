@@ -1,0 +1,177 @@
+"""Reads and checks in worker processes, handed back in shared memory (fastloader/imaging/shared_reads.py).
+
+Device: CPU (the DALI feed's worker processes read files; they never touch a GPU). Real files, a
+real tar shard, real worker processes."""
+from __future__ import annotations
+
+import io
+import os
+import signal
+import tarfile
+import time
+
+import numpy as np
+import pytest
+from conftest import processes_end
+from PIL import Image
+
+from fastloader.imaging.screen import read_screened
+from fastloader.imaging.shared_reads import SharedReads, shareable, worker_reads
+from fastloader.sources.locations import Location
+
+pytestmark = [pytest.mark.skipif(shareable() is not None, reason="memfd and /proc: Linux"),
+              pytest.mark.timeout(120)]
+
+
+def _jpeg(colour, size=(64, 48)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> list[Location]:
+    """Good files, a shard's members, and files every check refuses."""
+    root = tmp_path_factory.mktemp("reads")
+    locations = []
+    for number in range(5):
+        path = root / f"good{number}.JPEG"
+        path.write_bytes(_jpeg((40 * number, 90, 200), (64 + number, 48)))
+        locations.append(Location(str(path), str(path)))
+    png = root / "image.png"
+    Image.new("RGB", (30, 20), (1, 2, 3)).save(png)
+    locations.append(Location(str(png), str(png)))
+    shard = root / "shard.tar"
+    with tarfile.open(shard, "w") as archive:
+        for number in range(3):
+            data = _jpeg((10, 20 * number, 30), (40, 30 + number))
+            info = tarfile.TarInfo(f"member{number}.jpg")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    with tarfile.open(shard) as archive:
+        for member in archive.getmembers():
+            locations.append(Location(f"{shard}:{member.name}", str(shard), member.offset_data, member.size))
+    (root / "cut.JPEG").write_bytes(_jpeg((5, 5, 5), (256, 192))[:300])
+    (root / "text.JPEG").write_bytes(b"<html>404</html>")
+    locations += [Location(str(root / name), str(root / name)) for name in ("cut.JPEG", "text.JPEG", "gone.JPEG")]
+    return locations
+
+
+def _same_as_here(reads, locations) -> None:
+    """Each worker's read is read_screened's in this process: the bytes and the whole check."""
+    assert len(reads) == len(locations)
+    for (data, screened), location in zip(reads, locations):
+        here, expected = read_screened(location)
+        assert screened == expected, location.name
+        if expected.problem is None:
+            assert isinstance(data, np.ndarray) and data.tobytes() == bytes(here), location.name
+
+
+def test_workers_read_and_check_as_this_process_does_into_shared_memory(files):
+    reads = SharedReads(processes=2, slabs=2, batch_size=len(files), max_pixels=10**8)
+    try:
+        pending = reads.submit(files)
+        got = reads.take(pending)
+        _same_as_here(got, files)
+        problems = {screened.path.rsplit("/", 1)[-1]: screened.problem for _, screened in got if screened.problem}
+        assert set(problems) == {"cut.JPEG", "text.JPEG", "gone.JPEG"}
+        base = pending.slab.array.ctypes.data  # the bytes lie in the slab: no copy came back
+        for data, screened in got:
+            if screened.problem is None:
+                assert base <= data.ctypes.data < base + pending.slab.capacity
+        assert len(reads.free) == 1 and len(reads.pending) == 0  # the slab stays taken until released
+        assert reads.submit(files) is not None and reads.submit(files) is None  # no slab free: the caller reads
+        assert len(reads.pids) == 2
+    finally:
+        reads.close()
+
+
+def test_a_sample_with_no_room_left_comes_back_in_the_reply_and_the_slab_grows(files):
+    """A batch whose bytes outgrow its slab loses nothing: what found no room comes back in the
+    worker's reply; the slab is larger when it is next read into."""
+    reads = SharedReads(processes=1, slabs=1, batch_size=1, max_pixels=10**8)
+    reads.capacity = len(_jpeg((0, 90, 200), (64, 48))) + 200  # room for the first file, not the second
+    reads.renew()
+    try:
+        small = reads.slabs[0].capacity
+        pending = reads.submit(files[:5])
+        got = reads.take(pending)
+        _same_as_here(got, files[:5])
+        base = pending.slab.array.ctypes.data
+        outside = [data for data, _ in got if not base <= data.ctypes.data < base + small]
+        assert outside and len(outside) < 5, ([d.ctypes.data - base for d, _ in got], small)
+        reads.release(pending.slab)
+        again = reads.submit(files[:5])
+        assert again.slab.capacity >= sum(len(data) for data, _ in got) > small
+        grown = reads.take(again)
+        _same_as_here(grown, files[:5])
+        base = again.slab.array.ctypes.data
+        assert all(base <= data.ctypes.data < base + again.slab.capacity for data, _ in grown)
+        assert got[0][0].tobytes() == grown[0][0].tobytes()  # the old slab's arrays stay valid
+    finally:
+        reads.close()
+
+
+def test_renewed_slabs_are_new_memory_and_the_old_ones_are_never_read_into_again(files):
+    reads = SharedReads(processes=1, slabs=2, batch_size=len(files), max_pixels=10**8)
+    try:
+        kept = reads.take(reads.submit(files))
+        old = list(reads.slabs)
+        reads.submit(files)  # under way while the slabs are renewed: waited for
+        reads.renew()
+        assert not {id(slab) for slab in old} & {id(slab) for slab in reads.slabs} and len(reads.free) == 2
+        for slab in old:
+            reads.release(slab)
+        assert len(reads.free) == 2
+        first = [data.tobytes() for data, screened in kept if screened.problem is None]
+        _same_as_here(reads.take(reads.submit(files)), files)
+        assert [data.tobytes() for data, screened in kept if screened.problem is None] == first
+    finally:
+        reads.close()
+
+
+def test_a_killed_worker_is_reported_and_the_workers_import_no_torch(files):
+    reads = SharedReads(processes=2, slabs=3, batch_size=len(files), max_pixels=10**8)
+    try:
+        reads.take(reads.submit(files))
+        assert reads.pool.submit(eval, "'torch' in __import__('sys').modules").result() is False
+        os.kill(reads.pids[0], signal.SIGKILL)
+        for _ in range(100):  # the pool notices the death within moments; what the other worker reads is right
+            pending = reads.submit(files)
+            got = None if pending is None else reads.take(pending)
+            if got is None:
+                break
+            _same_as_here(got, files)
+            reads.release(pending.slab)
+            time.sleep(0.05)
+        assert "BrokenProcessPool" in reads.failure and reads.submit(files) is None
+    finally:
+        reads.close()
+
+
+def test_reads_no_longer_wanted_from_a_stopped_worker_are_waited_for_no_longer_than_the_timeout(files):
+    """Renewing the slabs (after a pipeline failed) waits for the reads under way, so that no worker
+    writes into memory given away; a worker that does not answer (stopped, or stuck on a hung file
+    system) is killed after the timeout instead of holding the loader for ever."""
+    reads = SharedReads(processes=2, slabs=2, batch_size=len(files), max_pixels=10**8, timeout_s=1)
+    try:
+        reads.take(reads.submit(files))
+        pids = reads.pids
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        assert reads.submit(files) is not None
+        started = time.monotonic()
+        reads.renew()
+        assert time.monotonic() - started < 10
+        assert reads.failure == "TimeoutError: a worker read for more than 1 s (workers.timeout)"
+        assert reads.pool is None and reads.submit(files) is None
+        assert processes_end(pids)
+    finally:
+        reads.close()
+
+
+def test_only_local_files_and_ranges_go_to_the_workers():
+    assert worker_reads(Location("/a.jpg", "/a.jpg")) and worker_reads(Location("s.tar:m", "/s.tar", 512, 10))
+    assert not worker_reads(Location("s3://b/s.tar:m", "s3://b/s.tar", 512, 10))
+    assert not worker_reads(Location("row 3", "/t.parquet", 0, 100, row=3))
+    assert not worker_reads(Location("mine:3", "mine", source="token"))
