@@ -157,8 +157,10 @@ class DaliLoader(Loader):
                         "the driver thread", self.split.name, processes, why_not)
             return None
         slabs = self.config.workers.prefetch_factor + 1 + READS_AHEAD  # in DALI, being taken, sent ahead
-        return SharedReads(processes, slabs, self.split.batch_size, self.config.dataset.max_pixels,
-                           self.config.workers.timeout)
+        reads = SharedReads(processes, slabs, self.split.batch_size, self.config.dataset.max_pixels,
+                            self.config.workers.timeout)
+        reads.start()  # while the pipeline is built
+        return reads
 
     def _build(self):
         return build_pipeline(

@@ -132,3 +132,10 @@ def test_both_backends_refuse_a_backend_forced_by_the_environment(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert ("--backend both compares the two backends, but FASTLOADER_BACKEND=torch forces every loader onto one; "
             "unset FASTLOADER_BACKEND (or use --backend torch)") in result.stderr
+
+
+def test_the_parallelism_column_names_the_dali_feeds_worker_processes():
+    from fastloader.commands.bench import parallelism
+    assert parallelism({"flavour": "gpu", "threads": 8, "feed_processes": 4}) == "dali gpu, 8 threads, feed 4 processes"
+    assert parallelism({"flavour": "cpu", "threads": 2, "feed_processes": 0}) == "dali cpu, 2 threads"
+    assert parallelism({"workers": 3}) == "3 workers"

@@ -349,5 +349,6 @@ def peak_gpu_bytes(device) -> int | None:
 def parallelism(info: dict) -> str:
     """How the loader decodes in parallel: torch workers, or DALI's flavour and threads."""
     if "flavour" in info:
-        return f"dali {info['flavour']}, {info['threads']} threads"
+        feed = f", feed {info['feed_processes']} processes" if info.get("feed_processes") else ""
+        return f"dali {info['flavour']}, {info['threads']} threads{feed}"
     return f"{info['workers']} workers"
