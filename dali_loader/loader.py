@@ -29,7 +29,7 @@ from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 from fastloader.contract import Loader
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError, add_note, refused_file
+from fastloader.errors import BadImageError, add_note, error_text, refused_file
 from fastloader.imaging.shared_reads import SharedReads, shareable
 from fastloader.order import output_size
 from fastloader.prepared import PreparedSplit
@@ -157,9 +157,14 @@ class DaliLoader(Loader):
                         "the driver thread", self.split.name, processes, why_not)
             return None
         slabs = self.config.workers.prefetch_factor + 1 + READS_AHEAD  # in DALI, being taken, sent ahead
-        reads = SharedReads(processes, slabs, self.split.batch_size, self.config.dataset.max_pixels,
-                            self.config.workers.timeout)
-        reads.start()  # while the pipeline is built
+        try:
+            reads = SharedReads(processes, slabs, self.split.batch_size, self.config.dataset.max_pixels,
+                                self.config.workers.timeout)
+            reads.start()  # while the pipeline is built
+        except OSError as error:  # no memory or descriptors for the slabs, no process to start
+            log.warning("split '%s': dali.feed_processes=%d asked for worker processes, but %s: the feed reads on "
+                        "the driver thread", self.split.name, processes, error_text(error))
+            return None
         return reads
 
     def _build(self):

@@ -314,13 +314,15 @@ def test_after_a_decode_failure_the_new_pipeline_is_fed_from_memory_the_failed_o
     loader.close()
 
 
-def test_a_file_shrunk_after_screening_is_named_and_cropped_for_its_size_now(textured_root, caplog):
+@pytest.mark.parametrize("processes", [0, 2])
+def test_a_file_shrunk_after_screening_is_named_and_cropped_for_its_size_now(textured_root, caplog, processes):
     """Device: CPU. A file rewritten smaller after it was screened would get a crop beyond its new
     bounds from the screened size. The feed reads each file's size from the bytes it feeds, names
     the file, and draws its crop for the size it has: the epoch loses nothing, and gives the pixels
-    a loader without screening gives."""
+    a loader without screening gives; alike where worker processes read the files (dali.feed_processes)."""
     from PIL import Image
-    config = base_config(textured_root, backend="dali", train={"batch_size": 4, "transform": {"size": 16}})
+    config = base_config(textured_root, backend="dali", train={"batch_size": 4, "transform": {"size": 16}},
+                         dali={"feed_processes": processes})
     with caplog.at_level(logging.INFO, logger="fastloader"), build_loader(config) as loader:  # screened now
         for path in sorted((textured_root / "train").rglob("*.png")):  # every file: one crop surely falls out
             Image.open(path).resize((9, 7)).save(path)

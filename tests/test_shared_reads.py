@@ -4,6 +4,7 @@ Device: CPU (the DALI feed's worker processes read files; they never touch a GPU
 real tar shard, real worker processes."""
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -175,3 +176,37 @@ def test_only_local_files_and_ranges_go_to_the_workers():
     assert not worker_reads(Location("s3://b/s.tar:m", "s3://b/s.tar", 512, 10))
     assert not worker_reads(Location("row 3", "/t.parquet", 0, 100, row=3))
     assert not worker_reads(Location("mine:3", "mine", source="token"))
+
+
+@pytest.fixture
+def descriptors_spent():
+    """While in it, this process may open no more file descriptors (RLIMIT_NOFILE at the lowest free one)."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    @contextlib.contextmanager
+    def spent():
+        lowest_free = os.dup(0)  # a new descriptor takes the lowest free number, which must be below the limit
+        os.close(lowest_free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return spent
+
+
+def test_no_descriptor_left_for_slabs_is_a_failure_the_caller_reads_past(files, descriptors_spent):
+    """A slab that cannot be made (no memory, no descriptor left) is no crash: building the reads
+    raises OSError with nothing left open (the loader then logs it and reads on its thread), and a
+    slab that cannot grow makes `submit` say no, with the reason in `failure`."""
+    with descriptors_spent(), pytest.raises(OSError, match="Too many open files"):
+        SharedReads(processes=1, slabs=3, batch_size=1, max_pixels=10**8)
+    reads = SharedReads(processes=1, slabs=1, batch_size=1, max_pixels=10**8)
+    try:
+        reads.slabs[0].need = reads.slabs[0].capacity + 1  # the last batch outgrew it
+        with descriptors_spent():
+            assert reads.submit(files) is None
+        assert "Too many open files" in reads.failure and reads.free == reads.slabs
+    finally:
+        reads.close()

@@ -98,7 +98,14 @@ class SharedReads:
         self.timeout_s = timeout_s
         """The longest wait for reads no longer wanted (workers.timeout): a worker stuck longer is killed."""
         self.capacity = batch_size * SAMPLE_BYTES
-        self.slabs = [Slab(self.capacity) for _ in range(slabs)]
+        self.slabs: list[Slab] = []
+        try:
+            for _ in range(slabs):
+                self.slabs.append(Slab(self.capacity))
+        except OSError:  # no memory or descriptor left: none kept open
+            for slab in self.slabs:
+                slab.close()
+            raise
         self.free = list(self.slabs)
         self.pending: set[Pending] = set()
         self.pool: ProcessPoolExecutor | None = None
@@ -124,8 +131,15 @@ class SharedReads:
         them (they failed, or no slab is free)."""
         if self.failure is not None or not self.free or not locations:
             return None
-        slab = self._grown(self.free.pop())
-        self.start()
+        slab = None
+        try:
+            slab = self._grown(self.free.pop())
+            self.start()
+        except OSError as error:  # no memory or descriptor left for a larger slab, or the workers' pipes
+            self.fail(error)
+            if slab is not None:
+                self.release(slab)
+            return None
         share = -(-len(locations) // self.processes)
         room = slab.capacity // len(locations)
         futures = []
@@ -213,7 +227,11 @@ class SharedReads:
         if slab.need <= slab.capacity:
             return slab
         self.capacity = max(self.capacity, -(-slab.need * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE)
-        larger = Slab(self.capacity)
+        try:
+            larger = Slab(self.capacity)
+        except OSError:
+            self.free.append(slab)
+            raise
         slab.close()
         self.slabs = [larger if mine is slab else mine for mine in self.slabs]
         return larger
