@@ -21,7 +21,17 @@ from fastloader.augment.draws import Augmenter
 from fastloader.cache import CachedPixels
 from fastloader.errors import error_text
 from fastloader.imaging.screen import DALI_FORMATS, Screened, read_screened
-from fastloader.imaging.shared_reads import Pending, Read, SharedReads, Slab, worker_reads
+from fastloader.imaging.shared_reads import (
+    HEIGHT,
+    TURNED,
+    WIDTH,
+    Pending,
+    Read,
+    Received,
+    SharedReads,
+    Slab,
+    worker_reads,
+)
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
 from fastloader.schema import BOMB_PIXELS, SplitConfig
@@ -212,20 +222,34 @@ class Feed:
             return None
         return Sent(rows, locations, pending)
 
-    def received(self, sent: Sent, rows: int) -> tuple[list[Read | None], Slab | None]:
-        """What the workers read of a batch sent, by row (None: a row read here), and its slab."""
+    def received(self, sent: Sent) -> Received | None:
+        """What the workers read of a batch sent; None where they failed (then read here)."""
         pending = sent.pending
         self.busy = (f"waiting for the feed's worker processes {self.reads.pids} to read",
                      f"a batch from {pending.locations[0].name}", time.monotonic())
-        reads = self.reads.take(pending)
+        received = self.reads.take(pending)
         self.busy = None
-        by_row: list[Read | None] = [None] * rows
-        if reads is None:
+        if received is None:
             self.reads_stopped()
-            return by_row, None
-        for row, read in zip(sent.rows, reads):
-            by_row[row] = read
-        return by_row, pending.slab
+        return received
+
+    def plain(self, planned: np.ndarray, sent: Sent, received: Received) -> bool:
+        """Whether a batch can be taken by whole columns: every row read by the workers, a JPEG in
+        the slab, none found bad (then or since)."""
+        return (not received.odd and len(sent.rows) == len(planned)
+                and (not self.known_bad or self.known_bad.keys().isdisjoint(planned[:, 0].tolist())))
+
+    def take_plain(self, planned: np.ndarray, received: Received) -> np.ndarray:
+        """A plain batch's upright sizes, kept, a file changed since screening named: what `take`
+        does sample by sample, by whole columns."""
+        numbers = received.numbers
+        sizes = numbers[:, [HEIGHT, WIDTH]]
+        if self.sizes.exif:
+            turned = numbers[:, TURNED] > 0
+            sizes[turned] = sizes[turned][:, ::-1]
+        for row, held in self.sizes.keep_all(planned[:, 0], sizes):
+            _warn_resized(received.locations[row].name, held, tuple(sizes[row].tolist()))
+        return sizes
 
     def reads_stopped(self) -> None:
         """The workers failed (or no slab was free): said once; the feed reads here from then on."""
@@ -248,7 +272,15 @@ class Feed:
         workers read them into): the planned rows that can be used, a train slot that cannot refilled
         by a substitute. What is read here goes into `arena`."""
         batch, rows, data, sizes = planned, [], [], []
-        reads, slab = self.received(sent, len(planned)) if sent is not None else (itertools.repeat(None), None)
+        reads, slab = itertools.repeat(None), None
+        received = self.received(sent) if sent is not None else None
+        if received is not None:
+            slab = received.slab
+            if self.plain(planned, sent, received):
+                return planned, (received.arrays(),), self.take_plain(planned, received), slab
+            reads = [None] * len(planned)
+            for row, read in zip(sent.rows, received.reads()):
+                reads[row] = read
         if sent is not None:
             locations = sent.locations
         else:

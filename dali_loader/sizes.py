@@ -40,3 +40,18 @@ class SizeTable:
             return Kept(now, None)
         self.sizes[sample] = now
         return Kept(now, held if held[0] else None)
+
+    def keep_all(self, samples: np.ndarray, now: np.ndarray) -> list[tuple[int, tuple[int, int]]]:
+        """`keep` of a batch's samples (int64 [n, 2] upright sizes now), by whole columns: (row, size
+        held before) of each whose size screening read differs."""
+        held = self.sizes[samples]
+        changed = np.flatnonzero((held != now).any(axis=1))
+        if not len(changed):
+            return []
+        self.sizes[samples[changed]] = now[changed]
+        named, found = set(), []
+        for row in changed.tolist():  # a sample twice in the batch is named once, as `keep` names it
+            if held[row, 0] and int(samples[row]) not in named:
+                named.add(int(samples[row]))
+                found.append((row, tuple(held[row].tolist())))
+        return found

@@ -46,6 +46,21 @@ def odd_root(tmp_path_factory):
     return root
 
 
+def as_jpeg(root: Path, out: Path, quality: int = 90) -> Path:
+    """The dataset's images as JPEGs (a 4:2:0 file each; EXIF-turned ones rotated), odd files as they
+    are: batches of nothing but JPEGs are unpacked by whole columns, the others sample by sample."""
+    from PIL import Image
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            target = out / path.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if path.suffix == ".png":
+                Image.open(path).convert("RGB").save(target.with_suffix(".JPEG"), quality=quality)
+            else:
+                target.write_bytes(path.read_bytes())
+    return out
+
+
 def _config(root, processes: int, **sections) -> dict:
     """Screening off: the feed itself meets the odd files, as it does a file changed since screening."""
     return base_config(root, **{"backend": "dali", "dataset": {"screen": False},
@@ -68,11 +83,14 @@ def _same(batches, reference) -> None:
         assert torch.equal(images, expected_images)
 
 
-@pytest.mark.parametrize("source", ["folder", "shards"])
+@pytest.mark.parametrize("source", ["folder", "jpeg folder", "shards"])
 def test_worker_processes_feed_the_batches_the_driver_thread_feeds(odd_root, tmp_path, source):
     """Train (rand-m9, a size per batch, refilled slots) and val (a partial batch, files left out),
-    two epochs: the same pixels, labels and left-out files, bit for bit, from folders and tar shards."""
+    two epochs: the same pixels, labels and left-out files, bit for bit, from folders (PNGs, JPEGs:
+    their plain batches unpacked by whole columns) and tar shards."""
     sections = {}
+    if source == "jpeg folder":
+        odd_root = as_jpeg(odd_root, tmp_path / "jpeg")
     if source == "shards":
         shards = {split: [str(p) for p in pack_folder_split(odd_root / split, tmp_path / split, split, 7)]
                   for split in ("train", "val")}
@@ -137,6 +155,29 @@ def test_no_batch_is_read_into_memory_a_batch_in_flight_holds_even_after_an_empt
         expected = [open(loader.index.path(int(sample)), "rb").read()
                     for batch in planned for sample in batch[:, 0] if int(sample) not in feed.known_bad]
         assert [data for batch in fed for data in batch] == expected and len(feed.known_bad) == 2
+
+
+def test_a_jpeg_changed_since_screening_is_named_and_cropped_for_its_size_now(tmp_path, caplog):
+    """Device: CPU. A batch of JPEGs is unpacked by whole columns: the sizes are still those of the bytes
+    fed (an EXIF-turned one's upright), each file changed since screening is named once, and the crops
+    are those of the driver thread's feed that never screened, bit for bit."""
+    from PIL import Image
+    root = as_jpeg(write_textured_dataset(tmp_path / "png", per_class=4, splits=("train",)), tmp_path / "d")
+    for folder in sorted((root / "train").iterdir()):
+        next(odd for odd in ODD_FILES if odd.name == "exif_rotated.JPEG").write(folder / "exif_rotated.JPEG")
+    config = base_config(root, backend="dali", train={"batch_size": 5, "transform": {"size": 16}},
+                         dali={"feed_processes": 2})  # 15 samples: all in the epoch
+    with caplog.at_level(logging.WARNING, logger="fastloader"), build_loader(config) as loader:  # screened now
+        changed = sorted((root / "train").rglob("t_*.JPEG"))[::3]
+        for path in changed:
+            Image.open(path).resize((9, 7)).save(path, quality=90)
+        batches = [(images.clone(), labels.clone()) for images, labels in loader]
+        assert loader._feed.reads.failure is None
+    named = [line for line in caplog.text.splitlines() if "changed since it was screened" in line]
+    assert sorted(line.split()[2] for line in named) == sorted(map(str, changed))  # each once
+    assert all("it is 7x9 (height x width) now" in line for line in named)
+    with build_loader({**config, "dataset": {**config["dataset"], "screen": False}, "dali": {}}) as fresh:
+        _same(batches, [(images.clone(), labels.clone()) for images, labels in fresh])
 
 
 def test_a_killed_worker_is_logged_and_the_epoch_goes_on_read_by_the_driver_thread(tmp_path, caplog):

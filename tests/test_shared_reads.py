@@ -72,8 +72,15 @@ def test_workers_read_and_check_as_this_process_does_into_shared_memory(files):
     reads = SharedReads(processes=2, slabs=2, batch_size=len(files), max_pixels=10**8)
     try:
         pending = reads.submit(files)
-        got = reads.take(pending)
+        received = reads.take(pending)
+        got = received.reads()
         _same_as_here(got, files)
+        names = [location.name.rsplit("/", 1)[-1] for location in files]
+        assert sorted(names[row] for row in received.odd) == ["cut.JPEG", "gone.JPEG", "image.png", "text.JPEG"]
+        plain = reads.take(reads.submit(files[:5] + files[6:9]))  # JPEG files and members: unpacked by columns
+        assert plain.odd == {} and [array.tobytes() for array in plain.arrays()] == [
+            bytes(read_screened(location)[0]) for location in files[:5] + files[6:9]]
+        reads.release(plain.slab)
         problems = {screened.path.rsplit("/", 1)[-1]: screened.problem for _, screened in got if screened.problem}
         assert set(problems) == {"cut.JPEG", "text.JPEG", "gone.JPEG"}
         base = pending.slab.array.ctypes.data  # the bytes lie in the slab: no copy came back
@@ -96,7 +103,7 @@ def test_a_sample_with_no_room_left_comes_back_in_the_reply_and_the_slab_grows(f
     try:
         small = reads.slabs[0].capacity
         pending = reads.submit(files[:5])
-        got = reads.take(pending)
+        got = reads.take(pending).reads()
         _same_as_here(got, files[:5])
         base = pending.slab.array.ctypes.data
         outside = [data for data, _ in got if not base <= data.ctypes.data < base + small]
@@ -104,7 +111,7 @@ def test_a_sample_with_no_room_left_comes_back_in_the_reply_and_the_slab_grows(f
         reads.release(pending.slab)
         again = reads.submit(files[:5])
         assert again.slab.capacity >= sum(len(data) for data, _ in got) > small
-        grown = reads.take(again)
+        grown = reads.take(again).reads()
         _same_as_here(grown, files[:5])
         base = again.slab.array.ctypes.data
         assert all(base <= data.ctypes.data < base + again.slab.capacity for data, _ in grown)
@@ -116,7 +123,7 @@ def test_a_sample_with_no_room_left_comes_back_in_the_reply_and_the_slab_grows(f
 def test_renewed_slabs_are_new_memory_and_the_old_ones_are_never_read_into_again(files):
     reads = SharedReads(processes=1, slabs=2, batch_size=len(files), max_pixels=10**8)
     try:
-        kept = reads.take(reads.submit(files))
+        kept = reads.take(reads.submit(files)).reads()
         old = list(reads.slabs)
         reads.submit(files)  # under way while the slabs are renewed: waited for
         reads.renew()
@@ -125,7 +132,7 @@ def test_renewed_slabs_are_new_memory_and_the_old_ones_are_never_read_into_again
             reads.release(slab)
         assert len(reads.free) == 2
         first = [data.tobytes() for data, screened in kept if screened.problem is None]
-        _same_as_here(reads.take(reads.submit(files)), files)
+        _same_as_here(reads.take(reads.submit(files)).reads(), files)
         assert [data.tobytes() for data, screened in kept if screened.problem is None] == first
     finally:
         reads.close()
@@ -142,7 +149,7 @@ def test_a_killed_worker_is_reported_and_the_workers_import_no_torch(files):
             got = None if pending is None else reads.take(pending)
             if got is None:
                 break
-            _same_as_here(got, files)
+            _same_as_here(got.reads(), files)
             reads.release(pending.slab)
             time.sleep(0.05)
         assert "BrokenProcessPool" in reads.failure and reads.submit(files) is None

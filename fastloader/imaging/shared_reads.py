@@ -30,6 +30,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -87,6 +88,38 @@ class Pending:
 
 Read = tuple[np.ndarray | None, Screened]
 """What read_screened gives: the bytes (None where they could not be read) and their check."""
+
+OFFSET, LENGTH, WIDTH, HEIGHT, TURNED = range(5)
+"""The columns of a reply's numbers: where a sample's bytes lie in the slab (-1: not there), how many,
+and its header's size and EXIF turn (-1 where the check found no size)."""
+
+
+class Received(NamedTuple):
+    """A batch's reads, as the workers replied: one row of numbers a sample, and `odd`, by row, what
+    a plain JPEG read into the slab does not have: (bytes that found no room there, format, problem).
+    A batch without odd rows is unpacked by whole columns (the DALI feed's common case)."""
+    numbers: np.ndarray
+    odd: dict[int, tuple[bytes | None, str | None, str | None]]
+    locations: list[Location]
+    slab: Slab
+
+    def arrays(self) -> list[np.ndarray]:
+        """Each sample's bytes, where they lie in the slab (a batch without odd rows)."""
+        memory = self.slab.array
+        return [memory[offset:offset + length] for offset, length in self.numbers[:, :2].tolist()]
+
+    def reads(self) -> list[Read]:
+        """Each sample's bytes and check, as read_screened gives them."""
+        reads = []
+        for row, (offset, length, width, height, turned) in enumerate(self.numbers.tolist()):
+            inline, fmt, problem = self.odd.get(row, (None, "JPEG", None))
+            if inline is not None:
+                data = np.frombuffer(inline, dtype=np.uint8)
+            else:
+                data = None if offset < 0 else self.slab.array[offset:offset + length]
+            size = (None, None) if width < 0 else (width, height)
+            reads.append((data, Screened(self.locations[row].name, fmt, *size, problem, turned > 0)))
+        return reads
 
 
 class SharedReads:
@@ -159,27 +192,23 @@ class SharedReads:
         self.pending.add(pending)
         return pending
 
-    def take(self, pending: Pending) -> list[Read] | None:
+    def take(self, pending: Pending) -> Received | None:
         """The reads of a batch sent, in order; None where the workers failed (`failure` says why)."""
         self.pending.discard(pending)
         try:
-            replies = [reply for future in pending.futures for reply in future.result()]
+            replies = [future.result() for future in pending.futures]
         except Exception as error:  # noqa: BLE001 - a worker died, or failed outside the reads
             self.fail(error)
             self._wait(pending.futures)
             self.release(pending.slab)
             return None
-        slab, reads, need = pending.slab, [], 0
-        for location, (offset, length, inline, fmt, width, height, problem, turned) in zip(pending.locations,
-                                                                                           replies):
-            if inline is not None:
-                data = np.frombuffer(inline, dtype=np.uint8)
-            else:
-                data = None if offset < 0 else slab.array[offset:offset + length]
-            need += length
-            reads.append((data, Screened(location.name, fmt, width, height, problem, turned)))
-        slab.need = need
-        return reads
+        numbers = np.concatenate([share for share, _ in replies]) if len(replies) > 1 else replies[0][0]
+        odd, first = {}, 0
+        for share, share_odd in replies:
+            odd.update((first + row, found) for row, found in share_odd.items())
+            first += len(share)
+        pending.slab.need = int(numbers[:, LENGTH].sum())
+        return Received(numbers, odd, pending.locations, pending.slab)
 
     def drop(self, pending: Pending) -> None:
         """A batch sent and no longer wanted (an epoch left early): its slab back once its reads end."""
@@ -266,24 +295,29 @@ MAPPED_KEPT = 16
 
 
 def read_share(owner: int, number: int, fd: int, capacity: int, start: int, end: int,
-               locations: list[Location | str], max_pixels: int) -> list[tuple]:
-    """In a worker: read_screened of each location into bytes [start, end) of the caller's slab;
-    (offset, length, bytes that found no room there or None, format, width, height, problem, turned)
-    each, offset -1 where there are no bytes."""
+               locations: list[Location | str], max_pixels: int) -> tuple[np.ndarray, dict]:
+    """In a worker: read_screened of each location into bytes [start, end) of the caller's slab; the
+    reply's numbers (Received) and its odd rows: a problem, a format other than JPEG, or bytes that
+    found no room in the slab (or grew while read), which come back in the reply."""
     arena = _SlabArena(_mapped(owner, number, fd, capacity), start, end)
-    replies = []
-    for location in locations:
+    numbers = np.full((len(locations), 5), -1, dtype=np.int64)
+    odd = {}
+    for row, location in enumerate(locations):
         data, screened = read_screened(location, max_pixels, arena)
-        offset, length, inline = -1, 0, None
+        inline = None
         if data is not None and screened.problem is None:
-            length = len(data)
+            numbers[row, LENGTH] = len(data)
             if isinstance(data, memoryview) and data.obj is arena.memory:
-                offset = arena.offset_of(data)
+                numbers[row, OFFSET] = arena.offset_of(data)
             else:  # no room left, or a file that grew while it was read
                 inline = bytes(data)
-        replies.append((offset, length, inline, screened.format, screened.width, screened.height,
-                        screened.problem, screened.turned))
-    return replies
+        else:
+            numbers[row, LENGTH] = 0
+        if screened.width is not None:
+            numbers[row, WIDTH:] = screened.width, screened.height, screened.turned
+        if inline is not None or screened.problem is not None or screened.format != "JPEG":
+            odd[row] = inline, screened.format, screened.problem
+    return numbers, odd
 
 
 def _mapped(owner: int, number: int, fd: int, capacity: int) -> mmap.mmap:
