@@ -53,7 +53,7 @@ SECONDS = 2.0
 def config_for(source: str, data: Path, shards: dict[str, list[str]], batch: int, threads: int) -> dict:
     """shards.py's config of the split (folder or shards), on the DALI backend, train with TRAIN_TRANSFORM."""
     raw = shard_benchmark.config_for(source, "dali", data, shards, batch, None)
-    raw["dali"] = {"threads": threads}
+    raw["dali"] = {"threads": threads, "feed_processes": 0}  # the driver thread's feed (a GPU's auto: processes)
     raw["train"]["transform"] = {**raw["train"].get("transform", {}), **TRAIN_TRANSFORM}
     return raw
 

@@ -1,7 +1,7 @@
 """Read and check a batch's samples in worker processes, into memory the calling process reads in place.
 
-Why: the DALI backend's feed (dali_loader/loader.py) reads and checks every sample it hands to DALI,
-and on one thread those checks hold the GIL: 30-40 us a sample taken from the thread that also runs
+Why: the DALI backend's feed (dali_loader/feed.py) reads and checks every sample it hands to DALI,
+and on one thread those checks hold the GIL: 30-45 us a sample taken from the thread that also runs
 the pipeline, on the process the trainer runs in. Threads do not help (the checks are Python), but
 processes do: here the reads and checks of a batch are split across worker processes, each sample's
 bytes land in shared memory, and the caller unpacks what each sample's check found (offset, size,
