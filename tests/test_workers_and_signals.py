@@ -303,6 +303,36 @@ def test_a_worker_killed_between_loops_is_logged_with_its_hint_and_replaced(tmp_
     assert "workers.num_workers" in caplog.text and "starting new workers" in caplog.text
 
 
+def _hold_and_die(event) -> None:
+    """In a forked child: take the lock of the workers' shared done event, and die holding it, as a
+    worker killed inside `Event.is_set()` does."""
+    event._cond.acquire()
+    os._exit(0)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_holding_the_workers_shared_lock_does_not_hang_the_next_loop(tmp_path, caplog):
+    """Torch backend, CPU. Workers poll a done event whose lock they share; one killed while it
+    holds that lock leaves it taken for ever. torch's shutdown sets the event first (it counts on its
+    SIGCHLD handler, which this loader's workers are taken out of), so it would wait for ever: the
+    next loop names the dead worker and starts new ones instead, and reads its epoch whole."""
+    import multiprocessing
+    root = write_solid_dataset(tmp_path / "data", per_class=8, splits=("val",))
+    before = children(os.getpid())
+    with build_loader(base_config(root, workers={"num_workers": 2}, val={"batch_size": 2}), "val") as loader:
+        assert sum(len(labels) for _, labels in loader) == 24
+        holder = multiprocessing.get_context("fork").Process(target=_hold_and_die,
+                                                             args=(loader._live._workers_done_event,))
+        holder.start()
+        holder.join()
+        killed = min(_worker_pids(before))  # the holder is reaped: not a child any more
+        os.kill(killed, signal.SIGKILL)
+        time.sleep(0.5)
+        with caplog.at_level(logging.WARNING, logger="fastloader"):
+            assert sum(len(labels) for _, labels in loader) == 24
+    assert f"DataLoader worker (pid {killed}) is killed by signal: Killed" in caplog.text, caplog.text
+
+
 FREED_ON_RETURN = """
 import gc, json, sys, weakref
 from fastloader import build_loader

@@ -366,8 +366,12 @@ class TorchLoader(Loader):
         return None
 
     def _shutdown(self) -> None:
-        if self._live is not None and hasattr(self._live, "_shutdown_workers"):
-            self._live._shutdown_workers()
+        live = self._live
+        if live is not None and hasattr(live, "_shutdown_workers") and not getattr(live, "_shutdown", False):
+            if all(worker.is_alive() for worker in getattr(live, "_workers", ())):
+                live._shutdown_workers()
+            else:
+                _abandon(live)
         self._live = None
         self._feed.sent.clear()
         for pool in ([self._pool] if self._pool is not None else []) + self._view_pools:
@@ -376,6 +380,28 @@ class TorchLoader(Loader):
     def _close(self) -> None:
         self._shutdown()
         self._dataloader = None
+
+
+def _abandon(live) -> None:
+    """Stop a DataLoader iterator's workers after one died, without torch's shutdown. That sets the
+    workers' shared done event first, whose lock a worker killed inside `Event.is_set()` holds for
+    ever, and so waits for ever (torch counts on its SIGCHLD handler to interrupt it, and this
+    loader's workers are taken out of that handler): the workers are killed instead, and the queues
+    closed without waiting on their feeder threads, whose locks the dead worker may hold too."""
+    live._shutdown = True  # torch's own shutdown, from its finalizer, does nothing more
+    for worker in live._workers:
+        if worker.is_alive():
+            worker.kill()
+    for worker in live._workers:
+        worker.join(timeout=1.0)
+    if hasattr(live, "_pin_memory_thread"):
+        live._pin_memory_thread_done_event.set()  # a thread's event; the thread ends within its poll
+    for queue in [*live._index_queues, live._worker_result_queue]:
+        queue.cancel_join_thread()
+        queue.close()
+    if getattr(live, "_worker_pids_set", False):
+        torch.utils.data._utils.signal_handling._remove_worker_pids(id(live))
+        live._worker_pids_set = False
 
 
 def _stop_unreaped(workers: list, parent: int) -> None:
