@@ -32,6 +32,7 @@ from fastloader.imaging.shared_reads import (
     Slab,
     worker_reads,
 )
+from fastloader.imaging.sizes import upright
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
 from fastloader.schema import BOMB_PIXELS, SplitConfig
@@ -242,11 +243,7 @@ class Feed:
     def take_plain(self, planned: np.ndarray, received: Received) -> np.ndarray:
         """A plain batch's upright sizes, kept, a file changed since screening named: what `take`
         does sample by sample, by whole columns."""
-        numbers = received.numbers
-        sizes = numbers[:, [HEIGHT, WIDTH]]
-        if self.sizes.exif:
-            turned = numbers[:, TURNED] > 0
-            sizes[turned] = sizes[turned][:, ::-1]
+        sizes = upright(received.numbers[:, [HEIGHT, WIDTH, TURNED]], self.sizes.exif)  # plain rows: turned 0 or 1
         for row, held in self.sizes.keep_all(planned[:, 0], sizes):
             _warn_resized(received.locations[row].name, held, tuple(sizes[row].tolist()))
         return sizes
