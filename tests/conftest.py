@@ -243,15 +243,18 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])]
 """output.device values a test runs on: the CPU everywhere, the GPU where there is one."""
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
 def processes_end(pids, within: float = 10.0) -> bool:
     """Whether these processes have all ended (killed: a zombie not yet reaped counts as ended)
     within `within` seconds."""
-    def alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as status:
-                return status.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
     deadline = time.monotonic() + within
     while any(alive(pid) for pid in pids):
         if time.monotonic() > deadline:

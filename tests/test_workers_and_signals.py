@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, base_config, cpu_only_env, write_solid_dataset
+from conftest import REPO, alive, base_config, cpu_only_env, write_solid_dataset
 
 from fastloader import build_loader
 
@@ -24,14 +24,6 @@ def children(pid: int) -> set[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         found |= {int(child) for child in (task / "children").read_text().split()}
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGSEGV], ids=["killed", "segfault"])
