@@ -308,7 +308,7 @@ def read_share(owner: int, number: int, fd: int, capacity: int, start: int, end:
         if data is not None and screened.problem is None:
             numbers[row, LENGTH] = len(data)
             if isinstance(data, memoryview) and data.obj is arena.memory:
-                numbers[row, OFFSET] = arena.offset_of(data)
+                numbers[row, OFFSET] = arena.given  # read_bytes returns the first bytes of the view it got
             else:  # no room left, or a file that grew while it was read
                 inline = bytes(data)
         else:
@@ -344,17 +344,13 @@ class _SlabArena:
         self.whole = memoryview(memory)
         self.offset = start
         self.given = -1
+        """Where the last view given starts in the slab."""
 
     def view(self, size: int) -> memoryview:
         if self.offset + size > self.end:
             return memoryview(bytearray(size))
         self.given, self.offset = self.offset, self.offset + size
         return self.whole[self.given:self.offset]
-
-    def offset_of(self, data: memoryview) -> int:
-        """Where in the slab a view read_bytes returned starts: at the last view given (it returns a
-        view's first bytes)."""
-        return self.given
 
     def reset(self) -> None:
         self.offset = self.start
