@@ -389,9 +389,7 @@ def _abandon(live) -> None:
     loader's workers are taken out of that handler): the workers are killed instead, and the queues
     closed without waiting on their feeder threads, whose locks the dead worker may hold too."""
     live._shutdown = True  # torch's own shutdown, from its finalizer, does nothing more
-    for worker in live._workers:
-        if worker.is_alive():
-            worker.kill()
+    _stop_unreaped(live._workers, os.getpid())
     for worker in live._workers:
         worker.join(timeout=1.0)
     if hasattr(live, "_pin_memory_thread"):
