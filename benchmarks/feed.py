@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import statistics
@@ -63,7 +64,7 @@ def feed_epochs(loader, seconds: float) -> tuple[int, float]:
     feed, samples, epoch = loader._feed, 0, 0
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
-        feed.start(loader.order.batches(epoch))
+        feed.start(loader.order.batches(epoch), functools.partial(loader.order.batches, epoch + 1))  # as the loader
         while True:
             try:
                 data = feed()
@@ -96,7 +97,7 @@ def handover_epochs(loader, seconds: float, no_copy: bool) -> tuple[int, float]:
     samples, epoch = 0, 0
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
-        feed.start(loader.order.batches(epoch))
+        feed.start(loader.order.batches(epoch), functools.partial(loader.order.batches, epoch + 1))  # as the loader
         try:
             while True:
                 samples += len(pipe.run()[0])

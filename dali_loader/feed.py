@@ -13,7 +13,7 @@ import collections
 import itertools
 import logging
 import time
-from typing import Iterable, Iterator, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -82,6 +82,8 @@ class Feed:
 
     `reads`: worker processes that read and check the next READS_AHEAD batches' local samples while
     this one is taken (dali.feed_processes); where they fail, the feed logs why once and reads here.
+    At an epoch's end they read on into the first batches of the one expected next (`start`'s
+    `following`): a new epoch's first batches are then ready, not read while DALI waits for them.
     """
 
     def __init__(self, index: SampleIndex, split: SplitConfig, substitutes: dict[int, str],
@@ -121,6 +123,12 @@ class Feed:
         self.reads = reads
         self.ahead: collections.deque[tuple[np.ndarray, Sent | None]] = collections.deque()
         """The next planned batches, taken from `batches`, with their reads sent to the workers."""
+        self.following: Callable[[], Iterable[np.ndarray]] | None = None
+        """The batches of the epoch expected after this one (start's `following`)."""
+        self.guessed: Iterator[np.ndarray] | None = None
+        self.upcoming: collections.deque[tuple[np.ndarray, Sent]] = collections.deque()
+        """The first batches of `following`, sent to the workers as this epoch's own ran out; kept by
+        the next `start` where its batches begin with them, else dropped."""
         self.reads_failed = False
         self.kind = "pixels" if pixels is not None else "bytes"
         """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
@@ -129,10 +137,25 @@ class Feed:
         (reading a sample, running a user's hook): what a stalled pipeline names. Words built only
         when a stall is reported: the read path sets it for every sample."""
 
-    def start(self, batches: Iterable[np.ndarray]) -> None:
-        """Feed these batches next (only while no driver runs the pipeline)."""
+    def start(self, batches: Iterable[np.ndarray],
+              following: Callable[[], Iterable[np.ndarray]] | None = None) -> None:
+        """Feed these batches next (only while no driver runs the pipeline). `following`: the
+        batches the next start will most likely be given (the next epoch's), read ahead into once
+        these run out; called on the driver thread, then."""
+        while self.held:  # the pipeline was reset (or never ran): nothing it was given is in it any more
+            self.release(self.held.popleft()[1])
         self.drop_ahead()
-        self.batches = iter(batches)
+        batches = iter(batches)
+        for planned, sent in self._upcoming_taken():
+            first = next(batches, None)
+            if first is None or not np.array_equal(first, planned):  # another epoch, a resumed position
+                self.reads.drop(sent.pending)
+                if first is not None:
+                    batches = itertools.chain((first,), batches)
+            else:
+                self.ahead.append((first, sent))
+        self.batches = batches
+        self.following, self.guessed = following, None
         self.fed.clear()
         self.skipped, self.empty = [], []
         self.stopping = False
@@ -144,6 +167,7 @@ class Feed:
         if self.reads is not None:
             self.reads.renew()  # the reads under way are waited for; their batches stay in `ahead`
             self.ahead = collections.deque((planned, None) for planned, _ in self.ahead)
+            self.upcoming.clear()
 
     def drop_ahead(self) -> None:
         """Forget the planned batches taken ahead (an epoch ended early), once their reads end."""
@@ -151,6 +175,11 @@ class Feed:
             if sent is not None:
                 self.reads.drop(sent.pending)
         self.ahead.clear()
+
+    def _upcoming_taken(self) -> list[tuple[np.ndarray, Sent]]:
+        upcoming = list(self.upcoming)
+        self.upcoming.clear()
+        return upcoming
 
     def close(self) -> None:
         """Stop the worker processes (the arrays DALI was given stay valid while it holds them)."""
@@ -202,12 +231,28 @@ class Feed:
         batches after it sent to the workers meanwhile, READS_AHEAD of them."""
         if self.reads is None:
             return next(self.batches, None), None
-        while len(self.ahead) <= READS_AHEAD:
+        while len(self.ahead) + len(self.upcoming) <= READS_AHEAD:
             planned = next(self.batches, None)
             if planned is None:
+                self.read_upcoming()
                 break
             self.ahead.append((planned, self.send(planned)))
         return self.ahead.popleft() if self.ahead else (None, None)
+
+    def read_upcoming(self) -> None:
+        """This epoch's batches are all sent: the workers read on into the next one's first batches
+        (`following`), as far as READS_AHEAD batches beyond the one taken."""
+        if self.following is None or self.reads_failed or self.pixels is not None:
+            return
+        if self.guessed is None:
+            self.guessed = iter(self.following())
+        while len(self.ahead) + len(self.upcoming) <= READS_AHEAD:
+            planned = next(self.guessed, None)
+            sent = self.send(planned) if planned is not None else None
+            if sent is None:  # the next epoch's end, or no slab free: its other batches are read when taken
+                self.following = None
+                return
+            self.upcoming.append((planned, sent))
 
     def send(self, planned: np.ndarray) -> Sent | None:
         """A planned batch's local samples sent to the workers to be read (not the known-bad ones)."""

@@ -208,7 +208,8 @@ class DaliLoader(Loader):
             return
         self._run += 1
         run = self._run
-        self._feed.start(batches)
+        epoch = self._epoch
+        self._feed.start(batches, following=lambda: self.order.batches(epoch + 1))  # most loops run the next
         self._epoch_open = True
         self._driver = self._drive()
         delivered = 0
@@ -322,7 +323,7 @@ class DaliLoader(Loader):
         self._feed.new_arenas()
         again, rest = self._feed.unfinished(), self._feed.batches
         self._pipe = self._build()
-        self._feed.start(itertools.chain(again, rest))
+        self._feed.start(itertools.chain(again, rest), self._feed.following)
         self._epoch_open = True
 
     def _regions(self, plan: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -105,6 +105,39 @@ def test_worker_processes_feed_the_batches_the_driver_thread_feeds(odd_root, tmp
     assert sum(len(labels) for _, labels in batches) == 2 * (9 + 3)  # val: every decodable sample, twice
 
 
+def test_the_next_epochs_first_batches_are_read_as_an_epoch_ends_and_kept_only_for_that_epoch(tmp_path):
+    """As an epoch's batches run out, the workers read on into the first batches of the epoch after
+    it (READS_AHEAD + 1 of them): the next loop starts with them read. They are that epoch's, bit for
+    bit what the driver thread's feed gives; a loop of another epoch (set_epoch) or from a resumed
+    position drops them and reads its own."""
+    from dali_loader.feed import READS_AHEAD
+    root = write_textured_dataset(tmp_path / "d", per_class=4, splits=("train",))
+    train = {**TRAIN, "batch_size": 2}
+
+    def run(processes: int) -> tuple[list, list]:
+        guesses = []
+        with build_loader(_config(root, processes, train=train), "train") as loader:
+            batches = [(images.clone(), labels.clone()) for images, labels in loader]  # epoch 0
+            if processes:
+                guesses.append([planned.tolist() for planned, _ in loader._feed.upcoming])
+                assert guesses[-1] == [planned.tolist() for planned in loader.order.batches(1)[:READS_AHEAD + 1]]
+            batches += [(images.clone(), labels.clone()) for images, labels in loader]  # epoch 1, as guessed
+            loader.set_epoch(5)  # not the epoch guessed: its first batches are read when it starts
+            batches += [(images.clone(), labels.clone()) for images, labels in loader]
+            for number, _ in enumerate(loader):  # epoch 6, left after two batches: resumed there
+                if number == 1:
+                    state = loader.state_dict()
+                    break
+            loader.load_state_dict(state)
+            batches += [(images.clone(), labels.clone()) for images, labels in loader]
+        return batches, guesses
+
+    reference, _ = run(0)
+    batches, guesses = run(2)
+    assert len(reference) == 3 * 6 + 4
+    _same(batches, reference)
+
+
 def _slab_of(array: np.ndarray, feed) -> int | None:
     """The slab an array lies in (its number), or None."""
     for slab in feed.reads.slabs:
