@@ -15,6 +15,7 @@ ahead, so that the training thread only takes finished batches (driver.py).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -208,8 +209,8 @@ class DaliLoader(Loader):
             return
         self._run += 1
         run = self._run
-        epoch = self._epoch
-        self._feed.start(batches, following=lambda: self.order.batches(epoch + 1))  # most loops run the next
+        following = functools.partial(self.order.batches, self._epoch + 1)  # what most loops run next; not `self`,
+        self._feed.start(batches, following)  # which the feed (on the driver thread) must not keep alive
         self._epoch_open = True
         self._driver = self._drive()
         delivered = 0
