@@ -232,8 +232,11 @@ def test_a_killed_worker_is_logged_and_the_epoch_goes_on_read_by_the_driver_thre
 
 def test_a_stopped_worker_is_named_when_no_batch_comes_and_close_ends_the_workers(odd_root):
     """A worker that never answers (stopped, or stuck in a read of a hung file system) stops the loader
-    after workers.timeout with an error naming the worker processes; closing kills them, stopped or not."""
-    with build_loader(_config(odd_root, 2, workers={"timeout": 2, "prefetch_factor": 1}), "val") as loader:
+    after workers.timeout with an error naming the worker processes; closing kills them, stopped or not.
+    A batch a sample: the epoch's batches after the first few are sent to the workers only after they
+    are stopped (whatever they read ahead before that)."""
+    config = _config(odd_root, 2, workers={"timeout": 2, "prefetch_factor": 1}, val={"batch_size": 1})
+    with build_loader(config, "val") as loader:
         batches = iter(loader)
         next(batches)
         pids = loader._feed.reads.pids
