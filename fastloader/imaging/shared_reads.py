@@ -16,19 +16,24 @@ import torch (fastloader/__init__ imports it lazily), and die with the process t
 (parallel.die_with). Only local files and byte ranges of local containers go to the workers; a
 source's samples, compressed parquet rows and object-store shards are read by the caller.
 
+Each worker has a pipe of its own, which the calling thread writes a task to and reads the reply
+from: no pool threads in the caller, which would take the GIL from the trainer for each wake-up
+(2-5 us a sample, measured against concurrent.futures' pool). A task is a few numbers: the share's
+locations are pickled into the slab where the worker then reads into, so a send never waits on a
+worker that reads nothing (a pipe holds less than a batch's paths).
+
 A worker that dies or fails breaks the reads: `failure` says why, and the caller reads in its own
 thread from there (the feed logs it). What a worker finds is what read_screened finds in the caller.
 """
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import mmap
 import os
+import pickle
+import signal
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -78,11 +83,68 @@ class Slab:
             self.fd = -1
 
 
+class WorkerFailed(Exception):
+    """A worker process ended, or failed outside the reads: its words."""
+
+
+class _Worker:
+    """A worker process and this end of its pipe. Tasks go down the pipe (a few numbers: the
+    locations lie in the slab, so a send never waits on a worker that does not read), and replies
+    come back in the tasks' order; a reply read while waiting for another one is kept."""
+
+    def __init__(self, context, owner: int):
+        self.conn, theirs = context.Pipe()
+        try:
+            self.process = context.Process(target=serve, args=(theirs, owner), name="fastloader-feed-reads",
+                                           daemon=True)
+            self.process.start()
+        except BaseException:
+            self.conn.close()
+            raise
+        finally:
+            theirs.close()
+        self.replies: dict[int, tuple] = {}
+
+    def reply(self, number: int, deadline: float | None = None) -> tuple[np.ndarray, dict]:
+        """Task `number`'s reply. TimeoutError past `deadline` (monotonic); WorkerFailed where the
+        worker ended or the task failed."""
+        self.arrived(number, deadline)
+        result, failure = self.replies.pop(number)
+        if failure is not None:
+            raise WorkerFailed(failure)
+        return result
+
+    def arrived(self, number: int, deadline: float | None = None) -> None:
+        """Until task `number`'s reply is here (kept for `reply`), as `reply` says."""
+        while number not in self.replies:
+            if deadline is not None and not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError
+            try:
+                got, result, failure = self.conn.recv()
+            except (EOFError, OSError) as error:
+                raise WorkerFailed(self.ended()) from error
+            self.replies[got] = result, failure
+
+    def ended(self) -> str:
+        """How the process ended, in words: its signal or exit code."""
+        self.process.join(1.0)  # its pipe closed as it died: the exit status follows at once
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = "still running" if code is None else f"exit code {code}"
+        return f"the feed's worker process {self.process.pid} ended ({how})"
+
+
 @dataclass(eq=False)
 class Pending:
-    """A batch's reads sent to the workers: its slab, one future per worker's share, the locations."""
+    """A batch's reads sent to the workers: its slab, each worker's share (the worker, the task's
+    number), the locations."""
     slab: Slab
-    futures: list[Future]
+    shares: list[tuple[_Worker, int]]
     locations: list[Location]
 
 
@@ -141,23 +203,26 @@ class SharedReads:
             raise
         self.free = list(self.slabs)
         self.pending: set[Pending] = set()
-        self.pool: ProcessPoolExecutor | None = None
+        self.workers: list[_Worker] = []
+        self.tasks = itertools.count()
         self.failure: str | None = None
         """Why the workers read no more (the caller reads from then on); None while they do."""
 
     @property
     def pids(self) -> list[int]:
-        return sorted(getattr(self.pool, "_processes", None) or ())
+        return sorted(worker.process.pid for worker in self.workers)
 
     def start(self) -> None:
-        """Start the workers now, in the background (a forkserver, then 0.3 s of imports each), so
-        that they are ready when the first batch is sent rather than delay it."""
-        if self.pool is None and self.failure is None:
-            self.pool = ProcessPoolExecutor(self.processes, mp_context=script_safe_forkserver(),
-                                            initializer=functools.partial(die_with, os.getpid(),
-                                                                          forked_by_main_thread=False))
-            for _ in range(self.processes):  # one process is started a task until all are
-                self.pool.submit(ready)
+        """Start the workers now (their 0.3 s of imports run in the background), so that they are
+        ready when the first batch is sent rather than delay it. OSError where they cannot start."""
+        if not self.workers and self.failure is None:
+            context = script_safe_forkserver()
+            try:
+                for _ in range(self.processes):
+                    self.workers.append(_Worker(context, os.getpid()))
+            except BaseException:
+                self.stop_workers()
+                raise
 
     def submit(self, locations: list[Location]) -> Pending | None:
         """These locations sent to the workers, a contiguous share each; None where they cannot take
@@ -175,20 +240,27 @@ class SharedReads:
             return None
         share = -(-len(locations) // self.processes)
         room = slab.capacity // len(locations)
-        futures = []
-        sent = [location.file if location.whole_file and location.name == location.file else location
-                for location in locations]  # a path pickles in a thirtieth of a Location's time
+        sent = [location.file if location.whole_file and location.name == location.file else tuple(location)
+                for location in locations]  # a path pickles in a thirtieth of a Location's time, a tuple in a quarter
+        shares = []
         try:
-            for first in range(0, len(locations), share):
+            for worker, first in zip(self.workers, range(0, len(locations), share)):
                 part = sent[first:first + share]
-                futures.append(self.pool.submit(read_share, os.getpid(), slab.number, slab.fd, slab.capacity,
-                                                first * room, (first + len(part)) * room, part, self.max_pixels))
-        except Exception as error:  # noqa: BLE001 - a broken pool, a closed one: the caller reads itself
-            self.fail(error)
-            self._wait(futures)
+                start, end = first * room, (first + len(part)) * room
+                listed = pickle.dumps(part, pickle.HIGHEST_PROTOCOL)
+                if len(listed) <= end - start:  # the list where the worker reads into: a send of a few numbers
+                    slab.array[start:start + len(listed)] = np.frombuffer(listed, dtype=np.uint8)
+                    part = len(listed)
+                number = next(self.tasks)
+                worker.conn.send((number, (os.getpid(), slab.number, slab.fd, slab.capacity, start, end, part,
+                                           self.max_pixels)))
+                shares.append((worker, number))
+        except (OSError, ValueError):  # the worker's end of the pipe closed: it died
+            self.fail(WorkerFailed(worker.ended()))
+            self._wait(shares)
             self.release(slab)
             return None
-        pending = Pending(slab, futures, locations)
+        pending = Pending(slab, shares, locations)
         self.pending.add(pending)
         return pending
 
@@ -196,10 +268,10 @@ class SharedReads:
         """The reads of a batch sent, in order; None where the workers failed (`failure` says why)."""
         self.pending.discard(pending)
         try:
-            replies = [future.result() for future in pending.futures]
-        except Exception as error:  # noqa: BLE001 - a worker died, or failed outside the reads
+            replies = [worker.reply(number) for worker, number in pending.shares]
+        except WorkerFailed as error:  # a worker died, or failed outside the reads
             self.fail(error)
-            self._wait(pending.futures)
+            self._wait(pending.shares)
             self.release(pending.slab)
             return None
         numbers = np.concatenate([share for share, _ in replies]) if len(replies) > 1 else replies[0][0]
@@ -213,7 +285,7 @@ class SharedReads:
     def drop(self, pending: Pending) -> None:
         """A batch sent and no longer wanted (an epoch left early): its slab back once its reads end."""
         self.pending.discard(pending)
-        self._wait(pending.futures)
+        self._wait(pending.shares)
         self.release(pending.slab)
 
     def release(self, slab: Slab) -> None:
@@ -233,16 +305,16 @@ class SharedReads:
 
     def fail(self, error: BaseException) -> None:
         if self.failure is None:
-            self.failure = f"{type(error).__name__}: {error_text(error)}"
+            words = f"{type(error).__name__}: {error_text(error)}"
+            self.failure = str(error) if isinstance(error, WorkerFailed) else words
 
     def stop_workers(self) -> None:
-        """Kill the workers: one stuck in a read must hold up neither a wait nor the process's exit."""
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            processes = list((getattr(pool, "_processes", None) or {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in processes:
-                process.kill()
+        """Kill the workers: one stuck in a read must hold up neither a wait nor the process's exit.
+        Their pipes close when nothing holds them (a thread may be reading one now)."""
+        workers, self.workers = self.workers, []
+        for worker in workers:
+            if worker.process.exitcode is None:
+                worker.process.kill()
 
     def close(self) -> None:
         """Stop the workers and close the slabs (their arrays stay valid while referenced)."""
@@ -265,28 +337,52 @@ class SharedReads:
         self.slabs = [larger if mine is slab else mine for mine in self.slabs]
         return larger
 
-    def _wait(self, futures: list[Future]) -> None:
+    def _wait(self, shares: list[tuple[_Worker, int]]) -> None:
         """Until these reads have ended (their slab is then written no more); a worker that takes
         longer than `timeout_s` is killed, and with it the reads."""
         deadline = time.monotonic() + self.timeout_s
-        for future in futures:
+        for worker, number in shares:
             try:
-                future.result(timeout=max(0.0, deadline - time.monotonic()))
+                worker.reply(number, deadline)
             except TimeoutError:
                 self.fail(TimeoutError(f"a worker read for more than {self.timeout_s:g} s (workers.timeout)"))
+                stuck = [worker for worker, _ in shares]
                 self.stop_workers()
-                futures_wait(futures, timeout=self.timeout_s)  # they end with the killed workers, broken
+                for worker in stuck:  # killed: ended at once, unless inside a read the kernel finishes first
+                    worker.process.join(self.timeout_s)
                 return
-            except Exception:  # noqa: BLE001, S110 - the reads are not wanted any more; the failure is kept
+            except WorkerFailed:  # ended: it writes no more
                 pass
 
 
 # In a worker process
 
 
-def ready() -> int:
-    """A worker's first task: nothing, once this module (and what it reads with) is imported."""
-    return os.getpid()
+def serve(conn, owner: int) -> None:
+    """A worker's life: each task's share read and checked (`read_share`), the reply sent, until the
+    caller's end of the pipe closes. It dies with `owner` (parallel.die_with)."""
+    die_with(owner, forked_by_main_thread=False)
+    while True:
+        try:
+            number, task = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply = number, read_task(*task), None
+        except Exception as error:  # noqa: BLE001 - said to the caller, which then reads itself
+            reply = number, None, f"the feed's worker process {os.getpid()} failed: {type(error).__name__}: " \
+                                  f"{error_text(error)}"
+        conn.send(reply)
+
+
+def read_task(owner: int, number: int, fd: int, capacity: int, start: int, end: int, listed: int | list,
+              max_pixels: int) -> tuple[np.ndarray, dict]:
+    """A task: the locations pickled at `start` in the slab (`listed` bytes; or the list itself, where
+    it did not fit), read into [start, end)."""
+    if isinstance(listed, int):
+        listed = pickle.loads(_mapped(owner, number, fd, capacity)[start:start + listed])
+    locations = [item if isinstance(item, str) else Location._make(item) for item in listed]
+    return read_share(owner, number, fd, capacity, start, end, locations, max_pixels)
 
 
 _MAPPED: collections.OrderedDict[int, mmap.mmap] = collections.OrderedDict()
