@@ -203,6 +203,31 @@ def test_reads_no_longer_wanted_from_a_stopped_worker_are_waited_for_no_longer_t
         reads.close()
 
 
+EXITS_WITH_STOPPED_WORKERS = """
+import json, os, signal, sys
+from fastloader.imaging.shared_reads import SharedReads
+from fastloader.sources.locations import Location
+reads = SharedReads(processes=2, slabs=2, batch_size=2, max_pixels=10**8)
+reads.take(reads.submit([Location(sys.argv[1], sys.argv[1])] * 2))
+for pid in reads.pids:
+    os.kill(pid, signal.SIGSTOP)
+print(json.dumps(reads.pids), flush=True)
+"""
+
+
+def test_a_process_that_exits_with_its_workers_stopped_and_never_closed_ends(files):
+    """multiprocessing joins every child it started as the interpreter exits; a worker stopped (or
+    stuck in a read of a hung file system) in reads never closed would hold the exit for ever. The
+    workers are killed first."""
+    import json
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", EXITS_WITH_STOPPED_WORKERS, files[0].file], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert processes_end(json.loads(done.stdout))
+
+
 def test_only_local_files_and_ranges_go_to_the_workers():
     assert worker_reads(Location("/a.jpg", "/a.jpg")) and worker_reads(Location("s.tar:m", "/s.tar", 512, 10))
     assert not worker_reads(Location("s3://b/s.tar:m", "s3://b/s.tar", 512, 10))

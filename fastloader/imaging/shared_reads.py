@@ -27,6 +27,7 @@ thread from there (the feed logs it). What a worker finds is what read_screened 
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import mmap
@@ -34,6 +35,7 @@ import os
 import pickle
 import signal
 import time
+import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -223,6 +225,9 @@ class SharedReads:
             except BaseException:
                 self.stop_workers()
                 raise
+            _STARTED.add(self)
+            atexit.unregister(_kill_started)  # the last hook registered runs first: before multiprocessing's
+            atexit.register(_kill_started)
 
     def submit(self, locations: list[Location]) -> Pending | None:
         """These locations sent to the workers, a contiguous share each; None where they cannot take
@@ -353,6 +358,17 @@ class SharedReads:
                 return
             except WorkerFailed:  # ended: it writes no more
                 pass
+
+
+_STARTED: weakref.WeakSet[SharedReads] = weakref.WeakSet()
+"""The reads whose workers were started in this process, while they live."""
+
+
+def _kill_started() -> None:
+    """At exit, kill the workers of reads never closed: multiprocessing's own exit hook joins every
+    child it started, and one stopped (SIGSTOP, or inside a read of a hung file system) never ends."""
+    for reads in list(_STARTED):
+        reads.stop_workers()
 
 
 # In a worker process
