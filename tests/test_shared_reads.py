@@ -17,6 +17,7 @@ import pytest
 from conftest import processes_end
 from PIL import Image
 
+from fastloader.imaging import shared_reads
 from fastloader.imaging.screen import read_screened
 from fastloader.imaging.shared_reads import SharedReads, shareable, worker_reads
 from fastloader.sources.locations import Location
@@ -226,6 +227,26 @@ def test_a_process_that_exits_with_its_workers_stopped_and_never_closed_ends(fil
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert processes_end(json.loads(done.stdout))
+
+
+def test_a_forked_child_that_exits_or_closes_leaves_the_workers_to_their_process(files):
+    """A fork of the process (a user's child, a library's) inherits the reads: its exit hooks and a
+    close there must not kill the workers, which go on reading for the process that started them."""
+    reads = SharedReads(processes=2, slabs=2, batch_size=len(files), max_pixels=10**8)
+    try:
+        reads.take(reads.submit(files))
+        child = os.fork()
+        if child == 0:  # the child closes its copy, and its exit hook for unclosed reads runs
+            try:
+                reads.close()
+                shared_reads._kill_started()
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+        _same_as_here(reads.take(reads.submit(files)).reads(), files)
+        assert reads.failure is None and len(reads.pids) == 2
+    finally:
+        reads.close()
 
 
 def test_only_local_files_and_ranges_go_to_the_workers():

@@ -97,8 +97,8 @@ class _Worker:
     def __init__(self, context, owner: int):
         self.conn, theirs = context.Pipe()
         try:
-            self.process = context.Process(target=serve, args=(theirs, owner), name="fastloader-feed-reads",
-                                           daemon=True)
+            self.process = context.Process(target=serve, args=(theirs, owner), name="fastloader-feed-reads")
+            # not a daemon: multiprocessing's exit hook in a fork of this process would kill those
             self.process.start()
         except BaseException:
             self.conn.close()
@@ -207,6 +207,8 @@ class SharedReads:
         self.pending: set[Pending] = set()
         self.workers: list[_Worker] = []
         self.tasks = itertools.count()
+        self.owner = os.getpid()
+        """The process the workers work for: only it stops them."""
         self.failure: str | None = None
         """Why the workers read no more (the caller reads from then on); None while they do."""
 
@@ -315,8 +317,11 @@ class SharedReads:
 
     def stop_workers(self) -> None:
         """Kill the workers: one stuck in a read must hold up neither a wait nor the process's exit.
-        Their pipes close when nothing holds them (a thread may be reading one now)."""
+        Their pipes close when nothing holds them (a thread may be reading one now). A forked copy
+        of the process that started them (a child exiting, its finalizers) leaves them alone."""
         workers, self.workers = self.workers, []
+        if os.getpid() != self.owner:
+            return
         for worker in workers:
             if worker.process.exitcode is None:
                 worker.process.kill()
