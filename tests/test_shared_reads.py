@@ -162,6 +162,18 @@ def test_a_killed_worker_is_reported_and_the_workers_import_no_torch(files):
         reads.close()
 
 
+def test_a_task_that_fails_in_a_worker_is_said_and_the_caller_reads_itself(files):
+    """An error outside the reads' own checks (here a limit no image size compares with) comes back
+    as the failure, with the worker named; the caller is told to read itself, and nothing hangs."""
+    reads = SharedReads(processes=2, slabs=2, batch_size=len(files), max_pixels="no limit")
+    try:
+        assert reads.take(reads.submit(files)) is None
+        assert reads.failure.startswith(f"the feed's worker process {reads.pids[0]} failed: TypeError: ")
+        assert reads.submit(files) is None and len(reads.free) == 2
+    finally:
+        reads.close()
+
+
 def test_sending_batches_to_a_stopped_worker_never_waits_on_its_pipe(tmp_path):
     """The caller sends each task as a few numbers (the locations lie in the slab), so batches sent to
     a worker that reads nothing (stopped, or stuck on a hung file system) never fill its pipe and

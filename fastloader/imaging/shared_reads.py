@@ -106,6 +106,12 @@ class _Worker:
         finally:
             theirs.close()
         self.replies: dict[int, tuple] = {}
+        self.outstanding: set[int] = set()
+        """The tasks sent whose replies have not come back yet."""
+
+    def send(self, number: int, task: tuple) -> None:
+        self.conn.send((number, task))
+        self.outstanding.add(number)
 
     def reply(self, number: int, deadline: float | None = None) -> tuple[np.ndarray, dict]:
         """Task `number`'s reply. TimeoutError past `deadline` (monotonic); WorkerFailed where the
@@ -116,15 +122,21 @@ class _Worker:
             raise WorkerFailed(failure)
         return result
 
+    def forget(self, number: int, deadline: float | None = None) -> None:
+        """Until task `number` has ended, its reply dropped (taken already, or not wanted)."""
+        self.arrived(number, deadline)
+        self.replies.pop(number, None)
+
     def arrived(self, number: int, deadline: float | None = None) -> None:
         """Until task `number`'s reply is here (kept for `reply`), as `reply` says."""
-        while number not in self.replies:
+        while number in self.outstanding:
             if deadline is not None and not self.conn.poll(max(0.0, deadline - time.monotonic())):
                 raise TimeoutError
             try:
                 got, result, failure = self.conn.recv()
             except (EOFError, OSError) as error:
                 raise WorkerFailed(self.ended()) from error
+            self.outstanding.discard(got)
             self.replies[got] = result, failure
 
     def ended(self) -> str:
@@ -259,8 +271,8 @@ class SharedReads:
                     slab.array[start:start + len(listed)] = np.frombuffer(listed, dtype=np.uint8)
                     part = len(listed)
                 number = next(self.tasks)
-                worker.conn.send((number, (os.getpid(), slab.number, slab.fd, slab.capacity, start, end, part,
-                                           self.max_pixels)))
+                worker.send(number, (os.getpid(), slab.number, slab.fd, slab.capacity, start, end, part,
+                                     self.max_pixels))
                 shares.append((worker, number))
         except (OSError, ValueError):  # the worker's end of the pipe closed: it died
             self.fail(WorkerFailed(worker.ended()))
@@ -353,7 +365,7 @@ class SharedReads:
         deadline = time.monotonic() + self.timeout_s
         for worker, number in shares:
             try:
-                worker.reply(number, deadline)
+                worker.forget(number, deadline)
             except TimeoutError:
                 self.fail(TimeoutError(f"a worker read for more than {self.timeout_s:g} s (workers.timeout)"))
                 stuck = [worker for worker, _ in shares]
