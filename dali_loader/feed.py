@@ -126,6 +126,7 @@ class Feed:
         self.following: Callable[[], Iterable[np.ndarray]] | None = None
         """The batches of the epoch expected after this one (start's `following`)."""
         self.guessed: Iterator[np.ndarray] | None = None
+        """`following`'s batches, once asked for (the first time this epoch's run out)."""
         self.upcoming: collections.deque[tuple[np.ndarray, Sent]] = collections.deque()
         """The first batches of `following`, sent to the workers as this epoch's own ran out; kept by
         the next `start` where its batches begin with them, else dropped."""
@@ -146,7 +147,8 @@ class Feed:
             self.release(self.held.popleft()[1])
         self.drop_ahead()
         batches = iter(batches)
-        for planned, sent in self._upcoming_taken():
+        upcoming, self.upcoming = self.upcoming, collections.deque()
+        for planned, sent in upcoming:
             first = next(batches, None)
             if first is None or not np.array_equal(first, planned):  # another epoch, a resumed position
                 self.reads.drop(sent.pending)
@@ -175,11 +177,6 @@ class Feed:
             if sent is not None:
                 self.reads.drop(sent.pending)
         self.ahead.clear()
-
-    def _upcoming_taken(self) -> list[tuple[np.ndarray, Sent]]:
-        upcoming = list(self.upcoming)
-        self.upcoming.clear()
-        return upcoming
 
     def close(self) -> None:
         """Stop the worker processes (the arrays DALI was given stay valid while it holds them)."""
@@ -242,7 +239,7 @@ class Feed:
     def read_upcoming(self) -> None:
         """This epoch's batches are all sent: the workers read on into the next one's first batches
         (`following`), as far as READS_AHEAD batches beyond the one taken."""
-        if self.following is None or self.reads_failed or self.pixels is not None:
+        if self.following is None or self.reads_failed:
             return
         if self.guessed is None:
             self.guessed = iter(self.following())

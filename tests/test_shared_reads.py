@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -148,7 +151,7 @@ def test_a_killed_worker_is_reported_and_the_workers_import_no_torch(files):
             assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text()
         killed = reads.pids[0]
         os.kill(killed, signal.SIGKILL)
-        for _ in range(100):  # the pool notices the death within moments; what the other worker reads is right
+        for _ in range(100):  # its pipe closes as it dies; until a batch goes to it, what the other reads is right
             pending = reads.submit(files)
             got = None if pending is None else reads.take(pending)
             if got is None:
@@ -232,9 +235,6 @@ def test_a_process_that_exits_with_its_workers_stopped_and_never_closed_ends(fil
     """multiprocessing joins every child it started as the interpreter exits; a worker stopped (or
     stuck in a read of a hung file system) in reads never closed would hold the exit for ever. The
     workers are killed first."""
-    import json
-    import subprocess
-    import sys
     done = subprocess.run([sys.executable, "-c", EXITS_WITH_STOPPED_WORKERS, files[0].file], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -235,7 +235,7 @@ class SharedReads:
             context = script_safe_forkserver()
             try:
                 for _ in range(self.processes):
-                    self.workers.append(_Worker(context, os.getpid()))
+                    self.workers.append(_Worker(context, self.owner))
             except BaseException:
                 self.stop_workers()
                 raise
@@ -271,7 +271,7 @@ class SharedReads:
                     slab.array[start:start + len(listed)] = np.frombuffer(listed, dtype=np.uint8)
                     part = len(listed)
                 number = next(self.tasks)
-                worker.send(number, (os.getpid(), slab.number, slab.fd, slab.capacity, start, end, part,
+                worker.send(number, (self.owner, slab.number, slab.fd, slab.capacity, start, end, part,
                                      self.max_pixels))
                 shares.append((worker, number))
         except (OSError, ValueError):  # the worker's end of the pipe closed: it died
