@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import REPO, alive, base_config, cpu_only_env, write_solid_dataset
@@ -19,11 +18,11 @@ from fastloader import build_loader
 
 
 def children(pid: int) -> set[int]:
-    """The child processes of `pid`, from /proc."""
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found |= {int(child) for child in (task / "children").read_text().split()}
-    return found
+    """The child processes of `pid`. psutil, not /proc/PID/task/*/children: a thread that ends
+    between listing the tasks and reading its file made that helper fail (seen in CI)."""
+    import psutil
+
+    return {child.pid for child in psutil.Process(pid).children()}
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGSEGV], ids=["killed", "segfault"])
@@ -51,12 +50,12 @@ def test_a_worker_that_dies_is_reported_within_seconds_and_the_next_loop_recover
 
 LOOP_FOREVER = """
 import json, os, sys, time
-from pathlib import Path
+import psutil
 from fastloader import build_loader
 loader = build_loader(json.loads(sys.argv[1]), "train")
 batches = iter(loader)
 next(batches)
-pids = [int(c) for t in Path(f"/proc/{os.getpid()}/task").iterdir() for c in (t / "children").read_text().split()]
+pids = [child.pid for child in psutil.Process().children()]
 print(json.dumps(pids), flush=True)
 while True:
     for images, labels in loader:
