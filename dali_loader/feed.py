@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import threading
 import time
 from typing import Callable, Iterable, Iterator, NamedTuple
 
@@ -59,6 +60,27 @@ class Sent(NamedTuple):
     locations: list[Location]
     pending: Pending
 
+
+
+class Doings:
+    """What the loader's own code does now inside the pipeline, one slot a thread: the driver thread
+    feeds the next batches while DALI runs a sample hook on its own threads, and one shared slot lost
+    a hung hook to a read that ended after the hook began. A stall names the longest running, which
+    is what hangs. Words built only when a stall is reported: the read path begins one a sample."""
+
+    def __init__(self):
+        self.now: dict[int, tuple[str, str, float]] = {}
+
+    def begin(self, doing: str, what: str) -> None:
+        self.now[threading.get_ident()] = doing, what, time.monotonic()
+
+    def end(self) -> None:
+        self.now.pop(threading.get_ident(), None)
+
+    def longest(self) -> tuple[str, str, float] | None:
+        """(doing, on what, monotonic start) of what has run longest; None while nothing runs."""
+        running = tuple(self.now.values())  # one call, whole under the GIL: other threads change it
+        return min(running, key=lambda item: item[2]) if running else None
 
 class Feed:
     """The pipeline's source: each planned batch's samples and their draws, one batch a call.
@@ -133,10 +155,9 @@ class Feed:
         self.reads_failed = False
         self.kind = "pixels" if pixels is not None else "bytes"
         """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
-        self.busy: tuple[str, str, float] | None = None
-        """(doing, on what, monotonic start) of what the loader's own code does now inside the pipeline
-        (reading a sample, running a user's hook): what a stalled pipeline names. Words built only
-        when a stall is reported: the read path sets it for every sample."""
+        self.doings = Doings()
+        """What the loader's own code does now inside the pipeline (reading a sample, running a user's
+        hook), thread by thread: what a stalled pipeline names."""
 
     def start(self, batches: Iterable[np.ndarray],
               following: Callable[[], Iterable[np.ndarray]] | None = None) -> None:
@@ -268,10 +289,10 @@ class Feed:
     def received(self, sent: Sent) -> Received | None:
         """What the workers read of a batch sent; None where they failed (then read here)."""
         pending = sent.pending
-        self.busy = (f"waiting for the feed's worker processes {self.reads.pids} to read",
-                     f"a batch from {pending.locations[0].name}", time.monotonic())
+        self.doings.begin(f"waiting for the feed's worker processes {self.reads.pids} to read",
+                          f"a batch from {pending.locations[0].name}")
         received = self.reads.take(pending)
-        self.busy = None
+        self.doings.end()
         if received is None:
             self.reads_stopped()
         return received
@@ -349,7 +370,7 @@ class Feed:
 
     def stuck_words(self) -> str:
         """What the feed is doing, for a pipeline that sent no batch for workers.timeout."""
-        busy = self.busy
+        busy = self.doings.longest()
         if busy is None:
             return "the feed is not reading a sample: DALI is stuck in a batch (a file on a hung file system?)"
         return f"the loader has been {busy[0]} {busy[1]} for {time.monotonic() - busy[2]:.0f} s"
@@ -368,9 +389,9 @@ class Feed:
             return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
         if read is None:
             location = location or self.location(sample)
-            self.busy = "reading", location.name, time.monotonic()
+            self.doings.begin("reading", location.name)
             data, screened = read_screened(location, self.max_pixels, into)
-            self.busy = None
+            self.doings.end()
         else:
             data, screened = read
         if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened

@@ -19,7 +19,6 @@ import functools
 import itertools
 import logging
 import os
-import time
 import traceback
 from typing import Callable, Iterator
 
@@ -98,9 +97,11 @@ def converter(feed: Feed, labels: np.ndarray, device: torch.device, channels_las
         batch_labels = to_device(torch.from_numpy(labels[fed.plan[:, 0]]), device)
         if finisher is not None:
             if hook is not None:
-                feed.busy = f"running {hook.label} on", f"a batch of {len(fed.plan)}", time.monotonic()
-            images, batch_labels = finisher(images, batch_labels, fed.plan[:, 1])
-            feed.busy = None
+                feed.doings.begin(f"running {hook.label} on", f"a batch of {len(fed.plan)}")
+            try:
+                images, batch_labels = finisher(images, batch_labels, fed.plan[:, 1])
+            finally:
+                feed.doings.end()
         return images, batch_labels, fed
     return convert
 
@@ -122,7 +123,7 @@ class DaliLoader(Loader):
                            hooked=bool(hook_inputs(prepared.hooks)), views=self.views,
                            in_flight=config.workers.prefetch_factor, reads=self._shared_reads(prepared))
         hook = prepared.hooks.sample
-        self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._feed) if hook is not None else None
+        self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._feed.doings) if hook is not None else None
         if hook is not None:
             log.warning("split '%s': %s runs through DALI's Python-function operator, one Python call per sample on "
                         "a DALI thread holding the GIL%s: an identity function cost 4-7%% of the images/s on 2 CPU "

@@ -15,7 +15,6 @@ than probing the batch's files for a bad one.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -49,25 +48,26 @@ NO_USER_OPS = UserOps(SplitHooks(), None)
 
 class PythonSampleHook:
     """The function fn.python_function calls per sample: (HWC uint8 image, [sample, seed]) -> the
-    hook's image, HWC uint8. `name_of` names a sample by its number (the index's path); `doing`
-    has a `busy` slot (the feed's) where the sample being hooked is noted, for a stalled pipeline."""
+    hook's image, HWC uint8. `name_of` names a sample by its number (the index's path); `doings`
+    (the feed's, feed.Doings) notes the sample being hooked, for a stalled pipeline."""
 
-    def __init__(self, hook: Hook, name_of: Callable[[int], str], doing: Any):
-        self.hook, self.name_of, self.doing = hook, name_of, doing
+    def __init__(self, hook: Hook, name_of: Callable[[int], str], doings: Any):
+        self.hook, self.name_of, self.doings = hook, name_of, doings
         self.failure: HookError | None = None
         """The hook's error, kept for the loader: DALI's own carries only its text."""
 
     def __call__(self, image: np.ndarray, sample_seed: np.ndarray) -> np.ndarray:
         sample, seed = (int(value) for value in sample_seed)
         name = self.name_of(sample)
-        self.doing.busy = f"running {self.hook.label} on sample", name, time.monotonic()
+        self.doings.begin(f"running {self.hook.label} on sample", name)
         try:
             # a copy: DALI's operator must not modify its input, and a hook may work in place (torch lets it)
             out = self.hook.on_sample(torch.from_numpy(image.copy()).permute(2, 0, 1), seed, name)
         except HookError as error:
             self.failure = error
             raise
-        self.doing.busy = None
+        finally:
+            self.doings.end()
         return np.ascontiguousarray(out.permute(1, 2, 0).numpy())
 
 

@@ -243,6 +243,41 @@ def test_a_batch_hook_that_fails_or_gives_the_wrong_labels_is_named(numbered, ba
         next(iter(loader))
 
 
+def test_a_stalled_dali_pipeline_names_the_hook_running_while_the_feed_reads_beside_it(numbered):
+    """DALI runs a sample hook on its own threads while the driver thread feeds the next batches: a
+    read that ends after the hook began must not erase it from what a stall names (one shared slot
+    did, and a hung hook was reported as DALI stuck, on a loaded machine). The CPU flavour."""
+    import threading
+
+    from dali_loader.user_ops import PythonSampleHook
+    from fastloader.hooks import Hook
+
+    started, release = threading.Event(), threading.Event()
+
+    def waits(image, generator):
+        started.set()
+        release.wait(30)
+        return image
+
+    loader = build_loader(hooked(numbered, "dali", 0, sample_hook="user_hooks:identity"), "train")
+    feed = loader._feed
+    hook = PythonSampleHook(Hook(waits, "sample_hook", "train.transform.sample_hook", "tests:waits"),
+                            loader.index.path, feed.doings)
+    running = threading.Thread(target=hook, args=(np.zeros((8, 8, 3), np.uint8), np.array([3, 7])))
+    running.start()
+    try:
+        assert started.wait(10)
+        assert feed.take(0) is not None  # the driver thread reads a sample of the next batch meanwhile
+        words = feed.stuck_words()
+    finally:
+        release.set()
+        running.join(10)
+        loader.close()
+    assert re.fullmatch(r"the loader has been running train\.transform\.sample_hook tests:waits on sample "
+                        r"\S+/n_03\.png for \d+ s", words), words
+    assert feed.stuck_words().startswith("the feed is not reading a sample")  # nothing runs now
+
+
 def test_a_sample_hook_that_hangs_is_named_by_workers_timeout_and_the_process_still_exits(numbered, tmp_path):
     """torch: the worker is named and killed. DALI: the hook hangs on a DALI thread, which nothing
     can stop; the loader names it, and the process exits (DALI's own exit hook would wait for that
