@@ -16,7 +16,11 @@ pipeline behind it (the graph's speed is peers.py's question), in one process, p
   thread's CPU time a sample, the GIL it takes from a spinning trainer and its rate beside it,
   and its rate into DALI (in place);
 - bare reads: `open()` + `read()` of the same files in the same order (shards: one `pread` of each
-  member's range, a descriptor per shard), nothing checked; the ratio feed / bare is the figure;
+  member's range, a descriptor per shard), nothing checked; the ratio feed / bare is the figure.
+  Each such read lands in memory the allocator hands out again at once, hot in the CPU's cache;
+  `bare kept` reads each batch's bytes side by side into batch-sized buffers taken in turn (as
+  many as the feed's slabs), as a loader must that hands whole batches to a decoder: the copy
+  into memory not in the cache is most of a shard member's read (feed / kept, beside the figure);
 - the GIL: a thread spinning in pure Python (a training thread's launches stand in for it) counts
   its loops while the feed runs, against its count alone: the share of the interpreter the feed
   takes from the training thread; and the feed's rate beside that thread (the GIL's hand-over
@@ -118,28 +122,46 @@ def process_epochs(loader, seconds: float) -> tuple[int, float, float]:
     return samples, took, time.thread_time() - cpu
 
 
-def bare_epochs(loader, seconds: float) -> tuple[int, float]:
-    """(samples, seconds): the same samples' bytes in the same order, read and nothing else."""
-    locations = [loader.index.location(int(sample)) for batch in loader.order.batches(0) for sample in batch[:, 0]]
+def bare_epochs(loader, seconds: float, kept: int = 0) -> tuple[int, float]:
+    """(samples, seconds): the same samples' bytes in the same order, read and nothing else. Each
+    read lands in a fresh `bytes`, whose memory the allocator hands out again at once (hot in the
+    CPU's cache). `kept`: each batch's bytes land side by side in one of `kept` batch-sized buffers
+    taken in turn, as any loader's must that hands a batch to a decoder (the feed's slabs)."""
+    batches = [[loader.index.location(int(sample)) for sample in batch[:, 0]] for batch in loader.order.batches(0)]
+    buffers = [memoryview(bytearray(max(sum(_size(location) for location in batch) for batch in batches)))
+               for _ in range(kept)]
     descriptors: dict[str, int] = {}
     samples = 0
     started = time.perf_counter()
     try:
         while time.perf_counter() - started < seconds:
-            for location in locations:
-                if location.whole_file:
-                    with open(location.file, "rb") as handle:
-                        handle.read()
-                else:
+            for number, locations in enumerate(batches):
+                into, offset = (buffers[number % kept], 0) if kept else (None, 0)
+                for location in locations:
+                    if location.whole_file:
+                        with open(location.file, "rb") as handle:
+                            if into is None:
+                                handle.read()
+                            else:
+                                offset += handle.readinto(into[offset:offset + _size(location)])
+                        continue
                     fd = descriptors.get(location.file)
                     if fd is None:
                         fd = descriptors[location.file] = os.open(location.file, os.O_RDONLY)
-                    os.pread(fd, location.length, location.start)
-            samples += len(locations)
+                    if into is None:
+                        os.pread(fd, location.length, location.start)
+                    else:
+                        offset += os.preadv(fd, [into[offset:offset + location.length]], location.start)
+                samples += len(locations)
     finally:
         for fd in descriptors.values():
             os.close(fd)
     return samples, time.perf_counter() - started
+
+
+@functools.lru_cache(maxsize=None)
+def _size(location) -> int:
+    return location.length if not location.whole_file else os.stat(location.file).st_size
 
 
 def spin(stop: threading.Event, counted: list[int]) -> None:
@@ -186,7 +208,10 @@ def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS, pro
         feed_epochs(pooled_loader, 0.3)  # the workers started
     try:
         feed_epochs(loader, 0.3)  # warm: the page cache, the size table
-        feed_rates, bare_rates, gil, contended, fresh_rates = [], [], [], [], []
+        feed_rates, bare_rates, kept_rates, gil, contended, fresh_rates = [], [], [], [], [], []
+        from dali_loader.feed import READS_AHEAD
+
+        slabs = loader.config.workers.prefetch_factor + 1 + READS_AHEAD  # as many as the feed's (loader.py)
         handed, copied, pooled, pool_cpu, pool_gil, pool_contended, pool_handed = [], [], [], [], [], [], []
         for _ in range(rounds):
             if processes:
@@ -211,6 +236,8 @@ def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS, pro
             feed_rates.append(samples / took)
             samples, took = bare_epochs(loader, seconds)
             bare_rates.append(samples / took)
+            samples, took = bare_epochs(loader, seconds, kept=slabs)
+            kept_rates.append(samples / took)
             alone, _ = spin_rate(seconds / 2)
             beside, (samples, took) = spin_rate(0, lambda: feed_epochs(loader, seconds / 2))
             gil.append(1 - beside / alone)
@@ -220,11 +247,14 @@ def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS, pro
         if pooled_loader is not None:
             pooled_loader.close()
     feed, bare = statistics.median(feed_rates), statistics.median(bare_rates)
-    return {"feed": feed, "bare": bare, "ratio": feed / bare, "gil_taken": statistics.median(gil),
+    kept = statistics.median(kept_rates)
+    return {"feed": feed, "bare": bare, "ratio": feed / bare, "bare_kept": kept, "ratio_kept": feed / kept,
+            "gil_taken": statistics.median(gil),
             "us_per_sample": 1e6 / feed, "feed_beside_trainer": statistics.median(contended),
             "fresh": statistics.median(fresh_rates), "into_dali": statistics.median(handed),
             "into_dali_copied": statistics.median(copied),
             **({"processes": statistics.median(pooled), "processes_ratio": statistics.median(pooled) / bare,
+                "processes_ratio_kept": statistics.median(pooled) / kept,
                 "processes_thread_us": statistics.median(pool_cpu), "processes_gil_taken": statistics.median(pool_gil),
                 "processes_beside_trainer": statistics.median(pool_contended),
                 "processes_into_dali": statistics.median(pool_handed)}
@@ -254,10 +284,12 @@ def main() -> None:
         if "shards" in args.sources:
             for split in ("train", "val"):
                 shards[split] = shard_benchmark.pack_in_index_order(data / split, Path(folder), 64)
-        print(f"{'source':8} {'split':6} {'feed /s':>10} {'bare /s':>10} {'feed/bare':>10} {'us/sample':>10} "
+        print(f"{'source':8} {'split':6} {'feed /s':>10} {'bare /s':>10} {'feed/bare':>10} {'bare kept /s':>13} "
+              f"{'feed/kept':>10} {'us/sample':>10} "
               f"{'GIL taken':>10} {'beside a spinning trainer /s':>29} {'fresh buffers /s':>17} "
               f"{'into DALI /s':>13} {'copied /s':>10}"
-              + (f" {f'{args.processes} processes /s':>14} {'/bare':>6} {'thread us/sample':>17} {'GIL taken':>10} "
+              + (f" {f'{args.processes} processes /s':>14} {'/bare':>6} {'/kept':>6} {'thread us/sample':>17} "
+                 f"{'GIL taken':>10} "
                  f"{'beside a trainer /s':>20} {'into DALI /s':>13}"
                  if args.processes else ""))
         report = {}
@@ -267,10 +299,12 @@ def main() -> None:
                                  args.seconds, args.processes)
                 report[f"{source} {split}"] = result
                 print(f"{source:8} {split:6} {result['feed']:10.0f} {result['bare']:10.0f} {result['ratio']:9.2f}x "
+                      f"{result['bare_kept']:13.0f} {result['ratio_kept']:9.2f}x "
                       f"{result['us_per_sample']:10.1f} {result['gil_taken']:9.0%} "
                       f"{result['feed_beside_trainer']:29.0f} {result['fresh']:17.0f} "
                       f"{result['into_dali']:13.0f} {result['into_dali_copied']:10.0f}"
                       + (f" {result['processes']:14.0f} {result['processes_ratio']:5.2f}x "
+                         f"{result['processes_ratio_kept']:5.2f}x "
                          f"{result['processes_thread_us']:17.1f} {result['processes_gil_taken']:9.0%} "
                          f"{result['processes_beside_trainer']:20.0f} {result['processes_into_dali']:13.0f}"
                          if args.processes else ""))

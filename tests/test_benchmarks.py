@@ -535,6 +535,10 @@ def test_feed_measures_the_dali_feed_against_bare_reads_for_folders_and_shards(r
         assert feed > 0 and bare > 0 and abs(ratio - feed / bare) < 0.01 + 0.01 * ratio, row
         figures = report[f"{row[0]} {row[1]}"]
         assert figures["feed"] == pytest.approx(feed, abs=1)
+        kept, kept_ratio = float(row[5]), float(row[6].rstrip("x"))  # each batch's bytes side by side
+        assert kept > 0 and figures["bare_kept"] == pytest.approx(kept, abs=1), row
+        assert abs(kept_ratio - feed / kept) < 0.01 + 0.01 * kept_ratio, row
+        assert figures["processes_ratio_kept"] == pytest.approx(figures["processes"] / kept, rel=0.01)
         assert figures["into_dali"] > 0 and figures["into_dali_copied"] > 0  # in place, and with DALI's copy
         assert figures["processes"] > 0 and 0 < figures["processes_thread_us"] == pytest.approx(float(row[-4]), abs=0.1)
         assert figures["processes_beside_trainer"] == pytest.approx(float(row[-2]), abs=1)
