@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,8 @@ from PIL import Image
 from fastloader.imaging import shared_reads
 from fastloader.imaging.screen import read_screened
 from fastloader.imaging.shared_reads import SharedReads, shareable, worker_reads
-from fastloader.sources.locations import Location
+from fastloader.sources import reading
+from fastloader.sources.locations import TAR_BLOCK, Identity, Location, header_digest
 
 pytestmark = [pytest.mark.skipif(shareable() is not None, reason="memfd and /proc: Linux"),
               pytest.mark.timeout(120)]
@@ -222,7 +224,8 @@ def test_reads_no_longer_wanted_from_a_stopped_worker_are_waited_for_no_longer_t
 EXITS_WITH_STOPPED_WORKERS = """
 import json, os, signal, sys
 from fastloader.imaging.shared_reads import SharedReads
-from fastloader.sources.locations import Location
+from fastloader.sources import reading
+from fastloader.sources.locations import TAR_BLOCK, Identity, Location, header_digest
 reads = SharedReads(processes=2, slabs=2, batch_size=2, max_pixels=10**8)
 reads.take(reads.submit([Location(sys.argv[1], sys.argv[1])] * 2))
 for pid in reads.pids:
@@ -257,6 +260,70 @@ def test_a_forked_child_that_exits_or_closes_leaves_the_workers_to_their_process
         os.waitpid(child, 0)
         _same_as_here(reads.take(reads.submit(files)).reads(), files)
         assert reads.failure is None and len(reads.pids) == 2
+    finally:
+        reads.close()
+
+
+def _indexed_shard(path: Path, members: list[bytes], identity: bool = True) -> list[Location]:
+    """A tar shard of these members, and their locations as a shard index keeps them: each tar
+    header's digest and (`identity`) the shard's inode, size and mtime."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as archive:
+        for number, data in enumerate(members):
+            info = tarfile.TarInfo(f"{number:04d}.jpg")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    stamp = Identity.of(os.stat(path)) if identity else None
+    with tarfile.open(path) as archive, open(path, "rb") as handle:
+        return [Location(f"{path}:{member.name}", str(path), member.offset_data, member.size,
+                         header_digest(os.pread(handle.fileno(), TAR_BLOCK, member.offset_data - TAR_BLOCK)), stamp)
+                for member in archive.getmembers()]
+
+
+def _read_syscalls() -> int:
+    return int(next(line for line in open("/proc/self/io") if line.startswith("syscr")).split()[1])
+
+
+def test_members_side_by_side_are_read_together_and_each_checked_as_if_alone(tmp_path):
+    """A val epoch reads a shard's members in the order they lie: a worker reads them with one pread
+    (the tar headers and padding between them too), and still finds for each what read_screened finds
+    alone: a PNG, a JPEG cut short, a text page, a header not the one indexed, a shard cut short."""
+    png = io.BytesIO()
+    Image.new("RGB", (30, 20), (1, 2, 3)).save(png, format="PNG")
+    members = [_jpeg((20 * n, 90, 200), (64 + n, 48)) for n in range(4)] + [
+        png.getvalue(), _jpeg((5, 5, 5), (256, 192))[:300], b"<html>404</html>"] + [
+        _jpeg((9, 9 * n, 9), (40, 30 + n)) for n in range(4)]
+    locations = _indexed_shard(tmp_path / "a.tar", members)
+    locations[8] = locations[8]._replace(header=12345)  # rewritten in place since indexed (size and mtime kept)
+    cut = _indexed_shard(tmp_path / "cut.tar", members[:4], identity=False)  # no identity kept: read until short
+    os.truncate(tmp_path / "cut.tar", cut[2].start + 100)
+    batch = locations + cut
+    assert list(reading.runs(batch)) == [(0, 11), (11, 15)]
+
+    slab = shared_reads.Slab(4 << 20)
+    for _ in range(2):  # the second: with Pillow's plugins imported by the first
+        before = _read_syscalls()
+        numbers, odd = shared_reads.read_share(os.getpid(), slab.number, slab.fd, slab.capacity, 0, slab.capacity,
+                                               batch, 10**8)
+        spent = _read_syscalls() - before
+    # one read a run, and one for each member that then failed a check (read alone): the header
+    # rewritten, two cut short; the others' bytes lie in the slab
+    assert spent <= 2 + 3 + 2, spent
+    here = [read_screened(location) for location in batch]
+    for row, (data, screened) in enumerate(here):
+        if row in odd:
+            assert odd[row][1:] == (screened.format, screened.problem), batch[row].name
+        else:
+            assert screened.problem is None and screened.format == "JPEG"
+            offset, length = numbers[row, 0], numbers[row, 1]
+            assert slab.array[offset:offset + length].tobytes() == bytes(data), batch[row].name
+            assert tuple(numbers[row, 2:]) == (screened.width, screened.height, screened.turned)
+    assert sorted(odd) == [4, 5, 6, 8, 13, 14]
+    assert "the tar header before" in odd[8][2] and "is not the one indexed" in odd[8][2]
+    assert re.search(r"cut\.tar ends \d+ bytes into .*cut\.tar:0002\.jpg", odd[13][2]), odd[13]
+
+    reads = SharedReads(processes=2, slabs=1, batch_size=len(batch), max_pixels=10**8)
+    try:  # the same through the workers, as the feed asks
+        _same_as_here(reads.take(reads.submit(batch)).reads(), batch)
     finally:
         reads.close()
 

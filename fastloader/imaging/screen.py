@@ -126,14 +126,19 @@ def read_screened(where: str | Location, max_pixels: int = BOMB_PIXELS, into: Re
         data = read_bytes(location, into)
     except OSError as error:
         return None, Screened(location.name, problem=unreadable(location, error))
+    return data, screen_read(location.name, data, max_pixels)
+
+
+def screen_read(name: str, data: bytes | bytearray | memoryview, max_pixels: int = BOMB_PIXELS) -> Screened:
+    """read_screened's check of bytes it read (or that were read as it reads them: reading.read_run)."""
     header = read_header(data)
     if header is None:
-        return data, _screen_open(location.name, io.BytesIO(data), len(data), max_pixels)
+        return _screen_open(name, io.BytesIO(data), len(data), max_pixels)
     width, height, turned = header.width, header.height, header.exif_orientation in SWAPPED
     problem = bomb_problem(width, height, max_pixels) if width * height > max_pixels else None
     if problem is None and data[-2:] != b"\xff\xd9":  # nearly every JPEG ends with its EOI marker: no search
         problem = _tail_problem("JPEG", bytes(data[-TAIL_BYTES:]))
-    return data, Screened(location.name, "JPEG", width, height, problem, turned)
+    return Screened(name, "JPEG", width, height, problem, turned)
 
 
 def unreadable(location: Location, error: OSError) -> str:

@@ -43,9 +43,10 @@ import numpy as np
 
 from ..errors import error_text
 from ..parallel import die_with, script_safe_forkserver
-from ..sources.locations import Location
+from ..sources.locations import Location, as_location
+from ..sources.reading import read_run, run_bytes, runs
 from ..sources.urls import is_url
-from .screen import Screened, read_screened
+from .screen import Screened, read_screened, screen_read
 
 SAMPLE_BYTES = 160 << 10
 """A slab's first room per sample: above an ImageNet JPEG's mean (110 KiB). A slab grows when a batch
@@ -427,26 +428,45 @@ def read_share(owner: int, number: int, fd: int, capacity: int, start: int, end:
                locations: list[Location | str], max_pixels: int) -> tuple[np.ndarray, dict]:
     """In a worker: read_screened of each location into bytes [start, end) of the caller's slab; the
     reply's numbers (Received) and its odd rows: a problem, a format other than JPEG, or bytes that
-    found no room in the slab (or grew while read), which come back in the reply."""
+    found no room in the slab (or grew while read), which come back in the reply. Ranges that lie
+    side by side in a container (reading.runs) are read together, with what lies between them."""
     arena = _SlabArena(_mapped(owner, number, fd, capacity), start, end)
     numbers = np.full((len(locations), 5), -1, dtype=np.int64)
     odd = {}
-    for row, location in enumerate(locations):
-        data, screened = read_screened(location, max_pixels, arena)
-        inline = None
-        if data is not None and screened.problem is None:
-            numbers[row, LENGTH] = len(data)
-            if isinstance(data, memoryview) and data.obj is arena.memory:
-                numbers[row, OFFSET] = arena.given  # read_bytes returns the first bytes of the view it got
-            else:  # no room left, or a file that grew while it was read
-                inline = bytes(data)
-        else:
-            numbers[row, LENGTH] = 0
-        if screened.width is not None:
-            numbers[row, WIDTH:] = screened.width, screened.height, screened.turned
-        if inline is not None or screened.problem is not None or screened.format != "JPEG":
-            odd[row] = inline, screened.format, screened.problem
+    locations = [as_location(location) for location in locations]
+    for begin, stop in runs(locations):
+        run = locations[begin:stop]
+        offsets = [-1] * len(run)
+        if len(run) > 1 and arena.offset + run_bytes(run) <= arena.end:  # one read, in the slab
+            span = arena.view(run_bytes(run))
+            span_at, offsets = arena.given, read_run(run, span)
+        for row, offset in zip(range(begin, stop), offsets):
+            if offset >= 0:  # as read_screened would have read it
+                data = span[offset:offset + locations[row].length]
+                _note(numbers, odd, row, data, screen_read(locations[row].name, data, max_pixels),
+                      span_at + offset, arena)
+            else:  # read alone, which says why where it fails
+                data, screened = read_screened(locations[row], max_pixels, arena)
+                _note(numbers, odd, row, data, screened, arena.given, arena)
     return numbers, odd
+
+
+def _note(numbers: np.ndarray, odd: dict, row: int, data, screened: Screened, offset: int, arena: _SlabArena) -> None:
+    """A sample's read in the reply: its numbers, or an odd row (a problem, a format other than
+    JPEG, bytes that are not in the slab)."""
+    inline = None
+    if data is not None and screened.problem is None:
+        numbers[row, LENGTH] = len(data)
+        if isinstance(data, memoryview) and data.obj is arena.memory:
+            numbers[row, OFFSET] = offset  # read_bytes returns the first bytes of the view it got
+        else:  # no room left, or a file that grew while it was read
+            inline = bytes(data)
+    else:
+        numbers[row, LENGTH] = 0
+    if screened.width is not None:
+        numbers[row, WIDTH:] = screened.width, screened.height, screened.turned
+    if inline is not None or screened.problem is not None or screened.format != "JPEG":
+        odd[row] = inline, screened.format, screened.problem
 
 
 def _mapped(owner: int, number: int, fd: int, capacity: int) -> mmap.mmap:
