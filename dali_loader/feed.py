@@ -273,8 +273,9 @@ class Feed:
             self.upcoming.append((planned, sent))
 
     def send(self, planned: np.ndarray) -> Sent | None:
-        """A planned batch's local samples sent to the workers to be read (not the known-bad ones)."""
-        if self.reads_failed or self.pixels is not None:
+        """A planned batch's local samples sent to the workers to be read (not the known-bad ones).
+        A cache's pixels are never sent: the loader gives such a feed no workers."""
+        if self.reads_failed:
             return None
         locations = self.locations(planned[:, 0])
         known_bad = self.known_bad
