@@ -136,7 +136,7 @@ def bare_epochs(loader, seconds: float, kept: int = 0) -> tuple[int, float]:
     try:
         while time.perf_counter() - started < seconds:
             for number, locations in enumerate(batches):
-                into, offset = (buffers[number % kept], 0) if kept else (None, 0)
+                into, offset = buffers[number % kept] if kept else None, 0
                 for location in locations:
                     if location.whole_file:
                         with open(location.file, "rb") as handle:

@@ -61,7 +61,6 @@ class Sent(NamedTuple):
     pending: Pending
 
 
-
 class Doings:
     """What the loader's own code does now inside the pipeline, one slot a thread: the driver thread
     feeds the next batches while DALI runs a sample hook on its own threads, and one shared slot lost
@@ -81,6 +80,7 @@ class Doings:
         """(doing, on what, monotonic start) of what has run longest; None while nothing runs."""
         running = tuple(self.now.values())  # one call, whole under the GIL: other threads change it
         return min(running, key=lambda item: item[2]) if running else None
+
 
 class Feed:
     """The pipeline's source: each planned batch's samples and their draws, one batch a call.

@@ -436,9 +436,9 @@ def read_share(owner: int, number: int, fd: int, capacity: int, start: int, end:
     locations = [as_location(location) for location in locations]
     for begin, stop in runs(locations):
         run = locations[begin:stop]
-        offsets = [-1] * len(run)
-        if len(run) > 1 and arena.offset + run_bytes(run) <= arena.end:  # one read, in the slab
-            span = arena.view(run_bytes(run))
+        offsets, size = [-1] * len(run), run_bytes(run)
+        if len(run) > 1 and arena.offset + size <= arena.end:  # one read, in the slab
+            span = arena.view(size)
             span_at, offsets = arena.given, read_run(run, span)
         for row, offset in zip(range(begin, stop), offsets):
             if offset >= 0:  # as read_screened would have read it

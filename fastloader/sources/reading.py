@@ -116,8 +116,7 @@ def _range(fd: int, location: Location, into: ReadArena | None = None) -> bytear
                                                  f"loader indexes it again", location.file)
     else:
         got = os.preadv(fd, [data], location.start)
-        if location.identity is not None and location.identity.ctime_ns and not location.identity.matches(
-                os.fstat(fd)):
+        if _identity_checked(location) and not location.identity.matches(os.fstat(fd)):
             raise table_changed(location.file)
     if got != location.length:
         raise TruncatedError(f"{location.file} ends {location.length - max(got, 0)} bytes into {location.name} "
@@ -176,8 +175,8 @@ def read_run(locations: Sequence[Location], into: memoryview) -> list[int]:
     try:
         fd = _open_containers.descriptor(first.file, first.identity)
         got = os.preadv(fd, [into], base)
-        changed = any(not location.header and location.identity is not None and location.identity.ctime_ns
-                      for location in locations) and not first.identity.matches(os.fstat(fd))
+        changed = any(_identity_checked(location) for location in locations) \
+            and not first.identity.matches(os.fstat(fd))
     except OSError:
         return [-1] * len(locations)
     offsets = []
@@ -187,6 +186,12 @@ def read_run(locations: Sequence[Location], into: memoryview) -> list[int]:
             not location.header or header_digest(into[offset - TAR_BLOCK:offset]) == location.header)
         offsets.append(offset if passed else -1)
     return offsets
+
+
+def _identity_checked(location: Location) -> bool:
+    """Whether a range is checked against its container's identity after it is read: a range with
+    no tar header to compare (a row of a parquet or Arrow file) whose index kept the ctime."""
+    return not location.header and location.identity is not None and bool(location.identity.ctime_ns)
 
 
 def open_bytes(where: str | Location) -> BinaryIO:
