@@ -31,10 +31,11 @@ from nvidia.dali.data_node import DataNode
 from fastloader.augment.draws import Augmenter, Draws
 from fastloader.augment.ops import KIND_IDS, KINDS
 
-CROP_INPUTS = [("crop_anchor", types.FLOAT), ("crop_shape", types.FLOAT), ("hflip", types.INT32),
-               ("vflip", types.INT32)]
+CROP_INPUTS = [("crop_anchor", types.FLOAT), ("crop_shape", types.FLOAT)]
 """Per-sample inputs of every train batch: the crop box's (x, y) corner and (width, height) in
-upright source pixels (fn.decoders.image_slice / fn.slice with axis_names="WH"), and the flips."""
+upright source pixels (fn.decoders.image_slice / fn.slice with axis_names="WH")."""
+FLIP_INPUTS = [("hflip", types.INT32), ("vflip", types.INT32)]
+"""Per-sample inputs of the flips a split can draw (a probability above 0): 1 where the sample flips."""
 OP_INPUTS = [("aug_op", types.INT32), ("aug_param", types.FLOAT)]
 """Per-sample inputs when the split has ops: int32 [slots] branch numbers (slot_branches), float32
 [slots, 2] parameters."""
@@ -47,7 +48,8 @@ nothing rebuilt when it changes."""
 def feed_inputs(augmenter: Augmenter, sized: bool = False) -> list[tuple[str, types.DALIDataType]]:
     """(name, DALI dtype) of the inputs the feed passes with each train batch, in feed_arrays' order;
     `sized`: the batches carry their output size (a size schedule)."""
-    return CROP_INPUTS + (OP_INPUTS if augmenter.slots else []) + (SIZE_INPUTS if sized else [])
+    return (CROP_INPUTS + [flip for flip in FLIP_INPUTS if getattr(augmenter, flip[0]) > 0] +
+            (OP_INPUTS if augmenter.slots else []) + (SIZE_INPUTS if sized else []))
 
 
 def feed_arrays(augmenter: Augmenter, seeds: np.ndarray, sizes: np.ndarray,
@@ -62,12 +64,14 @@ def feed_arrays(augmenter: Augmenter, seeds: np.ndarray, sizes: np.ndarray,
 
 
 def dali_arrays(draws: Draws, augmenter: Augmenter, side: int | None = None) -> tuple[np.ndarray, ...]:
-    """Draws -> the arrays of feed_inputs: crop_anchor, crop_shape float32 [B, 2], hflip, vflip
-    int32 [B], and with ops aug_op int32 [B, slots], aug_param float32 [B, slots, 2] (for images of
-    `side` pixels, default transform.size)."""
+    """Draws -> the arrays of feed_inputs: crop_anchor, crop_shape float32 [B, 2], hflip and vflip
+    int32 [B] where the split draws them, and with ops aug_op int32 [B, slots], aug_param float32
+    [B, slots, 2] (for images of `side` pixels, default transform.size)."""
     left, top, right, bottom = draws.crop.T
+    flips = tuple(flip.astype(np.int32) for flip, p in ((draws.hflip, augmenter.hflip), (draws.vflip, augmenter.vflip))
+                  if p > 0)
     arrays = (np.stack([left, top], axis=1).astype(np.float32), np.stack([right - left, bottom - top], axis=1)
-              .astype(np.float32), draws.hflip.astype(np.int32), draws.vflip.astype(np.int32))
+              .astype(np.float32), *flips)
     if not augmenter.slots:
         return arrays
     _, branch_of = slot_branches(augmenter.slot_kinds)
@@ -253,10 +257,12 @@ DALI_OPS = {
 
 
 def augment_images(images: DataNode, inputs: dict[str, DataNode], augmenter: Augmenter,
-                   nearest: bool = False) -> DataNode:
-    """The flips, then each slot's op on its samples, from the feed's `inputs` (feed_inputs' names).
-    Call it inside a pipeline built with enable_conditionals=True; the images are HWC uint8."""
-    images = fn.flip(images, horizontal=inputs["hflip"], vertical=inputs["vflip"])
+                   nearest: bool = False, flips: bool = True) -> DataNode:
+    """The flips (where `flips` and the split flips at all), then each slot's op on its samples,
+    from the feed's `inputs` (feed_inputs' names). Call it inside a pipeline built with
+    enable_conditionals=True where there are ops; the images are HWC uint8."""
+    if flips and (augmenter.hflip > 0 or augmenter.vflip > 0):
+        images = fn.flip(images, horizontal=inputs.get("hflip", 0), vertical=inputs.get("vflip", 0))
     if not augmenter.slots:
         return images
     settings = Settings(augmenter.fill, nearest, augmenter.size, inputs.get("out_size"))

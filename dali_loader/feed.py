@@ -23,6 +23,7 @@ from fastloader.cache import CachedPixels
 from fastloader.errors import error_text
 from fastloader.imaging.screen import DALI_FORMATS, Screened, read_screened
 from fastloader.imaging.shared_reads import (
+    CODING,
     HEIGHT,
     TURNED,
     WIDTH,
@@ -43,6 +44,7 @@ from fastloader.views import ViewPlan
 from .augment import feed_arrays
 from .pipeline import centre_boxes
 from .sizes import SizeTable
+from .stack import CPU_JPEG_CODINGS, cpu_decode_reason
 from .transcode import transcoded_for_dali
 from .views import view_arrays
 
@@ -113,8 +115,12 @@ class Feed:
                  stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
                  max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False,
                  draws: WeightedDraws | None = None, hooked: bool = False, views: ViewPlan | None = None,
-                 in_flight: int = 2, reads: SharedReads | None = None):
+                 in_flight: int = 2, reads: SharedReads | None = None, gpu: bool = False):
         self.index = index
+        self.gpu = gpu
+        """The GPU flavour decodes what it is fed: what its decoder leaves to the CPU is counted (`on_cpu`)."""
+        self.on_cpu: collections.Counter[str] = collections.Counter()
+        """The batch being taken: why, and how many of its samples, the GPU flavour decodes on the CPU."""
         self.views = views
         """A train split's view groups: every view's draws are fed (views.view_arrays)."""
         self.hooked = hooked
@@ -225,6 +231,7 @@ class Feed:
             if planned is None:
                 raise StopIteration  # ends DALI's epoch
             arena.reset()
+            self.on_cpu = collections.Counter()
             batch, data, sizes, slab = self.take_batch(planned, arena, sent)
             if len(batch):
                 break
@@ -239,7 +246,7 @@ class Feed:
             data += (centre_boxes(sizes, self.split),)
         if self.hooked and self.views is None:  # user_ops.HOOK_INPUTS
             data += (np.ascontiguousarray(batch[:, :2], dtype=np.int64),)
-        self.fed.append(Fed(batch, self.skipped, self.empty))
+        self.fed.append(Fed(batch, self.skipped, self.empty, dict(self.on_cpu)))
         self.skipped, self.empty = [], []
         self.held.append((data, slab))  # DALI neither copies them (no_copy) nor keeps them alive: held until out
         return data
@@ -308,6 +315,9 @@ class Feed:
         """A plain batch's upright sizes, kept, a file changed since screening named: what `take`
         does sample by sample, by whole columns."""
         sizes = upright(received.numbers[:, [HEIGHT, WIDTH, TURNED]], self.sizes.exif)  # plain rows: turned 0 or 1
+        if self.gpu:  # plain rows are JPEGs: only a frame nvJPEG does not decode goes to the CPU
+            for coding in received.numbers[np.isin(received.numbers[:, CODING], list(CPU_JPEG_CODINGS)), CODING]:
+                self.on_cpu[cpu_decode_reason("JPEG", int(coding))] += 1
         for row, held in self.sizes.keep_all(planned[:, 0], sizes):
             _warn_resized(received.locations[row].name, held, tuple(sizes[row].tolist()))
         return sizes
@@ -404,6 +414,8 @@ class Feed:
         size = self.sizes.keep(sample, screened)
         if size.held is not None:
             _warn_resized(screened.path, size.held, size.now)
+        if self.gpu and (reason := cpu_decode_reason(screened.format, screened.coding)) is not None:
+            self.on_cpu[reason] += 1
         return (data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)), size.now
 
     def transcoded(self, sample: int, fmt: str) -> tuple[bytearray | None, Screened]:
@@ -436,9 +448,11 @@ def _warn_resized(path: str, held: tuple[int, int], now: tuple[int, int]) -> Non
 class Fed(NamedTuple):
     """A batch handed to the pipeline: its (sample, seed) rows (a substitute in a refilled slot);
     the known-bad samples left out just before it; the planned batches just before it that came out
-    empty (none of their samples could be fed)."""
+    empty (none of their samples could be fed); why and how many of its samples the GPU flavour
+    decodes on the CPU."""
     plan: np.ndarray
     skipped: list[int]
     empty: list[np.ndarray]
+    on_cpu: dict[str, int]
 
 

@@ -40,13 +40,24 @@ from fastloader.views import ViewPlan
 from .augment import feed_arrays
 from .driver import Driver, Ended
 from .feed import READS_AHEAD, Fed, Feed
-from .pipeline import build_pipeline, decoder_words
+from .pipeline import build_pipeline, decode_plan, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
+from .stack import dali_cuda_major, nvjpeg_version, stack_problem, torch_cuda_major
 from .transcode import transcoded_for_dali
 from .user_ops import PythonSampleHook, UserOps, graph_size_check, hook_inputs
 from .views import HostBuffers, join_views
 
 log = logging.getLogger("fastloader")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(problem: str | None) -> None:
+    """A problem of the process's set-up, said once however many loaders it builds."""
+    if problem and problem not in _WARNED:
+        _WARNED.add(problem)
+        log.warning(problem)
 
 
 def converter(feed: Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
@@ -114,6 +125,13 @@ class DaliLoader(Loader):
         super().__init__(config, split, prepared, ranks, device)
         self.flavour = "gpu" if device.type == "cuda" else "cpu"
         self.num_threads = prepared.workers
+        gpu = self.flavour == "gpu"
+        if gpu:
+            _warn_once(stack_problem(dali_cuda_major(), torch_cuda_major()))
+        self.decoding = decode_plan(config.dali.fancy_upsampling, gpu, split.mode == "train" and self.views is None,
+                                    nvjpeg_version(dali_cuda_major()) if gpu else None)
+        """How the graph decodes JPEGs (pipeline.DecodePlan): chroma, and train's regions or whole images,
+        by what the nvJPEG the GPU flavour's decoders load does on the GPU."""
         self._bfloat16 = config.output.dtype == "bfloat16"
         substitutes = transcoded_for_dali(prepared.index, prepared.needs_substitute)
         self._feed = Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
@@ -121,7 +139,8 @@ class DaliLoader(Loader):
                            refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
                            sized=self.order.resolution is not None, draws=prepared.draws,
                            hooked=bool(hook_inputs(prepared.hooks)), views=self.views,
-                           in_flight=config.workers.prefetch_factor, reads=self._shared_reads(prepared))
+                           in_flight=config.workers.prefetch_factor, reads=self._shared_reads(prepared),
+                           gpu=self.flavour == "gpu")
         hook = prepared.hooks.sample
         self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._feed.doings) if hook is not None else None
         if hook is not None:
@@ -142,9 +161,11 @@ class DaliLoader(Loader):
         self._driver: Driver | None = None  # the thread running the pipeline during an epoch
         self._run = 0  # which loop owns the pipeline
         self._broken = ""  # why the pipeline cannot run any more
+        self._cpu_said: set[str] = set()  # the reasons for decoding on the CPU said so far (_count_cpu_decodes)
         self._announce()
         if self._feed.kind == "bytes":
-            log.info("split '%s': DALI decodes with %s", split.name, decoder_words(config, self.flavour == "gpu"))
+            log.info("split '%s': DALI decodes with %s", split.name,
+                     decoder_words(config, self.flavour == "gpu", self.decoding, split.mode == "train"))
 
     def _shared_reads(self, prepared: PreparedSplit) -> SharedReads | None:
         """The worker processes that read the feed's next batches (dali.feed_processes), if any."""
@@ -175,7 +196,7 @@ class DaliLoader(Loader):
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
             seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation, sized=self._feed.sized,
-            user=UserOps(self.hooks, self._sample_hook), views=self.views)
+            user=UserOps(self.hooks, self._sample_hook), views=self.views, plan=self.decoding)
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads,
@@ -231,6 +252,7 @@ class DaliLoader(Loader):
                 self._driver = self._drive()
                 continue
             self._record_skips(item.fed.skipped)
+            self._count_cpu_decodes(item.fed.on_cpu)
             for planned in item.fed.empty:  # DALI takes no empty batch: yielded here, in their place
                 delivered += 1
                 yield self._empty_batch(len(planned))
@@ -293,6 +315,16 @@ class DaliLoader(Loader):
                 raise BadImageError(self._broken)
             self._skip_sample(path, reason)
 
+    def _count_cpu_decodes(self, on_cpu: dict[str, int]) -> None:
+        """What the GPU flavour decoded on the CPU, in this loop's stats; each reason said once a loader."""
+        for reason, count in on_cpu.items():
+            self.stats.cpu_decoded[reason] = self.stats.cpu_decoded.get(reason, 0) + count
+            if reason not in self._cpu_said:
+                self._cpu_said.add(reason)
+                log.warning("split '%s': DALI decodes %s on the CPU, not with nvJPEG, which decodes baseline and "
+                            "progressive JPEGs (%d in this batch; loader.stats.cpu_decoded counts them per epoch); "
+                            "re-encoded as baseline JPEGs they would decode on the GPU", self.split.name, reason, count)
+
     def _recover(self, error: RuntimeError, number: int) -> None:
         """After DALI failed: find the files that broke it, then go on without them in a new pipeline
         (dataset.on_bad_image: skip) or stop naming them (raise). Never retries blindly, never hangs.
@@ -306,8 +338,8 @@ class DaliLoader(Loader):
         self._pipe = None  # freed now, with its buffers, before the probe and the new pipeline take theirs
         suspects = [batch.plan for batch in fed]
         probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None, self.split.batch_size,
-                            self._regions if self.split.mode == "train" and self._feed.sizes is not None
-                            and self.views is None else None)  # views decode whole images
+                            self.decoding, self._regions if self.decoding.region and self._feed.sizes is not None
+                            else None)  # views, eval and a whole-image train plan decode whole images
         try:
             culprits = probe.culprits(suspects, self._feed.location)
         except BaseException as failure:  # out of memory, say: no file to blame, no pipeline left

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 from nvidia.dali import fn, pipeline_def, types
@@ -37,6 +37,7 @@ from fastloader.schema import Config, SplitConfig
 from fastloader.views import ViewPlan
 
 from .augment import augment_images, feed_inputs
+from .stack import region_fancy_on_gpu, version_words
 from .user_ops import NO_USER_OPS, UserOps, apply_user_ops, hook_inputs
 from .views import view_inputs, view_layout
 
@@ -70,15 +71,51 @@ def nvjpeg_padding(threads: int, train: bool) -> tuple[int, int]:
     return int(NVIDIA_DEVICE_PADDING * share), int(NVIDIA_HOST_PADDING * share)
 
 
+class DecodePlan(NamedTuple):
+    """How a split's graph decodes its JPEGs: chroma interpolated as libjpeg-turbo does (`fancy`) or
+    repeated (nvJPEG's default); train: the crop's region only (`region`), or the whole image with
+    the crop taken in the resize. `why`: the reason, for the build's log."""
+    fancy: bool
+    region: bool
+    why: str
+
+
+def decode_plan(setting: bool | str, gpu: bool, train: bool, nvjpeg: tuple[int, int, int] | None) -> DecodePlan:
+    """The plan for dali.fancy_upsampling's `setting` (auto, true, false) on the GPU flavour with
+    `nvjpeg`, or the CPU flavour. Every plan keeps every baseline JPEG on nvJPEG: a region with
+    interpolated chroma is asked only of an nvJPEG that decodes it on the GPU (stack.ROI_FANCY_NVJPEG);
+    below it, nvImageCodec leaves such a region of any subsampled JPEG to DALI's CPU decoder.
+
+    - auto: interpolated wherever nvJPEG can on the GPU: whole images always, regions from 13.2;
+      below, train regions with chroma repeated (within docs/semantics.md's bound);
+    - true: interpolated always; below 13.2 train decodes whole images and crops in the resize;
+    - false: repeated always (nvJPEG's default, NVIDIA's example's).
+    The CPU flavour always interpolates and decodes train's regions."""
+    if not gpu:
+        return DecodePlan(True, train, "DALI's CPU decoder always interpolates")
+    if setting is False:
+        return DecodePlan(False, train, "dali.fancy_upsampling: false")
+    if not train or region_fancy_on_gpu(nvjpeg):
+        return DecodePlan(True, train, f"{version_words(nvjpeg)} interpolates chroma in "
+                          f"{'regions and ' if train else ''}whole images on the GPU")
+    refuses = (f"{version_words(nvjpeg)} decodes no region of a subsampled JPEG with interpolated chroma on the GPU "
+               f"(13.2 and later do: nvidia-dali-cuda130)")
+    if setting is True:
+        return DecodePlan(True, False, f"dali.fancy_upsampling: true and {refuses}, so train decodes whole images "
+                          f"and takes the crop in the resize")
+    return DecodePlan(False, True, f"dali.fancy_upsampling: auto and {refuses}, so train's regions repeat chroma")
+
+
 def decoder_options(gpu: bool, hw_decoder_load: float, threads: int = NVIDIA_THREADS, train: bool = True,
                     fancy_upsampling: bool = True) -> dict:
     """The decoder's device and, for nvJPEG, its memory hints and hardware decoder share.
-    `fancy_upsampling` (dali.fancy_upsampling): the GPU flavour upsamples JPEG chroma as libjpeg-turbo
-    does, so that its pixels are the CPU's and the torch backend's (docs/semantics.md#pixels); DALI
-    asks it of nvJPEG's CUDA and hardware decoders both. The cpu decoder always does, whatever the
-    flag (DALI's imgcodec decoder sets it for nvJPEG only). The memory defaults are NVIDIA's example's
-    train decoder (benchmarks/); the hardware decoder's pool is preallocated for the whole batch
-    (DALI passes max_batch_size as nvImageCodec's preallocate_batch_size), whatever hw_decoder_load."""
+    `fancy_upsampling` (the DecodePlan's): upsample JPEG chroma as libjpeg-turbo does, so that the
+    pixels are the CPU's and the torch backend's (docs/semantics.md#pixels); DALI asks it of nvJPEG's
+    CUDA and hardware decoders both. The cpu decoder always does, whatever the flag (DALI's imgcodec
+    decoder sets it for nvJPEG only). The memory defaults are NVIDIA's example's train decoder
+    (benchmarks/); the hardware decoder's pool is preallocated for the whole batch (DALI passes
+    max_batch_size as nvImageCodec's preallocate_batch_size), whatever hw_decoder_load. `train`:
+    the train graph's decoder (its memory hints), whether it decodes regions or whole images."""
     if not gpu:
         return {"device": "cpu", "jpeg_fancy_upsampling": True}
     device_padding, host_padding = nvjpeg_padding(threads, train)
@@ -87,52 +124,71 @@ def decoder_options(gpu: bool, hw_decoder_load: float, threads: int = NVIDIA_THR
             "host_memory_padding": host_padding, **(hints if train else {}), "hw_decoder_load": hw_decoder_load}
 
 
-def decoder_words(config: Config, gpu: bool) -> str:
-    """Which decoders the graph uses, for the loader's log: what DALI is asked, said where it is chosen."""
+def decoder_words(config: Config, gpu: bool, plan: DecodePlan, train: bool) -> str:
+    """Which decoders the graph uses and how, for the loader's log: what DALI is asked, and why."""
     if not gpu:
         return "DALI's CPU decoder (libjpeg-turbo, chroma interpolated as the torch backend's)"
-    chroma = ("interpolated as libjpeg-turbo does (dali.fancy_upsampling: true; the hardware decoder may leave "
-              "such JPEGs to the CUDA decoder)" if config.dali.fancy_upsampling else
-              "repeated, nvJPEG's default (dali.fancy_upsampling: false; pixels within docs/semantics.md's "
-              "tolerance of the CPU's)")
-    return (f"nvJPEG: the GPU's hardware JPEG decoder for {config.dali.hw_decoder_load:.0%} of each batch where the "
-            f"GPU has one (A100, H100, H200; its pool preallocated for the whole batch), the CUDA decoder for the "
-            f"rest; 4:2:0 and 4:2:2 chroma {chroma}")
+    chroma = "interpolated as libjpeg-turbo does" if plan.fancy else "repeated (nvJPEG's default)"
+    crop = ("" if not train else "; each crop's region decoded" if plan.region else
+            "; whole images decoded, the crop taken in the resize")
+    return (f"nvJPEG for every baseline and progressive JPEG: the GPU's hardware JPEG decoder for "
+            f"{config.dali.hw_decoder_load:.0%} of each batch where the GPU has one (A100, H100, H200; its pool "
+            f"preallocated for the whole batch), the CUDA decoder for the rest; subsampled chroma {chroma}{crop} "
+            f"({plan.why}). Other formats (PNG, decoded images) and JPEGs nvJPEG refuses (arithmetic-coded, "
+            f"lossless, 12-bit) go to DALI's CPU decoder, counted in loader.stats")
 
 
 def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
                 augmenter: Augmenter | None = None, threads: int = NVIDIA_THREADS, user: UserOps = NO_USER_OPS,
-                views: ViewPlan | None = None) -> DataNode | tuple[DataNode, ...]:
+                views: ViewPlan | None = None, plan: DecodePlan | None = None) -> DataNode | tuple[DataNode, ...]:
     """The images DataNode of one split's graph, from an encoded-file DataNode and the feed's
     per-sample `inputs` (feed_layout's names).
 
     Train decodes only the crop the host drew (ROI decode of `crop_anchor`, `crop_shape`) and
-    resizes it; eval decodes the whole image and resizes the centre `box` the host computed. Then
-    the steps shared with the cache's graph (finish). With views, every view from one whole decode.
+    resizes it, or, where the `plan` says (decode_plan: interpolated chroma asked of an nvJPEG that
+    decodes no such region on the GPU), decodes the whole image and resizes the crop's box; eval
+    decodes the whole image and resizes the centre `box` the host computed. Then the steps shared
+    with the cache's graph (finish). With views, every view from one whole decode. `plan`: the
+    loader's (default: dali.fancy_upsampling's on an nvJPEG of unknown version).
     """
+    train = split.mode == "train" and views is None
+    plan = plan or decode_plan(config.dali.fancy_upsampling, gpu, train, None)
     if views is not None:
-        return view_graph(decode(encoded, config, gpu, threads=threads), config, gpu, inputs, views, user)
-    if split.mode == "train":  # the crop fits: drawn for the size of the very bytes fed (loader.py)
-        images = decode(encoded, config, gpu, (inputs["crop_anchor"], inputs["crop_shape"]), threads)
+        return view_graph(decode(encoded, config, gpu, plan, threads=threads), config, gpu, inputs, views, user)
+    if not train:
+        images = resize_box(decode(encoded, config, gpu, plan, threads=threads), inputs["box"], split)
+    elif plan.region:  # the crop fits: drawn for the size of the very bytes fed (loader.py)
+        images = decode(encoded, config, gpu, plan, (inputs["crop_anchor"], inputs["crop_shape"]), threads)
         images = resize_to_size(images, split, inputs.get("out_size"))
     else:
-        images = resize_box(decode(encoded, config, gpu, threads=threads), inputs["box"], split)
+        images = decode(encoded, config, gpu, plan, threads=threads, train=True)
+        images = resize_to_size(images, split, inputs.get("out_size"), crop_box(inputs))
     return finish(images, config, split, inputs, augmenter, user, gpu)
 
 
-def decode(encoded: DataNode, config: Config, gpu: bool, region: tuple[DataNode, DataNode] | None = None,
-           threads: int = NVIDIA_THREADS) -> DataNode:
+def decode(encoded: DataNode, config: Config, gpu: bool, plan: DecodePlan,
+           region: tuple[DataNode, DataNode] | None = None, threads: int = NVIDIA_THREADS,
+           train: bool | None = None) -> DataNode:
     """RGB images from encoded files: whole, or only each one's `region` (the crop's (x, y) corner
     and (width, height) in upright source pixels). The one decoder call of the graph, which the
-    probe that looks for bad files (probe.py) builds too. Train decodes regions, eval whole
-    images: nvJPEG's memory hints follow (decoder_options), spread over the pipeline's `threads`."""
+    probe that looks for bad files (probe.py) builds too. nvJPEG's memory hints follow the train
+    graph (`train`, by default: a region is asked), spread over the pipeline's `threads`."""
+    train = region is not None if train is None else train
     options = {"output_type": types.RGB, "adjust_orientation": config.dataset.exif_orientation,
-               **decoder_options(gpu, config.dali.hw_decoder_load, threads, train=region is not None,
-                                 fancy_upsampling=config.dali.fancy_upsampling)}
+               **decoder_options(gpu, config.dali.hw_decoder_load, threads, train=train,
+                                 fancy_upsampling=plan.fancy)}
     if region is None:
         return fn.decoders.image(encoded, **options)
     return fn.decoders.image_slice(encoded, *region, axis_names="WH", normalized_anchor=False,
                                    normalized_shape=False, **options)
+
+
+def crop_box(inputs: Inputs) -> tuple[DataNode, DataNode]:
+    """The crop's (roi_start, roi_end) in (y, x) order, for fn.resize, from its (x, y) corner and
+    (width, height): the feed's crop_anchor and crop_shape."""
+    anchor, shape = inputs["crop_anchor"], inputs["crop_shape"]
+    start = fn.stack(anchor[1], anchor[0])
+    return start, start + fn.stack(shape[1], shape[0])
 
 
 def pixel_graph(pixels: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
@@ -166,13 +222,16 @@ def view_graph(images: DataNode, config: Config, gpu: bool, inputs: Inputs, view
     return tuple(outputs)
 
 
-def resize_to_size(images: DataNode, split: SplitConfig, out_size: DataNode | None = None) -> DataNode:
+def resize_to_size(images: DataNode, split: SplitConfig, out_size: DataNode | None = None,
+                   box: tuple[DataNode, DataNode] | None = None) -> DataNode:
     """Train: the crop, stretched to size x size (RandomResizedCrop's resize); under a size schedule
-    to the batch's size, a per-sample argument input (`out_size`: height, width) of the one graph."""
+    to the batch's size, a per-sample argument input (`out_size`: height, width) of the one graph.
+    `box`: the crop's (roi_start, roi_end) in a whole image (crop_box), resized without a slice."""
     t = split.transform
+    roi = {} if box is None else {"roi_start": box[0], "roi_end": box[1], "roi_relative": False}
     if out_size is not None:
-        return fn.resize(images, size=out_size, **_resampling(t))
-    return fn.resize(images, resize_x=t.size, resize_y=t.size, **_resampling(t))
+        return fn.resize(images, size=out_size, **roi, **_resampling(t))
+    return fn.resize(images, resize_x=t.size, resize_y=t.size, **roi, **_resampling(t))
 
 
 def _resampling(t) -> dict:
@@ -200,20 +259,36 @@ def finish(images: DataNode, config: Config, split: SplitConfig, inputs: Inputs,
            augmenter: Augmenter | None = None, user: UserOps = NO_USER_OPS, gpu: bool = False) -> DataNode:
     """Train: the flips and the ops the host drew (dali_loader/augment.py). Then the user's sample
     hook and graph function (user_ops.py), where the torch backend runs its sample hook. Then
-    normalize, cast and lay out size x size images.
+    normalize, cast and lay out size x size images; a horizontal flip that nothing comes between
+    and the normalize is the normalize's `mirror` (flip_in_normalize).
 
     Images leave as the configured float dtype (bfloat16 as float32, cast by the loader), CHW, or
     HWC when the output is channels_last (NHWC memory, which torch sees as a channels_last NCHW
     tensor without a copy).
     """
+    mirror = {}
     if split.mode == "train":
-        images = augment_images(images, inputs, augmenter, nearest=split.transform.interpolation == "nearest")
+        folded = flip_in_normalize(split, augmenter, user)
+        images = augment_images(images, inputs, augmenter, nearest=split.transform.interpolation == "nearest",
+                                flips=not folded)
+        if folded and split.transform.hflip > 0:
+            mirror = {"mirror": inputs["hflip"]}
     images = apply_user_ops(images, inputs, user, gpu)
     mean = [m * 255 for m in config.normalize.mean]
     std = [s * 255 for s in config.normalize.std]
     return fn.crop_mirror_normalize(
         images, dtype=OUTPUT_DTYPE[config.output.dtype], output_layout="HWC" if config.output.channels_last else "CHW",
-        mean=mean, std=std)
+        mean=mean, std=std, **mirror)
+
+
+def flip_in_normalize(split: SplitConfig, augmenter: Augmenter | None, user: UserOps) -> bool:
+    """Whether a train split's flips can be crop_mirror_normalize's `mirror`, as in NVIDIA's example:
+    no operator (and kernel launch per sample) of their own, and the same pixels (a mirror is exact).
+    Only a horizontal flip can, and only where nothing between it and the normalize would see the
+    image unflipped: no ops (a rotation or shear does not commute with a flip), no sample hook and
+    no graph function (they are given the flipped image, as on the torch backend)."""
+    ops = augmenter is not None and augmenter.slots
+    return split.transform.vflip == 0 and not ops and user.sample_hook is None and user.hooks.graph is None
 
 
 FEEDS = ("bytes", "pixels")
@@ -275,7 +350,8 @@ DALI's list."""
 def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
                    feed: str = "bytes", augmenter: Augmenter | None = None, sized: bool = False,
-                   user: UserOps = NO_USER_OPS, views: ViewPlan | None = None) -> Pipeline:
+                   user: UserOps = NO_USER_OPS, views: ViewPlan | None = None,
+                   plan: DecodePlan | None = None) -> Pipeline:
     """A built pipeline whose output is the images of the batches it pulls from `source`, the
     arrays of feed_layout for `feed` (FEEDS). Files and shard members come as bytes, read and
     checked by the feed on the driver thread, so that no decoder sees bytes the host has not
@@ -292,7 +368,24 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     which only a @pipeline_def function gets. `sized`: each batch comes with its output size (a size
     schedule), which the same graph takes as an argument input: no pipeline per size. `user`: the
     split's hooks (user_ops.py). `views`: the split's view groups, one output per view (view_graph).
+    `plan`: how JPEGs are decoded (decode_plan, from the nvJPEG the GPU flavour's decoders load).
     """
+    pipe = define_pipeline(config, split, source, device_id=device_id, batch_size=batch_size,
+                           num_threads=num_threads, prefetch_queue_depth=prefetch_queue_depth, seed=seed, feed=feed,
+                           augmenter=augmenter, sized=sized, user=user, views=views, plan=plan)
+    with warnings.catch_warnings():
+        if hook_inputs(user.hooks):  # a graph function need not use the seeds it is given: no warning for it
+            warnings.filterwarnings("ignore", message=r"The external source node .* is not used")
+        pipe.build()
+    return pipe
+
+
+def define_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
+                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
+                    feed: str = "bytes", augmenter: Augmenter | None = None, sized: bool = False,
+                    user: UserOps = NO_USER_OPS, views: ViewPlan | None = None,
+                    plan: DecodePlan | None = None) -> Pipeline:
+    """build_pipeline's pipeline, not built: its graph can be defined (and read) without a GPU."""
     gpu = device_id is not None
     layout = feed_layout(split, feed, augmenter, sized, user.hooks, views)
 
@@ -303,15 +396,11 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
         inputs = dict(zip((name for name, _ in layout), arrays))
         if feed == "pixels":
             return pixel_graph(inputs["pixels"], config, split, gpu, inputs, augmenter, user, views)
-        return image_graph(inputs["encoded"], config, split, gpu, inputs, augmenter, num_threads, user, views)
+        return image_graph(inputs["encoded"], config, split, gpu, inputs, augmenter, num_threads, user, views,
+                           plan)
 
     conditionals = bool(split.mode == "train" and augmenter is not None and augmenter.slots) or bool(
         views and views.has_ops)
-    pipe = pipeline_def(graph, enable_conditionals=conditionals)(
+    return pipeline_def(graph, enable_conditionals=conditionals)(
         batch_size=batch_size, num_threads=num_threads, device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth, seed=seed, exec_dynamic=True)
-    with warnings.catch_warnings():
-        if hook_inputs(user.hooks):  # a graph function need not use the seeds it is given: no warning for it
-            warnings.filterwarnings("ignore", message=r"The external source node .* is not used")
-        pipe.build()
-    return pipe

@@ -23,7 +23,7 @@ from fastloader.schema import Config
 from fastloader.sources.locations import Location
 from fastloader.sources.reading import read_bytes
 
-from .pipeline import decode
+from .pipeline import DecodePlan, decode
 
 log = logging.getLogger("fastloader")
 
@@ -55,10 +55,13 @@ def dali_reason(error: Exception) -> str:
 class DecodeProbe:
     """Decodes suspects with the pipeline's decoder: `culprits(batches, location)` maps each sample
     that cannot be used to why. Fed the encoded bytes, whatever the loader feeds; with `regions`
-    (train), only each sample's crop region, as the train graph decodes it."""
+    (train, where the plan decodes regions), only each sample's crop region, as the train graph
+    decodes it; `plan`: the graph's DecodePlan (chroma), so that a failure of that decode is found."""
 
-    def __init__(self, config: Config, device_id: int | None, batch_size: int, regions: Regions | None = None):
+    def __init__(self, config: Config, device_id: int | None, batch_size: int, plan: DecodePlan,
+                 regions: Regions | None = None):
         self.config, self.device_id, self.batch_size, self.regions = config, device_id, batch_size, regions
+        self.plan = plan
         self._pipe: Pipeline | None = None
 
     def culprits(self, batches: list[np.ndarray], location: Callable[[int], str | Location]) -> dict[int, str]:
@@ -130,6 +133,6 @@ class DecodeProbe:
             if self.regions is not None:
                 region = (fn.external_source(name="anchor", dtype=types.FLOAT),
                           fn.external_source(name="shape", dtype=types.FLOAT))
-            pipe.set_outputs(decode(encoded, self.config, self.device_id is not None, region))
+            pipe.set_outputs(decode(encoded, self.config, self.device_id is not None, self.plan, region))
         pipe.build()
         return pipe

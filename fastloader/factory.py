@@ -34,7 +34,6 @@ log = logging.getLogger("fastloader")
 BACKENDS = {"torch": ("torch_loader.loader", "TorchLoader"), "dali": ("dali_loader.loader", "DaliLoader")}
 """Backend -> (module, Loader class), imported only when the backend is chosen."""
 
-DALI_INSTALL_HINT = "pip install nvidia-dali-cuda120 (Linux x86_64 / aarch64)"
 DALI_MIN_VERSION = (2, 0)
 """The oldest DALI whose API the DALI backend's graph uses: fn.filter and fn.equalize out of
 fn.experimental (DALI PR #6134, first released in 2.0.0), and exec_dynamic by name (1.44). The
@@ -64,13 +63,22 @@ def choose_backend(config: Config, device: torch.device) -> tuple[str, str]:
     return "dali", "backend: auto, a CUDA GPU is present and NVIDIA DALI imports"
 
 
+def dali_package() -> str:
+    """The DALI wheel of torch's CUDA major: nvidia-dali-cuda130 beside PyPI's torch (CUDA 13), what
+    pyproject.toml installs; nvidia-dali-cuda120 beside a CUDA 12 build of torch
+    (docs/performance.md#the-cuda-stack)."""
+    major = torch.version.cuda.split(".")[0] if torch.version.cuda else "13"
+    return f"nvidia-dali-cuda{major}0"
+
+
 def _dali_problem() -> str | None:
     """None when `nvidia.dali` imports and is recent enough, else why not and the fix (not
     installed, a broken install, too old)."""
     try:
         import nvidia.dali  # (only here: `import fastloader` must not need DALI)
     except ImportError as error:
-        return f"NVIDIA DALI does not import: {error_text(error)}. Install it with: {DALI_INSTALL_HINT}"
+        return (f"NVIDIA DALI does not import: {error_text(error)}. Install it with: pip install {dali_package()} "
+                f"(Linux x86_64 / aarch64)")
     return dali_version_problem(getattr(nvidia.dali, "__version__", "0"))
 
 
@@ -82,7 +90,7 @@ def dali_version_problem(version: str) -> str | None:
     floor = ".".join(map(str, DALI_MIN_VERSION))
     return (f"NVIDIA DALI {version} is older than {floor}, the first with the operators the DALI backend uses "
             f"(fn.filter and fn.equalize out of fn.experimental). Upgrade it: pip install -U "
-            f"'nvidia-dali-cuda120>={floor}'")
+            f"'{dali_package()}>={floor}'")
 
 
 def _origin(config: Config) -> str:

@@ -467,12 +467,14 @@ class DaliConfig:
     hw_decoder_load: float = field(default=0.65, metadata=_check(lambda v: 0 <= v <= 1, "a fraction in [0, 1]"))
     """GPU flavour: share of each batch sent to the GPU's hardware JPEG decoder where it has one (A100,
     H100, H200); the rest goes to nvJPEG's CUDA decoder. 0.65 is NVIDIA's ResNet-50 example value."""
-    fancy_upsampling: bool = True
-    """GPU flavour: upsample JPEG chroma (4:2:0, 4:2:2) by interpolation, as libjpeg-turbo does, so that the
-    GPU's pixels are the CPU flavour's and the torch backend's (docs/semantics.md#pixels). False: nvJPEG's
-    default, which repeats each chroma pixel (NVIDIA's ResNet-50 example), within the stated tolerance; it
-    is asked of the hardware decoder too, which may leave such images to the CUDA decoder when True
-    (docs/performance.md). The CPU flavour always interpolates."""
+    fancy_upsampling: bool | Auto = "auto"
+    """GPU flavour: how nvJPEG upsamples JPEG chroma (4:2:0, 4:2:2). auto: by interpolation, as libjpeg-turbo
+    does (the CPU flavour's and the torch backend's pixels), wherever the installed nvJPEG does it on the GPU:
+    whole images always, a train crop's region from nvJPEG 13.2 (nvidia-dali-cuda130); with an older nvJPEG,
+    train regions repeat each chroma pixel (within docs/semantics.md's bound) rather than go to the CPU
+    decoder. true: interpolated always; with an older nvJPEG, train decodes whole images and takes the crop
+    in the resize. false: repeated always (nvJPEG's default, NVIDIA's ResNet-50 example). The CPU flavour
+    always interpolates. The build's log says which and why (docs/performance.md#the-cuda-stack)."""
     threads: int | Auto = field(default="auto", metadata=_check(lambda v: v == "auto" or 1 <= v <= MAX_PROCESSES,
                                                                  f"'auto' or an integer in [1, {MAX_PROCESSES}]"))
     """DALI's CPU threads per rank. auto: workers.num_workers when set, else the CPU cores available to this

@@ -37,6 +37,9 @@ class LoaderStats:
     fetched_bytes: int = 0
     """Shards in an object store: bytes downloaded into the node cache during the loop (ahead or on demand)."""
     fetched_shards: int = 0
+    cpu_decoded: dict[str, int] = field(default_factory=dict)
+    """The DALI backend's GPU flavour: images its decoder left to the CPU in the loop, by why (PNG
+    files, arithmetic-coded JPEGs ...); every JPEG nvJPEG decodes stays out of it."""
 
     def add(self, wait: float, at: float, images: int) -> None:
         if self.batches == 0:
@@ -73,5 +76,7 @@ class LoaderStats:
         fetched = (f"; fetched {self.fetched_shards} shard{'s' if self.fetched_shards != 1 else ''} "
                    f"({self.fetched_bytes / 1e6:.1f} MB) from the object store, readers waited "
                    f"{self.network_wait_s:.2f} s for shards" if self.fetched_shards or self.network_wait_s else "")
+        on_cpu = sum(self.cpu_decoded.values())
+        cpu = f"; {on_cpu} decoded on the CPU, not with nvJPEG (loader.stats.cpu_decoded)" if on_cpu else ""
         return (f"{self.images} images in {self.batches} batch{'es' if self.batches != 1 else ''}, "
-                f"{self.elapsed_s:.2f} s: {self.images_per_second:.0f} images/s; {waited}{fetched}")
+                f"{self.elapsed_s:.2f} s: {self.images_per_second:.0f} images/s; {waited}{fetched}{cpu}")

@@ -195,12 +195,18 @@ def test_the_feed_arrays_match_the_declared_inputs_and_the_crop_they_encode():
     seeds, sizes = np.arange(5), np.array([[300, 400], [50, 60], [500, 200], [64, 64], [1000, 10]])
     arrays = feed_arrays(spec, seeds, sizes)
     numpy_of = {types.FLOAT: np.float32, types.INT32: np.int32}
-    assert [name for name, _ in feed_inputs(spec)] == ["crop_anchor", "crop_shape", "hflip", "vflip", "aug_op",
-                                                        "aug_param"]
+    assert [name for name, _ in feed_inputs(spec)] == ["crop_anchor", "crop_shape", "hflip", "aug_op", "aug_param"]
     for (name, dtype), array in zip(feed_inputs(spec), arrays, strict=True):
         assert array.dtype == numpy_of[dtype] and len(array) == 5, name
-    assert arrays[4].shape == (5, 2) and arrays[5].shape == (5, 2, 2)
-    assert [name for name, _ in feed_inputs(augmenter())] == ["crop_anchor", "crop_shape", "hflip", "vflip"]
+    assert arrays[3].shape == (5, 2) and arrays[4].shape == (5, 2, 2)
+    # a flip is fed only where the split can draw it (no input DALI would warn is unused)
+    assert [name for name, _ in feed_inputs(augmenter())] == ["crop_anchor", "crop_shape", "hflip"]
+    assert [name for name, _ in feed_inputs(augmenter(vflip=0.5))] == ["crop_anchor", "crop_shape", "hflip", "vflip"]
+    assert [name for name, _ in feed_inputs(augmenter(hflip=0.0))] == ["crop_anchor", "crop_shape"]
+    both = augmenter(vflip=0.5)
+    flips = feed_arrays(both, seeds, sizes)[2:4]
+    draws = both.draw(seeds, sizes)
+    assert np.array_equal(flips[0], draws.hflip) and np.array_equal(flips[1], draws.vflip)
     boxes = spec.crops(seeds, sizes)
     assert np.array_equal(arrays[0], boxes[:, :2]) and np.array_equal(arrays[1], boxes[:, 2:] - boxes[:, :2])
 

@@ -262,7 +262,7 @@ def test_backend_dali_where_dali_is_missing_says_how_to_install_it(solid_root):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert "backend: dali (from <dict>), but NVIDIA DALI does not import: No module named 'nvidia'" in result.stdout
-    assert "pip install nvidia-dali-cuda120" in result.stdout and "or set backend: torch" in result.stdout
+    assert "pip install nvidia-dali-cuda130" in result.stdout and "or set backend: torch" in result.stdout
 
 
 def test_config_errors_reach_the_dali_backend_unchanged(solid_root):

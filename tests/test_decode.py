@@ -29,7 +29,7 @@ from fastloader.imaging.decode import (
 from fastloader.imaging.geometry import Crop
 
 requires_nvimgcodec = pytest.mark.skipif(region_decoder() is None, reason="nvImageCodec is not installed here "
-                                         "(pip install nvidia-nvimgcodec-cu12, Linux only)")
+                                         "(pip install nvidia-nvimgcodec-cu13, Linux only)")
 VARIED_SIZES = [(17, 9), (120, 90), (333, 251), (251, 333), (500, 375)]
 
 

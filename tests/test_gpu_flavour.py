@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
 
@@ -77,7 +79,7 @@ def test_fancy_upsampling_is_a_choice_for_the_gpu_decoders_and_the_cpu_always_in
 def test_the_loader_says_which_decoders_dali_uses(tmp_path, caplog):
     from conftest import base_config, write_numbered_dataset
 
-    from dali_loader.pipeline import decoder_words
+    from dali_loader.pipeline import decode_plan, decoder_words
     from fastloader import build_loader, load_config
 
     root = write_numbered_dataset(tmp_path / "d", per_class=2, splits=("val",))
@@ -86,6 +88,254 @@ def test_the_loader_says_which_decoders_dali_uses(tmp_path, caplog):
         pass
     assert "split 'val': DALI decodes with DALI's CPU decoder (libjpeg-turbo" in caplog.text
     config = load_config(base_config(root, dali={"fancy_upsampling": False, "hw_decoder_load": 0.5}))
-    words = decoder_words(config, gpu=True)
+    words = decoder_words(config, True, decode_plan(False, True, True, (13, 3, 2)), train=True)
     assert "hardware JPEG decoder for 50% of each batch" in words and "preallocated for the whole batch" in words
-    assert "chroma repeated, nvJPEG's default (dali.fancy_upsampling: false" in words
+    assert "subsampled chroma repeated (nvJPEG's default); each crop's region decoded (dali.fancy_upsampling: " \
+           "false)" in words
+    words = decoder_words(config, True, decode_plan("auto", True, True, (12, 4, 0)), train=True)
+    assert "nvJPEG 12.4.0 decodes no region of a subsampled JPEG with interpolated chroma on the GPU" in words
+    assert "counted in loader.stats" in words
+
+
+# -- the decode plan: every baseline JPEG stays on nvJPEG (issue 55) --------------------------------
+
+OLD, NEW = (12, 4, 0), (13, 3, 2)
+"""nvidia-dali-cuda120's nvJPEG and nvidia-dali-cuda130's."""
+
+
+@pytest.mark.parametrize("nvjpeg", [OLD, NEW, None])
+@pytest.mark.parametrize("setting", ["auto", True, False])
+@pytest.mark.parametrize("train", [True, False])
+def test_no_plan_asks_a_region_with_interpolated_chroma_of_an_nvjpeg_that_leaves_it_to_the_cpu(nvjpeg, setting, train):
+    """nvImageCodec refuses a region decode of a subsampled JPEG with interpolated chroma below
+    nvJPEG 13.2 (its enable_roi_fancy_upsampling), on both GPU decoders: DALI then decodes it on
+    the CPU, silently. No setting may ask for that."""
+    from dali_loader.pipeline import decode_plan
+    from dali_loader.stack import region_fancy_on_gpu
+
+    plan = decode_plan(setting, True, train, nvjpeg)
+    assert not (plan.region and plan.fancy and not region_fancy_on_gpu(nvjpeg)), plan
+    assert plan.region == (train and (setting != True or region_fancy_on_gpu(nvjpeg)))  # noqa: E712
+    assert plan.fancy == (setting is True or (setting == "auto" and (not train or region_fancy_on_gpu(nvjpeg))))
+    cpu = decode_plan(setting, False, train, None)
+    assert cpu.fancy and cpu.region == train  # the CPU flavour: libjpeg-turbo's pixels, regions for train
+
+
+def test_the_nvjpeg_version_is_read_from_the_installed_library_without_a_gpu():
+    """The nvJPEG of the DALI installed here, by its own nvjpegGetProperty. Where that DALI is the one
+    pyproject.toml asks for (a fresh set-up, CI), it is torch's CUDA major with nvJPEG 13.2 or later,
+    so the stack check says nothing (a machine staged by hand may carry another DALI)."""
+    import importlib.metadata
+    import re
+
+    from conftest import REPO
+
+    from dali_loader.stack import dali_cuda_major, nvjpeg_version, region_fancy_on_gpu, stack_problem, torch_cuda_major
+
+    major = dali_cuda_major()
+    version = nvjpeg_version(major)
+    assert major in (12, 13) and version is not None and version[0] == major, (major, version)
+    wanted = re.search(r'"(nvidia-dali-cuda\d+)>=', (REPO / "pyproject.toml").read_text()).group(1)
+    try:
+        importlib.metadata.version(wanted)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"the DALI installed here is not pyproject.toml's {wanted}")
+    assert wanted == "nvidia-dali-cuda130" and major == 13
+    assert region_fancy_on_gpu(version), version  # nvJPEG 13.3: 4:2:0 regions interpolated on the GPU
+    if torch_cuda_major() is not None:
+        assert stack_problem(major, torch_cuda_major()) is None, stack_problem(major, torch_cuda_major())
+
+
+def test_a_dali_of_another_cuda_major_than_torchs_is_named_with_the_fix():
+    from dali_loader.stack import stack_problem
+
+    words = stack_problem(12, 13)
+    assert "NVIDIA DALI is built for CUDA 12 and torch for CUDA 13" in words
+    assert "pip uninstall -y nvidia-dali-cuda120 && pip install nvidia-dali-cuda130" in words
+    assert stack_problem(13, 13) is None and stack_problem(12, None) is None
+
+
+def inputs_of(spec: str) -> list[str]:
+    """The inputs of an operator's spec text, argument inputs too (a per-sample `mirror`, a resize's roi)."""
+    return spec.split("Inputs:", 1)[1].split("Outputs:", 1)[0].split()
+
+
+def graph_ops(pipe) -> list[tuple[str, str, str]]:
+    """(operator schema, device, its spec as text) of each operator of a pipeline's Python graph,
+    defined but not built: what the GPU flavour asks of DALI, read without a GPU (DALI 2.4's
+    Pipeline._build_graph and OpSpec's text)."""
+    pipe._build_graph()
+    ops = []
+    for op in pipe._ops:
+        text = str(op.spec)
+        schema = text.split("OpSpec for ", 1)[1].split(":", 1)[0]
+        device = text.split("device: ", 1)[1].split("\n", 1)[0].strip()
+        ops.append((schema, device, text))
+    return ops
+
+
+def gpu_graph(tmp_path, split: str = "train", nvjpeg=NEW, **transform):
+    """The GPU flavour's graph of a split, as the loader defines it for `nvjpeg`, defined on a machine
+    without a GPU."""
+    from conftest import base_config, write_numbered_dataset
+
+    from dali_loader.pipeline import decode_plan, define_pipeline
+    from dali_loader.user_ops import NO_USER_OPS
+    from fastloader import load_config
+    from fastloader.augment.draws import Augmenter
+
+    root = write_numbered_dataset(tmp_path / "g", per_class=1)
+    dali = transform.pop("dali", {})
+    config = load_config(base_config(root, backend="dali", train={"transform": {"size": 32, **transform}}, dali=dali))
+    section = config.split(split)
+    augmenter = Augmenter(section.transform, config.normalize.mean) if split == "train" else None
+    plan = decode_plan(config.dali.fancy_upsampling, True, split == "train", nvjpeg)
+    pipe = define_pipeline(config, section, lambda: None, device_id=0, batch_size=4, num_threads=2,
+                           prefetch_queue_depth=2, seed=1, augmenter=augmenter, user=NO_USER_OPS, plan=plan)
+    return graph_ops(pipe)
+
+
+@pytest.mark.parametrize("nvjpeg", [OLD, NEW])
+@pytest.mark.parametrize("setting", ["auto", True, False])
+def test_the_gpu_flavours_train_graph_asks_nvjpeg_only_for_what_it_decodes_on_the_gpu(tmp_path, nvjpeg, setting):
+    ops = gpu_graph(tmp_path, nvjpeg=nvjpeg, dali={"fancy_upsampling": setting})
+    decoders = [(schema, device, text) for schema, device, text in ops if schema.startswith("decoders__")]
+    assert len(decoders) == 1 and decoders[0][1] == "mixed", decoders  # nvJPEG: DALI's mixed operator
+    schema, _, text = decoders[0]
+    fancy = "jpeg_fancy_upsampling: True" in text
+    if schema == "decoders__ImageSlice":
+        assert not fancy or nvjpeg >= (13, 2), text
+    else:  # a whole image: the crop is the resize's region of interest
+        assert schema == "decoders__Image" and fancy and setting is True and nvjpeg < (13, 2), text
+        resize = next(text for schema, _, text in ops if schema == "Resize")
+        assert "roi_relative: False" in resize and len(inputs_of(resize)) == 3, resize  # images, roi_start, roi_end
+    assert fancy == (setting is True or (setting == "auto" and nvjpeg >= (13, 2)))
+
+
+def test_the_val_graph_interpolates_chroma_on_every_nvjpeg(tmp_path):
+    for nvjpeg in (OLD, NEW):
+        decoder = next(text for schema, _, text in gpu_graph(tmp_path / str(nvjpeg[0]), "val", nvjpeg=nvjpeg)
+                       if schema.startswith("decoders__"))
+        assert "OpSpec for decoders__Image:" in decoder and "jpeg_fancy_upsampling: True" in decoder
+
+
+def test_the_horizontal_flip_is_the_normalizes_mirror_where_nothing_comes_between(tmp_path):
+    """As in NVIDIA's example: no Flip operator (one kernel a sample) where the split only flips
+    horizontally and has no ops; a vertical flip or ops keep it, in their order."""
+    plain = [schema for schema, _, _ in gpu_graph(tmp_path / "a")]
+    assert "Flip" not in plain and "CropMirrorNormalize" in plain
+    cmn = next(text for schema, _, text in gpu_graph(tmp_path / "b") if schema == "CropMirrorNormalize")
+    assert len(inputs_of(cmn)) == 2, cmn  # the images, and the per-sample hflip as `mirror`
+    assert "Flip" in [schema for schema, _, _ in gpu_graph(tmp_path / "c", vflip=0.5)]
+    assert "Flip" in [schema for schema, _, _ in gpu_graph(tmp_path / "d", auto_augment="rand-m9-n2")]
+    unflipped = [(schema, text) for schema, _, text in gpu_graph(tmp_path / "e", hflip=0.0)]
+    assert "Flip" not in [schema for schema, _ in unflipped]
+    assert len(inputs_of(next(text for schema, text in unflipped if schema == "CropMirrorNormalize"))) == 1
+
+
+# -- the same choices with devices switched: the CPU flavour runs them (pixels) ----------------------
+
+def subsampled_jpegs(root, per_class: int = 6):
+    """train/<class>/*.jpg: noisy gradients saved as 4:2:0 JPEGs (ImageNet's layout), at odd sizes."""
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    for c, name in enumerate(("a", "b")):
+        folder = root / "train" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            w, h = 90 + 17 * i, 70 + 11 * i
+            y, x = np.mgrid[0:h, 0:w]
+            base = np.stack([x * 255 // w, y * 255 // h, np.full_like(x, 90 * c)], axis=-1)
+            pixels = np.clip(base + rng.integers(0, 60, size=(h, w, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"j_{i}.jpg", quality=90, subsampling=2)
+    return root
+
+
+def train_epoch(config: dict, monkeypatch=None, plan=None) -> torch.Tensor:
+    from fastloader import build_loader
+
+    if plan is not None:  # the loader's own choice replaced by the plan a GPU with that nvJPEG gets
+        monkeypatch.setattr("dali_loader.loader.decode_plan", lambda *args: plan)
+    with build_loader(config, "train") as loader:
+        return torch.cat([images for images, _ in loader])
+
+
+def test_a_whole_image_decode_with_the_crop_in_the_resize_gives_the_regions_pixels(tmp_path, monkeypatch):
+    """dali.fancy_upsampling: true on an nvJPEG below 13.2 decodes whole images and resizes the
+    crop's box (no slice): the same graph on the CPU flavour gives the region decode's pixels but
+    at the crop's edges, where the resize's filter may read the pixels beyond it (docs/semantics.md:
+    within 0.005 per image, 0.0013 measured)."""
+    from conftest import base_config
+
+    from dali_loader.pipeline import DecodePlan
+
+    root = subsampled_jpegs(tmp_path / "j")
+    config = base_config(root, backend="dali", train={"batch_size": 4, "transform": {"size": 48, "scale": [0.2, 1.0]}})
+    regions = train_epoch(config)
+    whole = train_epoch(config, monkeypatch, DecodePlan(True, False, "a whole-image plan, as on nvJPEG 12"))
+    per_image = (regions - whole).abs().mean(dim=(1, 2, 3))
+    assert len(per_image) == 12 and per_image.max() < 0.005, per_image
+    assert per_image.max() > 0  # two paths, not one taken twice
+    torch_backend = train_epoch({**config, "backend": "torch"})
+    assert (torch_backend - whole).abs().mean(dim=(1, 2, 3)).max() < 0.15  # the backends' train bound
+
+
+def test_the_mirror_in_the_normalize_flips_exactly(tmp_path):
+    """Crops do not depend on the flip's probability (fastloader.augment draws them apart): a split
+    that always flips gives, through crop_mirror_normalize's mirror, exactly the mirror image of one
+    that never does."""
+    from conftest import base_config
+
+    root = subsampled_jpegs(tmp_path / "m", per_class=3)
+    never, always = (train_epoch(base_config(root, backend="dali", train={"batch_size": 3, "transform": {
+        "size": 40, "hflip": p}})) for p in (0.0, 1.0))
+    assert torch.equal(always, never.flip(-1))
+
+
+def test_what_the_gpu_flavour_decodes_on_the_cpu_is_counted_and_said_once(tmp_path, caplog):
+    """PNG files reach DALI's CPU decoder in the GPU flavour: counted in loader.stats per epoch and
+    said once, read on the driver thread or by the feed's worker processes; baseline and progressive
+    JPEGs (nvJPEG's) are not counted. The count is the feed's, so the CPU flavour's feed, told it
+    feeds a GPU decoder, counts as the GPU flavour's does."""
+    from conftest import base_config
+    from PIL import Image
+
+    from fastloader import build_loader
+
+    root = subsampled_jpegs(tmp_path / "c", per_class=4)
+    for i in range(3):
+        Image.new("RGB", (50, 40), (10 * i, 90, 200)).save(root / "train" / "a" / f"p_{i}.png")
+    Image.open(root / "train" / "b" / "j_0.jpg").save(root / "train" / "b" / "prog.jpg", progressive=True)
+    caplog.set_level(logging.WARNING, logger="fastloader")
+    for processes in (0, 2):
+        caplog.clear()
+        config = base_config(root, backend="dali", train={"batch_size": 4, "transform": {"size": 32}},
+                             dali={"feed_processes": processes})
+        with build_loader(config, "train") as loader:
+            loader._feed.gpu = True
+            for epoch in range(2):
+                assert sum(len(labels) for _, labels in loader) == 12
+                assert loader.stats.cpu_decoded == {"PNG files": 3}, processes
+        said = [r.message for r in caplog.records if "on the CPU, not with nvJPEG" in r.message]
+        assert len(said) == 1 and "split 'train': DALI decodes PNG files on the CPU, not with nvJPEG" in said[0]
+        assert "3 decoded on the CPU, not with nvJPEG" in loader.stats.summary()
+
+
+def test_a_jpeg_frame_nvjpeg_does_not_decode_is_known_from_its_marker():
+    import io
+
+    from PIL import Image
+
+    from dali_loader.stack import cpu_decode_reason
+    from fastloader.imaging.jpeg_header import read_header
+    from fastloader.imaging.screen import screen_read
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 30), (1, 2, 3)).save(buffer, "JPEG")
+    baseline = buffer.getvalue()
+    arithmetic = baseline.replace(b"\xff\xc0", b"\xff\xc9", 1)  # the frame marker of an arithmetic-coded JPEG
+    assert read_header(baseline).coding == 0xC0 and read_header(arithmetic).coding == 0xC9
+    assert screen_read("a.jpg", arithmetic).coding == 0xC9
+    assert cpu_decode_reason("JPEG", 0xC9) == "arithmetic-coded JPEGs"
+    assert cpu_decode_reason("JPEG", 0xC0) is None and cpu_decode_reason("JPEG", 0xC2) is None
+    assert cpu_decode_reason("JPEG2000", 0) is None and cpu_decode_reason("PNG", 0) is not None

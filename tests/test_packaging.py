@@ -76,11 +76,11 @@ def test_the_dali_floor_is_the_version_whose_api_the_backend_uses_and_older_ones
     import re
 
     from fastloader.factory import DALI_MIN_VERSION, dali_version_problem
-    floor = re.search(r'"nvidia-dali-cuda120>=([\d.]+);', (REPO / "pyproject.toml").read_text()).group(1)
+    floor = re.search(r'"nvidia-dali-cuda130>=([\d.]+);', (REPO / "pyproject.toml").read_text()).group(1)
     assert tuple(int(part) for part in floor.split(".")) == DALI_MIN_VERSION == (2, 0)
     for version in ("2.0.0", "2.4.0", "2.10.1", "3.0.0.dev20270101"):
         assert dali_version_problem(version) is None, version
     for version in ("1.40.0", "1.53.0", "1.9.0"):
         assert dali_version_problem(version) == (
             f"NVIDIA DALI {version} is older than 2.0, the first with the operators the DALI backend uses (fn.filter "
-            f"and fn.equalize out of fn.experimental). Upgrade it: pip install -U 'nvidia-dali-cuda120>=2.0'")
+            f"and fn.equalize out of fn.experimental). Upgrade it: pip install -U 'nvidia-dali-cuda130>=2.0'")

@@ -316,7 +316,7 @@ def test_members_side_by_side_are_read_together_and_each_checked_as_if_alone(tmp
             assert screened.problem is None and screened.format == "JPEG"
             offset, length = numbers[row, 0], numbers[row, 1]
             assert slab.array[offset:offset + length].tobytes() == bytes(data), batch[row].name
-            assert tuple(numbers[row, 2:]) == (screened.width, screened.height, screened.turned)
+            assert tuple(numbers[row, 2:]) == (screened.width, screened.height, screened.turned, screened.coding)
     assert sorted(odd) == [4, 5, 6, 8, 13, 14]
     assert "the tar header before" in odd[8][2] and "is not the one indexed" in odd[8][2]
     assert re.search(r"cut\.tar ends \d+ bytes into .*cut\.tar:0002\.jpg", odd[13][2]), odd[13]

@@ -124,8 +124,8 @@ def versions() -> list[str]:
 
 
 PACKAGES = {"torch": ("torch", "torch"), "torchvision": ("torchvision", "torchvision"),
-            "nvidia.dali": ("DALI", "nvidia-dali-cuda120")}
-"""Module -> (its name in messages, the pip package that installs it)."""
+            "nvidia.dali": ("DALI", None)}
+"""Module -> (its name in messages, the pip package that installs it; DALI's: _dali_package)."""
 REQUIRED = ("torch", "torchvision")
 """Modules without which no loader runs (DALI is optional: the torch backend serves without it)."""
 
@@ -142,10 +142,20 @@ def environment_problems() -> list[str]:
             except Exception:  # a parent package that does not import either
                 spec = None
             where = f" at {os.path.dirname(spec.origin)}" if spec is not None and spec.origin else ""
+            package = package or _dali_package()
             fix = f"install it (pip install {package})" if version == "not installed" else \
                 f"reinstall it (pip install --force-reinstall {package}), or remove what shadows it on sys.path"
             found.append(f"{label}{where} {version}: {fix}")
     return found
+
+
+def _dali_package() -> str:
+    """The DALI wheel of torch's CUDA (factory.dali_package); PyPI torch's where torch does not import."""
+    try:
+        from ..factory import dali_package
+        return dali_package()
+    except Exception:  # noqa: BLE001 - torch itself broken: that is reported on its own line
+        return "nvidia-dali-cuda130"
 
 
 def decoders(cuda: bool) -> dict[str, str]:

@@ -175,7 +175,7 @@ def _nvimgcodec():
         import nvidia.nvimgcodec as nvimgcodec
     except ImportError as error:
         reason = f"nvImageCodec is not installed ({error}); on Linux x86_64/aarch64 " \
-                 f"`pip install nvidia-nvimgcodec-cu12` adds it"
+                 f"`pip install nvidia-nvimgcodec-cu13` adds it"
         log.info("JPEG crops are decoded whole (torchcodec or torchvision): %s", reason)
         return reason
     except Exception as error:  # installed but broken (missing library, ABI)

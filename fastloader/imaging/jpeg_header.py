@@ -45,6 +45,9 @@ class JpegHeader(NamedTuple):
     """The Orientation tag of the EXIF block's first directory; None without one."""
     xmp_orientation: int | None
     """tiff:Orientation in the XMP packet; None without one."""
+    coding: int = 0xC0
+    """The frame's marker, which says how it is coded: 0xC0 baseline, 0xC1 extended and 0xC2
+    progressive (Huffman), 0xC3 lossless, 0xC5-0xC7 hierarchical, 0xC9-0xCF arithmetic."""
 
     @property
     def orientation(self) -> int:
@@ -107,7 +110,7 @@ def _segments(view: memoryview, size: int) -> JpegHeader | None:
     """Every segment from the start of image to the start of scan, as Pillow's JpegImageFile reads
     them. One loop over the bytes themselves, no call per marker: it runs once per sample on the DALI
     feed's thread and in every torch worker."""
-    position, frame, exif, xmp, have = 2, None, None, None, len(view)
+    position, frame, coding, exif, xmp, have = 2, None, 0, None, None, len(view)
     while True:
         if position + 4 > have:
             if position + 4 > size:
@@ -124,7 +127,7 @@ def _segments(view: memoryview, size: int) -> JpegHeader | None:
         if marker in _SOF:
             if frame is not None:
                 raise _NotSure  # Pillow keeps the last frame header, decoders the first
-            frame = _frame(view[position + 4:end])
+            frame, coding = _frame(view[position + 4:end]), marker
         elif marker == _DQT:
             _check_tables(view[position + 4:end])
         elif 0xE0 <= marker <= 0xEF:
@@ -147,7 +150,7 @@ def _segments(view: memoryview, size: int) -> JpegHeader | None:
     xmp_orientation = None
     if xmp is not None and (match := _XMP_ORIENTATION.search(xmp)):
         xmp_orientation = int(match[2])
-    return JpegHeader(width, height, components, exif_orientation, xmp_orientation)
+    return JpegHeader(width, height, components, exif_orientation, xmp_orientation, coding)
 
 
 def _frame(body) -> tuple[int, int, int]:

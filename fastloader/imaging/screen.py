@@ -77,6 +77,8 @@ class Screened:
     problem: str | None = None
     turned: bool = False
     """The EXIF orientation turns the image by 90 degrees: decoded upright, it is height x width."""
+    coding: int = 0
+    """A JPEG's frame marker where the marker walk read it (jpeg_header.JpegHeader.coding), else 0."""
 
     @property
     def suffix_mismatch(self) -> bool:
@@ -138,7 +140,7 @@ def screen_read(name: str, data: bytes | bytearray | memoryview, max_pixels: int
     problem = bomb_problem(width, height, max_pixels) if width * height > max_pixels else None
     if problem is None and data[-2:] != b"\xff\xd9":  # nearly every JPEG ends with its EOI marker: no search
         problem = _tail_problem("JPEG", bytes(data[-TAIL_BYTES:]))
-    return Screened(name, "JPEG", width, height, problem, turned)
+    return Screened(name, "JPEG", width, height, problem, turned, header.coding)
 
 
 def unreadable(location: Location, error: OSError) -> str:

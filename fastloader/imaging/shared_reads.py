@@ -166,9 +166,10 @@ class Pending:
 Read = tuple[np.ndarray | None, Screened]
 """What read_screened gives: the bytes (None where they could not be read) and their check."""
 
-OFFSET, LENGTH, WIDTH, HEIGHT, TURNED = range(5)
+OFFSET, LENGTH, WIDTH, HEIGHT, TURNED, CODING = range(6)
 """The columns of a reply's numbers: where a sample's bytes lie in the slab (-1: not there), how many,
-and its header's size and EXIF turn (-1 where the check found no size)."""
+its header's size and EXIF turn (-1 where the check found no size), and a JPEG's frame marker
+(Screened.coding)."""
 
 
 class Received(NamedTuple):
@@ -188,14 +189,14 @@ class Received(NamedTuple):
     def reads(self) -> list[Read]:
         """Each sample's bytes and check, as read_screened gives them."""
         reads = []
-        for row, (offset, length, width, height, turned) in enumerate(self.numbers.tolist()):
+        for row, (offset, length, width, height, turned, coding) in enumerate(self.numbers.tolist()):
             inline, fmt, problem = self.odd.get(row, (None, "JPEG", None))
             if inline is not None:
                 data = np.frombuffer(inline, dtype=np.uint8)
             else:
                 data = None if offset < 0 else self.slab.array[offset:offset + length]
             size = (None, None) if width < 0 else (width, height)
-            reads.append((data, Screened(self.locations[row].name, fmt, *size, problem, turned > 0)))
+            reads.append((data, Screened(self.locations[row].name, fmt, *size, problem, turned > 0, max(coding, 0))))
         return reads
 
 
@@ -431,7 +432,7 @@ def read_share(owner: int, number: int, fd: int, capacity: int, start: int, end:
     found no room in the slab (or grew while read), which come back in the reply. Ranges that lie
     side by side in a container (reading.runs) are read together, with what lies between them."""
     arena = _SlabArena(_mapped(owner, number, fd, capacity), start, end)
-    numbers = np.full((len(locations), 5), -1, dtype=np.int64)
+    numbers = np.full((len(locations), CODING + 1), -1, dtype=np.int64)
     odd = {}
     locations = [as_location(location) for location in locations]
     for begin, stop in runs(locations):
@@ -464,7 +465,7 @@ def _note(numbers: np.ndarray, odd: dict, row: int, data, screened: Screened, of
     else:
         numbers[row, LENGTH] = 0
     if screened.width is not None:
-        numbers[row, WIDTH:] = screened.width, screened.height, screened.turned
+        numbers[row, WIDTH:] = screened.width, screened.height, screened.turned, screened.coding
     if inline is not None or screened.problem is not None or screened.format != "JPEG":
         odd[row] = inline, screened.format, screened.problem
 
