@@ -10,6 +10,7 @@ builds a fresh loader, skips warm-up batches, then times a fixed number of batch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -63,6 +64,34 @@ def check_data(parser: argparse.ArgumentParser, data: Path, splits: Iterable[str
         parser.error(f"{which} {data} has no {' or '.join(missing)} folder; pass --data DIR, a folder holding "
                      "train/<class>/*.JPEG and val/<class>/*.JPEG (ImageNet-style images)")
     return data
+
+
+@contextlib.contextmanager
+def reencoded_420(data: Path, reencode: bool):
+    """`data` itself, or (`reencode`) a temporary copy of its train/ and val/ trees whose JPEGs are
+    re-encoded 4:2:0 at quality 90, as ImageNet's original JPEGs are; other files copied as they are.
+    Said with the share of the originals that were 4:4:4."""
+    if not reencode:
+        yield data
+        return
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory(prefix="reencoded_420_") as folder:
+        copied, was_444 = 0, 0
+        for path in sorted(data.glob("*/*/*")):
+            if path.parts[-3] not in ("train", "val") or not path.is_file():
+                continue
+            target = Path(folder) / path.relative_to(data)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with Image.open(path) as image:
+                if image.format != "JPEG":
+                    target.write_bytes(path.read_bytes())
+                    continue
+                was_444 += image.layer[0][1:3] == (1, 1) if image.mode != "L" and image.layers > 1 else 0
+                image.convert("RGB").save(target, "JPEG", quality=90, subsampling=2, exif=image.info.get("exif", b""))
+            copied += 1
+        print(f"note: {copied} JPEGs of {data} re-encoded 4:2:0 at quality 90 in {folder} ({was_444} were 4:4:4)")
+        yield Path(folder)
 
 
 def splits_of(args: argparse.Namespace) -> list[str]:
@@ -228,23 +257,91 @@ def fastloader_factory(split: str, overrides: dict) -> Factory:
     return build
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work: a lane's clock stops when its batches are made, not when their
+    kernels are queued (a deeper ready queue would flatter it otherwise)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def prefetch_depth(loader) -> int | None:
+    """Batches a lane may hold ready ahead of its consumer, as each kind of loader says it: fastloader's
+    `prefetch_depth`, a DataLoader's workers x prefetch_factor, an iterator's own attribute."""
+    depth = getattr(loader, "prefetch_depth", None)
+    if depth is None and isinstance(loader, torch.utils.data.DataLoader):
+        depth = loader.num_workers * (loader.prefetch_factor or 0)
+    return depth
+
+
+class JpegEngines:
+    """The GPU's JPEG engines' mean utilization (%) while a lane is timed, from `nvidia-smi dmon`'s
+    `jpg` column; None where there is no nvidia-smi or the GPU has no such column. The hardware
+    decoder's share of a lane's decoding shows here (DALI's nvJPEG hardware path)."""
+
+    def __init__(self):
+        self.process = None
+        if not torch.cuda.is_available():
+            return
+        try:
+            self.process = subprocess.Popen(["nvidia-smi", "dmon", "-s", "u", "-d", "1", "-i", "0"],
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.process = None
+
+    def stop(self) -> float | None:
+        if self.process is None:
+            return None
+        self.process.terminate()
+        try:
+            out, _ = self.process.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, _ = self.process.communicate()
+        return jpg_utilization(out)
+
+
+def jpg_utilization(dmon: str) -> float | None:
+    """The mean of `nvidia-smi dmon -s u`'s jpg column (its header names the columns), None without one."""
+    columns, values = None, []
+    for line in dmon.splitlines():
+        if line.startswith("#"):
+            columns = columns or line.lstrip("#").split()
+            continue
+        fields = line.split()
+        if columns and "jpg" in columns and len(fields) == len(columns):
+            value = fields[columns.index("jpg")]
+            if value.replace(".", "", 1).isdigit():
+                values.append(float(value))
+    return statistics.mean(values) if values else None
+
+
 def measure(build: Factory, warmup: int, batches: int) -> dict:
-    """images/s over `batches` batches after `warmup` ones, on a loader built for this measurement only."""
+    """images/s over `batches` batches after `warmup` ones, on a loader built for this measurement only;
+    the device synchronized at both ends of the clock. Also: the lane's prefetch depth, the GPU's JPEG
+    engines' utilization meanwhile, and what fastloader's DALI GPU flavour decoded on the CPU."""
     started = time.perf_counter()
     loader, close = build()
     iterator = iter(loader)
     timed_from = started
     images = seen = 0
+    engines = None
     try:
         for _, labels in iterator:
             seen += 1
             if seen == warmup:
+                synchronize()
                 timed_from = time.perf_counter()
+                engines = JpegEngines()
             elif seen > warmup:
                 images += len(labels)
             if seen == warmup + batches:
                 break
+        synchronize()
         elapsed = time.perf_counter() - timed_from
+        jpg = engines.stop() if engines is not None else None
+        depth = prefetch_depth(loader)
+        stats = getattr(loader, "stats", None)
+        on_cpu = dict(getattr(stats, "cpu_decoded", {}) or {})
     finally:
         del iterator
         close()
@@ -252,7 +349,8 @@ def measure(build: Factory, warmup: int, batches: int) -> dict:
     if seen < warmup + batches:
         raise RuntimeError(f"the epoch ended after {seen} batches, before {warmup + batches}; raise --repeat")
     startup = timed_from - started if warmup else None
-    return {"images": images, "seconds": elapsed, "images_per_s": images / elapsed, "startup_s": startup}
+    return {"images": images, "seconds": elapsed, "images_per_s": images / elapsed, "startup_s": startup,
+            "prefetch_depth": depth, "jpg_engines_percent": jpg, "cpu_decoded": on_cpu}
 
 
 def run_split(split: str, args: argparse.Namespace, workdir: Path, build_peers: PeerBuilder,
@@ -284,10 +382,16 @@ def run_split(split: str, args: argparse.Namespace, workdir: Path, build_peers: 
 
 
 def summarize(raw: dict[str, list[dict]], ratios: Ratios | None = None) -> dict:
-    """Median, min and max per peer, and the ratios of medians: the given pairs whose peers were
+    """Median, min and max per peer (its prefetch depth, JPEG engines' median utilization and images
+    decoded on the CPU beside them), and the ratios of medians: the given pairs whose peers were
     measured, else the first peer (ours) to each other one."""
     rates = {name: [m["images_per_s"] for m in results] for name, results in raw.items()}
     summary = {name: {"median": statistics.median(r), "min": min(r), "max": max(r)} for name, r in rates.items()}
+    for name, results in raw.items():
+        jpg = [m["jpg_engines_percent"] for m in results if m.get("jpg_engines_percent") is not None]
+        summary[name].update(prefetch_depth=results[0].get("prefetch_depth"),
+                             jpg_engines_percent=statistics.median(jpg) if jpg else None,
+                             cpu_decoded=sum(sum(m.get("cpu_decoded", {}).values()) for m in results))
     if ratios is None:
         ours, *others = rates
         ratios = [(ours, other) for other in others]
@@ -301,10 +405,14 @@ def print_table(split: str, result: dict) -> None:
     names = [name for name in summary if name != "ratios"]
     width = max(len(name) for name in names)
     print(f"\n{split}: {result['files']} files x {result['repeat']} = {result['epoch_images']} images per epoch")
-    print(f"  {'loader':<{width}} {'median images/s':>16} {'min..max over rounds':>22}")
+    print(f"  {'loader':<{width}} {'median images/s':>16} {'min..max over rounds':>22} {'prefetch':>8} "
+          f"{'JPG engines':>11} {'CPU decodes':>11}")
     for name in names:
         s = summary[name]
-        print(f"  {name:<{width}} {s['median']:16.1f} {s['min']:>12.1f}..{s['max']:<9.1f}")
+        depth = "?" if s.get("prefetch_depth") is None else str(s["prefetch_depth"])
+        jpg = "-" if s.get("jpg_engines_percent") is None else f"{s['jpg_engines_percent']:.0f}%"
+        print(f"  {name:<{width}} {s['median']:16.1f} {s['min']:>12.1f}..{s['max']:<9.1f} {depth:>8} {jpg:>11} "
+              f"{s.get('cpu_decoded', 0):>11}")
     for pair, ratio in summary["ratios"].items():
         print(f"  ratio {pair}: {ratio:.2f}x")
 

@@ -30,7 +30,8 @@ if NO_DALI is None:
     from nvidia.dali.plugin.pytorch import DALIClassificationIterator, LastBatchPolicy
 
     from dali_loader.augment import feed_arrays
-    from dali_loader.pipeline import centre_boxes, decoder_options, feed_layout, image_graph
+    from dali_loader.pipeline import centre_boxes, decode_plan, decoder_options, feed_layout, image_graph
+    from dali_loader.stack import dali_cuda_major, nvjpeg_version
     from fastloader.augment.draws import Augmenter
     from fastloader.imaging.sizes import upright_size
 
@@ -98,13 +99,15 @@ def our_graph_on_dali_reader(files: list[str], labels: list[int], split: str, gp
     split_config = config.split(split)
     augmenter = Augmenter(split_config.transform, config.normalize.mean) if split == "train" else None
     layout = feed_layout(split_config, "bytes", augmenter)[1:]  # what follows the encoded bytes
+    nvjpeg = nvjpeg_version(dali_cuda_major()) if gpu else None
+    plan = decode_plan(config.dali.fancy_upsampling, gpu, split == "train", nvjpeg)  # the loader's, on this stack
 
     def graph():
         encoded, label = fn.readers.file(files=files, labels=labels, pad_last_batch=True, name="Reader")
         arrays = fn.external_source(source=inputs_in_order(files, config, split_config, augmenter, batch_size),
                                     num_outputs=len(layout), batch=True, dtype=[dtype for _, dtype in layout])
         inputs = dict(zip((name for name, _ in layout), arrays))
-        images = image_graph(encoded, config, split_config, gpu, inputs, augmenter, threads=threads)
+        images = image_graph(encoded, config, split_config, gpu, inputs, augmenter, threads=threads, plan=plan)
         return images, label.gpu() if gpu else label
 
     conditionals = bool(augmenter and augmenter.slots)
@@ -131,13 +134,22 @@ def inputs_in_order(files: list[str], config, split, augmenter, batch_size: int)
     return source
 
 
+class ExampleBatches:
+    """A DALI pipeline read as the examples read it: DALIClassificationIterator, labels as int64.
+    `prefetch_depth`: the pipeline's prefetch queue, the batches it holds ready ahead of its reader."""
+
+    def __init__(self, pipe: Pipeline):
+        self.prefetch_depth = pipe.prefetch_queue_depth if isinstance(pipe.prefetch_queue_depth, int) else None
+        self.iterator = DALIClassificationIterator(pipe, reader_name="Reader",
+                                                   last_batch_policy=LastBatchPolicy.PARTIAL)
+
+    def __iter__(self):
+        return ((batch[0]["data"], batch[0]["label"].squeeze(-1).long()) for batch in self.iterator)
+
+
 def iterator_factory(make_pipeline) -> Factory:
-    """A DALI pipeline read as the examples read it: DALIClassificationIterator, labels as int64."""
     def build():
-        iterator = DALIClassificationIterator(make_pipeline(), reader_name="Reader",
-                                              last_batch_policy=LastBatchPolicy.PARTIAL)
-        batches = ((batch[0]["data"], batch[0]["label"].squeeze(-1).long()) for batch in iterator)
-        return batches, lambda: None
+        return ExampleBatches(make_pipeline()), lambda: None
     return build
 
 

@@ -18,10 +18,18 @@ images/s per loader with the decode limits as lines.
     python benchmarks/peers.py --workers 1 --split train --rounds 3 --json peers.json
     python benchmarks/peers.py --torch-decoder auto decode_jpeg --only torch limit   # region vs whole file
     python benchmarks/peers.py --only dali nvidia --device gpu   # the DALI backend against NVIDIA's example
+    python benchmarks/peers.py --only dali nvidia --device gpu --reencode-420   # on ImageNet's chroma layout
     python benchmarks/peers.py --split train --auto-augment rand-m9-mstd0.5-inc1 --only torch timm
 
 --auto-augment POLICY gives the same policy (train split) to fastloader's backends and to timm's
 contender; timm runs the closest string Pillow lets it run (timm_policy says which, and why).
+
+Each lane's clock stops after the device has finished its batches (harness.measure); on the GPU
+at least GPU_WARMUP warm-up and GPU_BATCHES timed batches. The table gives each lane's prefetch
+depth, the GPU's JPEG engines' utilization while it was timed, and what fastloader's DALI backend
+decoded on the CPU. --reencode-420 runs on a copy of the data whose JPEGs are re-encoded 4:2:0 at
+quality 90, as ImageNet's originals are (the real photos are 78% 4:4:4): made in a temporary folder,
+never kept.
 """
 from __future__ import annotations
 
@@ -55,6 +63,9 @@ TARGETS = {(TORCH, NVIDIA): {"train": 1.0, "val": 1.0}, (DALI, NVIDIA): {"train"
 POLICY_TARGETS = {(TORCH, TIMM): {"train": 1.5}, (DALI, DALI_PLAIN): {"train": 0.5}}
 """With --auto-augment (issue 25): the torch backend against timm given the same policy; the DALI
 backend with the policy against itself without (0.9 on a GPU)."""
+GPU_WARMUP, GPU_BATCHES = 10, 100
+"""The fewest warm-up and timed batches a GPU lane gets: a GPU loader's ready queue and its first
+batches' set-up would flatter or penalize a short count."""
 CPU_ONLY_TARGETS = {(TORCH, NVIDIA)}
 """Targets that compare CPU decoding with CPU decoding: the torch backend against NVIDIA's example
 holds only where that example runs DALI's CPU flavour, not against nvJPEG on a GPU."""
@@ -263,7 +274,14 @@ if __name__ == "__main__":
                              "rand-m9-mstd0.5-inc1")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu" if torch.cuda.is_available() else "cpu",
                         help="the DALI peers' flavour (default: gpu where CUDA is available, else cpu)")
+    parser.add_argument("--reencode-420", action="store_true",
+                        help="run on the data's JPEGs re-encoded 4:2:0 at quality 90 (ImageNet's layout), in a "
+                             "temporary copy")
     arguments = harness.check_args(parser, parser.parse_args())
+    if arguments.device == "gpu" and (arguments.warmup < GPU_WARMUP or arguments.batches < GPU_BATCHES):
+        arguments.warmup, arguments.batches = max(arguments.warmup, GPU_WARMUP), max(arguments.batches, GPU_BATCHES)
+        print(f"note: on the GPU each lane takes at least {GPU_WARMUP} warm-up and {GPU_BATCHES} timed batches: "
+              f"--warmup {arguments.warmup} --batches {arguments.batches}")
     if arguments.workers < 1:
         parser.error("--workers must be >= 1: DALI needs at least one CPU thread")
     if arguments.device == "gpu" and not torch.cuda.is_available():
@@ -283,4 +301,6 @@ if __name__ == "__main__":
     info += f"\ntorch backend decoders: {describe_decoders()}"
     ratios = RATIOS + [(torch_peer_name(choice, arguments), DECODE_JPEG_LIMIT)
                        for choice in arguments.torch_decoder[1:]]
-    sys.exit(harness.main(arguments, build_peers, "peers", info, ratios=ratios, report=report(arguments)))
+    with harness.reencoded_420(arguments.data, arguments.reencode_420) as data:
+        arguments.data = data
+        sys.exit(harness.main(arguments, build_peers, "peers", info, ratios=ratios, report=report(arguments)))

@@ -31,8 +31,9 @@ def test_both_backends_interleaved_with_json_and_plot(tmp_path):
     summary = json.loads((out / "bench.json").read_text())
     torch_run, dali_run = summary["runs"]
     assert (torch_run["backend"], dali_run["backend"]) == ("torch", "dali")
-    # sample.yaml: 2 workers x prefetch 2; DALI: its queue of 2, the batch assembled, the one its driver holds
-    assert torch_run["prefetch_depth"] == 2 * 2 and dali_run["prefetch_depth"] == 2 + 2
+    # sample.yaml: 2 workers x prefetch 2 and the producer's one; DALI: its queue of 2, the batch assembled, the
+    # one its driver holds
+    assert torch_run["prefetch_depth"] == 2 * 2 + 1 and dali_run["prefetch_depth"] == 2 + 2
     for run_ in summary["runs"]:
         assert [r["batches"] for r in run_["rounds"]] == [6, 6, 6] and run_["images"] == 3 * 6 * 16
         assert [r["drained"] for r in run_["rounds"]] == [run_["prefetch_depth"]] * 3  # > --warmup 1
@@ -53,7 +54,7 @@ def test_both_backends_interleaved_with_json_and_plot(tmp_path):
     assert (summary["warmup_asked"], summary["batches_asked"]) == (1, 6) and "warmup" not in summary
     assert f"dali / torch: {ratio:.2f}x images/s" in result.stdout
     assert "6/6 rounds" in result.stderr
-    assert "note: the torch loader holds up to 4 batches prepared ahead, 67% of the 6 batches" in result.stdout
+    assert "note: the torch loader holds up to 5 batches prepared ahead, 83% of the 6 batches" in result.stdout
     image = np.asarray(Image.open(out / "bench.png").convert("RGB"))
     assert image.shape == (500, 700, 3)
     assert len(np.unique(image.reshape(-1, 3), axis=0)) > 20  # axes, two coloured series, text: not blank
@@ -68,8 +69,9 @@ def test_a_model_step_that_hides_the_loading_shows_as_a_smaller_stall(tmp_path):
         assert result.returncode == 0, result.stderr
         results[step] = json.loads(path.read_text())
     assert results["0"]["backend"] == "torch" and results["0"]["step_ms"] == 0
-    # what ran: 4 batches drained (2 workers x prefetch 2, above --warmup's default 2), a floor of 8 timed batches
-    assert (results["0"]["warmup"], results["0"]["warmup_asked"]) == (4, 2)
+    # what ran: 5 batches drained (2 workers x prefetch 2 + the producer's, above --warmup's default 2), a floor
+    # of 8 timed batches
+    assert (results["0"]["warmup"], results["0"]["warmup_asked"]) == (5, 2)
     assert (results["0"]["min_batches"], results["0"]["batches_asked"], results["0"]["batches"]) == (8, 8, 8)
     assert results["0"]["stall_fraction"] > 0.5  # nothing to do but wait for data
     assert results["40"]["stall_fraction"] < results["0"]["stall_fraction"] / 2
@@ -82,7 +84,7 @@ def test_the_time_floor_spans_epochs(tmp_path):
                  "--json", str(path), *SMALL, cache_dir=tmp_path)
     assert result.returncode == 0, result.stderr
     timed = json.loads(path.read_text())["runs"][0]["rounds"][0]
-    assert timed["seconds"] >= 1.5 and timed["batches"] >= 40  # default floor: 10 x (2 workers x prefetch 2)
+    assert timed["seconds"] >= 1.5 and timed["batches"] >= 50  # default floor: 10 x (2 workers x prefetch 2 + 1)
     assert timed["batches"] > 15 * 2  # 15 batches per epoch of 240 at 16: more than two epochs
 
 
@@ -121,10 +123,10 @@ def test_a_round_cannot_time_batches_prepared_before_it(tmp_path):
                  "--seconds", "0", "--rounds", "2", "--json", str(path), cache_dir=tmp_path)
     assert result.returncode == 0, result.stderr
     torch_run = json.loads(path.read_text())["runs"][0]
-    assert torch_run["prefetch_depth"] == 8 and [r["drained"] for r in torch_run["rounds"]] == [8, 8]
+    assert torch_run["prefetch_depth"] == 9 and [r["drained"] for r in torch_run["rounds"]] == [9, 9]
     fastest = max(r["images_per_second"] for r in torch_run["rounds"])
     assert fastest * 4 < trap, (torch_run["rounds"], trap)  # the old bench printed about `trap`
-    assert "note: the torch loader holds up to 8 batches prepared ahead, 200% of the 4 batches" in result.stdout
+    assert "note: the torch loader holds up to 9 batches prepared ahead, 225% of the 4 batches" in result.stdout
 
 
 def test_both_backends_refuse_a_backend_forced_by_the_environment(tmp_path):

@@ -45,7 +45,8 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "train_step": ["train_step.py", "--device", "cpu", "--models", "resnet18",
                    "--peers", "model,torch,dali-cache,nvidia", "--short-side", "36", *TINY, *ROUND],
     "epoch_gap": ["epoch_gap.py", "--split", "train", "--epochs", "2", "--step-ms", "1", *TINY],
-    "peers": ["peers.py", "--device", "cpu", "--split", "both", "--plot", "{report}.png", *TINY, *ROUND],
+    "peers": ["peers.py", "--device", "cpu", "--split", "both", "--plot", "{report}.png", "--reencode-420", *TINY,
+              *ROUND],
     "first_batch": ["first_batch.py", "--device", "cpu", "--tries", "1", "--batch-size", "4", "--threads", "1"],
     "screening": ["screening.py", "--split", "train", "--workers", "1", "--batch-size", "4"],
     "trainer_thread": ["trainer_thread.py", "--device", "cpu", "--batch-size", "4", "--size", "32", "--workers", "1",
@@ -205,10 +206,32 @@ def test_peers_measures_every_peer_on_both_splits_and_prints_targets_stages_and_
             assert f"  {split}: fastloader torch / NVIDIA RN50 example = " in out
         assert report["stages"][split]["images"] == 12 and sum(report["stages"][split]["ms_per_image"].values()) > 0
     assert "\ntrain: 12 files x 20 = 240 images per epoch" in out and "torch backend, ms per image on one core" in out
+    # each lane's prefetch depth (1 worker x prefetch_factor 2, + fastloader's producer; DALI: its queue of 2 + 2),
+    # on a 4:2:0 copy
+    summary = report["splits"]["train"]["summary"]
+    assert summary["fastloader torch"]["prefetch_depth"] == 3 and summary["torchvision defaults"]["prefetch_depth"] == 2
+    if HAS_DALI:
+        assert summary["fastloader dali"]["prefetch_depth"] == 4
+        assert summary["NVIDIA RN50 example"]["prefetch_depth"] == 2
+        assert summary["fastloader dali"]["cpu_decoded"] == 0  # the CPU flavour: nothing to count
+    assert "prefetch JPG engines CPU decodes" in out
+    assert "note: 24 JPEGs of " in out and "re-encoded 4:2:0 at quality 90" in out  # 12 train, 12 val
     if not HAS_TIMM:
         assert "skipped timm prefetcher: timm is not installed" in out
     png = Path(report["settings"]["plot"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_jpeg_engines_share_is_read_from_nvidia_smi_dmon():
+    """`nvidia-smi dmon -s u` (its output on an H100: two header lines, then one line a second)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import harness
+
+    dmon = ("# gpu     sm    mem    enc    dec    jpg    ofa \n# Idx      %      %      %      %      %      % \n"
+            "    0     35     10      0      0     60      0 \n    0     40     12      0      0     80      0 \n")
+    assert harness.jpg_utilization(dmon) == 70.0
+    assert harness.jpg_utilization("# gpu sm mem enc dec\n# Idx % % % %\n 0 1 2 0 0\n") is None  # no jpg column
+    assert harness.jpg_utilization("") is None
 
 
 @runs_for("stages")

@@ -83,3 +83,55 @@ def test_python_dash_c_screens_and_loads_every_file(many_files, tmp_path):
     result = run_script(["-c", script_for(many_files, "torch")], cache_dir=tmp_path / "cache",
                         cwd=tmp_path)
     assert result == {"backend": "torch", "samples": FILES, "seen": FILES // 100 * 100}
+
+
+ENDINGS = {"returns": ("", 0), "exits 3": ("sys.exit(3)", 3), "raises": ("raise ValueError('the trainer broke')", 1)}
+"""How a script ends mid-epoch, and the exit status it must end with."""
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_script_that_ends_mid_epoch_exits_with_its_own_status(many_files, tmp_path, backend, ending):
+    """A loader's iterator kept alive in a function's frame and in a global, batches with a model step
+    between, then the script ends: it exits with its own status (0, sys.exit's, 1 for an uncaught
+    error), without a crash in a loader's thread (DALI's: 'terminate called without an active
+    exception', SIGABRT, seen in most runs) and without a traceback but the script's own."""
+    statement, status = ENDINGS[ending]
+    config = {"backend": backend, "dataset": {"root": str(many_files)}, "workers": {"num_workers": 2},
+              "train": {"batch_size": 64, "transform": {"size": 16}}}
+    script = textwrap.dedent(f"""
+        import sys, time
+        import fastloader
+        kept = []
+
+        def train():
+            loader = fastloader.build_loader({config!r}, "train")
+            batches = iter(loader)
+            kept.append(batches)
+            for step in range(3):
+                images, labels = next(batches)
+                time.sleep(0.05)  # the model step
+            print("trained", flush=True)
+            {statement}
+
+        train()
+    """)
+    path = tmp_path / "ends.py"
+    path.write_text(script)
+    environment = env_without("FASTLOADER_BACKEND")
+    environment["FASTLOADER_CACHE_DIR"] = str(tmp_path / "cache")
+    process = subprocess.Popen([sys.executable, str(path)], cwd=tmp_path, env=environment, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"the script hung at its end (killed after 90 s); stderr: {err[-2000:]}")
+    assert "trained" in out, err[-3000:]
+    assert process.returncode == status, (process.returncode, err[-3000:])
+    assert "terminate called" not in err and "Exception in thread" not in err, err[-3000:]
+    tracebacks = err.count("Traceback")
+    assert tracebacks == (1 if ending == "raises" else 0), err[-3000:]
+    if ending == "raises":
+        assert err.rstrip().endswith("ValueError: the trainer broke"), err[-3000:]

@@ -391,3 +391,47 @@ def test_resize_gives_torchvisions_pixels_and_memory_format(interpolation):
                 assert torch.equal(resized, expected) and resized.stride() == expected.stride(), (chw.shape, size)
                 compared += 1
     assert compared == 40 * 4 * 3
+
+
+# -- the producer thread (torch_loader/ahead.py; issue 55) ------------------------------------------
+
+def producers(split: str = "train") -> list:
+    import threading
+    return [t for t in threading.enumerate() if t.name == f"fastloader-torch-{split}" and t.is_alive()]
+
+
+def test_a_loop_with_workers_is_made_on_one_producer_thread_that_ends_with_it(textured_root):
+    """The trainer's thread only takes finished batches (device: CPU): one producer a loop, gone at
+    the loop's end or when a newer loop starts after a `break`; the batches are those of the loader
+    without a producer (no workers), in order."""
+    config = base_config(textured_root, workers={"num_workers": 2})
+    expected = [y for _, y in build_loader(base_config(textured_root), "train")]
+    with build_loader(config, "train") as loader:
+        labels = []
+        for images, batch_labels in loader:
+            labels.append(batch_labels)
+            assert len(producers()) == 1
+        assert [y.tolist() for y in labels] == [y.tolist() for y in expected]
+        for thread in producers():
+            thread.join(5)  # it puts the loop's end, then ends
+        assert producers() == []
+        for _ in loader:
+            break
+        first = next(iter(loader))  # the next loop: the epoch after, in full
+        assert len(producers()) == 1 and len(first[1]) == 4
+    assert producers() == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_paused_loop_resumed_after_a_newer_one_started_says_so(textured_root, workers):
+    """Two loops never read the workers' batches in turn (each would get the other's batches): the
+    older one, resumed, raises an error that says what happened."""
+    with build_loader(base_config(textured_root, workers={"num_workers": workers}), "val") as loader:
+        older = iter(loader)
+        next(older)
+        newer = iter(loader)
+        assert len(next(newer)[1]) == 4
+        with pytest.raises(RuntimeError, match="a newer loop over the torch loader for split 'val' started while this "
+                                               "one was paused"):
+            next(older)
+        assert sum(len(y) for _, y in newer) + 4 == loader.num_samples  # the newer one goes on, whole

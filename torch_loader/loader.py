@@ -29,9 +29,10 @@ from fastloader.prepared import PreparedSplit
 from fastloader.schema import Config, SplitConfig
 from fastloader.sources.reading import keep_open
 
+from .ahead import Ahead
 from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
-from .prefetch import Normalizer, prefetch_stream, prefetch_to_cuda
+from .prefetch import Normalizer, convert_on_stream, hand_over, prefetch_stream
 from .transforms import SampleTransform
 from .views import ViewsCollate, ViewsTransform
 
@@ -65,6 +66,7 @@ def _stop_persistent_workers() -> None:
     still reads their queues, and that thread prints a traceback at the end of a clean script (seen
     on a GPU machine). One hook for all loaders, so that building many adds nothing at exit."""
     for loader in list(_PERSISTENT):
+        loader._stop_producer()
         loader._shutdown()
 
 
@@ -109,7 +111,10 @@ class TorchLoader(Loader):
         self._feed = _BatchFeed()
         self._persistent = workers.persistent and num_workers > 0
         self._live = None  # the DataLoader iterator that outlives each loop (persistent workers)
-        self._newest = None  # the loop that owns the live iterator
+        self._ahead = Ahead(f"fastloader-torch-{split.name}", depth=1 if num_workers else 0)
+        """The thread that receives, converts and finishes each loop's batches, one ahead (ahead.py);
+        none without workers, where everything runs on the trainer's thread, as a DataLoader's would."""
+        self._loop = None  # the loop that owns the live iterator
         if self._persistent:
             _PERSISTENT.add(self)
         if self.views is not None:  # every view of a sample from one decode
@@ -122,10 +127,11 @@ class TorchLoader(Loader):
         on_cuda = device.type == "cuda"
         self._side_stream = prefetch_stream(device) if on_cuda else None  # one for the loader's life
         # CPU output: float batches, written into buffers the main process dropped (see collate.py).
-        # A worker's buffers: those in flight (prefetch_factor), the trainer's, one not yet swept.
+        # A worker's buffers: those in flight (prefetch_factor), the one the producer holds ready (ahead.py),
+        # the trainer's, one not yet swept.
         size = self.resolution.largest if self.resolution else split.transform.size  # a size schedule's largest
         soft_targets = self.finisher is not None and self.finisher.mixer is not None
-        slots = workers.prefetch_factor + 2
+        slots = workers.prefetch_factor + 3
         self._pool = None if on_cuda or self.views else BatchPool(num_workers, slots, (split.batch_size, 3, size, size),
                                                                   self._normalizer.dtype, config.output.channels_last,
                                                                   classes=self.num_classes if soft_targets else 0)
@@ -171,24 +177,60 @@ class TorchLoader(Loader):
     @property
     def prefetch_depth(self) -> int:
         """Batches this loader may hold prepared ahead of its consumer: each worker's prefetch_factor,
-        plus the one the CUDA prefetcher converts ahead (what a benchmark must drain before timing)."""
-        ahead = self.num_workers * self.config.workers.prefetch_factor
-        return ahead + (1 if self.device.type == "cuda" else 0)
+        plus the one its producer thread holds ready (what a benchmark must drain before timing)."""
+        return self.num_workers * self.config.workers.prefetch_factor + self._ahead.depth
 
     def _parallelism(self) -> str:
         normalize = "on the device" if self.device.type == "cuda" else "in the workers"
         return f"workers={self.num_workers} (normalizing {normalize})"
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This loop's batches from its producer thread (ahead.py): the loop is set up here, on the
+        trainer's thread (workers started, batches in flight kept or dropped), then every batch is
+        received, converted and finished on the producer's, one ahead; the trainer only takes it."""
         if not batches:
             return iter(())
-        delivered = self._record_skipped(self._stream(batches), batches)
-        if self.device.type == "cuda":  # workers give uint8; the GPU normalizes and finishes on a side stream
-            if self.finisher is not None:  # launched from the training thread: what can be drawn, drawn now
-                self.finisher.start_epoch(batches)
-            return prefetch_to_cuda(delivered, self._normalizer, self._side_stream, self.finisher)
-        # on the CPU the workers normalized and finished the batches already (NormalizingCollate)
+        self._stop_producer()  # an older loop's, paused or left: the workers answer one thread at a time
+        self._begin(batches)
+        self._loop = loop = object()
+        on_cuda = self.device.type == "cuda"
+        if on_cuda and self.finisher is not None:  # what can be drawn for the epoch, drawn now
+            self.finisher.start_epoch(batches)
+        if not self._ahead.depth:  # no workers: on this thread
+            produced = self._produce(batches, loop)
+            return (hand_over(item) for item in produced) if on_cuda else produced
+        return self._ahead.run(functools.partial(self._produce, batches, loop), hand_over if on_cuda else None,
+                               self._superseded)
+
+    def _produce(self, batches: list, loop: object) -> Iterator[tuple]:
+        """On the producer thread: each planned batch received from the workers and, with a GPU,
+        normalized and finished on the side stream (workers give uint8); on the CPU the workers
+        normalized and finished it already (NormalizingCollate)."""
+        delivered = self._record_skipped(self._received(batches, loop), batches)
+        if self.device.type == "cuda":
+            return convert_on_stream(delivered, self._normalizer, self._side_stream, self.finisher)
         return ((images, labels) for images, labels, _ in delivered)
+
+    def _received(self, batches: list, loop: object) -> Iterator[tuple]:
+        """This loop's batches from the live iterator, while no newer loop has taken it over."""
+        for _ in batches:
+            if self._loop is not loop:
+                raise self._superseded()
+            yield self._receive(1)
+
+    def _superseded(self) -> RuntimeError:
+        return RuntimeError(f"a newer loop over the torch loader for split '{self.split.name}' started while this one "
+                            f"was paused; finish or drop a loop before starting the next")
+
+    def _stop_producer(self) -> None:
+        """The current loop's producer ended. One stuck receiving from a silent worker is let go of
+        by killing the workers, which ends the wait within POLL_S."""
+        if self._ahead.stop(timeout=POLL_S):
+            return
+        live = self._live
+        if live is not None:
+            _stop_unreaped(list(getattr(live, "_workers", ())), os.getpid())
+        self._ahead.stop()
 
     def _record_skipped(self, batches: Iterator, planned: list) -> Iterator:
         """(images, labels, seeds of the delivered samples) of every planned batch, recording each file
@@ -234,31 +276,24 @@ class TorchLoader(Loader):
             return iter(())
         return _epochs_after(self.order, self.epoch)
 
-    def _stream(self, batches: list) -> Iterator[tuple]:
-        """This loop's (images, labels, skipped) from the live DataLoader iterator. Batches already in
-        flight are kept when they are the ones this loop wants (the usual next epoch), else received
-        and dropped (after a `break`, set_epoch or load_state_dict), as a new iterator would wait for
-        them too."""
-        feed, loop = self._feed, object()
-        self._newest = loop
+    def _begin(self, batches: list) -> None:
+        """Set the live DataLoader iterator on this loop's batches. Batches already in flight are kept
+        when they are the ones this loop wants (the usual next epoch), else received and dropped
+        (after a `break`, set_epoch or load_state_dict), as a new iterator would wait for them too."""
+        feed = self._feed
         if self._live is not None and (died := self._dead_worker(grace=0)) is not None:  # between loops
             log.warning("%s; starting new workers", self._worker_died(died))
             self._shutdown()
         if self._live is None or not self._persistent:
             self._start_workers(batches)
-        else:
-            matched = _in_flight_prefix(feed.sent, batches)
-            if matched == len(feed.sent):  # what is in flight starts this loop: feed the rest of it
-                feed.upcoming = itertools.chain(batches[matched:], self._next_epochs())
-            elif matched < len(batches):  # in flight for another loop: drop it, feed this one
-                feed.upcoming = itertools.chain(batches, self._next_epochs())
-                self._receive(len(feed.sent))
-            # else this whole loop is in flight, and the feed already goes on after it
-        for _ in batches:
-            if self._newest is not loop:
-                raise RuntimeError(f"a newer loop over the torch loader for split '{self.split.name}' started "
-                                   f"while this one was paused; finish or drop a loop before starting the next")
-            yield self._receive(1)
+            return
+        matched = _in_flight_prefix(feed.sent, batches)
+        if matched == len(feed.sent):  # what is in flight starts this loop: feed the rest of it
+            feed.upcoming = itertools.chain(batches[matched:], self._next_epochs())
+        elif matched < len(batches):  # in flight for another loop: drop it, feed this one
+            feed.upcoming = itertools.chain(batches, self._next_epochs())
+            self._receive(len(feed.sent))
+        # else this whole loop is in flight, and the feed already goes on after it
 
     def _receive(self, count: int) -> tuple | None:
         """The next `count` batches of the live iterator; the last one. An error (a worker's, an
@@ -378,7 +413,17 @@ class TorchLoader(Loader):
             pool.forget()
 
     def _close(self) -> None:
+        self._stop_producer()
         self._shutdown()
+        self._dataloader = None
+
+    def _drop(self) -> None:
+        """For `__del__`, which may run on the producer thread itself: the producer is told to stop
+        and the workers are killed, nothing waited for."""
+        self._ahead.signal()
+        live, self._live = self._live, None
+        if live is not None:
+            _stop_unreaped(list(getattr(live, "_workers", ())), os.getpid())
         self._dataloader = None
 
 

@@ -7,7 +7,7 @@ its life (prefetch_stream): the caching allocator keeps freed blocks per stream,
 each epoch would strand the last epoch's blocks on a stream nobody allocates from any more. The
 copy is asynchronous from pinned memory (workers.pin_memory); the labels are pinned here if the
 DataLoader did not (fastloader.transfer). The kernels, the finisher's included, are launched from
-the thread that iterates (the training thread) and run on the side stream.
+the loader's producer thread (ahead.py), not the training thread, and run on the side stream.
 CPU: the same arithmetic runs per image in the workers' collate (see collate.py), while the pixels
 are in cache: 0.08 ms per 224 px image here, against 0.27-0.55 ms per image for a whole batch in
 the main process, which would also serialize it with the trainer.
@@ -61,26 +61,33 @@ def prefetch_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device=device)
 
 
-def prefetch_to_cuda(batches: Iterable[tuple], normalizer: Normalizer, stream: torch.cuda.Stream,
-                     finisher: BatchFinisher | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Copy, convert and finish (erasing, mixing, soft targets) one batch ahead on the side
-    `stream` (prefetch_stream, the loader's); hand it over once the stream is done. Items are
-    (images, labels, seeds, ...)."""
-    ready = None
-    for images, labels, seeds, *_ in batches:
-        with torch.cuda.stream(stream):
-            views = isinstance(images, list)  # one uint8 tensor per view group (fastloader.views)
-            next_images = [normalizer.batch(group) for group in images] if views else normalizer.batch(images)
-            next_labels = to_device(labels, normalizer.device)
-            if finisher is not None:
-                next_images, next_labels = finisher(next_images, next_labels, seeds)
-        if ready is not None:
-            yield ready
-        current = torch.cuda.current_stream(normalizer.device)
-        current.wait_stream(stream)
-        for tensor in (next_images if views else [next_images]):
-            tensor.record_stream(current)
-        next_labels.record_stream(current)
-        ready = (next_images, next_labels)
-    if ready is not None:
-        yield ready
+def convert_on_stream(batches: Iterable[tuple], normalizer: Normalizer, stream: torch.cuda.Stream,
+                      finisher: BatchFinisher | None = None) -> Iterator[tuple]:
+    """Copy, convert and finish (erasing, mixing, soft targets) each batch on the side `stream`
+    (prefetch_stream, the loader's), launched from the thread that iterates this (the loader's
+    producer, ahead.py): (images, labels, the event recorded after them on the stream). Items are
+    (images, labels, seeds, ...). The trainer's thread hands each over (hand_over)."""
+    with torch.cuda.device(normalizer.device):  # a new thread's current device is the first GPU
+        for images, labels, seeds, *_ in batches:
+            with torch.cuda.stream(stream):
+                views = isinstance(images, list)  # one uint8 tensor per view group (fastloader.views)
+                images = [normalizer.batch(group) for group in images] if views else normalizer.batch(images)
+                labels = to_device(labels, normalizer.device)
+                if finisher is not None:
+                    images, labels = finisher(images, labels, seeds)
+                done = torch.cuda.Event()
+                done.record(stream)
+            yield images, labels, done
+
+
+def hand_over(item: tuple) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+    """On the trainer's thread: its current stream waits for the batch's event (no host wait), and
+    the caching allocator is told that stream uses the batch's memory (record_stream), which was
+    allocated on the side stream."""
+    images, labels, done = item
+    current = torch.cuda.current_stream(labels.device)
+    current.wait_event(done)
+    for tensor in (images if isinstance(images, list) else [images]):
+        tensor.record_stream(current)
+    labels.record_stream(current)
+    return images, labels

@@ -5,7 +5,7 @@ that keeps up shows a stall near 0% and one that does not shows how far it falls
 `--backend both`, the two backends run in alternating rounds in one process, so that both see the
 same machine state (page cache, clocks, neighbours), and their ratio is printed.
 
-Why each round drains first: a loader prepares batches ahead (torch: workers x prefetch_factor;
+Why each round drains first: a loader prepares batches ahead (torch: workers x prefetch_factor + 1;
 DALI: its prefetch queue), also while the other backend has its turn. A round that timed those
 would report a rate the loader cannot sustain (16 workers x 2 = 32 ready batches timed in a few
 milliseconds). So each round first takes at least `prefetch_depth` batches untimed, then times
@@ -47,7 +47,7 @@ def add_arguments(parser) -> None:
                              "(default: 10 x the loader's prefetch depth, at least 10)")
     parser.add_argument("--warmup", type=int, default=2,
                         help="untimed batches at the start of each round; raised to the loader's prefetch depth "
-                             "(workers x prefetch_factor), so that no round times batches prepared before it began "
+                             "(workers x prefetch_factor + 1), so that no round times batches prepared before it began "
                              "(default: 2)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per backend (default: 3)")
     parser.add_argument("--step-ms", type=float, default=0.0,
