@@ -20,7 +20,7 @@ import numpy as np
 
 from fastloader.augment.draws import Augmenter
 from fastloader.cache import CachedPixels
-from fastloader.errors import error_text
+from fastloader.errors import SourceChanged, error_text
 from fastloader.imaging.screen import DALI_FORMATS, Screened, read_screened
 from fastloader.imaging.shared_reads import (
     CODING,
@@ -161,6 +161,8 @@ class Feed:
         self.reads_failed = False
         self.kind = "pixels" if pixels is not None else "bytes"
         """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
+        self.failure: SourceChanged | None = None
+        """A source that changed under the loader, found by a read (DALI passes on only its words)."""
         self.doings = Doings()
         """What the loader's own code does now inside the pipeline (reading a sample, running a user's
         hook), thread by thread: what a stalled pipeline names."""
@@ -401,8 +403,13 @@ class Feed:
         if read is None:
             location = location or self.location(sample)
             self.doings.begin("reading", location.name)
-            data, screened = read_screened(location, self.max_pixels, into)
-            self.doings.end()
+            try:
+                data, screened = read_screened(location, self.max_pixels, into)
+            except SourceChanged as error:
+                self.failure = error
+                raise
+            finally:
+                self.doings.end()
         else:
             data, screened = read
         if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened

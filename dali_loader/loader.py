@@ -248,6 +248,8 @@ class DaliLoader(Loader):
                     raise self._stopped(item.error)
                 if self._sample_hook is not None and self._sample_hook.failure is not None:  # no file's fault
                     raise self._stopped(self._sample_hook.failure) from item.error
+                if self._feed.failure is not None:  # a source that changed: no file's fault either
+                    raise self._stopped(self._feed.failure) from item.error
                 self._recover(item.error, delivered)
                 self._driver = self._drive()
                 continue

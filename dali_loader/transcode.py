@@ -14,7 +14,7 @@ from typing import Mapping
 
 from PIL import Image
 
-from fastloader.imaging.decode import to_rgb
+from fastloader.imaging.rgb import to_rgb
 from fastloader.paths import transcode_folder
 from fastloader.samples import SampleIndex
 from fastloader.sources.reading import open_bytes

@@ -20,6 +20,7 @@ from .augment.draws import Augmenter
 from .config_dump import config_to_dict
 from .device_ops import BatchFinisher
 from .distributed import RankInfo
+from .errors import BadImageError
 from .machine import human_bytes
 from .order import EpochOrder
 from .prepared import PreparedSplit
@@ -27,7 +28,7 @@ from .resolution import Resolution
 from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
 from .sources import reading
 from .sources.protocol import forget_source
-from .sources.user_source import check_length
+from .sources.user_source import check_unchanged
 from .stats import LOG_LEVELS, LoaderStats
 from .views import ViewFinisher, ViewPlan
 from .weights import class_shares
@@ -188,7 +189,7 @@ class Loader(abc.ABC):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._closed:
             raise self._closed_error()
-        check_length(self.index)  # a user's source that grew or shrank since it was indexed
+        check_unchanged(self.index)  # a user's source that grew, shrank or changed since it was indexed
         if not self._epoch_set:
             self._epoch += 1
         self._epoch_set = False
@@ -215,6 +216,8 @@ class Loader(abc.ABC):
                     break
                 arrived = clock()
                 stats.add(arrived - asked if stats.batches else arrived - began, arrived - began, len(labels))
+                if not stats.images and self.split.mode == "train" and self._skipped_in_epoch:
+                    raise self._nothing_read(epoch)  # a train slot that stays empty: all its substitutes failed too
                 if plan is not None:  # the shards read up to here may go; what was fetched and waited for
                     plan.reached(read[stats.batches - 1])
                     self._count_fetches(stats, fetched)
@@ -224,6 +227,8 @@ class Loader(abc.ABC):
         finally:
             if plan is not None:
                 plan.cancel()
+        if stats.batches and not stats.images and self._skipped_in_epoch:
+            raise self._nothing_read(epoch)
         self._log_stats(stats)
         if self._skipped_in_epoch:  # a warning where this epoch met new files; later epochs skip them quietly
             fill = "refilled with other samples of the split" if self.split.mode == "train" else "left out"
@@ -261,6 +266,18 @@ class Loader(abc.ABC):
         if self._list_bad(path, reason):
             self._found_in_epoch += 1
             log.warning("skipped %s: %s (dataset.on_bad_image: skip; listed in loader.bad_samples)", path, reason)
+
+    def _nothing_read(self, epoch: int) -> BadImageError:
+        """An epoch that read no sample: an error, not batches of nothing to train on. Said where it is
+        clear, the first train batch that stays empty (every slot's file and substitutes failed) or an
+        eval epoch's end, with what failed first."""
+        failed = [(path, reason) for path, reason in self.bad_samples if path in self._skipped_in_epoch]
+        path, reason = failed[0] if failed else ("?", "?")
+        return BadImageError(
+            f"{self.backend} loader, split '{self.split.name}', epoch {epoch}, rank {self.ranks.rank}: no sample could "
+            f"be read ({plural(len(self._skipped_in_epoch), 'sample')} failed so far, the first {path}: {reason}). "
+            f"Every read failing is the split's or the source's fault, not a few bad files': fix what the reason "
+            f"says (loader.bad_samples lists them)")
 
     def _empty_batch(self, planned: int) -> tuple[torch.Tensor, torch.Tensor]:
         """What a planned batch none of whose files decodes yields (eval; train where no substitute

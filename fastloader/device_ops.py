@@ -118,9 +118,34 @@ class BatchFinisher:
         """int64 labels [B] as they are, or float32 soft targets [B, num_classes] (mixing, smoothing)."""
         return self.mixer.targets(labels, lam) if self.mixer is not None else labels
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
-                 seeds: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """The finished batch: possibly new tensors (the hook's), erased and mixed in place."""
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, seeds: np.ndarray,
+                 borrowed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The finished batch: possibly new tensors (the hook's), erased and mixed in place.
+
+        The batch hook may keep what it is given (a memory bank, "mix with the previous batch"),
+        on every backend: `borrowed` images (in a buffer the loader reuses for a later batch, the
+        torch workers') reach it as a copy of its own, and what it returns is laid out as the
+        batch it was given (a channels_last or expanded tensor made dense, so that the trainer's
+        in-place ops work) and, where erasing or mixing follow in place, never the memory it was
+        given (it may have kept it)."""
         if self.hook is not None:
-            images, labels = self.hook.on_batch(images, labels, seeds)
+            given = images.clone() if borrowed else images
+            out, labels = self.hook.on_batch(given, labels, seeds)
+            in_place_next = self.erasing or self.mixer is not None
+            images = laid_out_like(out, images, copy=in_place_next and shares_memory(out, given))
         return images, self.labels(labels, self.pixels(images, seeds))
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def laid_out_like(out: torch.Tensor, given: torch.Tensor, copy: bool = False) -> torch.Tensor:
+    """`out` in `given`'s memory format (channels_last or contiguous), as a tensor of its own where
+    `copy` or where it is not dense in that format (an expanded or permuted view)."""
+    channels_last = given.dim() == 4 and not given.is_contiguous() and given.is_contiguous(
+        memory_format=torch.channels_last)
+    form = torch.channels_last if channels_last else torch.contiguous_format
+    if copy:
+        return out.clone(memory_format=form)
+    return out.contiguous(memory_format=form)

@@ -33,6 +33,12 @@ class HookError(RuntimeError):
     its key, the sample or batch, what was expected, and the hook's traceback."""
 
 
+class SourceChanged(RuntimeError):
+    """A source no longer holds what it held when the loader indexed it (its length, its identity, a
+    sample's name or label at its number): every later read would be of another sample under this
+    one's label, so the run stops, naming the source, on either backend; never a bad file's skip."""
+
+
 class DiskFullError(OSError):
     """No room to write (ENOSPC, EDQUOT), found before writing or while writing; the message names
     the folder, the space needed and free, and nothing half-written is left."""

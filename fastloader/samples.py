@@ -92,7 +92,9 @@ class SampleIndex:
     items: np.ndarray | None = None
     """int64 [n]: each sample's number in the reader's samples()."""
     source_length: int = 0
-    """How many samples the reader had when it was indexed (what check_length compares)."""
+    """How many samples the reader had when it was indexed (what check_unchanged compares)."""
+    source_identity: str = ""
+    """The reader's identity() when it was indexed (what check_unchanged compares)."""
 
     @classmethod
     def from_lists(cls, root: str, classes: Sequence[str], relpaths: Sequence[str],
@@ -119,11 +121,13 @@ class SampleIndex:
         return SampleIndex(root=self.root, classes=self.classes, path_bytes=path_bytes, offsets=offsets,
                            labels=self.labels[samples].copy(), excluded=self.excluded, ranges=ranges,
                            unusable=self.unusable, source=source, source_names=self.source_names,
-                           reader=self.reader, items=items, source_length=self.source_length)
+                           reader=self.reader, items=items, source_length=self.source_length,
+                           source_identity=self.source_identity)
 
-    def read_by(self, reader: str, items: np.ndarray, source_length: int) -> "SampleIndex":
+    def read_by(self, reader: str, items: np.ndarray, source_length: int, source_identity: str) -> "SampleIndex":
         """This index as the samples of an opened source (its token), sample i its items[i]."""
-        return dataclasses.replace(self, reader=reader, items=items, source_length=source_length)
+        return dataclasses.replace(self, reader=reader, items=items, source_length=source_length,
+                                   source_identity=source_identity)
 
     def without(self, drop: Sequence[int]) -> "SampleIndex":
         """The same index less the samples at positions `drop` (files known to be unusable); the

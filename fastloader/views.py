@@ -96,14 +96,15 @@ class ViewFinisher:
     def start_epoch(self, planned: list[np.ndarray]) -> None:
         """Nothing is drawn ahead: no mixing."""
 
-    def __call__(self, images: list[torch.Tensor], labels: torch.Tensor,
-                 seeds: np.ndarray) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Each group's tensor finished in place, view by view (`seeds`: the samples')."""
+    def __call__(self, images: list[torch.Tensor], labels: torch.Tensor, seeds: np.ndarray,
+                 borrowed: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Each group's tensor finished in place, view by view (`seeds`: the samples'). The hook is
+        given each view's rows as a tensor of its own: it may keep them (BatchFinisher)."""
         view_seeds, count = self.plan.seeds(seeds), len(seeds)
         for group, tensor, stage in zip(self.plan.groups, images, self.stages):
             for k in range(group.count):
                 rows = tensor[k * count:(k + 1) * count]
-                finished, labels = stage(rows, labels, view_seeds[group.first + k])
+                finished, labels = stage(rows, labels, view_seeds[group.first + k], borrowed=True)
                 if finished is not rows:  # the hook's own tensor, of the same shape and dtype
                     rows.copy_(finished)
         return images, labels

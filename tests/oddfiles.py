@@ -90,6 +90,18 @@ def _garbage_in_entropy_data() -> bytes:
     return bytes(data)
 
 
+def marker_in_scan_data() -> bytes:
+    """A JPEG whose scan data holds random bytes, markers among them: Pillow's libjpeg stops at the
+    first unknown marker ("broken data stream"), libjpeg-turbo's decoders (nvImageCodec, DALI)
+    conceal the damage and decode it."""
+    rng = np.random.default_rng(0)
+    data = bytearray(_jpeg_bytes(Image.fromarray(rng.integers(0, 255, (300, 400, 3), dtype=np.uint8))))
+    start = data.index(b"\xff\xda")
+    middle = (start + len(data)) // 2
+    data[middle:middle + 256] = np.random.default_rng(0).integers(0, 256, 256, dtype=np.uint8).tobytes()
+    return bytes(data)
+
+
 def _bomb_header() -> bytes:
     """A small JPEG whose frame header declares 65535 x 65535 pixels."""
     data = bytearray(_jpeg_bytes(_rgb((16, 16))))

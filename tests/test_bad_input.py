@@ -99,8 +99,10 @@ def test_bombs_are_refused_at_decode_time_when_screening_is_off(tmp_path):
     loader = build_loader(base_config(root, dataset={"max_pixels": 2000, "screen": False}, val={"batch_size": 1}),
                           "val")
     Image.new("RGB", (40, 30)).save(root / "val" / "good_00" / "more.JPEG")  # not indexed: stays out
-    labels, _ = delivered(loader)
-    assert labels == [] and "above dataset.max_pixels (2,000)" in loader.bad_samples[0][1]
+    with pytest.raises(BadImageError, match=r"no sample could be read \(1 sample failed so far, the first "
+                                            r".*photo\.JPEG: .*above dataset\.max_pixels \(2,000\)\)"):
+        delivered(loader)  # the split's one file refused: an epoch of nothing is an error, not empty batches
+    assert "above dataset.max_pixels (2,000)" in loader.bad_samples[0][1]
 
 
 def good_photos(folder: Path, count: int) -> list[Path]:
@@ -193,3 +195,25 @@ def test_a_decoders_reason_never_shows_the_repr_of_an_in_memory_file(tmp_path, c
     (path, reason), = loader.bad_samples
     assert path.endswith("img_00.png") and reason.startswith("UnidentifiedImageError: cannot identify image file")
     assert "object at 0x" not in reason and "object at 0x" not in caplog.text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_jpeg_pillow_refuses_and_libjpeg_turbo_conceals_is_delivered_at_every_size(tmp_path, backend):
+    """Random bytes with markers in a JPEG's scan data: Pillow refuses it, nvImageCodec and DALI
+    decode it. The torch backend used Pillow's draft for crops of 2x the output or more, so it
+    skipped at small sizes what DALI delivers: now the same samples on both, at every size."""
+    import io
+
+    from oddfiles import marker_in_scan_data
+
+    data = marker_in_scan_data()
+    with pytest.raises(OSError, match="broken data stream"):
+        Image.open(io.BytesIO(data)).load()
+    root = one_per_class(tmp_path / "data", [])
+    (root / "val" / "odd").mkdir()
+    (root / "val" / "odd" / "scan.JPEG").write_bytes(data)
+    for size in (8, 16, 64):
+        config = base_config(root, backend=backend, val={"batch_size": 4, "transform": {"size": size}})
+        with build_loader(config, "val") as loader:
+            labels, _ = delivered(loader)
+            assert sorted(labels) == [0, 1, 2] and loader.bad_samples == [], (size, loader.bad_samples)

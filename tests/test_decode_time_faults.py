@@ -137,11 +137,11 @@ def test_files_replaced_by_tiny_images_after_screening_get_boxes_for_their_size(
     crashed on a centre box of the screened size (exit 139). The feed reads each file's size from
     the bytes it feeds, so every box fits: the whole epoch comes out, in the new colour."""
     root = tmp_path / "data"
-    noise_jpegs(root / split / "c0", 48)
+    noise_jpegs(root / split / "c0", 64)  # more batches than the loaders prepare ahead
     result = run_isolated(TINY, str(root), backend, split)
     assert result["bad"] == []
     first, second = result["epochs"]  # the first epoch's batches fed before the change keep the old pixels
-    assert len(first) == len(second) == 48
+    assert len(first) == len(second) == 64
     assert all(np.abs(np.array(colour) - (200, 30, 40)).max() <= 8 for colour in first[-8:] + second), second
 
 

@@ -357,3 +357,29 @@ def test_check_names_each_hook_and_a_path_that_does_not_import(tmp_path, capsys)
     assert "  hook: train.transform.sample_hook user_hooks:stamp" in out
     assert re.search(r"problem: .*val\.transform\.batch_hook: 'user_hooks:nothing': user_hooks has no callable "
                      r"'nothing'", out)
+
+
+@pytest.mark.parametrize("backend, workers, erase", [("torch", 1, 0.0), ("torch", 0, 0.5), ("dali", 1, 0.5)])
+def test_a_batch_hook_may_keep_what_it_is_given(numbered, backend, workers, erase):
+    """The torch workers ran the hook on a view of a batch buffer they reuse: a hook that kept its
+    input (a memory bank) found it holding another batch later. DALI's stayed. Now both: the hook's
+    input is its own, never written again, random erasing included (it runs after the hook)."""
+    user_hooks.KEPT.clear()
+    cfg = config(numbered, backend, workers, train={"batch_size": 4, "transform": {
+        "size": 32, "erase_prob": erase, "batch_hook": "user_hooks:batch_keeps"}})
+    with build_loader(cfg, "train") as loader:
+        for _ in range(3):  # more batches than a worker has buffers: each is reused
+            assert sum(len(labels) for _, labels in loader) == len(loader) * 4
+
+
+@pytest.mark.parametrize("hook", ["batch_channels_last", "batch_expanded"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batch_hooks_output_is_laid_out_as_the_loader_gives_batches(numbered, backend, hook):
+    """DALI passed the hook's tensor through as it came (channels_last, an expanded view: in-place
+    ops on the batch failed) where the torch backend copied it into its batch. Both lay it out as
+    output.channels_last says."""
+    loader = build_loader(config(numbered, backend, 1, val={"transform": {"size": 32, "batch_hook":
+                                                                          f"user_hooks:{hook}"}}), "val")
+    for images, _ in loader:
+        assert images.is_contiguous() and images.stride()[-1] == 1
+        images.add_(1.0)  # the trainer's in-place ops work on it

@@ -265,17 +265,6 @@ def test_a_datasets_items_of_each_kind_give_its_folders_pixels(tmp_path, kind, b
     assert loader.classes == ("a_red", "b_green", "c_blue") and loader.index.path(7) == f"{loader.index.root}:07"
 
 
-def test_a_dataset_that_reorders_its_items_is_refused_not_mislabelled(tmp_path):
-    folders, rows, _ = numbered_images(tmp_path)
-    dataset = Items(rows, folders / "train", "bytes", targets=True)
-    config = base_config(tmp_path, train={"mode": "eval", "batch_size": 18})
-    loader = build_loader(config, "train", source=from_dataset(dataset))
-    dataset.rows = rows[::-1]
-    colours, labels = delivered(loader)
-    assert labels == [1] * 6 and len(loader.bad_samples) == 12  # the green ones kept their places; no mislabel
-    assert "item 0's label is 2 now and was 0 when the loader was built" in loader.bad_samples[0][1]
-
-
 def test_the_commands_and_the_uint8_cache_read_a_source(table, tmp_path):
     folders, db = table
     config = sqlite_config(db, mode="eval", batch_size=6)
@@ -296,3 +285,220 @@ def test_the_commands_and_the_uint8_cache_read_a_source(table, tmp_path):
     cached = build_loader({**config, "dataset": {"cache": str(tmp_path / "cache")}}, "train")
     assert cached.pixels_from == f"the cache {tmp_path / 'cache' / 'train'}"
     assert sorted(delivered(cached)[0]) == sorted(delivered(build_loader(config, "train"))[0])
+
+
+# -- what a source's read() and samples() give (issues 56, 57, 60) ----------------------------------
+
+class OneBuffer(Flaky):
+    """A blob client's way: every read into one reused buffer (`how`: the same bytearray, resized for
+    each object, or a memoryview of a larger one)."""
+
+    def __init__(self, rows, classes, how: str):
+        super().__init__(rows, classes, bad=-1)
+        self.how = how
+        self.buffer = bytearray(max(len(data) for _, data, _ in rows) + 4096)
+
+    def read(self, item):
+        data = self.rows[item][1]
+        if self.how == "resized":
+            self.buffer[:] = data  # resized in place: a buffer another holder exported cannot be
+            return self.buffer
+        self.buffer[:len(data)] = data
+        return memoryview(self.buffer)[:len(data)]
+
+
+@pytest.mark.parametrize("how", ["resized", "view"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_source_that_reads_into_one_reused_buffer_gives_each_sample_its_own_pixels(tmp_path, backend, how):
+    """DALI took the source's buffer itself (no_copy): every sample of a batch decoded from the last
+    read's bytes, silently; a resized buffer raised BufferError. What a read gives is copied now."""
+    folders, rows, classes = numbered_images(tmp_path)
+    config = base_config(tmp_path, backend=backend, train={"mode": "eval", "batch_size": 6})
+    expected = delivered(build_loader(base_config(folders, backend=backend, train={"mode": "eval",
+                                                                                      "batch_size": 6}), "train"))
+    loader = build_loader(config, "train", source=OneBuffer(rows, classes, how))
+    assert delivered(loader) == expected and loader.bad_samples == []
+
+
+class Decoded16(Flaky):
+    """Each sample as the PIL image Image.open gives for a 16-bit greyscale PNG (mode I;16)."""
+
+    def read(self, item):
+        return Image.open(io.BytesIO(self.rows[item][1]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_16_bit_pil_image_from_a_source_is_scaled_as_the_same_png_as_bytes_is(tmp_path, backend):
+    values = [1000, 30000, 65535]
+    rows = []
+    for label, value in enumerate(values):
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((24, 32), value, dtype=np.uint16)).save(buffer, format="PNG")
+        rows.append((f"grey{label}.png", buffer.getvalue(), label))
+    assert Image.open(io.BytesIO(rows[0][1])).mode == "I;16"
+    config = base_config(tmp_path, backend=backend, train={"mode": "eval", "batch_size": 3})
+    as_bytes = build_loader(config, "train", source=Flaky(rows, ["a", "b", "c"], bad=-1))
+    as_images = build_loader(config, "train", source=Decoded16(rows, ["a", "b", "c"], bad=-1))
+    (bytes_images, _), (pil_images, _) = next(iter(as_bytes)), next(iter(as_images))
+    if backend == "torch":  # Pillow decodes the bytes: the same scaling
+        assert torch.equal(bytes_images, pil_images)
+    else:  # DALI decodes the bytes itself, rounding v / 257 where Pillow's path shifts: 1 grey level at most
+        assert (bytes_images - pil_images).abs().max() <= 1 / 255 / 0.224 + 1e-6
+    grey = (pil_images[:, 0, 16, 16] * 0.229 + 0.485) * 255  # the red channel back in 0..255
+    assert grey.round().tolist() == [value >> 8 for value in values]  # not clipped to white (255)
+
+
+class Huge(Flaky):
+    """Sample 2 is a decoded image whose shape claims 40000 x 40000 x 3 (a broadcast: 3 bytes of memory)."""
+
+    def read(self, item):
+        if item == 2:
+            return np.broadcast_to(np.zeros((1, 1, 3), dtype=np.uint8), (40000, 40000, 3))
+        return self.rows[item][1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_decoded_image_of_bomb_size_is_refused_from_its_shape(tmp_path, backend):
+    """Copied into a PPM before dataset.max_pixels was checked: 4.8 GB allocated first. Now refused,
+    named, before a byte is copied."""
+    import resource
+
+    _, rows, classes = numbered_images(tmp_path)
+    config = base_config(tmp_path, backend=backend, train={"mode": "eval", "batch_size": 6})
+    loader = build_loader(config, "train", source=Huge(rows, classes, bad=-1))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert len(delivered(loader)[0]) == 17
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1 << 20  # KiB: not gigabytes
+    (path, reason), = loader.bad_samples
+    assert path == "flaky:a_red/n_02.png" and "a decoded image of 40000 x 40000 pixels" in reason
+    assert "more than dataset.max_pixels (178,956,970)" in reason
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sqlite_table_rewritten_under_a_running_loader_stops_the_run_naming_it(table, backend):
+    """The same row count, other rows at the old rowids (a rebuild with the rows in another order):
+    another image under each label, silently. Each read now checks the row's name and label."""
+    import sqlite3
+
+    from fastloader.errors import SourceChanged
+
+    _, db = table
+    loader = build_loader(sqlite_config(db, backend, mode="eval", batch_size=2), "train")
+    batches = iter(loader)
+    next(batches)  # then, mid-epoch, the same names and labels written back in reverse order
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute("SELECT name, image, label FROM images ORDER BY rowid DESC").fetchall()
+        connection.execute("DELETE FROM images")
+        connection.executemany("INSERT INTO images (rowid, name, image, label) VALUES (?, ?, ?, ?)",
+                               [(rowid, *row) for rowid, row in enumerate(rows, 1)])
+    connection.close()
+    with pytest.raises(SourceChanged, match=r"train\.sqlite: table images's row \d+ holds '\w+/n_\d+\.png' \(label "
+                                            r"\d\) now, and held '\w+/n_\d+\.png' \(label \d\) when the loader was "
+                                            r"built: the table was rewritten"):
+        list(batches)
+    again = build_loader(sqlite_config(db, backend, mode="eval", batch_size=6), "train")
+    with pytest.raises(SourceChanged, match="changed since the loader was built .its identity"):
+        for _ in range(2):  # read before a rewrite in place of the same length, refused at the next epoch
+            delivered(again)
+            with sqlite3.connect(db) as connection:
+                connection.execute("UPDATE images SET label = 2 - label")  # relabelled in place
+            connection.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dataset_that_reorders_its_items_stops_the_run_naming_it(tmp_path, backend):
+    """It lost two thirds of its samples as 'bad' and trained on; now the run stops at the first
+    read that finds another label, on both backends."""
+    from fastloader.errors import SourceChanged
+
+    folders, rows, _ = numbered_images(tmp_path)
+    dataset = Items(rows, folders / "train", "bytes", targets=True)
+    config = base_config(tmp_path, backend=backend, train={"mode": "eval", "batch_size": 18})
+    loader = build_loader(config, "train", source=from_dataset(dataset))
+    dataset.rows = rows[::-1]
+    with pytest.raises(SourceChanged, match="item 0's label is 2 now and was 0 when the loader was built: the "
+                                            "dataset changed its items"):
+        delivered(loader)
+
+
+class Triples(Items):
+    def __getitem__(self, item):
+        image, label = super().__getitem__(item)
+        return image, label, {"id": item}
+
+
+class Dicts(Items):
+    def __getitem__(self, item):
+        image, label = super().__getitem__(item)
+        return {"image": image, "label": label, "id": item}
+
+
+class FloatLabels(Items):
+    def __getitem__(self, item):
+        image, label = super().__getitem__(item)
+        return image, [0.3 / 0.1, 1.0, 1.5][label] if item in (0, 6, 12) else label
+
+
+def test_a_datasets_items_are_pairs_or_image_label_dicts_and_labels_class_numbers(tmp_path):
+    """A triple read 'too many values to unpack' at every read, and a train loader yielded empty
+    batches for ever; float labels were truncated (0.3 / 0.1 became class 2). Now a triple and a
+    float label are refused when the loader is built, naming the item; dicts with `image` and
+    `label` keys (Hugging Face's items) are read as pairs."""
+    folders, rows, _ = numbered_images(tmp_path)
+    config = base_config(tmp_path, train={"mode": "eval", "batch_size": 18})
+    with pytest.raises(ConfigError, match=r"item 0 is a tuple of 3 \(bytes, int, dict\); from_dataset takes "
+                                          r"\(image, label\) pairs"):
+        build_loader(config, "train", source=from_dataset(Triples(rows, folders / "train", "bytes", False)))
+    with pytest.raises(ConfigError, match=r"item 0's label is 2\.9999999999999996 \(float\), not a class number"):
+        build_loader(config, "train", source=from_dataset(FloatLabels(rows, folders / "train", "bytes", False)))
+    dicts = build_loader(config, "train", source=from_dataset(Dicts(rows, folders / "train", "bytes", False)))
+    pairs = build_loader(config, "train", source=from_dataset(Items(rows, folders / "train", "bytes", False)))
+    assert delivered(dicts) == delivered(pairs)
+
+
+class Gives(Flaky):
+    """A source whose samples() gives `what(names, labels, classes)`."""
+
+    def __init__(self, rows, classes, what):
+        super().__init__(rows, classes, bad=-1)
+        self.what = what
+
+    def samples(self):
+        return self.what(*super().samples())
+
+
+@pytest.mark.parametrize("what, message", [
+    (lambda n, labels, c: {"names": n, "labels": labels, "classes": c}, None),
+    (lambda n, labels, c: ((name for name in n), labels, c), None),
+    (lambda n, labels, c: {"files": n, "labels": labels},
+     r"samples\(\) gave a dict with the keys \['files', 'labels'\]; give \(names, labels, classes\)"),
+    (lambda n, labels, c: (n, labels), r"samples\(\) gave a tuple of 2; give \(names, labels, classes\)"),
+    (lambda n, labels, c: (n, np.array([2**64 - 1] + labels[1:], dtype=np.uint64), c),
+     r"sample 0 \('a_red/n_00\.png'\): label 18446744073709551615"),
+    (lambda n, labels, c: ("a_red/n_00.png", labels, c), r"samples\(\) gave names as a str; give a sequence"),
+])
+def test_what_samples_gives_wrong_is_named_and_what_is_plainly_meant_is_taken(tmp_path, what, message):
+    _, rows, classes = numbered_images(tmp_path)
+    config = base_config(tmp_path, train={"mode": "eval", "batch_size": 18})
+    source = Gives(rows, classes, what)
+    if message is None:
+        assert len(delivered(build_loader(config, "train", source=source))[0]) == 18
+    else:
+        with pytest.raises(ConfigError, match=r"source 'flaky' \(train\): " + message):
+            build_loader(config, "train", source=source)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_source_whose_every_read_fails_is_an_error_not_an_epoch_of_empty_batches(tmp_path, backend, mode):
+    """A train loader yielded len(loader) batches of shape [0, 3, H, W] every epoch after one warning."""
+    _, rows, classes = numbered_images(tmp_path)
+    source = Flaky(rows, classes, bad=-1)
+    loader = build_loader(base_config(tmp_path, backend=backend, train={"mode": mode, "batch_size": 6}), "train",
+                          source=source)
+    source.read = lambda item: (_ for _ in ()).throw(ConnectionError("the blob service is down"))
+    with pytest.raises(BadImageError, match=r"split 'train', epoch 0, rank 0: no sample could be read \(\d+ samples "
+                                            r"failed so far, the first flaky:\w+/n_\d+\.png: .*ConnectionError: the "
+                                            r"blob service is down\)"):
+        for images, _ in loader:
+            assert len(images) == 0

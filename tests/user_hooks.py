@@ -101,3 +101,27 @@ def in_place(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 def graph_identity(images, seeds):
     """A graph function that leaves the seeds it is given unused."""
     return images
+
+
+KEPT: list = []
+"""What batch_keeps kept, in this process: (its input, a copy made when it was given)."""
+
+
+def batch_keeps(images, labels, seeds):
+    """A memory bank's way: keeps every input; each call first checks that the inputs it kept still
+    hold what they held when given (a loader that reuses their memory for a later batch fails here)."""
+    for kept, copy in KEPT:
+        if not torch.equal(kept, copy):
+            raise AssertionError("a batch this hook kept was overwritten by a later batch")
+    KEPT.append((images, images.clone()))
+    return images, labels
+
+
+def batch_channels_last(images, labels, seeds):
+    """Gives its batch in channels_last memory: the trainer's batch is laid out as configured."""
+    return images.contiguous(memory_format=torch.channels_last), labels
+
+
+def batch_expanded(images, labels, seeds):
+    """Gives an expanded view (one image's memory for the whole batch): dense in the trainer's batch."""
+    return images[:1].expand_as(images), labels

@@ -196,7 +196,7 @@ class NormalizingCollate:
         labels, targets = labels_of(decoded), None
         if self.finisher is not None:
             seeds = np.array([seed for *_, seed in decoded], dtype=np.int64)
-            finished, out = self.finisher(images, torch.from_numpy(labels), seeds)
+            finished, out = self.finisher(images, torch.from_numpy(labels), seeds, borrowed=slot >= 0)
             if finished is not images:  # the batch hook's own tensor (of the same shape and dtype)
                 images.copy_(finished)
             if self.finisher.mixer is None:

@@ -22,7 +22,7 @@ import numpy as np
 import torch.utils.data
 
 from fastloader.cache import CachedPixels
-from fastloader.errors import BadImageError, CacheError, decoder_reason, refused_file
+from fastloader.errors import BadImageError, CacheError, SourceChanged, decoder_reason, refused_file
 from fastloader.hooks import Hook
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
@@ -85,8 +85,8 @@ class ImageDataset(torch.utils.data.Dataset):
                 image = self.transform(self.index.location(sample), seed, ops, size)
             else:
                 image = self.transform.from_pixels(self.pixels.image(sample), seed, ops, size)
-        except CacheError:
-            raise  # the cache, not this sample's file: skipping would blame the file, sample after sample
+        except (CacheError, SourceChanged):
+            raise  # the cache or the source, not this sample's file: skipping would blame sample after sample
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
             reason = decoder_reason(error)
             if self.skip_bad:

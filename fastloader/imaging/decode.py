@@ -42,6 +42,7 @@ from fastloader.sources.locations import Location, as_location
 from fastloader.sources.reading import read_bytes
 
 from .geometry import Crop
+from .rgb import to_rgb
 
 log = logging.getLogger("fastloader")
 _TURNED = frozenset({2, 3, 4, 5, 6, 7, 8})
@@ -253,7 +254,7 @@ def load_region(where: str | Location, choose_crop: ChooseCrop, size: int, *, ex
     of, is opened by Pillow first, which decides as it did before the walk. `where` is a file's path
     or a sample's Location (a shard member).
     """
-    data = read_bytes(where)
+    data = read_bytes(where, max_pixels=max_pixels)
     path = as_location(where).name
     fast = decoder_choice() != "pillow"
     header = plain_jpeg_header(data, exif_orientation, max_pixels) if fast else None
@@ -302,7 +303,13 @@ def _with_pillow(path: str, data: bytearray, choose_crop: ChooseCrop, size: int,
         crop = choose_crop(image.width, image.height)
         if image.format == "JPEG" and image.mode in ("RGB", "L"):
             if _drafts(crop, size, use_draft):
-                return _drafted(image, crop, _draft_factor(crop, size))
+                try:
+                    return _drafted(image, crop, _draft_factor(crop, size))
+                except OSError:  # libjpeg's error where libjpeg-turbo's decoders conceal bad scan data
+                    decoded = _fast_jpeg(data, crop, image.size, path) if fast else None
+                    if decoded is None:
+                        raise
+                    return decoded  # what the fast decoders and DALI deliver, at every output size
             decoded = _fast_jpeg(data, crop, image.size, path) if fast else None
             if decoded is not None:
                 return decoded
@@ -336,17 +343,3 @@ def _pillow_pixels(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.array(to_rgb(image)))
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """Correct RGB from any mode. 16- and 32-bit greyscale is scaled to 8 bits (Pillow's own
-    conversion would clip it to white); transparent palette images go through RGBA."""
-    if image.mode == "RGB":
-        return image
-    if image.mode.startswith("I;16") or image.mode == "I":
-        array = np.asarray(image)
-        bits = 16 if image.mode.startswith("I;16") or array.max() > 255 else 8
-        image = Image.fromarray((array.astype(np.uint32) >> (bits - 8)).astype(np.uint8), mode="L")
-    elif image.mode == "F":
-        image = Image.fromarray(np.clip(np.asarray(image), 0, 255).astype(np.uint8), mode="L")
-    elif image.mode in ("P", "PA") and "transparency" in image.info:
-        image = image.convert("RGBA")
-    return image.convert("RGB")

@@ -17,7 +17,7 @@ import os
 import re
 import signal
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from PIL import Image, ImageFile, UnidentifiedImageError
@@ -77,8 +77,9 @@ class Screened:
     problem: str | None = None
     turned: bool = False
     """The EXIF orientation turns the image by 90 degrees: decoded upright, it is height x width."""
-    coding: int = 0
-    """A JPEG's frame marker where the marker walk read it (jpeg_header.JpegHeader.coding), else 0."""
+    coding: int = field(default=0, compare=False)
+    """A JPEG's frame marker where the marker walk read it (jpeg_header.JpegHeader.coding), else 0
+    (not compared: two reads of one file agree whether or not the walk read its frame)."""
 
     @property
     def suffix_mismatch(self) -> bool:
@@ -125,7 +126,7 @@ def read_screened(where: str | Location, max_pixels: int = BOMB_PIXELS, into: Re
     The bytes are None where they cannot be read; `into`: read into that reused buffer (read_bytes)."""
     location = as_location(where)
     try:
-        data = read_bytes(location, into)
+        data = read_bytes(location, into, max_pixels)
     except OSError as error:
         return None, Screened(location.name, problem=unreadable(location, error))
     return data, screen_read(location.name, data, max_pixels)

@@ -30,6 +30,7 @@ import os
 import threading
 from typing import BinaryIO, Iterator, Sequence
 
+from ..schema import BOMB_PIXELS
 from . import node_cache
 from .locations import (
     TAR_BLOCK,
@@ -49,15 +50,17 @@ from .source_reads import identity_stamp, source_bytes
 from .urls import is_url
 
 
-def read_bytes(where: str | Location, into: ReadArena | None = None) -> bytearray | memoryview:
+def read_bytes(where: str | Location, into: ReadArena | None = None, max_pixels: int = BOMB_PIXELS
+               ) -> bytearray | memoryview:
     """The sample's encoded bytes. Raises OSError (FileNotFoundError, PermissionError, NotRegularFile,
     TruncatedError, ContainerChanged ...) naming the file or container where it cannot; a shard in an
     object store is read from the node cache's copy, fetched first where it is missing (StoreError
     where the store or the cache cannot serve it). `into`: a local file or shard member is read into
-    that arena, and a view of it returned, valid until the arena's next reset."""
+    that arena, and a view of it returned, valid until the arena's next reset. `max_pixels`: the
+    largest decoded image a source's read() may give (its shape checked before it is copied)."""
     location = as_location(where)
     if location.source:  # a sample of a source: its read() gives it
-        return source_bytes(location, into)
+        return source_bytes(location, into, max_pixels)
     if location.row >= 0:  # a row of compressed parquet pages: decoded with its row group
         return read_row(location)
     if is_url(location.file):

@@ -10,6 +10,9 @@ names are `classes` (a list), else the `<table>_classes(label, name)` table wher
 the labels' numbers. Each process and thread opens the file read-only on its first read (sqlite3
 connections are not shared across threads, nor across a fork), so DataLoader workers and DALI's feed
 read it at once; its identity is the file's stamp (inode, size, mtime, and its write-ahead log's).
+Each read takes the row's name and label with its image and checks them against what samples() gave
+at that number: a table rebuilt or VACUUMed under a running loader (rows renumbered, or others at the
+same rowids) stops the run, naming the table, rather than give another image under each label.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import SourceChanged
 from .protocol import Samples
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -39,6 +43,8 @@ class SQLiteSource:
         self.columns = name_column, image_column, label_column
         self.name = self.path
         self.rowids = np.zeros(0, dtype=np.int64)
+        self.indexed: list[tuple[str, int]] = []
+        """Each sample's (name, label) as samples() gave them: what each read checks its row against."""
         self._local = threading.local()
 
     def _connection(self) -> sqlite3.Connection:
@@ -55,6 +61,7 @@ class SQLiteSource:
             f"SELECT rowid, {name}, {label} FROM {self.table} ORDER BY rowid").fetchall()
         self.rowids = np.array([row[0] for row in rows], dtype=np.int64)
         names, labels = [row[1] for row in rows], [row[2] for row in rows]
+        self.indexed = list(zip(names, labels))
         return Samples(names, labels, self._class_names(labels))
 
     def _class_names(self, labels: Sequence[int]) -> list[str]:
@@ -67,11 +74,17 @@ class SQLiteSource:
         return [name for _, name in rows]
 
     def read(self, item: int) -> bytes:
-        _, image, _ = self.columns
-        row = self._connection().execute(f"SELECT {image} FROM {self.table} WHERE rowid = ?",
-                                         (int(self.rowids[item]),)).fetchone()
-        if row is None:
-            raise KeyError(f"row {int(self.rowids[item])} is no longer in the table {self.table}")
+        name, image, label = self.columns
+        rowid = int(self.rowids[item])
+        row = self._connection().execute(f"SELECT {image}, {name}, {label} FROM {self.table} WHERE rowid = ?",
+                                         (rowid,)).fetchone()
+        if row is None or (row[1], row[2]) != self.indexed[item]:
+            now = "no row" if row is None else f"{row[1]!r} (label {row[2]})"
+            was, was_label = self.indexed[item]
+            raise SourceChanged(f"{self.path}: table {self.table}'s row {rowid} holds {now} now, and held {was!r} "
+                                f"(label {was_label}) when the loader was built: the table was rewritten (a rebuild, "
+                                f"a VACUUM) under the running loader, so its rows would be read under other samples' "
+                                f"labels. Build a new loader (or keep the table unchanged while a loader reads it)")
         return row[0]
 
     def __len__(self) -> int:
