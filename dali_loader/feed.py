@@ -134,7 +134,12 @@ class Feed:
         self.max_pixels, self.refill = max_pixels, refill
         self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if pixels is None else None
         self.substitutes = substitutes  # sample -> a file DALI can decode in its place (transcode.py)
-        self.known_bad: dict[int, str] = {}  # sample -> why it cannot be fed or decoded
+        self.known_bad: dict[int, str] = {}  # sample -> why it cannot be fed or decoded, this epoch
+        self.undecodable: dict[int, str] = {}
+        """sample -> why DALI cannot decode it (the probe's finding, loader._recover): left out for the
+        run, since feeding it again would break the pipeline again. What a read or check found is
+        known only for its epoch: the next reads the sample again, as the torch workers do (a blob
+        service's reset connection loses a sample for one epoch, not for the run)."""
         self.skipped: list[int] = []  # known-bad samples left out and not yet attached to a fed batch
         self.empty: list[np.ndarray] = []  # planned batches left empty, not yet attached to a fed batch
         self.batches: Iterator[np.ndarray] = iter(())
@@ -190,6 +195,7 @@ class Feed:
         self.fed.clear()
         self.skipped, self.empty = [], []
         self.stopping = False
+        self.known_bad = dict(self.undecodable)
 
     def new_arenas(self) -> None:
         """Read the next batches into new memory: after a pipeline failed, the memory it was given

@@ -268,6 +268,8 @@ class DaliLoader(Loader):
                 yield self._empty_batch(len(planned))
         elif self._closed:
             raise self._closed_error()
+        else:  # a newer loop took the pipeline over while this one was paused (a callback's next(iter(loader)))
+            raise self._superseded()
 
     def _drive(self) -> Driver:
         """A driver thread running the pipeline over the feed's batches (see driver.py)."""
@@ -355,7 +357,7 @@ class DaliLoader(Loader):
             raise BadImageError(self._broken) from error
         log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files that cannot be decoded; "
                  "rebuilding it without them", self.split.name, number, self.epoch, len(culprits))
-        self._feed.known_bad.update(culprits)
+        self._feed.undecodable.update(culprits)
         self._feed.new_arenas()
         again, rest = self._feed.unfinished(), self._feed.batches
         self._pipe = self._build()

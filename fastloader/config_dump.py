@@ -51,16 +51,20 @@ def config_to_raw(config: Config) -> dict:
 
 
 def config_to_dict(config: Config) -> dict:
-    """The resolved config as plain data, for logs and JSON reports: the store's options (credentials,
-    perhaps) show their names only."""
-    return _hide_store_options(config_to_raw(config), "(set)")
+    """The resolved config as plain data, for logs and JSON reports: the store's options and each
+    split's source_args (credentials, perhaps: a token, a connection string) show their names only."""
+    return _hide_secrets(config_to_raw(config), "(set)")
 
 
-def _hide_store_options(raw: dict, shown: str) -> dict:
-    """`raw` with each of dataset.remote.options' values replaced by `shown`: they may be credentials."""
+def _hide_secrets(raw: dict, shown: str) -> dict:
+    """`raw` with each of dataset.remote.options' and of every split's source_args' values replaced by
+    `shown`: they may be credentials."""
     remote = raw["dataset"].get("remote") or {}
     if remote.get("options"):
         remote["options"] = {key: shown for key in remote["options"]}
+    for section in raw.values():
+        if isinstance(section, dict) and isinstance(section.get("source_args"), dict):
+            section["source_args"] = {key: shown for key in section["source_args"]}
     return raw
 
 
@@ -69,14 +73,16 @@ OVERRIDE = "override '{key}'"
 
 
 SECRET_PLACEHOLDER = "<not shown: give it again>"
-"""What a suggested command shows for a value of dataset.remote.options, which may be a secret."""
+"""What a suggested command shows for a value of dataset.remote.options or a source_args, which may be
+a secret."""
 
 
 def override_options(config: Config, skip: tuple[str, ...] = ()) -> list[str]:
     """The `--set KEY=VALUE` options that give this config its overrides' values again (resolved, so
     they work from any folder): what a command that a message suggests must keep (but the keys in
-    `skip`, which the command sets otherwise). dataset.remote.options' values are never shown."""
-    raw, options = _hide_store_options(config_to_raw(config), SECRET_PLACEHOLDER), []
+    `skip`, which the command sets otherwise). dataset.remote.options' and source_args' values are
+    never shown."""
+    raw, options = _hide_secrets(config_to_raw(config), SECRET_PLACEHOLDER), []
     for key, origin in config.origins.items():
         if origin != OVERRIDE.format(key=key) or key in skip:
             continue

@@ -478,6 +478,12 @@ class Loader(abc.ABC):
             self._close()
             forget_source(self.index.reader)
 
+    def _superseded(self) -> RuntimeError:
+        """What a paused loop says when it is resumed after a newer loop took the loader over (two
+        loops never take batches in turn: each would get the other's)."""
+        return RuntimeError(f"a newer loop over the {self.backend} loader for split '{self.split.name}' started while "
+                            f"this one was paused; finish or drop a loop before starting the next")
+
     def _closed_error(self) -> RuntimeError:
         return RuntimeError(f"this {self.backend} loader for split '{self.split.name}' is closed; "
                             f"build a new one with fastloader.build_loader(...)")

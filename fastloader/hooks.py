@@ -14,9 +14,13 @@ A hook's failure is the user's bug, never a bad file's: a HookError, which no ba
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 import logging
 import pickle
 import random
+import re
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -65,8 +69,11 @@ class Hook:
         return f"{self.key} {self.name}{version}"
 
     def record(self) -> str:
-        """What the loader's state records of it: the name, and the version where it gives one."""
-        return f"{self.name}@{self.version}" if self.version else self.name
+        """What the loader's state records of it: the name, what tells apart two hooks of that name
+        (fingerprint), and the version where it gives one."""
+        mark = fingerprint(self.function)
+        name = f"{self.name}#{mark}" if mark else self.name
+        return f"{name}@{self.version}" if self.version else name
 
     def __reduce__(self):
         """Where a worker is spawned, an imported hook travels as its path and is imported there."""
@@ -109,6 +116,35 @@ class Hook:
         return (f"{self.label} raised {type(error).__name__}: {error_text(error)} on {where}. A hook's error "
                 f"stops the run (it is never taken for a bad file): fix the hook. Its traceback:\n"
                 + "".join(frames).rstrip())
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def fingerprint(function: Any) -> str:
+    """8 hex digits that tell apart hooks their name does not: two torchvision Composes (their repr
+    lists each transform and its parameters), two functools.partials of one function (its arguments),
+    two lambdas or nested functions (their code and constants), a with_global_rng's transform; "" for
+    a function at a module's top level, which its `module:name` says. Stable across processes and
+    runs (memory addresses left out), so that a resumed run records what it saved."""
+    if isinstance(function, with_global_rng):
+        return fingerprint(function.transform)
+    if isinstance(function, functools.partial):
+        text = f"{_described(function.func)}|{function.args!r}|{sorted(function.keywords.items())!r}"
+    elif inspect.isfunction(function):
+        if "<" not in function.__qualname__:  # <lambda>, <locals>
+            return ""
+        code = function.__code__
+        text = f"{function.__qualname__}|{code.co_code.hex()}|{code.co_consts!r}|{code.co_names!r}"
+    elif type(function).__repr__ is not object.__repr__:
+        text = repr(function)
+    else:
+        return ""
+    return hashlib.blake2b(_ADDRESS.sub("", text).encode(), digest_size=4).hexdigest()
+
+
+def _described(function: Any) -> str:
+    return f"{function_name(function)}#{fingerprint(function)}"
 
 
 def _same_kind(got: torch.Tensor, given: torch.Tensor) -> bool:

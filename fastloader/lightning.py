@@ -48,12 +48,20 @@ class LightningLoader:
     def __init__(self, loader: Loader, module: "DataModule"):
         self.loader, self.module = loader, module
         self.sampler = _EpochSetter(self)
+        self._start = (0, 0)
+        """(the loop's first sample, the fit loop's processed batches then): batches processed since
+        count at this run's batch size, those before at the one the resumed state was saved with."""
 
     def __iter__(self) -> Iterator:
         """A loop of the loader that starts at its first batch: Lightning calls iter() before it
         calls set_epoch (and once more only to check that the loader iterates), so the loader's own
         loop, whose epoch is fixed when it starts, is started lazily."""
+        self._start = (self.loader.resume_position, self._processed())
         yield from self.loader
+
+    def _processed(self) -> int:
+        trainer = self.module.trainer
+        return trainer.fit_loop.epoch_loop.batch_progress.current.processed if trainer is not None else 0
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -68,17 +76,40 @@ class LightningLoader:
         self.loader.set_epoch(epoch)
 
     def state_dict(self) -> dict:
+        """The loader's state at the batches the fit loop processed, not those it fetched, in samples:
+        the loop's first sample (a resumed state's) and, from there, the batches processed since at
+        this run's batch size (a run resumed with another batch size counts the batches before the
+        resume, at the old size, as Lightning does: multiplying them by the new one skipped samples)."""
         state = self.loader.state_dict()
         trainer = self.module.trainer
-        if trainer is not None and trainer.training:  # the batches the fit loop processed, not those it fetched
-            processed = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if trainer is not None and trainer.training:
+            first, processed_then = self._start
+            since = max(0, self._processed() - processed_then)
             global_batch = self.loader.batch_size * self.loader.ranks.world_size
             state["epoch"] = trainer.current_epoch
-            state["position"] = min(processed * global_batch, self.loader.order.epoch_length)
+            state["position"] = min(first + since * global_batch, self.loader.order.epoch_length)
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        """The loader's position, and, where the state was saved with another batch size or world
+        size, the fit loop's count of this epoch's batches set to what the position is in this
+        run's batches: Lightning ends an epoch when its count reaches len(loader), so the batches
+        counted at the old size would end it short of the epoch's last samples (or past them)."""
         self.loader.load_state_dict(state)
+        trainer = self.module.trainer
+        position = self.loader.resume_position
+        same = (state.get("batch_size"), state.get("world_size")) == (self.loader.batch_size,
+                                                                        self.loader.ranks.world_size)
+        if trainer is None or not position or same:
+            return
+        done = max(0, len(self.loader) - len(self.loader.order.batches(self.loader.next_epoch, position)))
+        current = trainer.fit_loop.epoch_loop.batch_progress.current
+        log.info("split '%s': resumed at sample %d of epoch %d with batches of %d (the state's: %d): the fit loop's "
+                 "count of the epoch's batches goes from %d to %d", self.loader.split.name, position,
+                 self.loader.next_epoch, self.loader.batch_size, state.get("batch_size"), current.processed, done)
+        shift = done - current.processed  # each counter moved alike: Lightning's own restart arithmetic still holds
+        current.ready, current.started = current.ready + shift, current.started + shift
+        current.processed, current.completed = current.processed + shift, current.completed + shift
 
 
 class DataModule(pl.LightningDataModule):

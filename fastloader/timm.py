@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
@@ -114,12 +115,13 @@ def create_loader(
                                                          "read for its mixing and label smoothing")
     if len(mean) != 3 or len(std) != 3:
         _refuse("mean", mean, "three channels' mean and std (RGB)")
+    if img_dtype not in _DTYPES:
+        _refuse("img_dtype", img_dtype, "fastloader gives float32, float16 or bfloat16 batches (output.dtype)")
     root, classes = _folder_of(dataset)
     split = "train" if is_training else "val"
     config = {"dataset": {"root": os.path.dirname(root), "classes": classes},
               "normalize": {"mean": list(mean), "std": list(std)},
-              "output": {"device": str(device), "dtype": {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(
-                  torch.float16 if fp16 else img_dtype, "float32")},
+              "output": {"device": str(device), "dtype": _DTYPES[torch.float16 if fp16 else img_dtype]},
               "workers": {"num_workers": num_workers, "pin_memory": pin_memory, "persistent": persistent_workers},
               split: _split(split, os.path.basename(root), _side(input_size, "input_size"), batch_size, given)}
     built = build_loader(config, split, overrides=dict(overrides or {}))
@@ -167,10 +169,19 @@ def _side(size: Any, name: str) -> int:
     return int(sides[0])
 
 
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
 def _folder_of(dataset: Any) -> tuple[str, list[str] | None]:
-    """(the split's folder, its class names in timm's label order) of timm's dataset, or a path."""
+    """(the split's folder, its class names in timm's label order) of timm's dataset, or of a path:
+    its class folders in timm's natural order ('2' before '10'), as timm's own dataset of that
+    folder labels them, so that an image gets one label however the folder is passed."""
     if isinstance(dataset, (str, os.PathLike)):
-        return os.path.abspath(os.fspath(dataset)), None
+        root = os.path.abspath(os.fspath(dataset))
+        if not os.path.isdir(root):
+            _refuse("dataset", os.fspath(dataset), "no such folder; give a folder of class folders or timm's dataset")
+        folders = [entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith(".")]
+        return root, sorted(folders, key=_natural_key) or None
     reader = getattr(dataset, "reader", None)
     root, class_to_idx = getattr(reader, "root", None), getattr(reader, "class_to_idx", None)
     if root is None or not class_to_idx or not os.path.isdir(root):
@@ -178,6 +189,11 @@ def _folder_of(dataset: Any) -> tuple[str, list[str] | None]:
                                                    "(create_dataset('', root=...)) or the folder's path; for tar "
                                                    "shards or other sources build fastloader's loader itself")
     return os.path.abspath(root), [name for name, _ in sorted(class_to_idx.items(), key=lambda item: item[1])]
+
+
+def _natural_key(name: str) -> list:
+    """timm's natural_key (timm.data.readers.class_map): digit runs compared as numbers, case ignored."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name.lower())]
 
 
 def _refuse(name: str, value: Any, why: str) -> None:

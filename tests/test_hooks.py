@@ -383,3 +383,30 @@ def test_a_batch_hooks_output_is_laid_out_as_the_loader_gives_batches(numbered, 
     for images, _ in loader:
         assert images.is_contiguous() and images.stride()[-1] == 1
         images.add_(1.0)  # the trainer's in-place ops work on it
+
+
+def test_a_hooks_record_tells_apart_hooks_of_one_type_and_stays_across_runs():
+    """Every torchvision Compose recorded as `with_global_rng(...:Compose)`, every partial as
+    `functools:partial`, every lambda alike: a state saved with one Compose loaded silently into a
+    loader with another. Now the record carries what tells them apart, the same in every process."""
+    import functools
+
+    from torchvision.transforms import v2
+
+    from fastloader.hooks import load_hook
+
+    def record(function):
+        return load_hook(function, "sample_hook", "train.transform.sample_hook", "<test>").record()
+
+    weak, strong = v2.Compose([v2.RandomHorizontalFlip(0.5)]), v2.Compose([v2.RandomHorizontalFlip(0.9)])
+    assert record(weak) != record(strong) and record(weak) == record(v2.Compose([v2.RandomHorizontalFlip(0.5)]))
+    assert record(weak).startswith("with_global_rng(torchvision.transforms.v2._container:Compose)#")
+    assert record(functools.partial(user_hooks.stamp)) != record(functools.partial(user_hooks.stamp, generator=None))
+    assert record(lambda image, generator: image) != record(lambda image, generator: image.flip(-1))
+    assert record(user_hooks.stamp) == "user_hooks:stamp"  # a module's function: its name says it
+    script = ("import sys; sys.path.insert(0, 'tests'); from torchvision.transforms import v2; "
+              "from fastloader.hooks import load_hook; print(load_hook(v2.Compose([v2.RandomHorizontalFlip(0.5)]), "
+              "'sample_hook', 'k', 'w').record())")
+    other_process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                                   timeout=120)
+    assert other_process.stdout.strip() == record(weak), other_process.stderr

@@ -128,3 +128,26 @@ def test_the_lightning_example_trains_saves_and_resumes_on_the_demo(tmp_path, mo
         assert stopped.value.code == 0
         assert (tmp_path / "ckpt" / "last.ckpt").is_file()
     assert "Restored all states from the checkpoint" in caplog.text and "`max_steps=5` reached" in caplog.text
+
+
+def test_a_checkpoint_resumed_with_another_batch_size_then_saved_and_resumed_again_trains_each_sample_once(
+        numbered, tmp_path):
+    """Device: CPU. Batch 2 for 2 steps (4 samples), a checkpoint; resumed at batch 4 for one step,
+    a checkpoint; resumed again to the end of the epoch. The position was Lightning's processed
+    batches (3) times the new batch size (12: the epoch's end), and 4 samples were never trained."""
+    saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    first = Recorder()
+    trainer(str(tmp_path / "b"), max_steps=2, callbacks=[saving], num_sanity_val_steps=0).fit(
+        first, datamodule=datamodule(config(numbered)))
+    second = Recorder()
+    saving = ModelCheckpoint(dirpath=tmp_path / "ckpt4", every_n_train_steps=1, save_top_k=-1)
+    trainer(str(tmp_path / "b"), max_steps=3, callbacks=[saving], num_sanity_val_steps=0).fit(
+        second, datamodule=datamodule(config(numbered, batch_size=4)),
+        ckpt_path=str(next((tmp_path / "ckpt").glob("*step=2*.ckpt"))))
+    third = Recorder()
+    trainer(str(tmp_path / "b"), max_epochs=1, num_sanity_val_steps=0).fit(
+        third, datamodule=datamodule(config(numbered, batch_size=4)),
+        ckpt_path=str(next((tmp_path / "ckpt4").glob("*step=3*.ckpt"))))
+    seen = [image for run in (first, second, third) for batch in run.seen for image in batch]
+    assert [len(batch) for run in (first, second, third) for batch in run.seen] == [2, 2, 4, 4]
+    assert len(seen) == len(set(seen)) == 12  # every train sample of epoch 0, once

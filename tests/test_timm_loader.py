@@ -74,6 +74,18 @@ def test_the_class_order_is_timms_and_eval_reads_every_image_once(tmp_path):
     labels = [label for _, batch in loader for label in batch.tolist()]
     assert Counter(labels) == Counter(target for _, target in dataset.reader.samples)
     assert loader.dataset is dataset
+    by_path = create_loader(str(root / "val"), **small())  # the folder's path: the same labels (it sorted c10 first)
+    assert by_path.classes == loader.classes
+    assert [batch.tolist() for _, batch in by_path] == [batch.tolist() for _, batch in loader]
+
+
+def test_an_image_dtype_fastloader_does_not_give_is_refused_not_changed(timm_dataset):
+    dataset, _ = timm_dataset
+    with pytest.raises(ConfigError, match=r"img_dtype=torch\.float64: fastloader gives float32, float16 or "
+                                          r"bfloat16 batches"):
+        create_loader(dataset, **small(), img_dtype=torch.float64)
+    with create_loader(dataset, **small(), img_dtype=torch.bfloat16).loader as loader:
+        assert next(iter(loader))[0].dtype == torch.bfloat16
 
 
 def test_set_epoch_and_mixup_off_epoch_as_train_py_uses_them(timm_dataset):

@@ -218,10 +218,6 @@ class TorchLoader(Loader):
                 raise self._superseded()
             yield self._receive(1)
 
-    def _superseded(self) -> RuntimeError:
-        return RuntimeError(f"a newer loop over the torch loader for split '{self.split.name}' started while this one "
-                            f"was paused; finish or drop a loop before starting the next")
-
     def _stop_producer(self) -> None:
         """The current loop's producer ended. One stuck receiving from a silent worker is let go of
         by killing the workers, which ends the wait within POLL_S."""
