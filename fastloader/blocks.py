@@ -89,12 +89,15 @@ def block_order(config: Config, split: SplitConfig, index: SampleIndex, budget: 
                           for c in oversized[:3].tolist())
         largest = max(sizes[c] for c in oversized.tolist())
         if cache_limit is not None and 2 * largest > cache_limit:  # a larger block_size cannot help here
-            fix = (f"the node cache ({CACHE_KEY}: {human_bytes(cache_limit)}) cannot hold such a shard and the next "
-                   f"one, so shards are fetched more than once an epoch: raise {CACHE_KEY} to at least "
-                   f"{human_bytes(2 * largest)}, or repack into shards of at most {human_bytes(cache_limit // 2)} "
-                   f"(`fastloader pack --shard-size {max(1, cache_limit // 2 >> 20)}MB`)")
-        else:
-            fix = f"raise {split.name}.block_size above the largest to keep every block within it"
+            raise ConfigError(
+                f"{config.origin(f'{split.name}.shuffle')}: {split.name}.shuffle: block: "
+                f"{plural(len(oversized), noun)} of the object store larger than half the node cache "
+                f"({CACHE_KEY}: {human_bytes(cache_limit)}; {named}{', ...' if len(oversized) > 3 else ''}). The cache "
+                f"cannot hold such a shard and the next one, so each would be fetched many times an epoch (10x "
+                f"measured). Raise {CACHE_KEY} to at least {human_bytes(2 * largest)}, or repack into shards of at "
+                f"most {human_bytes(cache_limit // 2)} (`fastloader pack --shard-size "
+                f"{max(1, cache_limit // 2 >> 20)}MB`), or set {split.name}.shuffle: true")
+        fix = f"raise {split.name}.block_size above the largest to keep every block within it"
         log.warning("split '%s': %s larger than the block budget of %s (%s), each read as a block of its own: %s%s; "
                     "%s", split.name, plural(len(oversized), noun) + (" is" if len(oversized) == 1 else " are"),
                     human_bytes(budget), why, named, " ..." if len(oversized) > 3 else "", fix)

@@ -127,3 +127,27 @@ def test_a_copy_of_the_right_size_with_lost_bytes_is_fetched_again_not_blamed_on
     assert f"the copy of {node_cache.info_of(loader.index.location(0)).url} was damaged" in caplog.text
     assert entry.read_bytes() != bytes(entry.stat().st_size)  # the good bytes again
 
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_copy_with_bytes_lost_mid_shard_is_fetched_again_before_a_sample_is_skipped(
+        tmp_path, store_split, backend, caplog):
+    """Zeros over one member's image and the next member's header (a copy cut by a crash mid-write):
+    the first member's bytes fail the image check before the next's header shows the copy damaged.
+    A sample is skipped only once its shard's copy was fetched again and it still fails."""
+    import tarfile
+
+    store_split = {**store_split, "backend": backend, "val": {**store_split["val"], "batch_size": 6}}
+    assert labels_of(build_loader(store_split, "val")) == [0, 0, 1, 1, 2, 2]
+    entry = next(p for p in sorted((tmp_path / "node").iterdir()) if p.name.endswith(".tar"))
+    with tarfile.open(entry) as shard:
+        members = [m for m in shard.getmembers() if m.name.endswith(".png") or m.name.endswith(".jpg")]
+    first, second = members[0], members[1]
+    data = bytearray(entry.read_bytes())
+    start = first.offset_data + first.size // 2
+    data[start:second.offset_data] = bytes(second.offset_data - start)  # the tail of one, the next's header
+    entry.write_bytes(bytes(data))
+    node_cache.configure(str(tmp_path / "elsewhere"), None, 2)
+    caplog.set_level(logging.WARNING, logger="fastloader")
+    loader = build_loader(store_split, "val")
+    assert labels_of(loader) == [0, 0, 1, 1, 2, 2] and not loader.bad_samples, loader.bad_samples

@@ -24,6 +24,7 @@ from shardfiles import resumes_and_evaluates_once, write_bad_corpus
 
 from fastloader import build_loader
 from fastloader.config import load_config
+from fastloader.errors import ConfigError
 from fastloader.packing import pack_index
 from fastloader.sources import node_cache
 from fastloader.sources.tar_members import scan_shard
@@ -214,18 +215,19 @@ def test_a_cache_of_a_quarter_of_the_data_with_shuffle_block_fetches_each_shard_
     next one fetched while the current one is read), every sample exactly once an epoch, the cache
     within its limit, and each shard fetched once per epoch: bytes fetched / data <= 1.05 (issue 35's
     goal), where shuffle: true fetched more than 1.5x above. A shard holds more samples than the
-    loader reads ahead (2 workers x 2 batches of 3), as real shards of thousands do: a read-ahead
-    deeper than two blocks would fetch shards the cache cannot keep."""
+    loader reads ahead (torch: 2 workers x 1 batch of 3, and its producer's one; DALI: its queue of 1
+    and 2), as real shards of thousands do: a read-ahead deeper than two blocks would fetch shards the
+    cache cannot keep."""
     folder = packed(tmp_path, per_class=32, per_shard=12)
     url = uploaded(object_store, bucket_for(request), folder)
     data = sum(p.stat().st_size for p in folder.glob("train-*.tar"))
     limit = data // 4
-    config = remote_config(tmp_path, {"train": f"{url}/train-*.tar"}, workers={"num_workers": 2},
+    config = remote_config(tmp_path, {"train": f"{url}/train-*.tar"}, workers={"num_workers": 2, "prefetch_factor": 1},
                            train={"drop_last": False, "batch_size": 3, "shuffle": "block"}, backend=backend,
                            dataset={"remote": {"cache_limit": f"{limit}B", "concurrency": 2}})
     with caplog.at_level(logging.WARNING, logger="fastloader"):
         loader = build_loader(config, "train")
-    assert "samples ahead of the trainer" not in caplog.text  # 12 samples ahead, 12 in a block
+    assert "samples ahead of the trainer" not in caplog.text  # 9 samples ahead, 12 in a block
     fetched = []
     for epoch in range(3):
         held, labels = [], []
@@ -251,18 +253,18 @@ def test_a_loader_reading_further_ahead_than_a_block_says_what_it_costs_and_what
                            train={"batch_size": 3, "shuffle": "block"},
                            dataset={"remote": {"cache_limit": f"{data // 4}B"}})
     with caplog.at_level(logging.WARNING, logger="fastloader"), build_loader(config, "train") as loader:
-        assert loader.prefetch_depth * loader.batch_size == 12
-    assert ("split 'train': the loader reads up to 12 samples ahead of the trainer (prefetch depth x batch size x "
+        assert loader.prefetch_depth * loader.batch_size == 15  # (2 workers x 2 + the producer's 1) x 3
+    assert ("split 'train': the loader reads up to 15 samples ahead of the trainer (prefetch depth x batch size x "
             "ranks), more than the smallest of its blocks holds (3 samples)") in caplog.text
     assert "Raise dataset.remote.cache_limit (blocks of more samples), or lower workers.num_workers" in caplog.text
 
 
-def test_shards_larger_than_half_the_node_cache_get_a_fix_that_works_not_a_larger_block_size(
+def test_shards_larger_than_half_the_node_cache_are_refused_with_a_fix_that_works(
         tmp_path, object_store, request, caplog):
     """4 shards, a cache of a third of them, shuffle: block: each shard is a block of its own, and the
-    cache cannot hold one and the next, so shards were fetched 3.5-5.7x an epoch while the warning
-    advised raising block_size above the largest shard (issue 41.12). It now names the cache limit
-    that would hold two, or the shard size to repack to."""
+    cache cannot hold one and the next, so shards were fetched 3.5-10.1x an epoch after a warning
+    (issues 41.12, 56.16). The build is refused, naming the cache limit that would hold two, or the
+    shard size to repack to."""
     folder = packed(tmp_path, per_class=4, per_shard=3)
     url = uploaded(object_store, bucket_for(request), folder)
     shards = sorted(folder.glob("train-*.tar"))
@@ -271,11 +273,11 @@ def test_shards_larger_than_half_the_node_cache_get_a_fix_that_works_not_a_large
     assert largest > limit // 2
     config = remote_config(tmp_path, {"train": f"{url}/train-*.tar"}, train={"batch_size": 3, "shuffle": "block"},
                            dataset={"remote": {"cache_limit": f"{limit}B"}})
-    with caplog.at_level(logging.WARNING, logger="fastloader"), build_loader(config, "train"):
-        pass
-    assert "larger than the block budget" in caplog.text
-    assert "cannot hold such a shard and the next one, so shards are fetched more than once an epoch: raise " \
-           "dataset.remote.cache_limit to at least" in caplog.text
+    with pytest.raises(ConfigError, match=r"train\.shuffle: block: \d tar shards of the object store larger than "
+                                          r"half the node cache .* The cache cannot hold such a shard and the next "
+                                          r"one, so each would be fetched many times an epoch .* Raise "
+                                          r"dataset\.remote\.cache_limit to at least .*fastloader pack --shard-size"):
+        build_loader(config, "train")
     assert "raise train.block_size above the largest" not in caplog.text
 
 

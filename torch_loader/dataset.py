@@ -26,6 +26,7 @@ from fastloader.errors import BadImageError, CacheError, SourceChanged, decoder_
 from fastloader.hooks import Hook
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
+from fastloader.sources.reading import fetch_again
 
 from .transforms import SampleOps, SampleTransform
 
@@ -89,6 +90,8 @@ class ImageDataset(torch.utils.data.Dataset):
             raise  # the cache or the source, not this sample's file: skipping would blame sample after sample
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
             reason = decoder_reason(error)
+            if self.pixels is None and fetch_again(self.index.location(sample), reason):
+                return self._decode(sample, seed, ops, size)  # from a new copy of its shard, before it is blamed
             if self.skip_bad:
                 return Skipped(self.index.path(sample), reason)
             raise BadImageError(refused_file(self.index.path(sample), reason, self.source)) from error

@@ -26,7 +26,7 @@ from ..errors import error_text
 from ..parallel import available_cores, map_chunks
 from ..schema import BOMB_PIXELS
 from ..sources.locations import ContainerChanged, Location, NotRegularFile, ReadArena, as_location
-from ..sources.reading import open_bytes, read_bytes
+from ..sources.reading import fetch_again, open_bytes, read_bytes
 from .jpeg_header import SWAPPED, read_header
 from .sizes import jpeg_stored_size, pillow_stored_size
 
@@ -125,11 +125,15 @@ def read_screened(where: str | Location, max_pixels: int = BOMB_PIXELS, into: Re
     JPEGs the marker walk is not sure of go through Pillow's header parse, as in `screen_file`.
     The bytes are None where they cannot be read; `into`: read into that reused buffer (read_bytes)."""
     location = as_location(where)
-    try:
-        data = read_bytes(location, into, max_pixels)
-    except OSError as error:
-        return None, Screened(location.name, problem=unreadable(location, error))
-    return data, screen_read(location.name, data, max_pixels)
+    for _ in range(2):
+        try:
+            data = read_bytes(location, into, max_pixels)
+        except OSError as error:
+            return None, Screened(location.name, problem=unreadable(location, error))
+        screened = screen_read(location.name, data, max_pixels)
+        if screened.problem is None or not fetch_again(location, screened.problem):
+            return data, screened  # else the node cache's copy may be what is damaged: read from a new one
+    return data, screened
 
 
 def screen_read(name: str, data: bytes | bytearray | memoryview, max_pixels: int = BOMB_PIXELS) -> Screened:

@@ -350,17 +350,27 @@ class NodeCache:
                          f"could be read: {self.limit_words} is too small for the shards read at once; raise "
                          f"dataset.remote.cache_limit")
 
-    def discard(self, location: Location, inode: int) -> None:
+    def discard(self, location: Location, inode: int, why: str | None = None) -> None:
         """Remove the shard's copy that was read as inode `inode` (damaged: its bytes are not what
-        the store sent), so that the next read fetches it again; a newer copy is left alone."""
+        the store sent), so that the next read fetches it again; a newer copy is left alone. `why`:
+        what the read found (default: a member's tar header that is not the one indexed)."""
         entry = self.entry(info_of(location))
+        why = why or f"the tar header before {location.name} is not the one indexed"
         with contextlib.suppress(FileNotFoundError):
             if os.lstat(entry).st_ino == inode:
                 os.unlink(entry)
-                log.warning("node cache %s: the copy of %s was damaged (the tar header before %s is not the one "
-                            "indexed, though it was fetched under the indexed ETag: a crash after an unsynced write "
-                            "leaves such copies); removed and fetched again", self.folder, location.file,
-                            location.name)
+                log.warning("node cache %s: the copy of %s was damaged (%s, though it was fetched under the indexed "
+                            "ETag: a crash after an unsynced write leaves such copies); removed and fetched again",
+                            self.folder, location.file, why)
+
+    def copy_stamp(self, location: Location) -> tuple[int, int] | None:
+        """(inode, mtime in ns) of the shard's local copy now, which tells one copy from the next; None
+        where there is none."""
+        try:
+            info = os.lstat(self.entry(info_of(location)))
+        except FileNotFoundError:
+            return None
+        return info.st_ino, info.st_mtime_ns
 
     def _touch(self, fd: int, entry: Path) -> None:
         now = time.monotonic()

@@ -88,6 +88,31 @@ def _from_node_cache(location: Location) -> bytearray:
     raise AssertionError("unreachable")
 
 
+_CHECKED_COPIES: set[tuple[str, tuple[int, int]]] = set()
+"""(shard URL, copy stamp) of the node-cache copies this process fetched again (fetch_again): a
+member that fails in such a copy is what it is."""
+
+
+def fetch_again(location: Location, why: str) -> bool:
+    """Where a shard member in an object store fails a check of its bytes (not an image, cut short, a
+    decoder's error), the node cache's copy may be what is damaged (zeros where a crash cut a write),
+    not the image: the copy is removed, to be fetched again by the next read; once a copy (a member
+    that fails in a copy fetched again fails for itself). Whether it was (then read the member again
+    before calling it bad)."""
+    if not is_url(location.file) or location.source:
+        return False
+    cache = node_cache.current()
+    stamp = cache.copy_stamp(location)
+    if stamp is None or (location.file, stamp) in _CHECKED_COPIES:
+        return False
+    cache.discard(location, stamp[0], f"{location.name}: {why}")
+    with cache.opened(location):  # fetched again now, and marked: its members fail for themselves
+        fresh = cache.copy_stamp(location)
+    if fresh is not None:
+        _CHECKED_COPIES.add((location.file, fresh))
+    return True
+
+
 def _whole(fd: int, size: int, close: bool = False, into: ReadArena | None = None) -> bytearray | memoryview:
     """A whole file of `size` bytes (its fstat's) in one read of its size and a byte more: that byte
     says the file grew since fstat, and then the rest is read too. Into a fresh writable bytearray
