@@ -21,7 +21,7 @@ import torch.utils.data
 
 from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError
+from fastloader.errors import BadImageError, HookError, SourceError
 from fastloader.imaging.decode import describe as describe_decoders
 from fastloader.order import EpochOrder, output_size
 from fastloader.parallel import die_with, fork_context, in_main_thread
@@ -320,6 +320,8 @@ class TorchLoader(Loader):
             self._shutdown()
             if died is not None:
                 raise self._worker_died(died) from error
+            if isinstance(error, USER_ERRORS) and (own := _unwrapped(error)) is not None:
+                raise type(error)(own) from None  # the sentence, not torch's frames of its worker
             raise
         return received
 
@@ -421,6 +423,25 @@ class TorchLoader(Loader):
         if live is not None:
             _stop_unreaped(list(getattr(live, "_workers", ())), os.getpid())
         self._dataloader = None
+
+
+USER_ERRORS = (HookError, SourceError, BadImageError)
+"""Errors a worker raises with words of their own (the user's hook, source, or a file under
+on_bad_image: raise): the trainer gets those words, not torch's wrapper."""
+
+
+def _unwrapped(error: BaseException) -> str | None:
+    """The message a worker's error had, from torch's re-raised one ("Caught HookError in DataLoader
+    worker process 0.\nOriginal Traceback (most recent call last): ... fastloader.errors.HookError:
+    <message>"); None where it is not such a wrapper."""
+    text = str(error)
+    if not text.startswith(f"Caught {type(error).__name__} in DataLoader worker process"):
+        return None
+    marker = f"{type(error).__module__}.{type(error).__qualname__}: "
+    for line_start in (0, *(i + 1 for i, c in enumerate(text) if c == "\n")):
+        if text.startswith(marker, line_start):
+            return text[line_start + len(marker):].rstrip("\n")
+    return None
 
 
 def _abandon(live) -> None:
