@@ -548,8 +548,9 @@ class Config:
         if name in self.splits:
             return self.splits[name]
         if not isinstance(name, str):
-            raise ConfigError(f"{self.source}: split {name!r} is no split name (a {type(name).__name__}); name the split, one of "
-                              f"{', '.join(sorted(self.splits)) or 'none'} (build_loader(config, 'train'))")
+            splits = ", ".join(sorted(self.splits)) or "none"
+            raise ConfigError(f"{self.source}: split {name!r} is no split name (a {type(name).__name__}); name the "
+                              f"split, one of {splits} (build_loader(config, 'train'))")
         known = ", ".join(sorted(self.splits)) or "none"
         alike = [split for split in self.splits if name.lower().startswith(split) or split.startswith(name.lower())]
         hint = alike[:1] or difflib.get_close_matches(name, list(self.splits), n=1, cutoff=0.5)

@@ -581,9 +581,41 @@ def test_a_sqlite_table_locked_by_a_writer_for_too_long_is_named_with_what_to_do
                               stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "locked"
-        with pytest.raises(SourceError, match=r"train\.sqlite: the database is locked by another process's write for "
-                                              r"more than 0\.5 s \(sqlite: database is locked\): let the writer finish"):
+        with pytest.raises(SourceError, match=r"train\.sqlite: the database is locked by another process's write "
+                                              r"for more than 0\.5 s \(sqlite: database is locked\): let the writer "
+                                              r"finish"):
             delivered(loader)  # the epoch's length check meets the lock
     finally:
         writer.kill()
         writer.wait()
+
+
+class Mapped(Flaky):
+    """A source that reads a file through an mmap it keeps open (cannot be pickled)."""
+
+    def __init__(self, rows, classes, path):
+        import mmap
+        super().__init__(rows, classes, bad=-1)
+        path.write_bytes(b"x" * 4096)
+        with open(path, "rb") as handle:
+            self.map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def test_where_workers_are_spawned_a_source_travels_to_them_or_is_refused_at_build(tmp_path, monkeypatch):
+    """Off Linux (macOS, Windows) the torch backend's workers are spawned: a user's source failed in
+    each ('the source is not open in this process', or "cannot pickle 'mmap.mmap'"), every sample bad
+    and every batch empty with only warnings. A source that pickles is read there; one that does not
+    is refused at build, with the reason and the fix. Real spawned workers here."""
+    import multiprocessing
+
+    import torch_loader.loader
+
+    monkeypatch.setattr(torch_loader.loader, "fork_context", lambda: multiprocessing.get_context("spawn"))
+    _, rows, classes = numbered_images(tmp_path)
+    config = base_config(tmp_path, workers={"num_workers": 1}, train={"mode": "eval", "batch_size": 6})
+    with build_loader(config, "train", source=Flaky(rows, classes, bad=-1)) as loader:
+        assert len(delivered(loader)[1]) == 18 and loader.bad_samples == []
+    with pytest.raises(ConfigError, match=r"the source 'flaky' cannot be pickled \(TypeError: cannot pickle "
+                                          r"'mmap\.mmap' object\), and workers\.num_workers: 1 workers start by spawn "
+                                          r"here"):
+        build_loader(config, "train", source=Mapped(rows, classes, tmp_path / "mapped.bin"))

@@ -26,6 +26,7 @@ from fastloader.errors import BadImageError, CacheError, SourceError, decoder_re
 from fastloader.hooks import Hook
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
+from fastloader.sources.protocol import adopt_source, opened
 from fastloader.sources.reading import fetch_again
 
 from .transforms import SampleOps, SampleTransform
@@ -65,6 +66,20 @@ class ImageDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def __getstate__(self) -> dict:
+        """Pickled for a spawned worker (a forked one inherits the process's table of opened sources):
+        the user's source travels with the dataset, to be opened there under its token."""
+        state = dict(self.__dict__)
+        if self.index.reader:
+            state["_source"] = opened(self.index.reader)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        source = state.pop("_source", None)
+        self.__dict__.update(state)
+        if source is not None:
+            adopt_source(self.index.reader, source)
 
     def __getitem__(self, item, ops: SampleOps | None = None, size: int | None = None) -> Decoded | Missed:
         sample, seed = int(item[0]), int(item[1])

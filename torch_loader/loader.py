@@ -21,12 +21,13 @@ import torch.utils.data
 
 from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError, HookError, SourceError
+from fastloader.errors import BadImageError, ConfigError, HookError, SourceError
 from fastloader.imaging.decode import describe as describe_decoders
 from fastloader.order import EpochOrder, output_size
 from fastloader.parallel import die_with, fork_context, in_main_thread
 from fastloader.prepared import PreparedSplit
 from fastloader.schema import Config, SplitConfig
+from fastloader.sources.protocol import opened
 from fastloader.sources.reading import keep_open
 
 from .ahead import Ahead
@@ -138,8 +139,11 @@ class TorchLoader(Loader):
         self._view_pools = [] if on_cuda or not self.views else [  # one pool per view group's tensor
             BatchPool(num_workers, slots, (group.count * split.batch_size, 3, group.size, group.size),
                       self._normalizer.dtype, config.output.channels_last) for group in self.views.groups]
-        if num_workers > 0 and fork_context() is None:  # spawned workers unpickle the dataset, hooks and all
-            prepared.hooks.check_picklable(f"workers.num_workers: {num_workers} workers start by spawn here")
+        context = fork_context()
+        if num_workers > 0 and (context is None or context.get_start_method() != "fork"):  # spawned: all pickled
+            why = f"workers.num_workers: {num_workers} workers start by spawn here"
+            prepared.hooks.check_picklable(why)
+            check_source_picklable(prepared.index, why)
         if prepared.index.ranges is not None and prepared.pixels is None:
             keep_open(prepared.index.ranges.files)  # opened here, shared by the forked workers: one open a shard
         self._dataloader = torch.utils.data.DataLoader(
@@ -150,7 +154,7 @@ class TorchLoader(Loader):
             num_workers=num_workers,
             pin_memory=pin and torch.cuda.is_available(),
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
-            multiprocessing_context=fork_context() if num_workers > 0 else None,  # never re-runs the script
+            multiprocessing_context=context if num_workers > 0 else None,  # never re-runs the script
             timeout=min(POLL_S, workers.timeout) if num_workers > 0 else 0,  # a wait is a loop (_next_batch)
         )
         self._fresh = False  # the workers have just started: the next batch may take longer
@@ -442,6 +446,24 @@ def _unwrapped(error: BaseException) -> str | None:
         if text.startswith(marker, line_start):
             return text[line_start + len(marker):].rstrip("\n")
     return None
+
+
+def check_source_picklable(index, why: str) -> None:
+    """Where workers are spawned, a user's source travels to each pickled (ImageDataset): one that
+    cannot (an open mmap, a connection) is refused at build, named with the reason, rather than
+    every sample failing in the workers."""
+    if not index.reader:
+        return
+    import pickle
+
+    source = opened(index.reader)
+    try:
+        pickle.dumps(source)
+    except Exception as error:  # PicklingError, TypeError ("cannot pickle 'mmap.mmap' object"), AttributeError
+        raise ConfigError(f"the source {source.name!r} cannot be pickled ({type(error).__name__}: {error}), and "
+                          f"{why}: each worker gets the source pickled. Give it __getstate__/__setstate__ that leave "
+                          f"out what cannot travel (open files, mmaps, connections) and open it again on the first "
+                          f"read, or set workers.num_workers: 0, or backend: dali") from None
 
 
 def _abandon(live) -> None:
