@@ -23,6 +23,7 @@ from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError, ConfigError, HookError, SourceError
 from fastloader.imaging.decode import describe as describe_decoders
+from fastloader.machine import resource_problem
 from fastloader.order import EpochOrder, output_size
 from fastloader.parallel import die_with, fork_context, in_main_thread
 from fastloader.prepared import PreparedSplit
@@ -262,7 +263,15 @@ class TorchLoader(Loader):
         self._feed.upcoming = itertools.chain(batches, self._next_epochs())
         self._dataloader.worker_init_fn = functools.partial(die_with, os.getpid(),
                                                             forked_by_main_thread=in_main_thread())
-        self._live = iter(self._dataloader)
+        try:
+            self._live = iter(self._dataloader)
+        except OSError as error:  # /dev/shm full (the queues' semaphores), the descriptor limit
+            _quiet_half_built(error)
+            problem = resource_problem(error, "the torch backend's workers")
+            if problem is None:
+                raise
+            raise ConfigError(f"the torch loader for split '{self.split.name}' cannot start its workers: "
+                              f"{problem}") from None
         stop = weakref.finalize(self._live, _stop_unreaped, list(getattr(self._live, "_workers", ())), os.getpid())
         stop.atexit = False  # at exit the workers die with this process (fastloader.parallel.die_with)
         self._fresh = True
@@ -326,6 +335,9 @@ class TorchLoader(Loader):
                 raise self._worker_died(died) from error
             if isinstance(error, USER_ERRORS) and (own := _unwrapped(error)) is not None:
                 raise type(error)(own) from None  # the sentence, not torch's frames of its worker
+            if isinstance(error, (OSError, RuntimeError)) and (problem := resource_problem(
+                    error, "the torch backend's workers")) is not None:  # a fresh shared batch, a queue
+                raise RuntimeError(f"the torch loader for split '{self.split.name}' stopped: {problem}") from error
             raise
         return received
 
@@ -446,6 +458,21 @@ def _unwrapped(error: BaseException) -> str | None:
         if text.startswith(marker, line_start):
             return text[line_start + len(marker):].rstrip("\n")
     return None
+
+
+def _quiet_half_built(error: BaseException) -> None:
+    """A DataLoader iterator whose construction failed (no room for a semaphore): its workers that did
+    start are killed, and its __del__, which would print a traceback about attributes it never set,
+    is told it is shut down already."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        it = traceback.tb_frame.f_locals.get("self")
+        if isinstance(it, torch.utils.data.dataloader._MultiProcessingDataLoaderIter):
+            for worker in getattr(it, "_workers", ()):
+                if worker.is_alive():
+                    worker.kill()
+            it._shutdown = True
+        traceback = traceback.tb_next
 
 
 def check_source_picklable(index, why: str) -> None:
