@@ -463,3 +463,18 @@ def test_the_command_line_finds_a_hook_module_in_the_working_folder_or_beside_th
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("hook, dali_said", [("graph_gives_seeds", "The number of dimensions 0 does not match"),
+                                             ("graph_gives_grey", "per_channel_arg_size")])
+def test_a_graph_function_returning_the_wrong_datanode_is_named_not_dalis_raw_error(numbered, hook, dali_said):
+    """The seeds' DataNode, or a grey image: DALI's 'Critical error in pipeline ... crop_mirror_normalize'
+    or a probe of every file of the batch. Now the function, what was expected, and DALI's words."""
+    loader = build_loader(config(numbered, "dali", dali={"graph_hook": f"user_hooks:{hook}"}), "val")
+    with pytest.raises(HookError) as caught:
+        next(iter(loader))
+    text = str(caught.value)
+    assert text.startswith(f"dali.graph_hook user_hooks:{hook} returned a DataNode the rest of the graph cannot "
+                           f"take as the images: a graph function returns its images' DataNode changed, HWC uint8 of "
+                           f"3 channels"), text
+    assert dali_said in text and loader.bad_samples == []
