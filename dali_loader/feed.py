@@ -20,7 +20,7 @@ import numpy as np
 
 from fastloader.augment.draws import Augmenter
 from fastloader.cache import CachedPixels
-from fastloader.errors import SourceChanged, error_text
+from fastloader.errors import SourceError, error_text
 from fastloader.imaging.screen import DALI_FORMATS, Screened, read_screened
 from fastloader.imaging.shared_reads import (
     CODING,
@@ -166,7 +166,7 @@ class Feed:
         self.reads_failed = False
         self.kind = "pixels" if pixels is not None else "bytes"
         """What the pipeline is fed (pipeline.feed_layout): decoded pixels or encoded bytes."""
-        self.failure: SourceChanged | None = None
+        self.failure: SourceError | None = None
         """A source that changed under the loader, found by a read (DALI passes on only its words)."""
         self.doings = Doings()
         """What the loader's own code does now inside the pipeline (reading a sample, running a user's
@@ -411,7 +411,7 @@ class Feed:
             self.doings.begin("reading", location.name)
             try:
                 data, screened = read_screened(location, self.max_pixels, into)
-            except SourceChanged as error:
+            except SourceError as error:
                 self.failure = error
                 raise
             finally:

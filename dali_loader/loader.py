@@ -29,7 +29,7 @@ from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 from fastloader.contract import Loader
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError, add_note, error_text, refused_file
+from fastloader.errors import BadImageError, HookError, add_note, error_text, refused_file
 from fastloader.imaging.shared_reads import SharedReads, shareable
 from fastloader.order import output_size
 from fastloader.prepared import PreparedSplit
@@ -244,6 +244,8 @@ class DaliLoader(Loader):
                     raise self._closed_error()
                 if item.error is None:
                     break
+                if item.in_pipeline and (failure := self._graph_function_failure(item.error)) is not None:
+                    raise self._stopped(failure) from None
                 if not (item.in_pipeline and isinstance(item.error, RuntimeError) and not out_of_memory(item.error)):
                     raise self._stopped(item.error)
                 if self._sample_hook is not None and self._sample_hook.failure is not None:  # no file's fault
@@ -278,6 +280,20 @@ class DaliLoader(Loader):
                             self._bfloat16, self.finisher, check, self.views, self._view_buffers)
         return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream,
                       stall_s=self.config.workers.timeout, stuck=self._feed.stuck_words)
+
+    def _graph_function_failure(self, error: BaseException) -> HookError | None:
+        """A pipeline failure after the decoder where the graph has the user's graph function: what
+        it returned is what DALI could not use (the seeds' DataNode, one channel for three), never a
+        file's fault; said as the function's error, with what is expected and DALI's words. None
+        without a graph function, and for a decoder's failure (a file's, found by the probe)."""
+        hook = self.hooks.graph
+        reason = dali_reason(error) if isinstance(error, Exception) else ""
+        if hook is None or "decoders" in reason or out_of_memory(error):
+            return None
+        return HookError(f"{hook.label} returned a DataNode the rest of the graph cannot take as the images: a graph "
+                         f"function returns its images' DataNode changed, HWC uint8 of 3 channels and the size it is "
+                         f"given (called as function(images, seeds, **dali.graph_hook_args); the seeds are no "
+                         f"images). DALI says: {reason[:800]}")
 
     def _stopped(self, error: BaseException) -> BaseException:
         """A failure no bad file explains (a CUDA error, running out of memory, an error of the

@@ -88,7 +88,7 @@ def _graph_function(images: DataNode, seeds: DataNode, hooks: SplitHooks) -> Dat
     hook = hooks.graph
     try:
         out = hook.function(images, seeds, **hooks.graph_args)
-    except Exception as error:
+    except (Exception, SystemExit, KeyboardInterrupt) as error:  # at build: never the process's end
         raise HookError(hook.failure_words(error, "the graph, while DALI built it") +
                         f"\n(called with the images, the seeds and dali.graph_hook_args {dict(hooks.graph_args)!r})"
                         ) from error

@@ -48,5 +48,5 @@ def build_loader(config: str | os.PathLike | Mapping[str, Any] | Config, split: 
     (docs/transforms.md).
     """
     from .factory import create_loader
-    return create_loader(load_config(config, overrides), split, source,
+    return create_loader(load_config(config, overrides, source_given=source is not None), split, source,
                          {"sample_hook": sample_hook, "batch_hook": batch_hook, "graph_hook": graph_hook})

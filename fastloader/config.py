@@ -51,12 +51,14 @@ from .schema import (  # noqa: F401  (the schema's names are re-exported for use
 
 def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
                 overrides: Mapping[str, Any] | list[str] | tuple[str, ...] | None = None,
-                *, origin: str | None = None) -> Config:
+                *, origin: str | None = None, source_given: bool = False) -> Config:
     """Read a config from a YAML path, a dict or a Config, apply overrides and validate it all.
 
     Relative paths in a file are relative to the file's folder; in a dict, and in overrides, to the
     current directory. `$FASTLOADER_BACKEND` replaces `backend` when set. `origin` names where the
     overrides come from in messages and logs (a command's option, say), instead of "override 'KEY'".
+    `source_given`: the split is read from a source given in code (build_loader(source=...)), so
+    the config needs no dataset section, as where every split names its own source.
     """
     origins: dict[str, str] = {}
     if isinstance(config, Config):
@@ -86,7 +88,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         _check_size(value, origins[key])
         _set_dotted(raw, key, resolve_override_path(key, value), origins[key], source)
     resolve_shards(raw, base_dir, origins)
-    default_shard_root(raw, base_dir, origins)
+    default_shard_root(raw, base_dir, origins, source_given)
     read_classes_file(raw, origins, source)
     forced = os.environ.get(BACKEND_ENV)
     if forced:
@@ -181,6 +183,9 @@ def _parse_overrides(overrides) -> list[tuple[str, Any]]:
     """Overrides as (dotted key, value) pairs; `key=value` strings have their value parsed as YAML."""
     if overrides is None:
         return []
+    if isinstance(overrides, (str, bytes)):
+        raise ConfigError(f"overrides {overrides!r}: a string, where a list of 'dotted.key=value' strings or a dict is "
+                          f"wanted: overrides=[{str(overrides)!r}], or {{'train.batch_size': 32}}")
     if isinstance(overrides, Mapping):
         return [(str(k), v) for k, v in overrides.items()]
     pairs = []

@@ -82,6 +82,8 @@ class ConfigBuilder:
     def __init__(self, source: str, origins: Mapping[str, str]):
         self.source = source
         self.origins = origins
+        self.unknowns: list[str] = []
+        """Every unknown key met so far, said together (three typos: one run, not three)."""
 
     def where(self, path: str) -> str:
         """The file, or the override / environment variable that set this key or one of its parents."""
@@ -93,9 +95,19 @@ class ConfigBuilder:
         return self.source
 
     def fail(self, path: str, message: str) -> typing.NoReturn:
+        self.raise_unknowns()  # a missing or odd key may be a misspelt one: the typos first
         raise ConfigError(f"{self.where(path)}: {path}: {message}")
 
-    def unknown(self, path: str, valid: list[str]) -> typing.NoReturn:
+    def raise_unknowns(self) -> None:
+        """The unknown keys met, all in one error (none: nothing)."""
+        if len(self.unknowns) == 1:
+            raise ConfigError(self.unknowns[0])
+        if self.unknowns:
+            raise ConfigError(f"{len(self.unknowns)} unknown keys:\n  " + "\n  ".join(self.unknowns))
+
+    def unknown(self, path: str, valid: list[str]) -> None:
+        """Note an unknown key, with the closest valid one or where it belongs; the walk goes on over
+        the rest, and raise_unknowns says them all."""
         leaf = path.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(leaf, valid, n=1, cutoff=0.6)
         if close:
@@ -105,11 +117,12 @@ class ConfigBuilder:
             elsewhere = [k for k in all_dotted_keys() if k.rsplit(".", 1)[-1] == leaf]
             hint = (f"'{leaf}' belongs at '{elsewhere[0]}'." if elsewhere else
                     f"valid keys here: {', '.join(valid)}.")
-        raise ConfigError(f"{self.where(path)}: unknown key '{path}'; {hint}")
+        self.unknowns.append(f"{self.where(path)}: unknown key '{path}'; {hint}")
 
     def unnamed_split(self, name: str, others: list[str]) -> typing.NoReturn:
         """A split section other than train/val/test that does not state its mode: most often a typo
         (`trian.batch_size=8` would create a split 'trian' and leave 'train' as it was)."""
+        self.raise_unknowns()
         origin = next((o for k, o in self.origins.items() if k == name or k.startswith(name + ".")), self.source)
         close = difflib.get_close_matches(name, [*others, *NAMED_SPLITS], n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -138,11 +151,13 @@ class ConfigBuilder:
                 close = difflib.get_close_matches(key, [*SECTIONS, *SCALARS], n=1, cutoff=0.75)
                 if close:  # 'normalise:' is a typo, not a split named 'normalise'
                     self.unknown(key, [*SECTIONS, *SCALARS])
+                    continue
                 if "mode" not in value and key not in NAMED_SPLITS:
                     self.unnamed_split(key, [k for k in raw if k != key and k not in SECTIONS])
                 splits[key] = self.split(key, value)
             else:
                 self.unknown(key, [*SECTIONS, *SCALARS, "<split name>"])
+        self.raise_unknowns()
         for key in SCALARS:
             if key not in raw:
                 self.origins.setdefault(key, f"the default, as {self.source} does not set it")
@@ -153,6 +168,7 @@ class ConfigBuilder:
         block_order_needs_shards(self.fail, values["dataset"], splits)
         draws_need_a_uniform_order(self.fail, splits)
         graph_args_need_a_graph_hook(self.fail, values.get("dali"))
+        self.raise_unknowns()
         return Config(**values, splits=splits, source=self.source, origins=dict(self.origins))
 
     def split(self, name: str, raw: dict) -> SplitConfig:
@@ -257,6 +273,7 @@ class ConfigBuilder:
         for key, value in raw.items():
             if key not in names:
                 self.unknown(f"{path}.{key}", names)
+                continue
             values[key] = self.coerce(value, hints[key], f"{path}.{key}")
         for f in dataclasses.fields(cls):
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values:

@@ -94,15 +94,15 @@ def resolve_shards(raw: dict, base_dir: Path, origins: Mapping[str, str]) -> Non
             item[field_name] = _resolve_one(item[field_name], base)
 
 
-def default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str]) -> None:
+def default_shard_root(raw: dict, base_dir: Path, origins: dict[str, str], source_given: bool = False) -> None:
     """format: webdataset names its shards per split; dataset.root, which it does not need, defaults
     to the config's folder (and so does the whole dataset section where every split names its files
-    or its source)."""
-    if "dataset" not in raw and _containers_only(raw):
+    or its source, or where build_loader is given the source: `source_given`)."""
+    if "dataset" not in raw and (source_given or _containers_only(raw)):
         raw["dataset"] = {}
     dataset = raw.get("dataset")
     if isinstance(dataset, dict) and "root" not in dataset and (
-            _format_names_its_files(dataset.get("format")) or _containers_only(raw)):
+            source_given or _format_names_its_files(dataset.get("format")) or _containers_only(raw)):
         dataset["root"] = str(base_dir)
         origins["dataset.root"] = DEFAULT_ROOT_ORIGIN
 

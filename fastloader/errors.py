@@ -33,7 +33,12 @@ class HookError(RuntimeError):
     its key, the sample or batch, what was expected, and the hook's traceback."""
 
 
-class SourceChanged(RuntimeError):
+class SourceError(RuntimeError):
+    """A source's failure that is not one sample's (its database locked for good, its read() that
+    tried to end the process): the run stops, naming the source and what to do, on either backend."""
+
+
+class SourceChanged(SourceError):
     """A source no longer holds what it held when the loader indexed it (its length, its identity, a
     sample's name or label at its number): every later read would be of another sample under this
     one's label, so the run stops, naming the source, on either backend; never a bad file's skip."""

@@ -87,7 +87,7 @@ class Hook:
         generator.manual_seed(int(seed))
         try:
             out = self.function(image, generator)
-        except Exception as error:
+        except (Exception, SystemExit, KeyboardInterrupt) as error:  # a hook cannot end the process from here
             raise HookError(self.failure_words(error, f"sample {sample!r} (seed {int(seed)})")) from error
         if not (isinstance(out, torch.Tensor) and out.dtype == torch.uint8 and out.shape == image.shape
                 and out.device.type == "cpu"):
@@ -103,7 +103,7 @@ class Hook:
         seeds = torch.from_numpy(np.asarray(seeds, dtype=np.int64))
         try:
             out = self.function(images, labels, seeds)
-        except Exception as error:
+        except (Exception, SystemExit, KeyboardInterrupt) as error:  # a hook cannot end the process from here
             raise HookError(self.failure_words(error, _batch_words(seeds))) from error
         if (isinstance(out, tuple) and len(out) == 2 and all(isinstance(part, torch.Tensor) for part in out)
                 and all(_same_kind(got, given) for got, given in zip(out, (images, labels)))):
@@ -111,11 +111,16 @@ class Hook:
         raise HookError(f"{self.label} returned {_what(out)} for {_batch_words(seeds)}; a batch hook returns "
                         f"(images, labels) as it is given them: images {_what(images)}, labels {_what(labels)}")
 
-    def failure_words(self, error: Exception, where: str) -> str:
+    def failure_words(self, error: BaseException, where: str) -> str:
         frames = traceback.format_exception(type(error), error, error.__traceback__.tb_next)
-        return (f"{self.label} raised {type(error).__name__}: {error_text(error)} on {where}. A hook's error "
-                f"stops the run (it is never taken for a bad file): fix the hook. Its traceback:\n"
-                + "".join(frames).rstrip())
+        if isinstance(error, (SystemExit, KeyboardInterrupt)):
+            how = f"called sys.exit({error.code!r})" if isinstance(error, SystemExit) else "raised KeyboardInterrupt"
+            what = (f"{how} on {where}: a hook runs in the loader's workers or threads, where it cannot end the "
+                    f"process; raise an exception instead")
+        else:
+            what = f"raised {type(error).__name__}: {error_text(error)} on {where}"
+        return (f"{self.label} {what}. A hook's error stops the run (it is never taken for a bad file): fix the "
+                f"hook. Its traceback:\n" + "".join(frames).rstrip())
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

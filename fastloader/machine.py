@@ -105,3 +105,35 @@ def human_bytes(count: int) -> str:
 def available_memory() -> int:
     """Bytes of memory this machine can give now without swapping (psutil's `available`)."""
     return psutil.virtual_memory().available
+
+
+SHARED_MEMORY = "/dev/shm"
+
+
+def resource_problem(error: BaseException, what: str) -> str | None:
+    """What an OSError (or a worker's error carrying one) says about the machine's limits, for
+    `what` ("the torch backend's workers"): /dev/shm full, with its size and what is free, or the
+    descriptor limit; with the fixes. None for other errors."""
+    import errno
+    import resource
+
+    text = str(error)
+    code = getattr(error, "errno", None)
+    if code == errno.ENOSPC or "No space left on device" in text:
+        try:
+            stat = os.statvfs(SHARED_MEMORY)
+            free, size = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+            room = f"{human_bytes(free)} free of {human_bytes(size)}"
+        except OSError:
+            room = "its size unknown"
+        return (f"{SHARED_MEMORY} is full ({room}): {what} share their batches and their queues' semaphores through "
+                f"it. Give the container more (`docker run --shm-size=8g`; Kubernetes: an emptyDir of medium Memory "
+                f"at {SHARED_MEMORY}), use fewer workers (workers.num_workers) or a smaller workers.prefetch_factor, "
+                f"or backend: dali (its feed reads into memory of its own, not {SHARED_MEMORY})")
+    if code in (errno.EMFILE, errno.ENFILE) or "Too many open files" in text:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return (f"this process may open {soft} files at once (`ulimit -n`; the hard limit is "
+                f"{'unlimited' if hard == resource.RLIM_INFINITY else hard}), and {what} need more: raise it "
+                f"(`ulimit -n 65536` in the shell that starts the job, or resource.setrlimit(RLIMIT_NOFILE) at the "
+                f"top of the script), or use fewer workers (workers.num_workers)")
+    return None

@@ -547,8 +547,13 @@ class Config:
         """The named split's section, or an error listing the splits that exist."""
         if name in self.splits:
             return self.splits[name]
+        if not isinstance(name, str):
+            splits = ", ".join(sorted(self.splits)) or "none"
+            raise ConfigError(f"{self.source}: split {name!r} is no split name (a {type(name).__name__}); name the "
+                              f"split, one of {splits} (build_loader(config, 'train'))")
         known = ", ".join(sorted(self.splits)) or "none"
-        hint = difflib.get_close_matches(name, list(self.splits), n=1)
+        alike = [split for split in self.splits if name.lower().startswith(split) or split.startswith(name.lower())]
+        hint = alike[:1] or difflib.get_close_matches(name, list(self.splits), n=1, cutoff=0.5)
         suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
         mode = "" if name in NAMED_SPLITS else "mode: eval, "  # other splits must state their mode
         raise ConfigError(

@@ -300,3 +300,49 @@ def test_a_missing_val_folder_is_not_told_to_read_trains_folder(tmp_path):
     assert f"split folder {str(root / 'val')!r} does not exist (folders in dataset.root: train): make it (" in message
     assert "set val.folder to the folder that holds the split's own images, or remove the split 'val'" in message
     assert "one of them" not in message
+
+
+def test_every_unknown_key_is_said_at_once(tmp_path):
+    """Three typos were three runs, each naming one."""
+    config = {"dataset": {"root": str(tmp_path), "rooot": 1}, "train": {"batchsize": 1, "transform": {"sizee": 8}}}
+    with pytest.raises(ConfigError) as caught:
+        build_loader(config, "train")
+    assert str(caught.value).splitlines() == [
+        "3 unknown keys:", "  <dict>: unknown key 'dataset.rooot'; did you mean 'dataset.root'?",
+        "  <dict>: unknown key 'train.batchsize'; did you mean 'train.batch_size'?",
+        "  <dict>: unknown key 'train.transform.sizee'; did you mean 'train.transform.size'?"]
+    with pytest.raises(ConfigError, match=r"^<dict>: unknown key 'dataset\.rooot'; did you mean 'dataset\.root'\?$"):
+        build_loader({"dataset": {"rooot": 1}, "train": {"batch_size": 1}}, "train")  # not 'dataset.root: missing'
+
+
+def test_a_split_named_otherwise_overrides_as_a_string_and_a_split_that_is_no_name_are_named(tmp_path):
+    config = {"dataset": {"root": str(tmp_path)}, "train": {"batch_size": 1}, "val": {"batch_size": 1}}
+    with pytest.raises(ConfigError, match=r"no split 'validation' \(splits defined: train, val\); did you mean "
+                                          r"'val'\?"):
+        build_loader(config, "validation")
+    with pytest.raises(ConfigError, match=r"overrides 'train\.batch_size=3': a string, where a list of "
+                                          r"'dotted\.key=value' strings or a dict is wanted: "
+                                          r"overrides=\['train\.batch_size=3'\]"):
+        build_loader(config, "train", "train.batch_size=3")
+    with pytest.raises(ConfigError, match=r"split 0 is no split name \(a int\); name the split, one of train, val"):
+        build_loader(config, 0)
+
+
+def test_a_config_given_a_source_in_code_needs_no_dataset_section(tmp_path):
+    """docs/sources.md said so; build_loader(config, split, source=obj) still demanded dataset.root."""
+    from PIL import Image
+
+    from fastloader.sources.sqlite_table import SQLiteSource, write_table
+
+    rows = []
+    for label, colour in enumerate([(200, 0, 0), (0, 200, 0)]):
+        buffer = __import__("io").BytesIO()
+        Image.new("RGB", (16, 12), colour).save(buffer, format="PNG")
+        rows.append((f"{label}.png", buffer.getvalue(), label))
+    write_table(str(tmp_path / "t.sqlite"), rows, ["red", "green"])
+    config = {"output": {"device": "cpu"}, "workers": {"num_workers": 0},
+              "train": {"mode": "eval", "batch_size": 2, "transform": {"size": 8}}}
+    with build_loader(config, "train", source=SQLiteSource(str(tmp_path / "t.sqlite"))) as loader:
+        assert [labels.tolist() for _, labels in loader] == [[0, 1]]
+    with pytest.raises(ConfigError, match="dataset: missing"):
+        build_loader(config, "train")  # without the source, it says what is missing

@@ -410,3 +410,71 @@ def test_a_hooks_record_tells_apart_hooks_of_one_type_and_stays_across_runs():
     other_process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
                                    timeout=120)
     assert other_process.stdout.strip() == record(weak), other_process.stderr
+
+
+@pytest.mark.parametrize("backend, workers", [("torch", 1), ("torch", 0), ("dali", 1)])
+@pytest.mark.parametrize("hook, kind, said", [
+    ("exits", "sample_hook", r"called sys\.exit\(3\)"), ("interrupts", "sample_hook", "raised KeyboardInterrupt"),
+    ("batch_exits", "batch_hook", r"called sys\.exit\('stop'\)")])
+def test_a_hook_that_exits_or_interrupts_is_the_hooks_failure_in_its_own_words(numbered, backend, workers, hook,
+                                                                               kind, said):
+    """torch said a worker 'exited unexpectedly ... the out-of-memory killer'; DALI named files. And a
+    HookError from a torch worker came wrapped in torch's 'Caught HookError in DataLoader worker
+    process 0. Original Traceback' and some 20 frames: now the sentence alone, on both backends."""
+    loader = build_loader(hooked(numbered, backend, workers, **{kind: f"user_hooks:{hook}"}), "train")
+    with pytest.raises(HookError) as caught:
+        next(iter(loader))
+    text = str(caught.value)
+    assert re.match(rf"train\.transform\.{kind} user_hooks:{hook} {said} on ", text), text[:300]
+    assert "cannot end the process" in text and "Caught HookError" not in text
+    assert loader.bad_samples == []
+
+
+def test_a_hook_module_that_exits_while_it_is_imported_is_a_config_error_naming_the_key(tmp_path, numbered):
+    """argparse at a module's top level: build_loader raised SystemExit, so `fastloader show` and
+    `bench` exited 0 having done nothing, and `check` stopped half-way with status 0."""
+    (tmp_path / "parses_args.py").write_text("import argparse\nargparse.ArgumentParser().parse_args(['--nope'])\n"
+                                             "def hook(image, generator):\n    return image\n")
+    config = tmp_path / "exits.yaml"
+    config.write_text(json.dumps(hooked(numbered, "torch", 0, sample_hook="parses_args:hook")))
+    env = cpu_only_env(tmp_path / "cache")
+    for command in (["show", str(config), "--out", str(tmp_path / "grid.png")], ["check", str(config)]):
+        result = subprocess.run([sys.executable, "-m", "fastloader.cli", *command], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=240)
+        out = result.stdout + result.stderr
+        assert result.returncode == 2 if command[0] == "show" else result.returncode != 0, (command, out[-2000:])
+        assert "train.transform.sample_hook: 'parses_args:hook': the module 'parses_args' exited while it was " \
+               "imported (sys.exit(2)" in out, out[-2000:]
+        assert "Traceback" not in out
+
+
+def test_the_command_line_finds_a_hook_module_in_the_working_folder_or_beside_the_config(tmp_path, numbered):
+    """A script finds a module beside it; `fastloader show` (a console script) found neither one in
+    the working folder nor one beside the config."""
+    beside = tmp_path / "configs"
+    beside.mkdir()
+    (beside / "beside_hooks.py").write_text("def hook(image, generator):\n    return image\n")
+    config = beside / "hooked.yaml"
+    config.write_text(json.dumps(hooked(numbered, "torch", 0, sample_hook="beside_hooks:hook")))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run([sys.executable, "-m", "fastloader.cli", "show", str(config), "--out",
+                             str(tmp_path / "grid.png")], cwd=elsewhere, env=cpu_only_env(tmp_path / "cache"),
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("hook, dali_said", [("graph_gives_seeds", "The number of dimensions 0 does not match"),
+                                             ("graph_gives_grey", "per_channel_arg_size")])
+def test_a_graph_function_returning_the_wrong_datanode_is_named_not_dalis_raw_error(numbered, hook, dali_said):
+    """The seeds' DataNode, or a grey image: DALI's 'Critical error in pipeline ... crop_mirror_normalize'
+    or a probe of every file of the batch. Now the function, what was expected, and DALI's words."""
+    loader = build_loader(config(numbered, "dali", dali={"graph_hook": f"user_hooks:{hook}"}), "val")
+    with pytest.raises(HookError) as caught:
+        next(iter(loader))
+    text = str(caught.value)
+    assert text.startswith(f"dali.graph_hook user_hooks:{hook} returned a DataNode the rest of the graph cannot "
+                           f"take as the images: a graph function returns its images' DataNode changed, HWC uint8 of "
+                           f"3 channels"), text
+    assert dali_said in text and loader.bad_samples == []

@@ -67,6 +67,7 @@ def test_a_url_with_dots_or_an_empty_part_is_refused_with_the_tidy_url(tmp_path,
     with pytest.raises(ConfigError) as raised:
         build_loader(remote_config(tmp_path, {"val": url}), "val")
     message = str(raised.value)
+    assert message.startswith(f"<dict>: val.shards: {url}: ")  # the key that gave the URL (issue 57.11)
     assert f"{url}: an object store's path has no empty, '.' or '..' part" in message and f"has {odd})" in message
     tidy = message.rsplit("e.g. ", 1)[1]
     assert tidy == f"{shards}/val-000000.tar"

@@ -541,3 +541,81 @@ def test_source_args_are_shown_by_name_only_as_the_stores_options_are(table):
     assert f"token: '{SECRET_PLACEHOLDER}'" in shlex.split(" ".join(override_options(config)))[1]
     with build_loader(sqlite_config(db), "train") as loader:
         assert loader.describe()["config"]["train"]["source_args"] == {"path": "(set)"}
+
+
+class Exits(Flaky):
+    def read(self, item):
+        if self.armed and item == self.bad:
+            sys.exit(0)
+        return self.rows[item][1]
+
+
+@pytest.mark.parametrize("backend, workers", [("torch", 1), ("dali", 0)])
+def test_a_source_whose_read_exits_stops_the_run_naming_it(tmp_path, backend, workers):
+    """sys.exit() in a source's read(): torch said a worker 'exited unexpectedly', DALI named files."""
+    from fastloader.errors import SourceError
+
+    _, rows, classes = numbered_images(tmp_path)
+    source = Exits(rows, classes, bad=5)
+    source.armed = True  # before the workers fork (a source's read() is not called at build)
+    config = base_config(tmp_path, backend=backend, workers={"num_workers": workers},
+                         train={"mode": "eval", "batch_size": 6})
+    loader = build_loader(config, "train", source=source)
+    with pytest.raises(SourceError) as caught:
+        delivered(loader)
+    assert str(caught.value).startswith("flaky: read(5) of flaky:a_red/n_05.png called sys.exit(0): a source's read() "
+                                        "runs in the loader's workers or threads, where it cannot end the process")
+
+
+def test_a_sqlite_table_locked_by_a_writer_for_too_long_is_named_with_what_to_do(table, monkeypatch):
+    """A bare `sqlite3.OperationalError: database is locked` came out of the epoch's length check."""
+    from fastloader.errors import SourceError
+    from fastloader.sources import sqlite_table
+
+    monkeypatch.setattr(sqlite_table, "BUSY_S", 0.5)
+    _, db = table
+    loader = build_loader(sqlite_config(db, mode="eval", batch_size=6), "train")
+    writer = subprocess.Popen([sys.executable, "-c", "import sqlite3, sys, time\n"
+                               "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                               "c.execute('BEGIN EXCLUSIVE')\nprint('locked', flush=True)\ntime.sleep(60)\n", str(db)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "locked"
+        with pytest.raises(SourceError, match=r"train\.sqlite: the database is locked by another process's write "
+                                              r"for more than 0\.5 s \(sqlite: database is locked\): let the writer "
+                                              r"finish"):
+            delivered(loader)  # the epoch's length check meets the lock
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+class Mapped(Flaky):
+    """A source that reads a file through an mmap it keeps open (cannot be pickled)."""
+
+    def __init__(self, rows, classes, path):
+        import mmap
+        super().__init__(rows, classes, bad=-1)
+        path.write_bytes(b"x" * 4096)
+        with open(path, "rb") as handle:
+            self.map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def test_where_workers_are_spawned_a_source_travels_to_them_or_is_refused_at_build(tmp_path, monkeypatch):
+    """Off Linux (macOS, Windows) the torch backend's workers are spawned: a user's source failed in
+    each ('the source is not open in this process', or "cannot pickle 'mmap.mmap'"), every sample bad
+    and every batch empty with only warnings. A source that pickles is read there; one that does not
+    is refused at build, with the reason and the fix. Real spawned workers here."""
+    import multiprocessing
+
+    import torch_loader.loader
+
+    monkeypatch.setattr(torch_loader.loader, "fork_context", lambda: multiprocessing.get_context("spawn"))
+    _, rows, classes = numbered_images(tmp_path)
+    config = base_config(tmp_path, workers={"num_workers": 1}, train={"mode": "eval", "batch_size": 6})
+    with build_loader(config, "train", source=Flaky(rows, classes, bad=-1)) as loader:
+        assert len(delivered(loader)[1]) == 18 and loader.bad_samples == []
+    with pytest.raises(ConfigError, match=r"the source 'flaky' cannot be pickled \(TypeError: cannot pickle "
+                                          r"'mmap\.mmap' object\), and workers\.num_workers: 1 workers start by spawn "
+                                          r"here"):
+        build_loader(config, "train", source=Mapped(rows, classes, tmp_path / "mapped.bin"))

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -357,3 +358,57 @@ def test_a_loader_is_freed_when_the_function_that_used_it_returns(tmp_path, back
                           env=cpu_only_env(tmp_path / "cache"), timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "freed"
+
+
+LIMITED = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from conftest import base_config, write_solid_dataset
+from pathlib import Path
+from fastloader import build_loader
+from fastloader.errors import ConfigError
+root = write_solid_dataset(Path({root!r}))
+{squeeze}
+try:
+    build_loader(base_config(root, workers={{"num_workers": 2}}), "train")
+    print(json.dumps({{"error": None}}))
+except ConfigError as error:
+    print(json.dumps({{"error": str(error)}}))
+"""
+
+
+def run_limited(tmp_path, squeeze: str, wrapper: list[str] | None = None) -> tuple[dict, str]:
+    script = LIMITED.format(tests=str(REPO / "tests"), root=str(tmp_path / "data"), squeeze=squeeze)
+    result = subprocess.run([*(wrapper or []), sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, env=cpu_only_env(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def test_a_full_dev_shm_is_named_with_its_size_and_the_fixes(tmp_path):
+    """A container's 64 MB /dev/shm filled by another process: the torch backend failed to build with
+    a bare 'OSError: [Errno 28] No space left on device' from a multiprocessing semaphore (and torch's
+    half-built iterator printed tracebacks). A real tmpfs of 64 KiB mounted over /dev/shm, filled."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to mount a small tmpfs over /dev/shm")
+    fill = ("with open('/dev/shm/filler', 'wb', buffering=0) as f:\n    try:\n        while True: "
+            "f.write(b'x' * 4096)\n    except OSError: pass")
+    script = LIMITED.format(tests=str(REPO / "tests"), root=str(tmp_path / "data"), squeeze=fill)
+    result = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=64k tmpfs /dev/shm && '
+                             'exec "$0" -c "$1"', sys.executable, script], capture_output=True, text=True,
+                            timeout=120, env=cpu_only_env(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert error.startswith("the torch loader for split 'train' cannot start its workers: /dev/shm is full (0 B "
+                            "free of 64.0 KiB)"), error
+    assert "--shm-size" in error and "workers.num_workers" in error and "backend: dali" in error
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def test_a_descriptor_limit_too_low_for_the_workers_is_named_with_the_fixes(tmp_path):
+    """At a limit of 12 open files: a bare 'Too many open files'."""
+    squeeze = "import resource, torch, numpy, PIL.Image\nresource.setrlimit(resource.RLIMIT_NOFILE, (12, 12))"
+    outcome, stderr = run_limited(tmp_path, squeeze)
+    assert outcome["error"].startswith("the torch loader for split 'train' cannot start its workers: this process "
+                                       "may open 12 files at once (`ulimit -n`"), outcome
+    assert "ulimit -n 65536" in outcome["error"] and "Traceback" not in stderr, stderr[-2000:]

@@ -2,6 +2,7 @@
 path, imported where the loader is built and in every worker."""
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -125,3 +126,25 @@ def batch_channels_last(images, labels, seeds):
 def batch_expanded(images, labels, seeds):
     """Gives an expanded view (one image's memory for the whole batch): dense in the trainer's batch."""
     return images[:1].expand_as(images), labels
+
+
+def exits(image, generator):
+    sys.exit(3)
+
+
+def interrupts(image, generator):
+    raise KeyboardInterrupt
+
+
+def batch_exits(images, labels, seeds):
+    sys.exit("stop")
+
+
+def graph_gives_seeds(images, seeds):
+    """Returns the seeds' DataNode, not the images'."""
+    return seeds
+
+
+def graph_gives_grey(images, seeds):
+    """Returns one channel where three are wanted."""
+    return images[:, :, 0:1]

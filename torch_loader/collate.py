@@ -123,6 +123,11 @@ class BatchPool:
         self.busy = np.frombuffer(mmap.mmap(-1, max(1, self.count)), dtype=np.uint8)
         self._handed: set[int] = set()  # main process: slots whose batch the trainer may still hold
 
+    def __getstate__(self) -> dict:
+        """A spawned worker (macOS, Windows) cannot map the main process's buffers: it gets a pool of
+        no slots, and sends fresh batches, as a worker with no free buffer does."""
+        return {**self.__dict__, "memory": None, "busy": np.zeros(0, dtype=np.uint8), "slots": 0, "_handed": set()}
+
     def fits(self, shape: tuple[int, int, int, int]) -> bool:
         """Whether a batch of this shape fits a slot: as many channels, no larger a side (a size
         schedule's smaller batches use the front of the largest one's buffer)."""

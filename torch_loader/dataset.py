@@ -22,10 +22,11 @@ import numpy as np
 import torch.utils.data
 
 from fastloader.cache import CachedPixels
-from fastloader.errors import BadImageError, CacheError, SourceChanged, decoder_reason, refused_file
+from fastloader.errors import BadImageError, CacheError, SourceError, decoder_reason, refused_file
 from fastloader.hooks import Hook
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
+from fastloader.sources.protocol import adopt_source, opened
 from fastloader.sources.reading import fetch_again
 
 from .transforms import SampleOps, SampleTransform
@@ -66,6 +67,20 @@ class ImageDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
+    def __getstate__(self) -> dict:
+        """Pickled for a spawned worker (a forked one inherits the process's table of opened sources):
+        the user's source travels with the dataset, to be opened there under its token."""
+        state = dict(self.__dict__)
+        if self.index.reader:
+            state["_source"] = opened(self.index.reader)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        source = state.pop("_source", None)
+        self.__dict__.update(state)
+        if source is not None:
+            adopt_source(self.index.reader, source)
+
     def __getitem__(self, item, ops: SampleOps | None = None, size: int | None = None) -> Decoded | Missed:
         sample, seed = int(item[0]), int(item[1])
         size = size or (int(item[2]) if len(item) > 2 else None)
@@ -86,7 +101,7 @@ class ImageDataset(torch.utils.data.Dataset):
                 image = self.transform(self.index.location(sample), seed, ops, size)
             else:
                 image = self.transform.from_pixels(self.pixels.image(sample), seed, ops, size)
-        except (CacheError, SourceChanged):
+        except (CacheError, SourceError):
             raise  # the cache or the source, not this sample's file: skipping would blame sample after sample
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file
             reason = decoder_reason(error)

@@ -21,12 +21,14 @@ import torch.utils.data
 
 from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError
+from fastloader.errors import BadImageError, ConfigError, HookError, SourceError
 from fastloader.imaging.decode import describe as describe_decoders
+from fastloader.machine import resource_problem
 from fastloader.order import EpochOrder, output_size
 from fastloader.parallel import die_with, fork_context, in_main_thread
 from fastloader.prepared import PreparedSplit
 from fastloader.schema import Config, SplitConfig
+from fastloader.sources.protocol import opened
 from fastloader.sources.reading import keep_open
 
 from .ahead import Ahead
@@ -138,8 +140,11 @@ class TorchLoader(Loader):
         self._view_pools = [] if on_cuda or not self.views else [  # one pool per view group's tensor
             BatchPool(num_workers, slots, (group.count * split.batch_size, 3, group.size, group.size),
                       self._normalizer.dtype, config.output.channels_last) for group in self.views.groups]
-        if num_workers > 0 and fork_context() is None:  # spawned workers unpickle the dataset, hooks and all
-            prepared.hooks.check_picklable(f"workers.num_workers: {num_workers} workers start by spawn here")
+        context = fork_context()
+        if num_workers > 0 and (context is None or context.get_start_method() != "fork"):  # spawned: all pickled
+            why = f"workers.num_workers: {num_workers} workers start by spawn here"
+            prepared.hooks.check_picklable(why)
+            check_source_picklable(prepared.index, why)
         if prepared.index.ranges is not None and prepared.pixels is None:
             keep_open(prepared.index.ranges.files)  # opened here, shared by the forked workers: one open a shard
         self._dataloader = torch.utils.data.DataLoader(
@@ -150,7 +155,7 @@ class TorchLoader(Loader):
             num_workers=num_workers,
             pin_memory=pin and torch.cuda.is_available(),
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
-            multiprocessing_context=fork_context() if num_workers > 0 else None,  # never re-runs the script
+            multiprocessing_context=context if num_workers > 0 else None,  # never re-runs the script
             timeout=min(POLL_S, workers.timeout) if num_workers > 0 else 0,  # a wait is a loop (_next_batch)
         )
         self._fresh = False  # the workers have just started: the next batch may take longer
@@ -258,7 +263,15 @@ class TorchLoader(Loader):
         self._feed.upcoming = itertools.chain(batches, self._next_epochs())
         self._dataloader.worker_init_fn = functools.partial(die_with, os.getpid(),
                                                             forked_by_main_thread=in_main_thread())
-        self._live = iter(self._dataloader)
+        try:
+            self._live = iter(self._dataloader)
+        except OSError as error:  # /dev/shm full (the queues' semaphores), the descriptor limit
+            _quiet_half_built(error)
+            problem = resource_problem(error, "the torch backend's workers")
+            if problem is None:
+                raise
+            raise ConfigError(f"the torch loader for split '{self.split.name}' cannot start its workers: "
+                              f"{problem}") from None
         stop = weakref.finalize(self._live, _stop_unreaped, list(getattr(self._live, "_workers", ())), os.getpid())
         stop.atexit = False  # at exit the workers die with this process (fastloader.parallel.die_with)
         self._fresh = True
@@ -320,6 +333,11 @@ class TorchLoader(Loader):
             self._shutdown()
             if died is not None:
                 raise self._worker_died(died) from error
+            if isinstance(error, USER_ERRORS) and (own := _unwrapped(error)) is not None:
+                raise type(error)(own) from None  # the sentence, not torch's frames of its worker
+            if isinstance(error, (OSError, RuntimeError)) and (problem := resource_problem(
+                    error, "the torch backend's workers")) is not None:  # a fresh shared batch, a queue
+                raise RuntimeError(f"the torch loader for split '{self.split.name}' stopped: {problem}") from error
             raise
         return received
 
@@ -421,6 +439,58 @@ class TorchLoader(Loader):
         if live is not None:
             _stop_unreaped(list(getattr(live, "_workers", ())), os.getpid())
         self._dataloader = None
+
+
+USER_ERRORS = (HookError, SourceError, BadImageError)
+"""Errors a worker raises with words of their own (the user's hook, source, or a file under
+on_bad_image: raise): the trainer gets those words, not torch's wrapper."""
+
+
+def _unwrapped(error: BaseException) -> str | None:
+    """The message a worker's error had, from torch's re-raised one ("Caught HookError in DataLoader
+    worker process 0.\nOriginal Traceback (most recent call last): ... fastloader.errors.HookError:
+    <message>"); None where it is not such a wrapper."""
+    text = str(error)
+    if not text.startswith(f"Caught {type(error).__name__} in DataLoader worker process"):
+        return None
+    marker = f"{type(error).__module__}.{type(error).__qualname__}: "
+    for line_start in (0, *(i + 1 for i, c in enumerate(text) if c == "\n")):
+        if text.startswith(marker, line_start):
+            return text[line_start + len(marker):].rstrip("\n")
+    return None
+
+
+def _quiet_half_built(error: BaseException) -> None:
+    """A DataLoader iterator whose construction failed (no room for a semaphore): its workers that did
+    start are killed, and its __del__, which would print a traceback about attributes it never set,
+    is told it is shut down already."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        it = traceback.tb_frame.f_locals.get("self")
+        if isinstance(it, torch.utils.data.dataloader._MultiProcessingDataLoaderIter):
+            for worker in getattr(it, "_workers", ()):
+                if worker.is_alive():
+                    worker.kill()
+            it._shutdown = True
+        traceback = traceback.tb_next
+
+
+def check_source_picklable(index, why: str) -> None:
+    """Where workers are spawned, a user's source travels to each pickled (ImageDataset): one that
+    cannot (an open mmap, a connection) is refused at build, named with the reason, rather than
+    every sample failing in the workers."""
+    if not index.reader:
+        return
+    import pickle
+
+    source = opened(index.reader)
+    try:
+        pickle.dumps(source)
+    except Exception as error:  # PicklingError, TypeError ("cannot pickle 'mmap.mmap' object"), AttributeError
+        raise ConfigError(f"the source {source.name!r} cannot be pickled ({type(error).__name__}: {error}), and "
+                          f"{why}: each worker gets the source pickled. Give it __getstate__/__setstate__ that leave "
+                          f"out what cannot travel (open files, mmaps, connections) and open it again on the first "
+                          f"read, or set workers.num_workers: 0, or backend: dali") from None
 
 
 def _abandon(live) -> None:

@@ -96,6 +96,13 @@ def opened(token: str) -> object:
                                  f"opened where the loader is built, and read there or in forked workers)") from None
 
 
+def adopt_source(token: str, source: object) -> None:
+    """Put a source in this process's table under the token its loader gave it: what a worker that
+    was spawned (not forked: macOS, Windows) does with the source its dataset brought along."""
+    with _lock:
+        _opened.setdefault(token, source)
+
+
 def forget_source(token: str) -> None:
     """Drop a source from the table once the loader that opened it is closed or dropped, so that
     the table does not keep every source a long process ever read. Its own close(), if any, is

@@ -118,6 +118,10 @@ def check_process(url: str) -> None:
                          f"the loader in process {_owner}, or start this process with the spawn or forkserver method")
 
 
+class OddPath(ConfigError):
+    """A URL whose path has an empty, '.' or '..' part (what _split refuses), for the key that gave it."""
+
+
 def _split(url: str) -> tuple[str, str]:
     """(the store's root URL, the object's path in it): s3://bucket/a/b -> (s3://bucket, a/b).
     ConfigError for a path with an empty, '.' or '..' part: a store's keys are taken literally (the
@@ -127,7 +131,7 @@ def _split(url: str) -> tuple[str, str]:
     odd = [part for part in path.rstrip("/").split("/") if part in ("", ".", "..")] if path.rstrip("/") else []
     if odd:
         which = repr(odd[0]) if odd[0] else "an empty part"
-        raise ConfigError(f"{url}: an object store's path has no empty, '.' or '..' part (its keys are taken "
+        raise OddPath(f"{url}: an object store's path has no empty, '.' or '..' part (its keys are taken "
                           f"literally, and {path!r} has {which}): write the URL without '//', './' or '../', e.g. "
                           f"{scheme}://{authority}/{_tidy(path)}")
     return f"{scheme}://{authority}", path

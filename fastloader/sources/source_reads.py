@@ -17,7 +17,7 @@ import hashlib
 
 import numpy as np
 
-from ..errors import SourceChanged
+from ..errors import SourceError
 from ..imaging.rgb import to_8_bits
 from ..schema import BOMB_PIXELS
 from .locations import Location, ReadArena
@@ -33,8 +33,14 @@ def source_bytes(location: Location, into: ReadArena | None = None, max_pixels: 
     source = opened(location.source)
     try:
         value = source.read(location.start)
-    except SourceChanged:
+    except SourceError:
         raise  # not this sample's failure: the source's, which stops the run
+    except (SystemExit, KeyboardInterrupt) as error:  # the user's code tried to end the process, from here
+        how = f"called sys.exit({error.code!r})" if isinstance(error, SystemExit) else "raised KeyboardInterrupt"
+        raise SourceError(f"{source.name}: read({location.start}) of {location.name} {how}: a source's read() "
+                          f"runs in the loader's workers or threads, where it cannot end the process; raise an "
+                          f"exception for a sample that cannot be read (it is skipped under "
+                          f"dataset.on_bad_image)") from None
     except Exception as error:  # the user's code: whatever it raises names the source and the sample
         raise SourceReadError(getattr(error, "errno", None) or 0,
                               f"{source.name}: read({location.start}) of {location.name} raised "

@@ -24,8 +24,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import SourceChanged
+from ..errors import SourceChanged, SourceError
 from .protocol import Samples
+
+BUSY_S = 60.0
+"""How long a read waits for another process's write lock (sqlite's busy timeout) before the run stops,
+naming the database: a writer holds it for a transaction, not for minutes."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -51,14 +55,25 @@ class SQLiteSource:
         """This thread's read-only connection (a new one after a fork: the parent's is not the child's)."""
         local = self._local
         if getattr(local, "pid", None) != os.getpid():
-            local.connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            local.connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False,
+                                               timeout=BUSY_S)
             local.pid = os.getpid()
         return local.connection
 
+    def _query(self, sql: str, parameters: tuple = ()) -> list:
+        """The rows of a query; a lock another process held for all of BUSY_S, named with what to do."""
+        try:
+            return self._connection().execute(sql, parameters).fetchall()
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) and "busy" not in str(error):
+                raise
+            raise SourceError(f"{self.path}: the database is locked by another process's write for more than "
+                              f"{BUSY_S:g} s (sqlite: {error}): let the writer finish or stop it (`fuser "
+                              f"{self.path}` names it), or read a copy of the database") from None
+
     def samples(self) -> Samples:
         name, _, label = self.columns
-        rows = self._connection().execute(
-            f"SELECT rowid, {name}, {label} FROM {self.table} ORDER BY rowid").fetchall()
+        rows = self._query(f"SELECT rowid, {name}, {label} FROM {self.table} ORDER BY rowid")
         self.rowids = np.array([row[0] for row in rows], dtype=np.int64)
         names, labels = [row[1] for row in rows], [row[2] for row in rows]
         self.indexed = list(zip(names, labels))
@@ -68,7 +83,7 @@ class SQLiteSource:
         if self.classes is not None:
             return list(self.classes)
         try:
-            rows = self._connection().execute(f"SELECT label, name FROM {self.table}_classes ORDER BY label").fetchall()
+            rows = self._query(f"SELECT label, name FROM {self.table}_classes ORDER BY label")
         except sqlite3.OperationalError:  # no such table: the labels' numbers
             return [str(label) for label in range(max(labels, default=-1) + 1)]
         return [name for _, name in rows]
@@ -76,8 +91,8 @@ class SQLiteSource:
     def read(self, item: int) -> bytes:
         name, image, label = self.columns
         rowid = int(self.rowids[item])
-        row = self._connection().execute(f"SELECT {image}, {name}, {label} FROM {self.table} WHERE rowid = ?",
-                                         (rowid,)).fetchone()
+        found = self._query(f"SELECT {image}, {name}, {label} FROM {self.table} WHERE rowid = ?", (rowid,))
+        row = found[0] if found else None
         if row is None or (row[1], row[2]) != self.indexed[item]:
             now = "no row" if row is None else f"{row[1]!r} (label {row[2]})"
             was, was_label = self.indexed[item]
@@ -88,7 +103,7 @@ class SQLiteSource:
         return row[0]
 
     def __len__(self) -> int:
-        return self._connection().execute(f"SELECT count(*) FROM {self.table}").fetchone()[0]
+        return self._query(f"SELECT count(*) FROM {self.table}")[0][0]
 
     def identity(self) -> str:
         stamps = []

@@ -272,7 +272,10 @@ def listed_files(config: Config, patterns: Sequence[str], key: str, noun: str) -
     source = config.origin(key)
     stored = any(remote.is_url(pattern) for pattern in patterns)
     objects: dict[str, remote.ObjectInfo] = {}
-    found, missing = shard_paths(patterns, key, source, objects)
+    try:
+        found, missing = shard_paths(patterns, key, source, objects)
+    except remote.OddPath as error:  # the store's words on the URL: with the key that gave it
+        raise ConfigError(f"{source}: {key}: {error}") from None
     if not found:
         raise ConfigError(f"{source}: {key}: no {noun} found ({missing[0][0]!r}: {missing[0][1]}); "
                           f"{_relative_to(config, noun) if not stored else _store_hint(missing[0][0])}")
