@@ -297,3 +297,24 @@ def test_check_says_colour_jitter_is_on_with_deit3s_3a_policy(tmp_path, capsys):
     assert main(["check", str(config)]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if "augmentation:" in line)
     assert "then colour jitter: brightness x[0.7, 1.3]" in line and "is off" not in line
+
+
+def test_check_deep_names_a_jpeg_whose_damaged_data_the_decoder_conceals(tmp_path, capsys):
+    """Scan data overwritten mid-file: libjpeg warns 'Corrupt JPEG data' and conceals it (grey or
+    smeared pixels), Pillow decodes it without a word, and `check --deep` said 'no problems'."""
+    from oddfiles import _garbage_in_entropy_data
+    from PIL import Image
+
+    root = tmp_path / "data"
+    for name in ("a", "b"):
+        (root / "train" / name).mkdir(parents=True)
+        Image.new("RGB", (32, 24), (200, 10, 10)).save(root / "train" / name / "good.jpg")
+    (root / "train" / "b" / "damaged.jpg").write_bytes(_garbage_in_entropy_data())
+    config = tmp_path / "c.yaml"
+    config.write_text(f"dataset: {{root: {root}}}\ntrain: {{batch_size: 1}}\n")
+    result = check_here(capsys, str(config), "--deep", "--workers", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 file decode with the decoder's warning (damaged data it conceals" in result.stdout, result.stdout
+    assert re.search(r"^    train/b/damaged\.jpg: Corrupt JPEG data", result.stdout, re.M), result.stdout
+    assert "no problems in 3 files (header check and full decode)" in result.stdout
+    assert "Corrupt JPEG data" not in result.stderr  # said in the report, not spilled onto the terminal

@@ -220,6 +220,8 @@ class Tally:
         self.widths, self.heights = array("q"), array("q")
         self.mislabelled: list[Screened] = []
         self.problems: list[Screened] = []
+        self.warned: list[Screened] = []
+        """Files that decode with a decoder's warning (--deep): damage concealed, said, not left out."""
         self.split_problems: list[str] = []
         """What the split's keys make of its size (no whole batch), as a problem line."""
 
@@ -233,6 +235,8 @@ class Tally:
             self.mislabelled.append(screened)
         if screened.problem:
             self.problems.append(screened)
+        elif screened.warning:
+            self.warned.append(screened)
 
 
 def check_split(config: Config, split: SplitConfig, root: str, deep: bool, workers: int | None) -> Tally:
@@ -250,7 +254,9 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
         tally.add(Screened(name, problem=reason))
     started = time.perf_counter()
     locations = (index.location(i) for i in range(len(index)))
-    for screened in screen_files(locations, deep=deep, workers=workers, on_progress=progress.update):
+    from ..imaging.decode import decoded_with_words
+    for screened in screen_files(locations, deep=decoded_with_words if deep else False, workers=workers,
+                                 on_progress=progress.update):
         tally.add(screened)
     progress.finish()
     elapsed = time.perf_counter() - started
@@ -270,6 +276,15 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
     rate = f", {tally.files / elapsed:.0f} files/s" if elapsed >= 1 else ""  # startup dominates below
     print(f"  {kind}: {_count(tally.files, 'file')} in {elapsed:.1f} s{rate}, "
           f"{_count(len(tally.problems), 'problem')}")
+    if tally.warned:
+        print(f"  {_count(len(tally.warned), 'file')} decode with the decoder's warning (damaged data it conceals: "
+              f"parts of the image may be grey or smeared); they are read, list them in dataset.exclude to leave "
+              f"them out:")
+        for screened in tally.warned[:LISTED]:
+            shown = screened.path[len(root) + 1:] if screened.path.startswith(root + os.sep) else screened.path
+            print(f"    {shown}: {screened.warning}")
+        if len(tally.warned) > LISTED:
+            print(f"    ... and {len(tally.warned) - LISTED} more")
     if split.mode == "train":
         print(f"  augmentation: {ops_summary(config, split)}")
     hooks, problems = hook_lines(config, split)

@@ -22,6 +22,7 @@ loader's log, `fastloader check`).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import logging
@@ -36,7 +37,7 @@ from PIL import Image, ImageOps
 
 from fastloader.errors import ConfigError
 from fastloader.imaging.jpeg_header import ORIENTATION, JpegHeader, read_header
-from fastloader.imaging.screen import bomb_problem
+from fastloader.imaging.screen import Screened, bomb_problem, decode_file, native_words
 from fastloader.schema import BOMB_PIXELS
 from fastloader.sources.locations import Location, as_location
 from fastloader.sources.reading import read_bytes
@@ -337,6 +338,24 @@ def _drafted(image: Image.Image, crop: Crop, factor: float) -> Decoded:
     image.draft("RGB", (math.ceil(full_w / factor), math.ceil(full_h / factor)))
     crop = crop.scaled(image.width / full_w, image.height / full_h)
     return Decoded(_pillow_pixels(image), crop, DRAFT)
+
+
+def decoded_with_words(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screened:
+    """`fastloader check --deep`: screen.decode_file's full decode (Pillow), then for a JPEG the fast
+    decoder's own (nvImageCodec or decode_jpeg: libjpeg-turbo), whose words on damage it concealed
+    ('Corrupt JPEG data: 453 extraneous bytes before marker 0xd9') become the file's warning: Pillow
+    decodes such a file without a word, into pixels that may be grey or smeared past the damage."""
+    screened = decode_file(where, max_pixels)
+    decode = jpeg_decoder()[1] if screened.problem is None and screened.format == "JPEG" else None
+    if decode is None:
+        return screened
+    data = read_bytes(where, max_pixels=max_pixels)
+    with native_words() as said:
+        try:
+            decode(data)
+        except Exception:  # noqa: BLE001 - Pillow decoded it: a fast decoder's refusal is only words here
+            pass
+    return dataclasses.replace(screened, warning=said[0]) if said[0] else screened
 
 
 def _pillow_pixels(image: Image.Image) -> torch.Tensor:

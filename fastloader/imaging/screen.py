@@ -12,10 +12,13 @@ Worker processes are forked (see parallel.py), so they start without importing a
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
 import signal
+import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -77,6 +80,9 @@ class Screened:
     problem: str | None = None
     turned: bool = False
     """The EXIF orientation turns the image by 90 degrees: decoded upright, it is height x width."""
+    warning: str | None = field(default=None, compare=False)
+    """A full decode's warning (`check --deep`): what the decoder said of damage it concealed ('Corrupt
+    JPEG data: ...'); the file decodes, into pixels that may be grey or smeared past the damage."""
     coding: int = field(default=0, compare=False)
     """A JPEG's frame marker where the marker walk read it (jpeg_header.JpegHeader.coding), else 0
     (not compared: two reads of one file agree whether or not the walk read its frame)."""
@@ -226,7 +232,34 @@ def decode_file(where: str | Location, max_pixels: int = BOMB_PIXELS) -> Screene
     return screened
 
 
-def screen_files(paths: Iterable[str | Location], *, deep: bool = False, workers: int | None = None,
+_WORDS: list = []
+"""This process's file that native decoders' stderr goes to while a file is decoded (native_words)."""
+
+
+@contextlib.contextmanager
+def native_words() -> Iterator[list[str]]:
+    """What native code writes to the process's stderr meanwhile (libjpeg's 'Corrupt JPEG data: 453
+    extraneous bytes before marker 0xd9', which Pillow neither raises nor returns), in the list it
+    yields once the block ends. One file a process, emptied each time."""
+    if not _WORDS:
+        _WORDS.append(tempfile.TemporaryFile())
+    capture = _WORDS[0].fileno()
+    os.ftruncate(capture, 0)
+    os.lseek(capture, 0, os.SEEK_SET)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    said: list[str] = []
+    os.dup2(capture, 2)
+    try:
+        yield said
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.lseek(capture, 0, os.SEEK_SET)
+        said.append(os.read(capture, 4096).decode("utf-8", "replace").strip().replace("\n", "; "))
+
+
+def screen_files(paths: Iterable[str | Location], *, deep: bool | Callable = False, workers: int | None = None,
                  max_pixels: int = BOMB_PIXELS, chunk: int = 64, fork: bool = True,
                  on_progress: Callable[[int], None] | None = None) -> Iterator[Screened]:
     """Screen many files in parallel processes (one per core by default; `workers=0`: in this
@@ -236,7 +269,8 @@ def screen_files(paths: Iterable[str | Location], *, deep: bool = False, workers
     Python code inside Pillow (about 35 us per file), so threads would share one core; processes
     scale with the cores and overlap I/O waits on network storage just as well. Paths go out in
     chunks with a bounded number in flight, so a list of a million paths is never copied whole.
-    `on_progress(done)` is called after each chunk; `fork=False`: see parallel.map_chunks.
+    `on_progress(done)` is called after each chunk; `fork=False`: see parallel.map_chunks. `deep`:
+    decode_file for each (True), or a check of the same signature (`fastloader check --deep`'s).
     """
     count = available_cores() if workers is None else workers
     return map_chunks(_screen_chunk, paths, (deep, max_pixels), workers=count, chunk=chunk, in_flight=4,
@@ -259,8 +293,8 @@ def init_pillow_worker() -> None:
     quiet_pillow()
 
 
-def _screen_chunk(paths: list[str | Location], deep: bool, max_pixels: int) -> list[Screened]:
-    check = decode_file if deep else screen_file
+def _screen_chunk(paths: list[str | Location], deep: bool | Callable, max_pixels: int) -> list[Screened]:
+    check = deep if callable(deep) else decode_file if deep else screen_file
     return [check(path, max_pixels) for path in paths]
 
 
