@@ -199,7 +199,7 @@ def train(args) -> int:
 
     steps_this_run = 0
     ctrl_c = CtrlC()
-    for epoch in range(train.epoch, args.epochs):
+    for epoch in range(train.next_epoch, args.epochs):
         started, images_seen, loss = time.perf_counter(), 0, torch.tensor(float("nan"), device=device)
         sides = set()  # the train sizes of the epoch: one (progressive resolution) or several (a size per batch)
         for images, labels in ctrl_c.batches(train):

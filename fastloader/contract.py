@@ -529,10 +529,12 @@ class Loader(abc.ABC):
         is and where its pixels come from (both backends, the same words)."""
         ops = f"; augmentation: {self.augmentation.describe()}" if self.augmentation and self.augmentation.slots else ""
         hooks = "".join(f"; {hook.label}" for hook in self.hooks.all())
-        if self.views is not None:
-            ops = "".join(f"; views {g.name}: {g.count} x {g.size} px, scale {g.split.transform.scale}, augmentation: "
-                          f"{g.augmenter.describe()}" for g in self.views.groups)
+        if self.views is not None:  # each group on a line of its own: one line of them all ran to 1,200 characters
+            ops = ""
         log.info("%r; ranks: %s%s%s", self, self.ranks.source, ops, hooks)
+        for g in self.views.groups if self.views is not None else ():
+            log.info("split '%s': views %s: %d x %d px, scale %s, augmentation: %s", self.split.name, g.name, g.count,
+                     g.size, list(g.split.transform.scale), g.augmenter.describe())
 
     def __repr__(self) -> str:
         """What the loader is doing, so that `print(loader)` answers "which backend, where, how wide"."""

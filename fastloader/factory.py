@@ -55,7 +55,7 @@ def choose_backend(config: Config, device: torch.device) -> tuple[str, str]:
         return "torch", "backend: auto and no CUDA GPU is available"
     if device.type != "cuda":
         return "torch", (f"backend: auto and output.device: {config.output.device} "
-                         "(on the CPU the torch backend is the faster)")
+                         "(on the CPU the torch backend is the faster at ImageNet's sizes)")
     problem = _dali_problem()
     if problem:
         return "torch", (f"backend: auto, a CUDA GPU is present, but {problem}; so the torch backend decodes on the "
@@ -129,8 +129,10 @@ def create_loader(config: Config, split_name: str, source: object | None = None,
             surprising = True
             reason += ("; no CUDA GPU is available, so DALI runs its CPU flavour (decoding on the CPU, not with "
                        "nvJPEG); set backend: torch or run on a GPU to silence this")
-    log.log(logging.WARNING if surprising else logging.INFO, "backend %s for split '%s': %s", backend, split_name,
-            reason)
+    said_before = surprising and reason in _SAID
+    _SAID.add(reason)
+    log.log(logging.WARNING if surprising and not said_before else logging.INFO, "backend %s for split '%s': %s",
+            backend, split_name, reason)
     if backend == "torch" and user_hooks.graph is not None:
         raise ConfigError(f"{user_hooks.graph.label} adds operators to a DALI graph, and split '{split_name}' is read "
                           f"by the torch backend ({reason}): set backend: dali (DALI's CPU flavour runs without a "
@@ -142,6 +144,11 @@ def create_loader(config: Config, split_name: str, source: object | None = None,
     if cost:
         log.warning(cost)
     return loader
+
+
+_SAID: set[str] = set()
+"""The surprising backend choices warned of in this process: a second loader (the val split's, the
+next run of a notebook) says the same at INFO, not another WARNING."""
 
 
 def backend_class(backend: str) -> type[Loader]:

@@ -235,10 +235,18 @@ def cpu_flavour_record(root, output_device: str, caplog):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_backend_dali_without_a_gpu_runs_the_cpu_flavour_and_warns(solid_root, caplog):
+def test_backend_dali_without_a_gpu_runs_the_cpu_flavour_and_warns_once_a_process(solid_root, caplog, monkeypatch):
+    """A WARNING for the first loader; the next one (the val split's, a notebook's next run) says the
+    same at INFO: it repeated for every loader built."""
+    import fastloader.factory
+
+    monkeypatch.setattr(fastloader.factory, "_SAID", set())
     loader, record = cpu_flavour_record(solid_root, "auto", caplog)
     assert record.levelno == logging.WARNING and "no CUDA GPU is available" in record.message
     assert "flavour='cpu'" in repr(loader) and "threads=1" in repr(loader)
+    caplog.clear()
+    _, again = cpu_flavour_record(solid_root, "auto", caplog)
+    assert again.levelno == logging.INFO and again.message == record.message
 
 
 def test_backend_dali_with_output_on_the_cpu_runs_the_cpu_flavour_as_asked(solid_root, caplog):

@@ -323,3 +323,21 @@ def test_views_from_tar_shards_and_parquet_are_the_folders_views(textured, tmp_p
         for a_batch, b_batch in zip(folder, batches):
             for a, b in zip(a_batch, b_batch):
                 assert (a - b).abs().mean(dim=(1, 2, 3)).max() < 1e-6, fmt
+
+
+def test_the_build_log_says_each_view_group_on_a_line_of_its_own(textured, caplog):
+    """DINOv2's recipe logged one line of some 1,200 characters: the loader's line and each group's."""
+    import logging
+
+    from conftest import REPO
+
+    config = load_config(str(REPO / "configs" / "recipes" / "dinov2.yaml"), {"dataset.root": str(textured),
+                                                                              "output.device": "cpu",
+                                                                              "workers.num_workers": 0})
+    with caplog.at_level(logging.INFO, logger="fastloader"), build_loader(config, "train"):
+        pass
+    lines = [r.message for r in caplog.records if "views " in r.message]
+    assert len(lines) == 3 and max(len(line) for line in lines) < 500, [len(line) for line in lines]
+    assert [line.split(",")[0] for line in lines] == ["split 'train': views global1: 1 x 224 px",
+                                                     "split 'train': views global2: 1 x 224 px",
+                                                     "split 'train': views local: 8 x 96 px"]
