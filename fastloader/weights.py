@@ -199,7 +199,10 @@ def _file_weights(config: Config, split: SplitConfig, index: SampleIndex, table:
 
 def sample_names(index: SampleIndex, root: str) -> list[str]:
     """Every sample's name relative to dataset.root, as `fastloader check` and dataset.exclude write
-    them (`train/cat/x.jpg`, `shards/train-000.tar:cat/x.jpg`)."""
+    them (`train/cat/x.jpg`, `shards/train-000.tar:cat/x.jpg`); a source's samples by the names its
+    samples() gave them, which do not change with the folder the job runs in."""
+    if index.reader:
+        return [os.path.normpath(index.relpath(i)) for i in range(len(index))]
     prefix = os.path.normpath(os.path.relpath(index.root, root))
     head = "" if prefix == "." else prefix + os.sep
     data, bounds = index.path_bytes.tobytes(), index.offsets.tolist()

@@ -619,3 +619,20 @@ def test_where_workers_are_spawned_a_source_travels_to_them_or_is_refused_at_bui
                                           r"'mmap\.mmap' object\), and workers\.num_workers: 1 workers start by spawn "
                                           r"here"):
         build_loader(config, "train", source=Mapped(rows, classes, tmp_path / "mapped.bin"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_weights_file_names_a_sources_samples_as_samples_gives_them(table, backend, tmp_path, monkeypatch):
+    """It wanted each name prefixed with the source's name taken as a path relative to dataset.root
+    (for build_loader(source=obj): to the working folder), which changes with the folder the job runs
+    in. Now the names samples() gave, from any folder."""
+    _, db = table
+    weights = tmp_path / "w.txt"
+    weights.write_text("".join(f"{colour}/n_{i:02d}.png {0 if colour == 'a_red' else 1}\n"
+                               for colour in ("a_red", "b_green", "c_blue") for i in range(6)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = sqlite_config(db, backend, weights=str(weights), epoch_size=60, batch_size=6)
+    labels = delivered(build_loader(config, "train"))[1]
+    assert len(labels) == 60 and 0 not in labels and {1, 2} == set(labels)  # red weighs 0
