@@ -2,6 +2,7 @@
 uploaded, and the config that reads them with a node cache of the test's own."""
 from __future__ import annotations
 
+import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,9 +12,10 @@ from shardfiles import pack_folder_split
 
 
 def bucket_for(request) -> str:
-    """A bucket of the test's own (the server is shared by the session)."""
-    name = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
-    return f"t-{name}"
+    """A bucket of the test's own (the server is shared by the session): its name's start and a digest
+    of the whole, so that the parameters of one test (`[torch]`, `[dali]`) never share one."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
+    return f"t-{name}-{hashlib.blake2b(request.node.name.encode(), digest_size=4).hexdigest()}"
 
 
 def uploaded(object_store, bucket: str, folder: Path, prefix: str = "wds") -> str:

@@ -34,6 +34,11 @@ class Identity(NamedTuple):
     """A parquet or Arrow file's status-change time (0: not checked). A write changes it, and no one
     can set it back as `cp -p` sets mtime: a row's bytes carry no header that would show the file
     rewritten with the same layout (rows reordered), so each read compares it (reading._range)."""
+    labels: str = ""
+    """A shard in an object store indexed through the `.idx` beside it: the digest of the label
+    members that index gave (tar_members.labels_digest), which the shard's node-cache copy is
+    checked against before its first member is read (an index kept beside a shard rewritten with
+    new labels would otherwise label a run); "": nothing to check."""
 
     @classmethod
     def of(cls, info: os.stat_result, ctime: bool = False) -> "Identity":

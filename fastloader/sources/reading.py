@@ -30,6 +30,7 @@ import os
 import threading
 from typing import BinaryIO, Iterator, Sequence
 
+from ..errors import SourceChanged
 from ..schema import BOMB_PIXELS
 from . import node_cache
 from .locations import (
@@ -46,6 +47,7 @@ from .locations import (
     table_changed,
 )
 from .row_groups import read_row
+from .tar_members import INDEX_SUFFIX, copy_labels_digest, mark_stale_index
 from .source_reads import identity_stamp, source_bytes
 from .urls import is_url
 
@@ -73,19 +75,47 @@ def read_bytes(where: str | Location, into: ReadArena | None = None, max_pixels:
 def _from_node_cache(location: Location) -> bytearray:
     """A shard's bytes from its node-cache copy. The copy was fetched under the indexed ETag, so a
     member header that is not the one indexed means the local copy is damaged (a power cut after an
-    unsynced write leaves zeros of the right size): it is removed and fetched again, once."""
+    unsynced write leaves zeros of the right size): it is removed and fetched again, once. Labels
+    taken from the `.idx` beside the shard are checked against the copy first (_labels_checked)."""
 
     cache = node_cache.current()
     for attempt in range(2):
         with cache.opened(location) as fd:
             try:
+                _labels_checked(location, fd)
                 return _whole(fd, os.fstat(fd).st_size) if location.whole_file else _range(fd, location)
-            except ContainerChanged:
+            except ContainerChanged as error:
                 if attempt:
                     raise
-                damaged = os.fstat(fd).st_ino
-        cache.discard(location, damaged)
+                damaged, why = os.fstat(fd).st_ino, (error.strerror if error.errno == errno.EIO else None)
+        cache.discard(location, damaged, why)
     raise AssertionError("unreachable")
+
+
+_LABELS_CHECKED: set[tuple[str, str]] = set()
+"""(shard URL, ETag) whose copy this process found to hold the labels its `.idx` gave."""
+
+
+def _labels_checked(location: Location, fd: int) -> None:
+    """Where the labels of a shard in an object store came from the `.idx` beside it, unread then (a
+    request a label member), the copy's own label members must be those (once a shard and process):
+    an index kept beside a shard rewritten with other labels would label the run with the old ones.
+    SourceChanged where they differ (the labels are already the run's), and the index is marked
+    stale, so that a new loader checks it; ContainerChanged where the copy itself is damaged."""
+    identity = location.identity
+    if identity is None or not identity.labels or (location.file, identity.etag) in _LABELS_CHECKED:
+        return
+    digest, problems = copy_labels_digest(fd)
+    if problems:
+        raise ContainerChanged(errno.EIO, f"the node cache's copy of {location.file} is damaged: {problems[0][1]}",
+                               location.file)
+    if digest != identity.labels:
+        marker = mark_stale_index(location.file, identity.etag)
+        raise SourceChanged(f"{location.file}{INDEX_SUFFIX} is stale: the label members it lists are not the ones "
+                            f"in the shard {location.file} (the shard was written again, its index kept), and this "
+                            f"run's labels came from it; rewrite the index (`fastloader pack` writes a true one) or "
+                            f"delete it. A new loader reads the shard's own label members ({marker} remembers it)")
+    _LABELS_CHECKED.add((location.file, identity.etag))
 
 
 _CHECKED_COPIES: set[tuple[str, tuple[int, int]]] = set()

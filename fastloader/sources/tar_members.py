@@ -12,13 +12,16 @@ named by its member, never dropped silently.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
 import tarfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
+from ..paths import cache_home
 from .locations import TAR_BLOCK, Identity, NotRegularFile, header_digest, open_regular
 
 log = logging.getLogger("fastloader")
@@ -63,6 +66,9 @@ class ShardScan:
     """edge_digest of the shard as read."""
     etag: str = ""
     """A shard in an object store: its ETag as indexed (with its size, what says it is the same object)."""
+    labels: str = ""
+    """A shard in an object store indexed through its `.idx`: labels_digest of the label members the
+    index gave, unread then (a request each); its node-cache copy is checked against it (reading.py)."""
 
     def stamp(self) -> tuple[int, int, int, int]:
         """What os.stat says of the shard as indexed; any difference means it is read again."""
@@ -70,7 +76,7 @@ class ShardScan:
 
     @property
     def identity(self) -> Identity:
-        return Identity(self.inode, self.size, self.mtime_ns, self.etag)
+        return Identity(self.inode, self.size, self.mtime_ns, self.etag, labels=self.labels)
 
 
 def edge_digest(fd: int, size: int) -> str:
@@ -133,7 +139,8 @@ def scan_file(handle, pread: Callable[[int, int], bytes], scan: ShardScan, image
     """Fill `scan` (its size and digest set) from the index file beside the shard where it is the
     shard's (`beside`: its text), else from the shard's own headers, read through `handle` (a file
     object tarfile walks) and `pread(length, offset)`. `check_labels`: each label member the index
-    names is read and compared (a local shard: a small pread each; not over a network)."""
+    names is read and compared (a local shard: a small pread each); without it (a request each over
+    a network) the index's labels_digest is kept, for the shard's whole copy to be checked against."""
     problem = compression_problem(pread(8, 0), name)
     if problem:
         scan.problems.append(("", problem))
@@ -145,6 +152,8 @@ def scan_file(handle, pread: Callable[[int, int], bytes], scan: ShardScan, image
             log.warning("%s%s does not describe the shard it stands beside: %s; the shard's own headers are read "
                         "instead (`fastloader pack` writes a true one)", name, INDEX_SUFFIX, wrong)
             members = None
+    elif members is not None:  # believed for now: checked against the shard's whole copy before it is read
+        scan.labels = labels_digest(members)
     if members is None:
         handle.seek(0)
         members = read_members(handle, pread, scan)
@@ -290,6 +299,43 @@ def index_file_lies(members: list[Member], pread: Callable[[int, int], bytes]) -
             return (f"{member.name} holds {block[TAR_BLOCK:][:40].decode('utf-8', 'replace')!r}, the index says "
                     f"{member.text[:40]!r}")
     return None
+
+
+def labels_digest(members: list[Member]) -> str:
+    """A digest of the label members (name, place, header, text): what a shard's copy must give again."""
+    digest = hashlib.blake2b(digest_size=8)
+    for member in members:
+        if member.text is not None:
+            digest.update(json.dumps([member.name, member.start, member.length, member.header, member.text]).encode())
+    return digest.hexdigest()
+
+
+def copy_labels_digest(fd: int) -> tuple[str, list[tuple[str, str]]]:
+    """labels_digest of a complete local copy of a shard, from its own headers (a walk of a local
+    file: milliseconds for a thousand members), and what stopped the walk (a damaged copy)."""
+    scan = ShardScan(os.fstat(fd).st_size, 0)
+    with io.BufferedReader(io.FileIO(fd, closefd=False), 1 << 16) as handle:
+        members = read_members(handle, lambda length, offset: os.pread(fd, length, offset), scan)
+    return labels_digest(members), scan.problems
+
+
+def stale_index_marker(url: str, etag: str) -> Path:
+    """The file that says a shard's `.idx` was found to give other labels than the shard (under
+    that ETag): the next scan of the shard reads its label members to check the index, instead of
+    believing it (a request each), so a new loader is right without a hand-cleaned cache."""
+    name = hashlib.blake2b(f"{url}\0{etag}".encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()
+    return cache_home() / "shards" / "stale-indexes" / name
+
+
+def mark_stale_index(url: str, etag: str) -> Path:
+    marker = stale_index_marker(url, etag)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(url + "\n")
+    except OSError as error:  # the run stops anyway; the next scan then trusts the index again
+        log.warning("could not remember that %s%s is stale in %s (%s); delete or rewrite that index before the "
+                    "next run", url, INDEX_SUFFIX, marker, error)
+    return marker
 
 
 def _index_file_text(path: str) -> bytes | None:

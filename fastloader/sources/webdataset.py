@@ -51,13 +51,14 @@ from .tar_members import (
     edge_digest_of,
     scan_file,
     scan_shard,
+    stale_index_marker,
 )
 
 log = logging.getLogger("fastloader")
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 """Raised when a cached shard index would read otherwise: 2, each shard's inode, ctime and edge
-digest, each member's header digest."""
+digest, each member's header digest; 3, the labels digest of a remote shard's unchecked `.idx`."""
 IN_PROCESS_UP_TO = 16
 """Up to this many shards to read are read in this process (tens of ms a shard), with no worker
 processes to start (about a second)."""
@@ -438,8 +439,9 @@ def _scans(shards: list[str], extensions: tuple[str, ...],
     if objects is None:
         scans: list[ShardScan | None] = [entry if entry is not None and _unchanged(path, entry) else None
                                          for path, entry in ((path, cached.get(path)) for path in shards)]
-    else:  # keyed by (URL, size, ETag)
-        scans = [entry if entry is not None and (entry.size, entry.etag) == (info.size, info.etag) else None
+    else:  # keyed by (URL, size, ETag); an index found stale since is checked this time
+        scans = [entry if entry is not None and (entry.size, entry.etag) == (info.size, info.etag) and
+                 not (entry.labels and stale_index_marker(info.url, info.etag).exists()) else None
                  for entry, info in ((cached.get(info.url), info) for info in objects)]
     stale = [path for path, scan in zip(shards, scans) if scan is None]
     if stale:
@@ -487,16 +489,19 @@ def _scan_chunk(paths: list[str], extensions: tuple[str, ...]) -> list[ShardScan
 
 def _scan_remote(info: remote.ObjectInfo, extensions: tuple[str, ...]) -> ShardScan:
     """A shard in an object store, scanned without downloading it: the index beside it (`.idx`)
-    where there is one that matches it, else its tar headers, by ranged requests (a few a member)."""
+    where there is one that matches it, else its tar headers, by ranged requests (a few a member).
+    The index's labels are checked against the shard's whole copy when it is first read (its
+    labels digest); where that found it stale, its label members are read here first."""
     scan = ShardScan(info.size, info.mtime_ns, etag=info.etag)
     reader = remote.RangeFile(info)
+    check_labels = stale_index_marker(info.url, info.etag).exists()  # a request a label member, this once
     try:
         scan.digest = edge_digest_of(reader.pread, info.size)
         try:
             beside = remote.read_object(info.url + INDEX_SUFFIX)
         except FileNotFoundError:
             beside = None
-        scan_file(reader, reader.pread, scan, extensions, info.url, beside, check_labels=False)
+        scan_file(reader, reader.pread, scan, extensions, info.url, beside, check_labels=check_labels)
     except FileNotFoundError:
         return ShardScan(0, 0, problems=[("", "missing (no such object)")])
     except remote.Changed:
@@ -513,7 +518,7 @@ def _read_cache(cache) -> dict[str, ShardScan]:
             return {}
         return {path: ShardScan(entry["size"], entry["mtime_ns"], [ShardSample(*row) for row in entry["samples"]],
                                 [tuple(problem) for problem in entry["problems"]], entry["inode"], entry["ctime_ns"],
-                                entry["digest"], entry.get("etag", ""))
+                                entry["digest"], entry.get("etag", ""), entry.get("labels", ""))
                 for path, entry in data["shards"].items()}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
@@ -522,7 +527,8 @@ def _read_cache(cache) -> dict[str, ShardScan]:
 def _write_cache(cache, scans: dict[str, ShardScan]) -> None:
     cache.parent.mkdir(parents=True, exist_ok=True)
     shards = {path: {"size": scan.size, "mtime_ns": scan.mtime_ns, "inode": scan.inode, "ctime_ns": scan.ctime_ns,
-                     "digest": scan.digest, "etag": scan.etag, "problems": scan.problems,
+                     "digest": scan.digest, "etag": scan.etag, "labels": scan.labels,
+                     "problems": scan.problems,
                      "samples": [[s.key, s.member, s.start, s.length, s.label_kind, s.label_text, s.header]
                                  for s in scan.samples]}
               for path, scan in scans.items()}
