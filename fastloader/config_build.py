@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping, Union
 
 from .config_rules import (
     block_order_needs_shards,
+    check_batch_sizes,
     check_sizes,
     check_sources,
     check_views,
@@ -222,6 +223,8 @@ class ConfigBuilder:
                           f"has mode: {mode}; {mode} mode takes {', '.join(allowed)}")
         values["transform"] = self.section(TransformConfig, transform, f"{name}.transform")
         check_sizes(self.fail, name, values["transform"])
+        if values.get("batch_sizes") is not None:
+            check_batch_sizes(self.fail, name, values)
         if "mixup" in raw:
             values["mixup"] = self.section(MixupConfig, raw["mixup"], f"{name}.mixup")
         if raw.get("views") is not None:

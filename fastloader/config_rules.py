@@ -12,6 +12,7 @@ from typing import Callable, Mapping, NoReturn
 from .schema import MAX_VIEWS, SOURCE_KINDS, DaliConfig, DatasetConfig, SplitConfig, TransformConfig
 from .sources.registry import FORMATS
 from .sources.urls import is_url
+from .words import plural
 
 Fail = Callable[[str, str], NoReturn]
 
@@ -92,6 +93,23 @@ def check_sizes(fail: Fail, name: str, t: TransformConfig) -> None:
         if t.sizes is not None:
             fail(f"{name}.transform.sizes", f"a size per batch and {key} are two schedules of one size; "
                                             f"keep one of them")
+
+
+def check_batch_sizes(fail: Fail, name: str, values: dict) -> None:
+    """A batch size per output size (a train split's): one for each of transform.sizes; batch_size,
+    what buffers are sized for, the largest of them (set so where the split does not give it)."""
+    batch_sizes, sizes, key = values["batch_sizes"], values["transform"].sizes, f"{name}.batch_sizes"
+    if sizes is None:
+        fail(key, f"pairs a batch size with each of {name}.transform.sizes, which is not set; set "
+                  f"{name}.transform.sizes (e.g. [160, 192, 224]) with as many sizes, or remove {key}")
+    if len(batch_sizes) != len(sizes):
+        fail(key, f"has {plural(len(batch_sizes), 'batch size')} and {name}.transform.sizes "
+                  f"{plural(len(sizes), 'size')}: give one batch size per size, in the same order")
+    values.setdefault("batch_size", max(batch_sizes))
+    if values["batch_size"] != max(batch_sizes):
+        fail(f"{name}.batch_size", f"{values['batch_size']} is not the largest of {key} ({max(batch_sizes)}), "
+                                   f"which is what the loader's buffers hold; set {name}.batch_size: "
+                                   f"{max(batch_sizes)}")
 
 
 def check_sources(fail: Fail, name: str, mode: str, values: dict) -> None:

@@ -57,8 +57,10 @@ class Loader(abc.ABC):
         self.device = device
         self.pixels_from = prepared.pixels_from
         """Where the pixels come from: the image files, or a uint8 cache folder."""
-        self.resolution = Resolution(split.transform, config.seed) if split.mode == "train" else None
-        """The train split's size schedule (fastloader.resolution): a size per epoch or per batch."""
+        self.resolution = (Resolution(split.transform, config.seed, split.batch_sizes) if split.mode == "train"
+                           else None)
+        """The train split's size schedule (fastloader.resolution): a size per epoch or per batch (and a
+        batch size per size, with batch_sizes)."""
         self.order = EpochOrder(len(index), split.batch_size, mode=split.mode, shuffle=split.shuffle,
                                 drop_last=split.drop_last, seed=config.seed, rank=ranks.rank,
                                 world_size=ranks.world_size, repeats=split.aug_repeats, blocks=prepared.blocks,
@@ -199,6 +201,7 @@ class Loader(abc.ABC):
 
     def _run_epoch(self, epoch: int, start: int, loop: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         global_batch = self.batch_size * self.ranks.world_size  # ranks step together (DDP)
+        paired = self.order.paired  # a batch size per size: each step takes its own batch size on every rank
         stats = self.stats = LoaderStats(epoch=epoch)
         self._skipped_in_epoch, self._found_in_epoch = set(), 0  # a loop left with `break` does not carry them over
         clock = time.perf_counter
@@ -222,7 +225,8 @@ class Loader(abc.ABC):
                     plan.reached(read[stats.batches - 1])
                     self._count_fetches(stats, fetched)
                 if loop == self._loops:  # an abandoned older loop no longer moves the resume position
-                    self._position += global_batch
+                    step = len(planned[stats.batches - 1]) * self.ranks.world_size if paired else global_batch
+                    self._position += step
                 yield images, labels
         finally:
             if plan is not None:
@@ -364,7 +368,7 @@ class Loader(abc.ABC):
                      "flips and ops (drawn from each sample's seed), with pixels within the backends' tolerance "
                      "(docs/semantics.md)", self.split.name, state["backend"], self.backend)
         epoch, position = int(state["epoch"]), int(state["position"])
-        if self.order.shared_after(position) == 0:  # saved at the end of an epoch: go on with the next
+        if self.order.shared_after(position, epoch) == 0:  # saved at the end of an epoch: go on with the next
             epoch, position = epoch + 1, 0
         elif (state["world_size"], state["batch_size"]) != (self.ranks.world_size, self.batch_size):
             log.info("split '%s': resuming epoch %d at sample %d of %d with %s x batch %d; the state was "
@@ -406,7 +410,7 @@ class Loader(abc.ABC):
             saved_order["sizes"] = mine["sizes"]  # a fixed size may change on resume: the samples are the same
         order_keys = (("seed", "seed"), ("shuffle", f"{name}.shuffle"), ("aug_repeats", f"{name}.aug_repeats"),
                       ("block_size", f"{name}.block_size"), ("epoch_size", f"{name}.epoch_size"),
-                      ("sizes", f"{name}.transform's size schedule (size, progressive, sizes)"))
+                      ("sizes", f"{name}.transform's size schedule (size, progressive, sizes; {name}.batch_sizes)"))
         for key, config_key in order_keys:
             if saved_order.get(key) == mine[key]:
                 continue
@@ -541,6 +545,8 @@ class Loader(abc.ABC):
         closed = ", closed" if self._closed else ""
         sizes = self.resolution and self.resolution.per_batch
         size = f"sizes={self.split.transform.sizes!r}" if sizes else f"size={self.size}"
+        if self.split.batch_sizes:
+            size += f", batch_sizes={self.split.batch_sizes!r}"
         size = f"views=[{self.views.describe()}]" if self.views else size
         return (f"{type(self).__name__}(split={self.split.name!r}, backend={self.backend!r}, {self._parallelism()}, "
                 f"device={str(self.device)!r}, {size}, samples={self.num_samples}, batches={len(self)} of "

@@ -85,9 +85,9 @@ class LightningLoader:
         if trainer is not None and trainer.training:
             first, processed_then = self._start
             since = max(0, self._processed() - processed_then)
-            global_batch = self.loader.batch_size * self.loader.ranks.world_size
             state["epoch"] = trainer.current_epoch
-            state["position"] = min(first + since * global_batch, self.loader.order.epoch_length)
+            state["position"] = min(self.loader.order.advance(trainer.current_epoch, first, since),
+                                    self.loader.order.epoch_length)
         return state
 
     def load_state_dict(self, state: dict) -> None:

@@ -408,6 +408,14 @@ class EpochOrder:
             self.num_batches = self.samples_per_rank // batch_size
         else:
             self.num_batches = math.ceil(self.samples_per_rank / batch_size)
+        self.paired = resolution is not None and resolution.batch_sizes is not None
+        """A batch size per output size (`<split>.batch_sizes`): the steps' sizes come from the
+        resolution's make-up of each rank's share (Resolution.steps), not from batch_size."""
+        if self.paired:
+            share = (self.epoch_length // world_size if drop_last else math.ceil(self.epoch_length / world_size))
+            self._share = share
+            counts = resolution.steps(0, share, drop_last)[1]
+            self.num_batches, self.samples_per_rank = len(counts), int(counts.sum())
         self._last: tuple[int, int, list[np.ndarray]] | None = None
         """The last epoch's batches asked for, (epoch, position, batches): the DALI feed reads ahead
         into the next epoch's first batches as one ends, and the loop that then starts asks again
@@ -446,15 +454,38 @@ class EpochOrder:
         """The whole epoch's order, before sharding (int64 [length]: the split's size, or epoch_size)."""
         return self._permute(self.seed, epoch, self.num_samples)
 
-    def shared_after(self, position: int) -> int:
+    def shared_after(self, position: int, epoch: int = 0) -> int:
         """How many positions of the epoch's global order the ranks share once the first `position`
-        are consumed: what is left, cut to whole global batches (drop_last) or padded to equal shares."""
+        are consumed: what is left, cut to whole global batches (drop_last) or padded to equal shares
+        (with batch sizes per size: the rest of the epoch's steps, `epoch`'s)."""
+        if self.paired:
+            return self.world_size * int(self.steps_after(epoch, position)[1].sum())
         left = max(0, self.epoch_length - position)
         if self.mode == "eval":
             return left
         if self.drop_last:
             return left // (self.world_size * self.batch_size) * self.world_size * self.batch_size
         return math.ceil(left / self.world_size) * self.world_size
+
+    def steps_after(self, epoch: int, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """With batch sizes per size: the epoch's steps after global position `position`, as (output
+        size, batch size) per step. A position the epoch's steps reach on this world size (a state
+        saved by the same ranks) continues them; another (saved by other ranks or batch sizes) plans
+        the rest of the epoch afresh, drawn from (seed, epoch, position)."""
+        sizes, counts = self.resolution.steps(epoch, self._share, self.drop_last)
+        reached = self.world_size * np.concatenate([[0], np.cumsum(counts)])
+        step = int(np.searchsorted(reached, position))
+        if step < len(reached) and reached[step] == position:
+            return sizes[step:], counts[step:]
+        left = max(0, self.epoch_length - position)
+        share = left // self.world_size if self.drop_last else math.ceil(left / self.world_size)
+        return self.resolution.steps(epoch, share, self.drop_last, salt=position)
+
+    def advance(self, epoch: int, position: int, steps: int) -> int:
+        """The global position `steps` batches (of every rank) after `position` in the epoch."""
+        if self.paired:
+            return position + self.world_size * int(self.steps_after(epoch, position)[1][:steps].sum())
+        return position + steps * self.batch_size * self.world_size
 
     def rank_positions(self, epoch: int, position: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """This rank's (sample indices, copy numbers) for the epoch, in the order they are yielded, after
@@ -471,7 +502,7 @@ class EpochOrder:
 
     def _rank_places(self, epoch: int, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """rank_positions, and each one's draw number where the order may hold a sample twice (else None)."""
-        shared = self.shared_after(position)
+        shared = self.shared_after(position, epoch)
         cycle = self.length * self.repeats
         if shared == 0 or cycle == 0:
             empty = np.zeros(0, dtype=np.int64)
@@ -509,18 +540,28 @@ class EpochOrder:
         is set. Position 0 is the whole epoch; k batches in, it is k x batch x world.
 
         A batch's size is a function of its global step, position // (batch x world) + its number
-        here: the same on every rank, and the same after a resume at that position. The arrays are
-        read-only: they are kept for the next ask of the same epoch and position."""
+        here: the same on every rank, and the same after a resume at that position. With a batch
+        size per size (`paired`), the batches are the epoch's steps (steps_after): each as long as
+        its step's batch size. The arrays are read-only: they are kept for the next ask of the same
+        epoch and position."""
         last = self._last
         if last is not None and last[:2] == (epoch, position):
             return list(last[2])
         indices, copies, draws = self._rank_places(epoch, position)
         columns = [indices, self.sample_seeds(epoch, indices, copies, draws)]
+        if self.paired:
+            sizes, counts = self.steps_after(epoch, position)
+            columns.append(np.repeat(sizes, counts))
+            pairs = np.stack(columns, axis=1)
+            pairs.flags.writeable = False
+            batches = np.split(pairs, np.cumsum(counts)[:-1]) if len(counts) else []
+            self._last = epoch, position, batches
+            return list(batches)
         if self.resolution is not None:
             first = position // (self.batch_size * self.world_size)
             steps = first + np.arange(len(indices), dtype=np.int64) // self.batch_size
-            columns.append(self.resolution.batch_sizes(epoch, np.arange(first, first + len(indices) // self.batch_size
-                                                                        + 1))[steps - first])
+            columns.append(self.resolution.step_sizes(epoch, np.arange(first, first + len(indices) // self.batch_size
+                                                                       + 1))[steps - first])
         pairs = np.stack(columns, axis=1)
         pairs.flags.writeable = False
         batches = [pairs[start:start + self.batch_size] for start in range(0, len(pairs), self.batch_size)]

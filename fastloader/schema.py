@@ -324,8 +324,9 @@ VIEW_TRANSFORM_KEYS = tuple(key for key in TRAIN_TRANSFORM_KEYS
 MAX_VIEWS = 64
 """The most views of a sample a train split's `views` may ask for, all groups together."""
 EVAL_TRANSFORM_KEYS = ("size", "crop_pct", "interpolation", "sample_hook", "batch_hook")
-TRAIN_SPLIT_KEYS = ("aug_repeats", "label_smoothing", "mixup")
-"""Split keys that only train mode takes: eval batches are never repeated, mixed or smoothed."""
+TRAIN_SPLIT_KEYS = ("aug_repeats", "label_smoothing", "mixup", "batch_sizes")
+"""Split keys that only train mode takes: eval batches are never repeated, mixed or smoothed, nor
+of several sizes."""
 
 
 @dataclass(frozen=True)
@@ -349,7 +350,14 @@ class SplitConfig:
     eval: resize + centre crop, every sample exactly once across ranks.
     Default: train for a split named `train`, eval for any other."""
     batch_size: int = field(default=64, metadata=_in_range(1, MAX_BATCH))
-    """Samples per batch on each rank."""
+    """Samples per batch on each rank (with batch_sizes: the largest of them)."""
+    batch_sizes: tuple[int, ...] | None = field(default=None, metadata=_check(
+        lambda v: v is None or (0 < len(v) <= 64 and all(1 <= b <= MAX_BATCH for b in v)),
+        f"null or a list of 1 to 64 batch sizes, each an integer in [1, {MAX_BATCH}]"))
+    """train with transform.sizes: one batch size per size, in the same order (timm's
+    batch_size_choices: [256, 160, 128] with sizes [160, 192, 224] keeps a step's memory); each step
+    takes a pair, all ranks alike, an epoch as many steps of each pair (docs/semantics.md#output-sizes).
+    null: every batch of batch_size."""
     shuffle: bool | Literal["block"] = True
     """A new seeded permutation every epoch. Default: true in train mode, false in eval mode.
     block: tar shards shuffled and read block by block (at most block_size bytes of shards a block), the

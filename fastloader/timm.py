@@ -31,8 +31,6 @@ _NOT_DONE = {  # timm's argument: (the value that means "off", why fastloader re
     "num_aug_splits": (0, "AugMix's augmentation splits", "train without --aug-splits"),
     "crop_border_pixels": (None, "a border cropped off every eval image", "leave it unset"),
     "tf_preprocessing": (False, "TensorFlow's preprocessing", "leave --tf-preprocessing off"),
-    "batch_size_choices": (None, "a batch size drawn per step", "leave it unset; transform.sizes draws a size per "
-                                                                "batch (input_size_choices)"),
     "batch_choice_weights": (None, "weights of the batch size choices", "leave it unset"),
     "batch_schedule_epochs": (None, "a batch size schedule", "leave it unset"),
     "num_batches": (None, "a fixed number of batches of an iterable dataset", "leave it unset"),
@@ -100,6 +98,12 @@ def create_loader(
     for name, (off, what, fix) in _NOT_DONE.items():
         if given[name] != off:
             _refuse(name, given[name], f"fastloader does not do {what}; {fix}")
+    if input_size_choices is not None and not is_training:
+        _refuse("input_size_choices", input_size_choices, "sizes per batch are a training loader's, as timm's: "
+                                                          "leave it unset with is_training=False")
+    if batch_size_choices is not None and not input_size_choices:
+        _refuse("batch_size_choices", batch_size_choices, "timm pairs each with an input size: give "
+                                                          "input_size_choices of the same length")
     if no_aug and is_training:
         _refuse("no_aug", no_aug, "a train split always crops and flips; for timm's no_aug use is_training=False (an "
                                   "eval split's resize and centre crop)")
@@ -147,10 +151,13 @@ def _split(split: str, folder: str, side: int, batch_size: int, given: dict) -> 
                  "auto_augment": given["auto_augment"], "interpolation": given["interpolation"],
                  "erase_prob": given["re_prob"], "erase_mode": given["re_mode"],
                  "erase_count": [1, max(1, given["re_count"])]}
-    if given["input_size_choices"]:
-        transform["sizes"] = [_side(choice, "input_size_choices") for choice in given["input_size_choices"]]
     section = {"folder": folder, "batch_size": batch_size, "aug_repeats": max(1, given["num_aug_repeats"]),
                "transform": transform}
+    if given["input_size_choices"]:
+        transform["sizes"] = [_side(choice, "input_size_choices") for choice in given["input_size_choices"]]
+    if given["batch_size_choices"]:  # timm's scheduled batching: a batch size per input size, same order
+        section["batch_sizes"] = [int(choice) for choice in given["batch_size_choices"]]
+        section["batch_size"] = max(section["batch_sizes"])
     mixup = given["collate_fn"]
     if mixup is not None:
         section["label_smoothing"] = mixup.label_smoothing

@@ -212,7 +212,7 @@ def test_resolution_describes_itself():
     assert schedule(size=32).fixed and schedule(size=32).largest == 32
     sizes = schedule(size=224, sizes=[128, 160])
     assert sizes.per_batch and sizes.largest == 160 and sizes.key() == "sizes 128,160"
-    assert np.array_equal(sizes.batch_sizes(0, np.arange(4)), sizes.batch_sizes(0, np.arange(4)))
+    assert np.array_equal(sizes.step_sizes(0, np.arange(4)), sizes.step_sizes(0, np.arange(4)))
 
 
 @pytest.mark.cuda

@@ -115,7 +115,10 @@ def test_set_epoch_and_mixup_off_epoch_as_train_py_uses_them(timm_dataset):
     ({"interpolation": "random"}, "interpolation='random': use bilinear, bicubic or nearest"),
     ({"collate_fn": torch.utils.data.default_collate}, "collate_fn='function': fastloader collates itself"),
     ({"tf_preprocessing": True}, "tf_preprocessing=True: fastloader does not do TensorFlow's preprocessing"),
-    ({"batch_size_choices": [2, 4]}, "batch_size_choices=[2, 4]: fastloader does not do a batch size drawn per step"),
+    ({"batch_size_choices": [2, 4]}, "batch_size_choices=[2, 4]: timm pairs each with an input size: give "
+                                     "input_size_choices of the same length"),
+    ({"batch_choice_weights": [1, 2]}, "batch_choice_weights=[1, 2]: fastloader does not do weights of the batch"),
+    ({"input_size_choices": [16, 32]}, "input_size_choices=[16, 32]: sizes per batch are a training loader's"),
 ])
 def test_what_fastloader_does_not_do_is_refused_by_timms_name(timm_dataset, options, message):
     dataset, _ = timm_dataset

@@ -47,8 +47,8 @@ from .locations import (
     table_changed,
 )
 from .row_groups import read_row
-from .tar_members import INDEX_SUFFIX, copy_labels_digest, mark_stale_index
 from .source_reads import identity_stamp, source_bytes
+from .tar_members import INDEX_SUFFIX, copy_labels_digest, mark_stale_index
 from .urls import is_url
 
 
