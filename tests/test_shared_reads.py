@@ -71,6 +71,9 @@ def _same_as_here(reads, locations) -> None:
     for (data, screened), location in zip(reads, locations):
         here, expected = read_screened(location)
         assert screened == expected, location.name
+        assert (screened.coding, screened.warning) == (expected.coding, None), location.name  # not compared by ==
+        if expected.format == "JPEG" and expected.problem is None:
+            assert expected.coding == 0xC0, location.name  # the frame marker of the baseline JPEGs written here
         if expected.problem is None:
             assert isinstance(data, np.ndarray) and data.tobytes() == bytes(here), location.name
 

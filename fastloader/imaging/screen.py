@@ -151,7 +151,7 @@ def screen_read(name: str, data: bytes | bytearray | memoryview, max_pixels: int
     problem = bomb_problem(width, height, max_pixels) if width * height > max_pixels else None
     if problem is None and data[-2:] != b"\xff\xd9":  # nearly every JPEG ends with its EOI marker: no search
         problem = _tail_problem("JPEG", bytes(data[-TAIL_BYTES:]))
-    return Screened(name, "JPEG", width, height, problem, turned, header.coding)
+    return Screened(name, "JPEG", width, height, problem, turned, coding=header.coding)
 
 
 def unreadable(location: Location, error: OSError) -> str:

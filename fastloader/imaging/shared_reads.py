@@ -196,7 +196,8 @@ class Received(NamedTuple):
             else:
                 data = None if offset < 0 else self.slab.array[offset:offset + length]
             size = (None, None) if width < 0 else (width, height)
-            reads.append((data, Screened(self.locations[row].name, fmt, *size, problem, turned > 0, max(coding, 0))))
+            reads.append((data, Screened(self.locations[row].name, fmt, *size, problem, turned > 0,
+                                         coding=max(coding, 0))))
         return reads
 
 
