@@ -407,10 +407,12 @@ def test_a_loop_with_workers_is_made_on_one_producer_thread_that_ends_with_it(te
     config = base_config(textured_root, workers={"num_workers": 2})
     expected = [y for _, y in build_loader(base_config(textured_root), "train")]
     with build_loader(config, "train") as loader:
-        labels = []
+        labels, alive = [], []
         for images, batch_labels in loader:
             labels.append(batch_labels)
-            assert len(producers()) == 1
+            alive.append(len(producers()))
+        # alive until it has handed over the last batch: after that it may end before the trainer looks
+        assert alive[:-1] == [1] * (len(alive) - 1) and alive[-1] in (0, 1) and len(alive) > 2
         assert [y.tolist() for y in labels] == [y.tolist() for y in expected]
         for thread in producers():
             thread.join(5)  # it puts the loop's end, then ends
