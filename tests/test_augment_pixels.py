@@ -218,7 +218,7 @@ def test_the_torch_blur_is_torchvisions_gaussian_within_one_level(sigma):
     crop in HWC memory (as the crops come) and in CHW memory."""
     from torchvision.transforms.v2 import functional as F
 
-    from torch_loader.augment import blur_window
+    from torch_loader.stacked_ops import blur_window
     gaussian_blur = TORCH_OPS["gaussian_blur"]
     window = blur_window(sigma)
     image = torch.from_numpy(np.random.default_rng(4).integers(0, 256, size=(40, 56, 3), dtype=np.uint8))

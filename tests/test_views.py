@@ -12,6 +12,7 @@ import torch
 import user_hooks
 from conftest import base_config, write_textured_dataset
 
+import torch_loader.views as torch_views
 from fastloader import build_loader, load_config
 from fastloader.errors import ConfigError
 from fastloader.sources.formats import build_index
@@ -48,14 +49,22 @@ def epoch(loader) -> tuple[list[list[torch.Tensor]], list[int]]:
     return batches, labels
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_each_view_is_its_groups_crop_from_its_own_seed_crop_major(textured, backend):
+DINO_OPS = {"color_jitter": [0.4, 0.4, 0.2, 0.1], "color_jitter_prob": 0.8, "grayscale_prob": 0.2}
+DINO_GROUPS = [{**GROUPS[0], "gaussian_blur_prob": 1.0, "solarize_prob": 0.5}, GROUPS[1]]
+
+
+@pytest.mark.parametrize("backend, ops", [("torch", False), ("dali", False), ("torch", True), ("dali", True)])
+def test_each_view_is_its_groups_crop_from_its_own_seed_crop_major(textured, backend, ops, monkeypatch):
     """Device: CPU. View k of sample i is row k * B + i of its group's tensor, and it is what the
     group's transform gives for the sample alone with the view's seed (torch: pixel for pixel; DALI
-    within the backends' train tolerance)."""
+    within the backends' train tolerance); with DINOv2's per-view ops too, which the torch backend
+    runs on a group's views of the batch at once, in chunks (here of 5 views)."""
     backend_or_skip(backend)
-    raw = views_config(textured, backend)
+    monkeypatch.setattr(torch_views, "STACK_BYTES", 5 * 3 * 32 * 32 * 4)
+    raw = views_config(textured, backend, **({"transform": DINO_OPS, "groups": DINO_GROUPS} if ops else {}))
     with build_loader(raw, "train") as loader:
+        if backend == "torch":  # the ops wait for the collate, stacked
+            assert loader._dataloader.collate_fn.transform.stacked_ops
         assert loader.views is not None and "views=[2 x 32 px (global), 3 x 16 px (local)]" in repr(loader)
         assert loader.describe()["views"] == {"global": [2, 32], "local": [3, 16]}
         plan = loader.order.batches(0)[0]

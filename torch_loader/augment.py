@@ -6,6 +6,10 @@ give the same pixels within the tolerances docs/semantics.md states: float math,
 the end. Written with plain tensor ops rather than torchvision's functional ones, which cost 2 to 15
 times more here (its sharpness: 4.3 ms per 224 px image, a float conv2d; its affine ops: 1.4 ms),
 and the worker runs on the trainer's CPU budget.
+
+The photometric kinds (colour jitter, grey, blur, solarize) are stacked_ops' functions on a stack
+of one: apply_ops_stacked runs a view group's images through them at once, each image getting what
+it gets alone.
 """
 from __future__ import annotations
 
@@ -13,19 +17,16 @@ import functools
 import math
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as functional
 
 from fastloader.augment.ops import IDENTITY, KINDS
 
+from .stacked_ops import COLOURS, STACKED, colour, rounded
+
 Image = torch.Tensor
 """uint8 [3, H, W]: any memory layout (the resize leaves HWC memory)."""
-
-LUMA = (0.299, 0.587, 0.114)
-"""ITU-R 601 luma weights: Pillow's grey (L) conversion, DALI's contrast centre and YIQ's Y."""
-_RGB_TO_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.321], [0.211, -0.523, 0.311]],
-                           dtype=torch.float64)
-_YIQ_TO_RGB = torch.linalg.inv(_RGB_TO_YIQ)
 
 
 class Context(NamedTuple):
@@ -45,7 +46,7 @@ def _round(x: torch.Tensor) -> torch.Tensor:
     """The op's result as uint8 values, kept in float: apply_ops chains the ops in float and turns
     the image into uint8 once at the end (the same values as a uint8 image after each op, without
     two conversions per op); TORCH_OPS' functions give uint8."""
-    return x.round_().clamp_(0, 255)
+    return rounded(x)
 
 
 # -- point and colour ops ---------------------------------------------------------------------------
@@ -65,7 +66,7 @@ def posterize(image: Image, param: float, ctx: Context) -> Image:
 
 
 def solarize(image: Image, param: float, ctx: Context) -> Image:
-    return image if param > 255 else torch.where(image >= param, 255 - image, image)
+    return image if param > 255 else torch.where(image >= param, 255 - image, image)  # uint8 or float alike
 
 
 def solarize_add(image: Image, param: float, ctx: Context) -> Image:
@@ -73,71 +74,25 @@ def solarize_add(image: Image, param: float, ctx: Context) -> Image:
     return torch.where(image < 128, image + int(param), image)
 
 
-def brightness(image: Image, param: float, ctx: Context) -> Image:
-    return _round(_float(image).mul_(param))
+def _stacked(name: str) -> Callable[[Image, float, Context], torch.Tensor]:
+    """The per-image form of a stacked op (stacked_ops): the image as a stack of one, so that an
+    image alone and in a view group's stack get the same pixels."""
+    if name in COLOURS:
+        code = np.array([COLOURS.index(name)])
+
+        def one(image: Image, param: float, ctx: Context) -> torch.Tensor:
+            return colour(_float(image)[None], code, np.array([param], np.float32))[0]
+    else:
+        stacked = STACKED[name]
+
+        def one(image: Image, param: float, ctx: Context) -> torch.Tensor:
+            return stacked(_float(image)[None], torch.tensor([param], dtype=torch.float32))[0]
+    one.__name__ = one.__qualname__ = name
+    return one
 
 
-def _grey(image: torch.Tensor) -> torch.Tensor:
-    """float [1, H, W] luma of a float [3, H, W] image."""
-    return LUMA[0] * image[0:1] + LUMA[1] * image[1:2] + LUMA[2] * image[2:3]
-
-
-def contrast(image: Image, param: float, ctx: Context) -> Image:
-    x = _float(image)
-    centre = float(_grey(x).mean())
-    return _round(x.sub_(centre).mul_(param).add_(centre))
-
-
-def color(image: Image, param: float, ctx: Context) -> Image:
-    x = _float(image)
-    grey = _grey(x)
-    return _round(x.sub_(grey).mul_(param).add_(grey))
-
-
-def hue(image: Image, param: float, ctx: Context) -> Image:
-    """Rotate the chroma (I, Q) of YIQ by param turns: the linear hue shift DALI's fn.hue applies
-    (positive: red towards yellow, as torchvision's adjust_hue)."""
-    angle = -2 * math.pi * param
-    rotation = torch.tensor([[1, 0, 0], [0, math.cos(angle), -math.sin(angle)],
-                             [0, math.sin(angle), math.cos(angle)]], dtype=torch.float64)
-    matrix = (_YIQ_TO_RGB @ rotation @ _RGB_TO_YIQ).float()
-    x = _float(image)
-    return _round(torch.matmul(matrix, x.view(3, -1)).view(x.shape))  # one matrix product over the pixels
-
-
-def grayscale(image: Image, param: float, ctx: Context) -> Image:
-    """The grey image in all three channels: color at factor 0 (Pillow's L conversion, rounded)."""
-    return color(image, 0.0, ctx)
-
-
-def blur_window(sigma: float) -> int:
-    """The Gaussian kernel's width for a sigma: 2 ceil(3 sigma) + 1, DALI's default window."""
-    return 2 * math.ceil(3 * sigma) + 1
-
-
-def gaussian_blur(image: Image, param: float, ctx: Context) -> Image:
-    """torchvision.transforms.v2's gaussian_blur (a normalized Gaussian, the border reflected
-    without repeating the edge), with DALI's default window for the sigma, run as the separable
-    filter it is: a row pass, then a column pass, each a weighted sum of shifted views (torchvision
-    convolves with the 2-D kernel: at a 13-pixel window, 169 products per pixel for these 26, and a
-    depthwise convolution of that shape is slow on the CPU; the same kernel, float rounding apart)."""
-    window = blur_window(param)
-    weights = _gaussian_kernel(window, float(param)).tolist()
-    half, (height, width) = window // 2, image.shape[1:]
-    x = functional.pad(_float(image)[None], (half, half, half, half), mode="reflect")[0]
-    rows = x[:, :, :width] * weights[0]
-    for tap in range(1, window):
-        rows.add_(x[:, :, tap:tap + width], alpha=weights[tap])
-    out = rows[:, :height] * weights[0]
-    for tap in range(1, window):
-        out.add_(rows[:, tap:tap + height], alpha=weights[tap])
-    return _round(out)
-
-
-def _gaussian_kernel(window: int, sigma: float) -> torch.Tensor:
-    """torchvision's 1-D Gaussian kernel (`_get_gaussian_kernel1d`'s arithmetic), float32."""
-    lim = (window - 1) / (2.0 * math.sqrt(2.0))
-    return torch.softmax(torch.linspace(-lim, lim, steps=window).div(sigma).pow(2).neg(), dim=0)
+brightness, contrast, color, hue = (_stacked(name) for name in ("brightness", "contrast", "color", "hue"))
+grayscale, gaussian_blur = _stacked("grayscale"), _stacked("gaussian_blur")
 
 
 def sharpness(image: Image, param: float, ctx: Context) -> Image:
@@ -265,8 +220,48 @@ has one (tests hold it)."""
 
 def apply_ops(image: Image, ops: list[int], params: list[float], ctx: Context) -> Image:
     """A sample's slots, in order (kind ids and parameters from fastloader.augment.draws), chained
-    in float (_round), uint8 at the end."""
-    for kind, param in zip(ops, params):
-        if kind != IDENTITY:
-            image = _BY_ID[kind](image, param, ctx)
-    return image.to(torch.uint8)
+    in float (_round), uint8 at the end: apply_ops_stacked for a stack of one."""
+    if all(kind == IDENTITY for kind in ops):
+        return image.to(torch.uint8)
+    ops, params = np.asarray([ops]), np.asarray([params], np.float32)
+    return apply_ops_stacked(_float(image)[None], ops, params, ctx)[0].to(torch.uint8)
+
+
+_COLOUR_OF = np.array([COLOURS.index(kind.name) if kind.name in COLOURS else -1 for kind in KINDS])
+"""Kind id -> its index in stacked_ops.COLOURS, -1 for the other kinds."""
+_STACKED_BY_ID = [STACKED.get(kind.name) for kind in KINDS]
+
+
+def apply_ops_stacked(images: torch.Tensor, ops: np.ndarray, params: np.ndarray, ctx: Context) -> torch.Tensor:
+    """Each image's slots, in order (ops int [N, slots], params float32 [N, slots]), on float32
+    [N, 3, H, W] images (changed in place or replaced: use the result), rounded after each op: in
+    a slot, the colour ops of all its images as one product (stacked_ops.colour), each other kind
+    on the images that draw it together where stacked_ops has it, image by image where not. An
+    image's pixels are what it gets in a stack of one (apply_ops)."""
+    for slot in range(ops.shape[1]):
+        kinds, values = ops[:, slot], params[:, slot]
+        colours = _COLOUR_OF[kinds]
+        coloured = colours >= 0
+        if coloured.all() or coloured.sum() * 2 >= len(images):  # the rest as the identity, not gathered
+            images = colour(images, colours, values)
+        elif coloured.any():
+            images = _on_rows(images, np.flatnonzero(coloured), lambda x, rows: colour(x, colours[rows], values[rows]))
+        for kind in np.unique(kinds[~coloured]).tolist():
+            if kind == IDENTITY:
+                continue
+            rows = np.flatnonzero(kinds == kind)
+            stacked = _STACKED_BY_ID[kind]
+            if stacked is None:
+                for row in rows.tolist():
+                    images[row] = _BY_ID[kind](images[row], float(values[row]), ctx)
+            else:
+                images = _on_rows(images, rows, lambda x, rows: stacked(x, torch.from_numpy(values[rows])))
+    return images
+
+
+def _on_rows(images: torch.Tensor, rows: np.ndarray, op: Callable) -> torch.Tensor:
+    """`op(stack, rows)` on those rows of the images (all of them: no copy)."""
+    if len(rows) == len(images):
+        return op(images, rows)
+    index = torch.from_numpy(rows)  # index_select / index_copy_: row copies, where [index] scatters
+    return images.index_copy_(0, index, op(images.index_select(0, index), rows))

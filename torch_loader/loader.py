@@ -31,6 +31,7 @@ from fastloader.schema import Config, SplitConfig
 from fastloader.sources.protocol import opened
 from fastloader.sources.reading import keep_open
 
+from . import views as torch_views
 from .ahead import Ahead
 from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
@@ -121,7 +122,9 @@ class TorchLoader(Loader):
             _PERSISTENT.add(self)
         if self.views is not None:  # every view of a sample from one decode
             transform = ViewsTransform(self.views, exif_orientation=config.dataset.exif_orientation,
-                                       max_pixels=config.dataset.max_pixels, mean=config.normalize.mean)
+                                       max_pixels=config.dataset.max_pixels, mean=config.normalize.mean,
+                                       # a sample hook takes each view finished: the ops in the sample's call
+                                       stacked_ops=torch_views.STACK_VIEW_OPS and prepared.hooks.sample is None)
         else:
             transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation,
                                         max_pixels=config.dataset.max_pixels, mean=config.normalize.mean)
@@ -151,7 +154,7 @@ class TorchLoader(Loader):
             ImageDataset(prepared.index, transform, prepared.pixels, skip_bad=config.dataset.on_bad_image == "skip",
                          source=config.source, draws=prepared.draws, sample_hook=prepared.hooks.sample),
             batch_sampler=self._feed,
-            collate_fn=self._collate(on_cuda),
+            collate_fn=self._collate(on_cuda, transform),
             num_workers=num_workers,
             pin_memory=pin and torch.cuda.is_available(),
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
@@ -169,11 +172,11 @@ class TorchLoader(Loader):
             # batches (load_state_dict, set_epoch) drops these, as after a `break`.
             self._start_workers(self.order.batches(self._epoch))
 
-    def _collate(self, on_cuda: bool):
+    def _collate(self, on_cuda: bool, transform: SampleTransform | ViewsTransform):
         """uint8 batches for the device to normalize, or batches normalized and finished in the workers."""
         if self.views is not None:
-            return ViewsCollate(self.views) if on_cuda else ViewsCollate(self.views, self._normalizer, self.finisher,
-                                                                         self._view_pools)
+            return ViewsCollate(self.views, transform=transform) if on_cuda else ViewsCollate(
+                self.views, self._normalizer, self.finisher, self._view_pools, transform)
         return fast_collate if on_cuda else NormalizingCollate(self._normalizer, self._pool, self.finisher)
 
     def describe(self) -> dict:

@@ -56,6 +56,12 @@ class Normalizer:
             slot.copy_(image.contiguous().float().mul_(self.scale).add_(self.bias))
 
 
+    def stack_into(self, batch: torch.Tensor, images: torch.Tensor) -> None:
+        """Write float32 [N, 3, H, W] images of uint8 values, normalized, into `batch` (the images are
+        used up): the arithmetic of `into`, image for image, in one pass for the stack."""
+        batch.copy_(images.mul_(self.scale).add_(self.bias))
+
+
 def prefetch_stream(device: torch.device) -> torch.cuda.Stream:
     """The side stream a loader's prefetcher uses for its whole life."""
     return torch.cuda.Stream(device=device)

@@ -1,0 +1,135 @@
+"""The photometric ops on a stack of images at once, each image with its own parameter: what a
+view group's images (or one image, a stack of one) go through on the torch backend.
+
+Why a stack: DINOv2's views are ten images a sample, eight of them 96 px, each jittered, greyed,
+blurred or solarized on its own draw: op by op and image by image, about 300 small tensor calls a
+sample and four or five passes over each image per op. Here a slot's colour op, whichever of
+brightness, contrast, saturation, hue or grey each image drew, is one matrix product for the
+stack (3 x 3 per image), and the blur a weighted sum of shifted stacks. Every function computes,
+pixel for pixel, what it computes for that image in a stack of one (a reduction is taken image by
+image; a product is per element or per image), so that a view is the same whether its batch or the
+sample alone made it (tests/test_stacked_ops.py, tests/test_views.py).
+
+Images: float32 [N, 3, H, W], contiguous, values in [0, 255] (the chain of ops keeps them in
+float, rounded after each op, as torch_loader.augment does); parameters: float32 [N] tensors (the
+colour ops: numpy arrays, with each image's kind). Results are new tensors or the input changed in
+place; the caller takes the returned one.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as functional
+
+LUMA = (0.299, 0.587, 0.114)
+"""ITU-R 601 luma weights: Pillow's grey (L) conversion, DALI's contrast centre and YIQ's Y."""
+_RGB_TO_YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.321], [0.211, -0.523, 0.311]])
+_YIQ_TO_RGB = np.linalg.inv(_RGB_TO_YIQ)
+
+
+def rounded(x: torch.Tensor) -> torch.Tensor:
+    """An op's result as uint8 values, kept in float (the chain turns them into uint8 once)."""
+    return x.round_().clamp_(0, 255)
+
+
+def _per_image(values: torch.Tensor) -> torch.Tensor:
+    """[N] -> [N, 1, 1, 1], to scale each image by its own value."""
+    return values.view(-1, 1, 1, 1)
+
+
+def grey(x: torch.Tensor) -> torch.Tensor:
+    """float [N, 1, H, W] luma of float [N, 3, H, W] images."""
+    return LUMA[0] * x[:, 0:1] + LUMA[1] * x[:, 1:2] + LUMA[2] * x[:, 2:3]
+
+
+COLOURS = ("brightness", "contrast", "color", "grayscale", "hue")
+"""The colour kinds: each a 3 x 3 matrix on an image's RGB (and contrast an offset, from the
+image's mean grey), so that a slot's colour ops, whichever each image drew, are one product."""
+_EYE = np.eye(3)
+_TO_GREY = np.ones((3, 1)) * np.array([LUMA])
+"""The matrix of a grey image in all three channels."""
+
+
+def colour_matrices(x: torch.Tensor, kinds: np.ndarray, params: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image's colour op as (matrix float32 [N, 3, 3], offset float32 [N, 3, 1]): kinds index
+    COLOURS (-1: none, the identity), params their factors (hue: turns). Contrast blends with the
+    image's mean grey, taken image by image (a stack's reduction may split otherwise)."""
+    params = params.astype(np.float64)
+    matrix = np.repeat(_EYE[None], len(kinds), axis=0)
+    offset = np.zeros((len(kinds), 3, 1))
+    scaled = (kinds == 0) | (kinds == 1)  # brightness, contrast: factor x the image
+    matrix[scaled] = params[scaled, None, None] * _EYE
+    for row in np.flatnonzero(kinds == 1).tolist():  # the mean grey as DALI's contrast takes it: of the channel means
+        centre = float(np.dot(LUMA, x[row].view(3, -1).mean(dim=1).double().numpy()))
+        offset[row] = (1 - params[row]) * centre
+    saturated = (kinds == 2) | (kinds == 3)  # color, grayscale (factor 0): blend with the image's grey
+    factor = np.where(kinds == 3, 0.0, params)[saturated, None, None]
+    matrix[saturated] = factor * _EYE + (1 - factor) * _TO_GREY
+    turned = kinds == 4  # hue: rotate the chroma (I, Q) of YIQ
+    if turned.any():
+        angle = -2 * math.pi * params[turned]
+        rotation = np.zeros((len(angle), 3, 3))
+        rotation[:, 0, 0] = 1
+        rotation[:, 1, 1], rotation[:, 1, 2] = np.cos(angle), -np.sin(angle)
+        rotation[:, 2, 1], rotation[:, 2, 2] = np.sin(angle), np.cos(angle)
+        matrix[turned] = _YIQ_TO_RGB @ rotation @ _RGB_TO_YIQ
+    return torch.from_numpy(matrix.astype(np.float32)), torch.from_numpy(offset.astype(np.float32))
+
+
+def colour(x: torch.Tensor, kinds: np.ndarray, params: np.ndarray) -> torch.Tensor:
+    """Each image through its colour op (colour_matrices): brightness, contrast, saturation, grey
+    or hue, one matrix product for the stack, rounded."""
+    matrix, offset = colour_matrices(x, kinds, params)
+    return rounded(torch.baddbmm(offset, matrix, x.view(len(x), 3, -1)).view(x.shape))
+
+
+def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    threshold = _per_image(threshold)
+    return torch.where(x >= threshold, 255 - x, x)
+
+
+def blur_window(sigma: float) -> int:
+    """The Gaussian kernel's width for a sigma: 2 ceil(3 sigma) + 1, DALI's default window."""
+    return 2 * math.ceil(3 * sigma) + 1
+
+
+def gaussian_kernels(window: int, sigma: torch.Tensor) -> torch.Tensor:
+    """float32 [N, window]: torchvision's 1-D Gaussian kernel (`_get_gaussian_kernel1d`'s
+    arithmetic) for each sigma."""
+    lim = (window - 1) / (2.0 * math.sqrt(2.0))
+    taps = torch.linspace(-lim, lim, steps=window)
+    return torch.softmax(taps.div(sigma.view(-1, 1)).pow(2).neg(), dim=1)
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """torchvision.transforms.v2's gaussian_blur (a normalized Gaussian, the border reflected
+    without repeating the edge), with DALI's default window for each sigma, run as the separable
+    filter it is: a row pass, then a column pass, each a weighted sum of shifted views (a 2-D
+    kernel of a 13-pixel window is 169 products a pixel for these 26). Images that share a window
+    go through it together, each with its own weights."""
+    windows = [blur_window(s) for s in sigma.tolist()]
+    if len(set(windows)) > 1:
+        out = torch.empty_like(x)
+        for window in sorted(set(windows)):
+            rows = torch.tensor([i for i, w in enumerate(windows) if w == window])
+            out.index_copy_(0, rows, gaussian_blur(x.index_select(0, rows), sigma[rows]))
+        return out
+    window = windows[0]
+    weights = gaussian_kernels(window, sigma).view(len(x), window, 1, 1, 1).unbind(1)
+    half, (height, width) = window // 2, x.shape[2:]
+    padded = functional.pad(x, (half, half, half, half), mode="reflect")
+    rows = padded[..., :width] * weights[0]
+    for tap in range(1, window):
+        rows.addcmul_(padded[..., tap:tap + width], weights[tap])
+    out = rows[:, :, :height] * weights[0]
+    for tap in range(1, window):
+        out.addcmul_(rows[:, :, tap:tap + height], weights[tap])
+    return rounded(out)
+
+
+STACKED = {"solarize": solarize, "gaussian_blur": gaussian_blur}
+"""Kind name -> its function on a stack (images [N, 3, H, W], parameters [N]), besides COLOURS':
+with them, the kinds views draw (colour jitter, grey, blur, solarize); the other kinds go image by
+image."""
