@@ -46,7 +46,7 @@ from .pipeline import centre_boxes
 from .sizes import SizeTable
 from .stack import CPU_JPEG_CODINGS, cpu_decode_reason
 from .transcode import transcoded_for_dali
-from .views import view_arrays
+from .views import stacked_groups, view_arrays
 
 log = logging.getLogger("fastloader")
 
@@ -123,6 +123,8 @@ class Feed:
         """The batch being taken: why, and how many of its samples, the GPU flavour decodes on the CPU."""
         self.views = views
         """A train split's view groups: every view's draws are fed (views.view_arrays)."""
+        self.stacking = stacked_groups(views) if views is not None else ()
+        """Per view group, whether the graph runs its ops stacked: decided with the graph, here."""
         self.hooked = hooked
         """The graph runs the user's sample hook or graph function: each batch's (sample, seed) rows are fed."""
         self.draws = draws
@@ -246,7 +248,7 @@ class Feed:
             self.release(slab)
             self.empty.append(planned)
         if self.views is not None:  # every view's draws, from the view's seed (hooked: its (sample, seed) too)
-            data += view_arrays(self.views, batch, sizes, self.hooked)
+            data += view_arrays(self.views, batch, sizes, self.hooked, self.stacking)
         elif self.split.mode == "train":  # every random choice of each sample, drawn from its seed
             side = output_size(planned, self.split.transform.size) if self.sized else None
             data += feed_arrays(self.augmenter, batch[:, 1], sizes, side)

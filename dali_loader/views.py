@@ -2,10 +2,12 @@
 and the pipeline's outputs, one per view, joined into one tensor per view group.
 
 The graph (pipeline.view_graph) decodes each sample once, whole, and slices, resizes, flips and
-augments every view from that one image: one pipeline, one decode, a branch per view. Each view's
+augments every view from that one image: one pipeline, one decode, a branch per view, and where a
+group's ops allow it (view_ops), the group's views stacked through each op at once. Each view's
 crop box, flips and ops are drawn on the host from the view's seed, as the torch backend draws
 them, and fed in under the view's own names ("v3.crop_anchor"): view v's inputs are a train
-batch's inputs (augment.feed_inputs) for its group's transform.
+batch's inputs (augment.feed_inputs) for its group's transform, or for its crop and flips alone
+where the group's ops are stacked, whose inputs follow per group ("g2.s0.hsv").
 """
 from __future__ import annotations
 
@@ -16,21 +18,39 @@ import torch
 from nvidia.dali import types
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
+from fastloader.augment.draws import Augmenter
 from fastloader.hooks import SplitHooks
-from fastloader.views import ViewPlan
+from fastloader.views import ViewGroup, ViewPlan
 
 from .augment import feed_arrays, feed_inputs
 from .user_ops import hook_inputs
+from .view_ops import flips_only, group_arrays, group_layout, stacked
 
 
 def view_name(view: int, name: str) -> str:
     return f"v{view}.{name}"
 
 
+def stacked_groups(plan: ViewPlan) -> tuple[bool, ...]:
+    """Per group, whether its ops run on its views stacked (view_ops.stacked): decided once, where the
+    loader builds its graph and its feed, which travels with the answer to a feed process."""
+    return tuple(stacked(group.augmenter) for group in plan.groups)
+
+
+def view_spec(group: ViewGroup, stacked_ops: bool) -> Augmenter:
+    """What each view of a group is fed on its own: its whole transform, or its crop and flips where
+    the group's ops run on its stacked views (view_ops)."""
+    return flips_only(group.augmenter) if stacked_ops else group.augmenter
+
+
 def view_layout(plan: ViewPlan, hooks: SplitHooks) -> list[tuple[str, types.DALIDataType]]:
-    """(name, DALI dtype) of every view's per-sample inputs, view by view."""
-    return [(view_name(v, name), dtype) for v, group in enumerate(plan.group_of_view)
-            for name, dtype in feed_inputs(group.augmenter) + hook_inputs(hooks)]
+    """(name, DALI dtype) of every view's per-sample inputs, view by view, then each stacked group's
+    ops' inputs (view_ops.group_layout)."""
+    stacking = stacked_groups(plan)
+    layout = [(view_name(v, name), dtype) for v, group in enumerate(plan.group_of_view)
+              for name, dtype in feed_inputs(view_spec(group, stacking[plan.groups.index(group)])) + hook_inputs(hooks)]
+    return layout + [entry for number, group in enumerate(plan.groups) if stacking[number]
+                     for entry in group_layout(number, group.augmenter)]
 
 
 def view_inputs(inputs: dict, view: int) -> dict:
@@ -39,13 +59,19 @@ def view_inputs(inputs: dict, view: int) -> dict:
     return {name[len(prefix):]: node for name, node in inputs.items() if name.startswith(prefix)}
 
 
-def view_arrays(plan: ViewPlan, batch: np.ndarray, sizes: np.ndarray, hooked: bool) -> tuple[np.ndarray, ...]:
-    """A batch's arrays for view_layout, from its (sample, seed) rows and upright sizes [B, 2]."""
+def view_arrays(plan: ViewPlan, batch: np.ndarray, sizes: np.ndarray, hooked: bool,
+                stacking: tuple[bool, ...]) -> tuple[np.ndarray, ...]:
+    """A batch's arrays for view_layout, from its (sample, seed) rows and upright sizes [B, 2];
+    `stacking`: stacked_groups' answer where the graph was built."""
     view_seeds, arrays = plan.seeds(batch[:, 1]), ()
     for view, group in enumerate(plan.group_of_view):
-        arrays += feed_arrays(group.augmenter, view_seeds[view], sizes)
+        arrays += feed_arrays(view_spec(group, stacking[plan.groups.index(group)]), view_seeds[view], sizes)
         if hooked:  # user_ops.HOOK_INPUTS, with the view's seed
             arrays += (np.ascontiguousarray(np.stack([batch[:, 0], view_seeds[view]], axis=1), dtype=np.int64),)
+    for number, group in enumerate(plan.groups):
+        if stacking[number]:
+            draws = [group.augmenter.draw_ops(seeds) for seeds in view_seeds[group.first:group.first + group.count]]
+            arrays += group_arrays(group.augmenter, np.stack([d[2] for d in draws]), np.stack([d[3] for d in draws]))
     return arrays
 
 

@@ -339,3 +339,65 @@ def test_a_jpeg_frame_nvjpeg_does_not_decode_is_known_from_its_marker():
     assert cpu_decode_reason("JPEG", 0xC9) == "arithmetic-coded JPEGs"
     assert cpu_decode_reason("JPEG", 0xC0) is None and cpu_decode_reason("JPEG", 0xC2) is None
     assert cpu_decode_reason("JPEG2000", 0) is None and cpu_decode_reason("PNG", 0) is not None
+
+
+# -- views: a group's ops on its views at once (dali_loader/view_ops.py; issue 58) ------------------
+
+def gpu_views_graph(tmp_path, local_views: int, stacked: bool = True, **keys):
+    """The GPU flavour's graph of DINOv2's views (2 x 32 px with their own blur and solarize, then
+    `local_views` x 16 px), DINOv2's colour ops, the groups' ops stacked or not; defined, not built."""
+    from conftest import base_config, write_numbered_dataset
+
+    import dali_loader.view_ops
+    from dali_loader.pipeline import decode_plan, define_pipeline
+    from dali_loader.user_ops import NO_USER_OPS
+    from fastloader import load_config
+    from fastloader.augment.draws import Augmenter
+    from fastloader.views import ViewPlan
+
+    root = write_numbered_dataset(tmp_path / "v", per_class=1)
+    transform = {"size": 32, "color_jitter": [0.4, 0.4, 0.2, 0.1], "color_jitter_prob": 0.8, "grayscale_prob": 0.2,
+                 **keys}
+    views = [{"name": "global1", "count": 1, "size": 32, "gaussian_blur_prob": 1.0},
+             {"name": "global2", "count": 1, "size": 32, "gaussian_blur_prob": 0.1, "solarize_prob": 0.2},
+             {"name": "local", "count": local_views, "size": 16, "scale": [0.05, 0.3], "gaussian_blur_prob": 0.5}]
+    config = load_config(base_config(root, backend="dali", train={"transform": transform, "views": views}))
+    section = config.split("train")
+    plan, augmenter = ViewPlan(section, config.normalize.mean), Augmenter(section.transform, config.normalize.mean)
+    default, dali_loader.view_ops.STACK_VIEW_OPS = dali_loader.view_ops.STACK_VIEW_OPS, stacked
+    try:
+        pipe = define_pipeline(config, section, lambda: None, device_id=0, batch_size=4, num_threads=2,
+                               prefetch_queue_depth=2, seed=1, augmenter=augmenter, user=NO_USER_OPS,
+                               plan=decode_plan("auto", True, True, NEW), views=plan)
+        return graph_ops(pipe)
+    finally:
+        dali_loader.view_ops.STACK_VIEW_OPS = default
+
+
+def test_a_view_groups_views_share_each_photometric_operator(tmp_path):
+    """DINOv2's ten views: each group's colour jitter slots (4), grey, blur and solarize are one
+    operator each for all the group's views, on the GPU, with per-frame parameters; no auto_aug
+    branches. Two local views or eight: the same operators, one slice and resize per view."""
+    counts = {}
+    for local in (2, 8):
+        ops = gpu_views_graph(tmp_path / str(local), local)
+        schemas = [schema for schema, _, _ in ops]
+        counts[local] = {name: schemas.count(name) for name in ("Hsv", "GaussianBlur", "Resize", "Slice", "Stack")}
+        photometric = [(schema, device) for schema, device, _ in ops if schema in ("Hsv", "GaussianBlur")]
+        assert all(device == "gpu" for _, device in photometric), photometric
+        assert not [schema for schema in schemas if "Split" in schema or "Merge" in schema or "Select" in schema]
+        hsv = next(text for schema, _, text in ops if schema == "Hsv")
+        assert len(inputs_of(hsv)) == 4, hsv  # the frames, and hue, saturation and value per frame
+    # per group: 4 jitter slots + grey as Hsv; one blur (three groups blur); a stack per group
+    assert counts[8]["Hsv"] == counts[2]["Hsv"] == 3 * 5
+    assert counts[8]["GaussianBlur"] == counts[2]["GaussianBlur"] == 3 and counts[8]["Stack"] == 3
+    assert counts[8]["Resize"] - counts[2]["Resize"] == 6 == counts[8]["Slice"] - counts[2]["Slice"]
+    apart = gpu_views_graph(tmp_path / "apart", 8, stacked=False)  # view by view: each slot's branches per view
+    assert sum(device == "gpu" for _, device, _ in apart) > 3 * sum(device == "gpu" for _, device, _ in ops)
+
+
+def test_a_group_whose_policy_can_rotate_keeps_its_views_apart(tmp_path):
+    """A rotation does not commute with the flips and has no per-frame operator: such a group's
+    views each go through auto_aug's branches, as a single crop's."""
+    schemas = [schema for schema, _, _ in gpu_views_graph(tmp_path, 2, auto_augment="rand-m9-n2")]
+    assert "Hsv" not in schemas and "Stack" not in schemas and "Flip" in schemas

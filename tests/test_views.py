@@ -53,14 +53,18 @@ DINO_OPS = {"color_jitter": [0.4, 0.4, 0.2, 0.1], "color_jitter_prob": 0.8, "gra
 DINO_GROUPS = [{**GROUPS[0], "gaussian_blur_prob": 1.0, "solarize_prob": 0.5}, GROUPS[1]]
 
 
-@pytest.mark.parametrize("backend, ops", [("torch", False), ("dali", False), ("torch", True), ("dali", True)])
-def test_each_view_is_its_groups_crop_from_its_own_seed_crop_major(textured, backend, ops, monkeypatch):
+@pytest.mark.parametrize("backend, ops, stacked", [("torch", False, True), ("dali", False, False),
+                                                   ("torch", True, True), ("dali", True, False), ("dali", True, True)])
+def test_each_view_is_its_groups_crop_from_its_own_seed_crop_major(textured, backend, ops, stacked, monkeypatch):
     """Device: CPU. View k of sample i is row k * B + i of its group's tensor, and it is what the
     group's transform gives for the sample alone with the view's seed (torch: pixel for pixel; DALI
     within the backends' train tolerance); with DINOv2's per-view ops too, which the torch backend
-    runs on a group's views of the batch at once, in chunks (here of 5 views)."""
+    runs on a group's views of the batch at once, in chunks (here of 5 views), and DALI view by view
+    or, stacked, on a group's views as the frames of one sequence (dali_loader/view_ops.py)."""
     backend_or_skip(backend)
     monkeypatch.setattr(torch_views, "STACK_BYTES", 5 * 3 * 32 * 32 * 4)
+    if backend == "dali":
+        monkeypatch.setattr("dali_loader.view_ops.STACK_VIEW_OPS", stacked)
     raw = views_config(textured, backend, **({"transform": DINO_OPS, "groups": DINO_GROUPS} if ops else {}))
     with build_loader(raw, "train") as loader:
         if backend == "torch":  # the ops wait for the collate, stacked
@@ -105,9 +109,12 @@ def test_the_views_of_a_sample_differ_and_replay_by_seed_and_epoch(textured):
     assert not torch.equal(global_views[0], global_views[4])  # sample 0's two global views
 
 
-def test_the_backends_agree_on_every_view_and_label(textured):
-    """Device: CPU (DALI's CPU flavour). One epoch, every group, within the train tolerance."""
+@pytest.mark.parametrize("stacked", [False, True])
+def test_the_backends_agree_on_every_view_and_label(textured, stacked, monkeypatch):
+    """Device: CPU (DALI's CPU flavour). One epoch, every group, within the train tolerance; DALI's
+    ops view by view or on each group's views stacked."""
     backend_or_skip("dali")
+    monkeypatch.setattr("dali_loader.view_ops.STACK_VIEW_OPS", stacked)
     raw = views_config(textured, transform={"color_jitter": [0.4, 0.4, 0.2, 0.1], "color_jitter_prob": 0.8,
                                             "grayscale_prob": 0.2}, groups=[
         {**GROUPS[0], "solarize_prob": 0.5}, GROUPS[1]])
