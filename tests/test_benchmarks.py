@@ -497,7 +497,9 @@ def test_views_measures_dinov2s_views_against_one_crop_and_dinov2s_own_transform
     out, report = run
     for backend in ["torch"] + (["dali"] if HAS_DALI else []):
         rows = report[backend]
-        assert list(rows) == ["single crop", "views geometric", "views DINOv2", "DINOv2's transform"]
+        other_way = "views DINOv2 per view" if backend == "torch" else "views DINOv2 stacked"  # the default's other
+        assert list(rows) == ["single crop", "single crop + ops", "views geometric", "views DINOv2", other_way,
+                              "DINOv2's transform"]
         assert all(r["samples"] == 12 and r["images_per_s"] > 0 for runs in rows.values() for r in runs)
         table = out[out.index(f"{backend} train (12 images)"):]
         for case, runs in rows.items():
@@ -506,6 +508,9 @@ def test_views_measures_dinov2s_views_against_one_crop_and_dinov2s_own_transform
                 runs[0]["images_per_s"] / rows["single crop"][0]["images_per_s"], abs=0.006), line
         ratio = rows["views DINOv2"][0]["images_per_s"] / rows["DINOv2's transform"][0]["images_per_s"]
         assert f"views DINOv2 / DINOv2's transform (bar >= 1.5x): {ratio:.2f}x" in table
+        with_ops = rows["views DINOv2"][0]["images_per_s"] / rows["single crop + ops"][0]["images_per_s"]
+        bar = 0.6 if backend == "torch" else 0.35
+        assert f"views DINOv2 / single crop + ops: {with_ops:.2f}x (bar >= {bar}x)" in table
 
 
 @runs_for("frameworks")
