@@ -151,3 +151,39 @@ def test_a_copy_with_bytes_lost_mid_shard_is_fetched_again_before_a_sample_is_sk
     caplog.set_level(logging.WARNING, logger="fastloader")
     loader = build_loader(store_split, "val")
     assert labels_of(loader) == [0, 0, 1, 1, 2, 2] and not loader.bad_samples, loader.bad_samples
+
+
+def test_a_lock_released_as_the_patience_ends_is_taken_not_blamed_on_a_stuck_process(tmp_path):
+    """A holder that ends (its own retry budget spent, in a store outage) just as a waiter's patience
+    runs out: the waiter's last try fails, then /proc/locks shows no holder. It takes the lock rather
+    than raising 'held by a stopped or stuck process' (seen once in a full run, test_remote_faults'
+    store-outage test on DALI). Made exact with the waiter's own progress call, which lets the real
+    holder process go between the failed try and the patience's check."""
+    from fastloader.sources import file_locks
+    from fastloader.sources.file_locks import locked
+
+    path = tmp_path / "57.lock"
+    script = ("import fcntl, os, sys\n"
+              "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "print('locked', flush=True)\n"
+              "sys.stdin.readline()\n")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    looks = []
+
+    def progress():  # progress at the first two looks; at the third, none, and the holder ends
+        looks.append(time.monotonic())
+        if len(looks) == 3:
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            holder.wait(10)
+        return min(len(looks), 2)
+
+    start = time.monotonic()
+    # a patience of one look's interval: it runs out at the third look's own check, after the release
+    with locked(path, shared=False, patience=file_locks.PROGRESS_EVERY_S, what="the fetch lock of a shard",
+                progress=progress):
+        assert holder.poll() == 0 and len(looks) == 3  # taken at the check that found it free
+    assert time.monotonic() - start < 5

@@ -6,8 +6,10 @@ be a watchdog's, blaming a decoder. Here a lock is taken without blocking, again
 milliseconds, for as long as the holder shows progress (`progress()` changes: a download growing);
 past `patience` seconds without it (and held by another process: a thread of this one ends its own
 wait within its retry budget), LockTimeout names the lock file, the process that holds it (from
-/proc/locks) and what it is doing. Lock files are opened non-blocking and must be regular files: a
-FIFO planted under a lock's name would block its open for ever.
+/proc/locks) and what it is doing; a lock that /proc/locks shows no holder of is tried once more
+first (a holder that ended, its own budget spent, just as the patience ran out). Lock files are
+opened non-blocking and must be regular files: a FIFO planted under a lock's name would block its
+open for ever.
 """
 from __future__ import annotations
 
@@ -48,25 +50,33 @@ def wait_for(fd: int, shared: bool, patience: float, what: str, path: Path,
     seen = progress() if progress else None
     since = looked = time.monotonic()
     while True:
-        try:
-            fcntl.flock(fd, operation)
+        if _try(fd, operation):
             return
-        except BlockingIOError:
-            pass
         now = time.monotonic()
         if progress is not None and now - looked >= PROGRESS_EVERY_S:  # a listing of the cache: not every poll
             looked, current = now, progress()
             if current != seen:
                 seen, since = current, now
         if now - since > patience:
-            if os.getpid() in holders(path):  # a thread of this process: its own budget ends its wait
+            pids = holders(path)
+            if os.getpid() in pids:  # a thread of this process: its own budget ends its wait
                 since = now
                 continue
+            if not pids and _try(fd, operation):  # let go since the last try (its holder ended): ours
+                return
             raise LockTimeout(f"{what} ({path}) has been held for {now - since:.0f} s by {holder(path)}, with no "
                                  f"progress: a stopped or stuck process holds it. Resume or end that process "
                                  f"(kill -CONT PID, or kill PID); if it is a slow download, raise "
                                  f"dataset.remote.retry_timeout")
         time.sleep(POLL_S)
+
+
+def _try(fd: int, operation: int) -> bool:
+    try:
+        fcntl.flock(fd, operation)
+        return True
+    except BlockingIOError:
+        return False
 
 
 @contextlib.contextmanager
