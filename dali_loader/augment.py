@@ -149,7 +149,7 @@ class Settings:
         return self.out_size * 0.5 if self.out_size is not None else [self.size / 2, self.size / 2]
 
 
-def _param_on(images: DataNode, value: DataNode) -> DataNode:
+def param_on(images: DataNode, value: DataNode) -> DataNode:
     """A per-sample parameter where the images are, for arithmetic with them."""
     return value.gpu() if images.device == "gpu" else value
 
@@ -202,15 +202,15 @@ translate_y = translate_x
 
 
 def posterize(images, p, settings):
-    return aa.posterize.op(images, _param_on(images, fn.cast(p[0], dtype=types.UINT8)))
+    return aa.posterize.op(images, param_on(images, fn.cast(p[0], dtype=types.UINT8)))
 
 
 def solarize(images, p, settings):
-    return aa.solarize.op(images, _param_on(images, p[0]))
+    return aa.solarize.op(images, param_on(images, p[0]))
 
 
 def solarize_add(images, p, settings):
-    return aa.solarize_add.op(images, _param_on(images, fn.cast(p[0], dtype=types.UINT8)))
+    return aa.solarize_add.op(images, param_on(images, fn.cast(p[0], dtype=types.UINT8)))
 
 
 def color(images, p, settings):
@@ -231,7 +231,7 @@ _IDENT = np.array([[0, 0, 0], [0, 1, 0], [0, 0, 0]], dtype=np.float32)
 
 def sharpness(images, p, settings):
     kernel = types.Constant(_BLUR) * (1 - p[0]) + types.Constant(_IDENT) * p[0]
-    return fn.filter(images, _param_on(images, kernel))  # aa.sharpness's filter, under its current name
+    return fn.filter(images, param_on(images, kernel))  # aa.sharpness's filter, under its current name
 
 
 def hue(images, p, settings):

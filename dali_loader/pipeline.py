@@ -40,7 +40,7 @@ from .augment import augment_images, feed_inputs
 from .stack import region_fancy_on_gpu, version_words
 from .user_ops import NO_USER_OPS, UserOps, apply_user_ops, hook_inputs
 from .view_ops import apply_group_ops
-from .views import stacked_groups, view_inputs, view_layout, view_spec
+from .views import stacked_groups, view_inputs, view_layout, view_specs
 
 INTERPOLATION = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
 OUTPUT_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT}  # bf16: cast in torch
@@ -216,6 +216,7 @@ def view_graph(images: DataNode, config: Config, gpu: bool, inputs: Inputs, view
     flips, ops, the user's hooks (with the view's seed) and normalization (finish). A group whose ops
     stack (view_ops) runs them on its views as the frames of one sequence, before the flips."""
     outputs, stacking = [], stacked_groups(views)
+    specs = view_specs(views, stacking)
     for number, group in enumerate(views.groups):
         resized = []
         for view in range(group.first, group.first + group.count):
@@ -223,12 +224,11 @@ def view_graph(images: DataNode, config: Config, gpu: bool, inputs: Inputs, view
             crop = fn.slice(images, mine["crop_anchor"], mine["crop_shape"], axis_names="WH", normalized_anchor=False,
                             normalized_shape=False)
             resized.append(resize_to_size(crop, group.split))
-        spec = view_spec(group, stacking[number])
         if stacking[number]:  # the ops on the group's views at once
             frames = apply_group_ops(fn.stack(*resized, axis=0, axis_name="F"), inputs, number, group.augmenter)
             resized = fn.element_extract(frames, element_map=list(range(group.count)))
             resized = resized if isinstance(resized, list) else [resized]
-        outputs += [finish(image, config, group.split, view_inputs(inputs, view), spec, user, gpu)
+        outputs += [finish(image, config, group.split, view_inputs(inputs, view), specs[view], user, gpu)
                     for view, image in enumerate(resized, start=group.first)]
     return tuple(outputs)
 

@@ -27,6 +27,8 @@ from nvidia.dali.data_node import DataNode
 from fastloader.augment.draws import Augmenter
 from fastloader.augment.ops import IDENTITY, KIND_IDS
 
+from .augment import param_on
+
 HSV_KINDS = frozenset(KIND_IDS[name] for name in ("brightness", "color", "grayscale", "hue"))
 CONTRAST, BLUR, SOLARIZE = KIND_IDS["contrast"], KIND_IDS["gaussian_blur"], KIND_IDS["solarize"]
 STACKABLE = HSV_KINDS | {CONTRAST, BLUR, SOLARIZE, IDENTITY}
@@ -52,7 +54,7 @@ def flips_only(augmenter: Augmenter) -> Augmenter:
     """The group's transform without its ops: what each view gets on its own (crop, flips)."""
     spec = copy.copy(augmenter)
     spec.slots, spec.policy, spec.jitter, spec.extra_slots = 0, None, None, ()
-    spec.__dict__["slot_kinds"] = ()
+    spec.__dict__.pop("slot_kinds", None)  # the original's cached kinds: derived again (none) from the above
     return spec
 
 
@@ -104,12 +106,10 @@ def group_arrays(augmenter: Augmenter, op: np.ndarray, param: np.ndarray) -> tup
 def apply_group_ops(frames: DataNode, inputs: dict[str, DataNode], group: int, augmenter: Augmenter) -> DataNode:
     """A group's views, stacked (FHWC uint8), through its slots in order, each frame with its own
     parameters (group_layout's inputs); uint8 out."""
-    gpu = frames.device == "gpu"
 
     def per_frame_tensor(node: DataNode) -> DataNode:
         """float [count] -> [count, 1, 1, 1], where the frames are, for arithmetic with them."""
-        node = fn.reshape(node, shape=[-1, 1, 1, 1])
-        return node.gpu() if gpu else node
+        return param_on(frames, fn.reshape(node, shape=[-1, 1, 1, 1]))
 
     for slot, kinds in enumerate(augmenter.slot_kinds):
         parts = {part: inputs[group_name(group, slot, part)] for part in _slot_parts(kinds)}
@@ -121,7 +121,7 @@ def apply_group_ops(frames: DataNode, inputs: dict[str, DataNode], group: int, a
             means = fn.reductions.mean(frames, axes=[1, 2])  # [count, 3]: each frame's channel means
             centre = fn.reductions.sum(means * types.Constant(np.array(_LUMA, np.float32)), axes=[1])
             factor = parts["contrast"]
-            offset = fn.reshape(centre * (1.0 - factor).gpu() if gpu else centre * (1.0 - factor), shape=[-1, 1, 1, 1])
+            offset = fn.reshape(centre * param_on(frames, 1.0 - factor), shape=[-1, 1, 1, 1])
             frames = fn.cast(frames * per_frame_tensor(factor) + offset, dtype=types.UINT8)
         if "sigma" in parts:
             frames = fn.gaussian_blur(frames, sigma=fn.per_frame(parts["sigma"]))

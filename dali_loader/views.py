@@ -20,7 +20,7 @@ from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
 from fastloader.augment.draws import Augmenter
 from fastloader.hooks import SplitHooks
-from fastloader.views import ViewGroup, ViewPlan
+from fastloader.views import ViewPlan
 
 from .augment import feed_arrays, feed_inputs
 from .user_ops import hook_inputs
@@ -37,18 +37,19 @@ def stacked_groups(plan: ViewPlan) -> tuple[bool, ...]:
     return tuple(stacked(group.augmenter) for group in plan.groups)
 
 
-def view_spec(group: ViewGroup, stacked_ops: bool) -> Augmenter:
-    """What each view of a group is fed on its own: its whole transform, or its crop and flips where
-    the group's ops run on its stacked views (view_ops)."""
-    return flips_only(group.augmenter) if stacked_ops else group.augmenter
+def view_specs(plan: ViewPlan, stacking: tuple[bool, ...]) -> list[Augmenter]:
+    """What each view is fed on its own, view by view: its group's whole transform, or its crop and
+    flips where the group's ops run on its stacked views (view_ops)."""
+    return [flips_only(group.augmenter) if stacking[number] else group.augmenter
+            for number, group in enumerate(plan.groups) for _ in range(group.count)]
 
 
 def view_layout(plan: ViewPlan, hooks: SplitHooks) -> list[tuple[str, types.DALIDataType]]:
     """(name, DALI dtype) of every view's per-sample inputs, view by view, then each stacked group's
     ops' inputs (view_ops.group_layout)."""
     stacking = stacked_groups(plan)
-    layout = [(view_name(v, name), dtype) for v, group in enumerate(plan.group_of_view)
-              for name, dtype in feed_inputs(view_spec(group, stacking[plan.groups.index(group)])) + hook_inputs(hooks)]
+    layout = [(view_name(v, name), dtype) for v, spec in enumerate(view_specs(plan, stacking))
+              for name, dtype in feed_inputs(spec) + hook_inputs(hooks)]
     return layout + [entry for number, group in enumerate(plan.groups) if stacking[number]
                      for entry in group_layout(number, group.augmenter)]
 
@@ -64,8 +65,8 @@ def view_arrays(plan: ViewPlan, batch: np.ndarray, sizes: np.ndarray, hooked: bo
     """A batch's arrays for view_layout, from its (sample, seed) rows and upright sizes [B, 2];
     `stacking`: stacked_groups' answer where the graph was built."""
     view_seeds, arrays = plan.seeds(batch[:, 1]), ()
-    for view, group in enumerate(plan.group_of_view):
-        arrays += feed_arrays(view_spec(group, stacking[plan.groups.index(group)]), view_seeds[view], sizes)
+    for view, spec in enumerate(view_specs(plan, stacking)):
+        arrays += feed_arrays(spec, view_seeds[view], sizes)
         if hooked:  # user_ops.HOOK_INPUTS, with the view's seed
             arrays += (np.ascontiguousarray(np.stack([batch[:, 0], view_seeds[view]], axis=1), dtype=np.int64),)
     for number, group in enumerate(plan.groups):

@@ -55,7 +55,6 @@ class Normalizer:
         else:
             slot.copy_(image.contiguous().float().mul_(self.scale).add_(self.bias))
 
-
     def stack_into(self, batch: torch.Tensor, images: torch.Tensor) -> None:
         """Write float32 [N, 3, H, W] images of uint8 values, normalized, into `batch` (the images are
         used up): the arithmetic of `into`, image for image, in one pass for the stack."""

@@ -39,11 +39,6 @@ def _per_image(values: torch.Tensor) -> torch.Tensor:
     return values.view(-1, 1, 1, 1)
 
 
-def grey(x: torch.Tensor) -> torch.Tensor:
-    """float [N, 1, H, W] luma of float [N, 3, H, W] images."""
-    return LUMA[0] * x[:, 0:1] + LUMA[1] * x[:, 1:2] + LUMA[2] * x[:, 2:3]
-
-
 COLOURS = ("brightness", "contrast", "color", "grayscale", "hue")
 """The colour kinds: each a 3 x 3 matrix on an image's RGB (and contrast an offset, from the
 image's mean grey), so that a slot's colour ops, whichever each image drew, are one product."""
