@@ -549,21 +549,18 @@ class EpochOrder:
             return list(last[2])
         indices, copies, draws = self._rank_places(epoch, position)
         columns = [indices, self.sample_seeds(epoch, indices, copies, draws)]
+        ends = range(self.batch_size, len(indices), self.batch_size)  # where each batch but the last ends
         if self.paired:
             sizes, counts = self.steps_after(epoch, position)
             columns.append(np.repeat(sizes, counts))
-            pairs = np.stack(columns, axis=1)
-            pairs.flags.writeable = False
-            batches = np.split(pairs, np.cumsum(counts)[:-1]) if len(counts) else []
-            self._last = epoch, position, batches
-            return list(batches)
-        if self.resolution is not None:
+            ends = np.cumsum(counts)[:-1]
+        elif self.resolution is not None:
             first = position // (self.batch_size * self.world_size)
             steps = first + np.arange(len(indices), dtype=np.int64) // self.batch_size
             columns.append(self.resolution.step_sizes(epoch, np.arange(first, first + len(indices) // self.batch_size
                                                                        + 1))[steps - first])
         pairs = np.stack(columns, axis=1)
         pairs.flags.writeable = False
-        batches = [pairs[start:start + self.batch_size] for start in range(0, len(pairs), self.batch_size)]
+        batches = np.split(pairs, list(ends)) if len(pairs) else []
         self._last = epoch, position, batches
         return list(batches)
