@@ -31,6 +31,7 @@ from fastloader.schema import Config, SplitConfig
 from fastloader.sources.protocol import opened
 from fastloader.sources.reading import keep_open
 
+from . import live_iterator
 from . import views as torch_views
 from .ahead import Ahead
 from .collate import BatchPool, NormalizingCollate, fast_collate
@@ -233,7 +234,7 @@ class TorchLoader(Loader):
             return
         live = self._live
         if live is not None:
-            _stop_unreaped(list(getattr(live, "_workers", ())), os.getpid())
+            live_iterator.stop_unreaped(live_iterator.workers(live), os.getpid())
         self._ahead.stop()
 
     def _record_skipped(self, batches: Iterator, planned: list) -> Iterator:
@@ -269,18 +270,17 @@ class TorchLoader(Loader):
         try:
             self._live = iter(self._dataloader)
         except OSError as error:  # /dev/shm full (the queues' semaphores), the descriptor limit
-            _quiet_half_built(error)
+            live_iterator.quiet_half_built(error)
             problem = resource_problem(error, "the torch backend's workers")
             if problem is None:
                 raise
             raise ConfigError(f"the torch loader for split '{self.split.name}' cannot start its workers: "
                               f"{problem}") from None
-        stop = weakref.finalize(self._live, _stop_unreaped, list(getattr(self._live, "_workers", ())), os.getpid())
+        stop = weakref.finalize(self._live, live_iterator.stop_unreaped, live_iterator.workers(self._live),
+                                os.getpid())
         stop.atexit = False  # at exit the workers die with this process (fastloader.parallel.die_with)
         self._fresh = True
-        if getattr(self._live, "_worker_pids_set", False):
-            torch.utils.data._utils.signal_handling._remove_worker_pids(id(self._live))
-            self._live._worker_pids_set = False
+        live_iterator.release_sigchld(self._live)
 
     def _next_epochs(self) -> Iterator:
         """What the next loops will most likely ask for: the epochs after this one, from their start."""
@@ -365,11 +365,8 @@ class TorchLoader(Loader):
         """The worker whose batch the trainer waits for, killed (SIGTERM cannot end a stopped process),
         as an error that names it, its state and what to do."""
         live = self._live
-        everyone = list(getattr(live, "_workers", ()))
-        try:  # torch's bookkeeping: the batch awaited, and the worker it went to
-            workers = [live._workers[live._task_info[live._rcvd_idx][0]]]
-        except (AttributeError, KeyError, IndexError, TypeError):
-            workers = everyone
+        everyone = live_iterator.workers(live)
+        workers = live_iterator.awaited_workers(live)
         states = {worker.pid: _state(worker.pid) for worker in workers}
         # A worker stopped while it sent a batch holds the result queue's lock, so the awaited one, idle,
         # cannot hand its batch over: the stopped one is the cause, named first.
@@ -408,7 +405,7 @@ class TorchLoader(Loader):
     def _dead_worker(self, grace: float = 2.0) -> RuntimeError | None:
         """torch's words for a worker that has died, or None if all live for `grace` seconds.
         A dying worker's pipes close a moment before it can be reaped: wait for both."""
-        workers = {worker.sentinel: worker for worker in getattr(self._live, "_workers", ())}
+        workers = {worker.sentinel: worker for worker in live_iterator.workers(self._live)}
         for sentinel in multiprocessing.connection.wait(list(workers), timeout=grace):
             worker = workers[sentinel]
             worker.join(timeout=grace)
@@ -418,12 +415,8 @@ class TorchLoader(Loader):
         return None
 
     def _shutdown(self) -> None:
-        live = self._live
-        if live is not None and hasattr(live, "_shutdown_workers") and not getattr(live, "_shutdown", False):
-            if all(worker.is_alive() for worker in getattr(live, "_workers", ())):
-                live._shutdown_workers()
-            else:
-                _abandon(live)
+        if self._live is not None:
+            live_iterator.shut_down(self._live)
         self._live = None
         self._feed.sent.clear()
         for pool in ([self._pool] if self._pool is not None else []) + self._view_pools:
@@ -440,7 +433,7 @@ class TorchLoader(Loader):
         self._ahead.signal()
         live, self._live = self._live, None
         if live is not None:
-            _stop_unreaped(list(getattr(live, "_workers", ())), os.getpid())
+            live_iterator.stop_unreaped(live_iterator.workers(live), os.getpid())
         self._dataloader = None
 
 
@@ -463,21 +456,6 @@ def _unwrapped(error: BaseException) -> str | None:
     return None
 
 
-def _quiet_half_built(error: BaseException) -> None:
-    """A DataLoader iterator whose construction failed (no room for a semaphore): its workers that did
-    start are killed, and its __del__, which would print a traceback about attributes it never set,
-    is told it is shut down already."""
-    traceback = error.__traceback__
-    while traceback is not None:
-        it = traceback.tb_frame.f_locals.get("self")
-        if isinstance(it, torch.utils.data.dataloader._MultiProcessingDataLoaderIter):
-            for worker in getattr(it, "_workers", ()):
-                if worker.is_alive():
-                    worker.kill()
-            it._shutdown = True
-        traceback = traceback.tb_next
-
-
 def check_source_picklable(index, why: str) -> None:
     """Where workers are spawned, a user's source travels to each pickled (ImageDataset): one that
     cannot (an open mmap, a connection) is refused at build, named with the reason, rather than
@@ -494,40 +472,6 @@ def check_source_picklable(index, why: str) -> None:
                           f"{why}: each worker gets the source pickled. Give it __getstate__/__setstate__ that leave "
                           f"out what cannot travel (open files, mmaps, connections) and open it again on the first "
                           f"read, or set workers.num_workers: 0, or backend: dali") from None
-
-
-def _abandon(live) -> None:
-    """Stop a DataLoader iterator's workers after one died, without torch's shutdown. That sets the
-    workers' shared done event first, whose lock a worker killed inside `Event.is_set()` holds for
-    ever, and so waits for ever (torch counts on its SIGCHLD handler to interrupt it, and this
-    loader's workers are taken out of that handler): the workers are killed instead, and the queues
-    closed without waiting on their feeder threads, whose locks the dead worker may hold too."""
-    live._shutdown = True  # torch's own shutdown, from its finalizer, does nothing more
-    _stop_unreaped(live._workers, os.getpid())
-    for worker in live._workers:
-        worker.join(timeout=1.0)
-    if hasattr(live, "_pin_memory_thread"):
-        live._pin_memory_thread_done_event.set()  # a thread's event; the thread ends within its poll
-    for queue in [*live._index_queues, live._worker_result_queue]:
-        queue.cancel_join_thread()
-        queue.close()
-    if getattr(live, "_worker_pids_set", False):
-        torch.utils.data._utils.signal_handling._remove_worker_pids(id(live))
-        live._worker_pids_set = False
-
-
-def _stop_unreaped(workers: list, parent: int) -> None:
-    """When a DataLoader iterator is collected: kill its workers that still run. Where the iterator
-    dies of its last reference, torch's own shutdown has stopped them already. Where the cycle
-    collector takes it, the worker queues' finalizers may run first, and torch's shutdown then sends
-    the workers' stop signal into a closed queue and waits 5 s for each before it kills them, inside
-    whatever the program does then. A worker whose exit was collected is not signalled: its pid may
-    be another process's by now; nor are any in a forked copy of the iterator (they are not its children)."""
-    if os.getpid() != parent:
-        return
-    for worker in workers:
-        if worker.is_alive():
-            worker.kill()
 
 
 def _state(pid: int) -> str:
