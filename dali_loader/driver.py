@@ -31,6 +31,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from fastloader.errors import LoaderError
+
 POLL_S = 1.0
 """How often a trainer waiting for a batch checks that the driver thread still lives: each check
 wakes the training thread (0.2 s cost it 1-2 us a sample on a loaded 2-core machine), so not often."""
@@ -174,7 +176,7 @@ class Driver:
     def _next(self) -> Delivered | Ended:
         """The thread's next item; its last word, or an error, once it is gone."""
         if os.getpid() != self._pid:
-            return Ended(RuntimeError("this DALI loader was inherited by a forked process, where its driver thread "
+            return Ended(LoaderError("this DALI loader was inherited by a forked process, where its driver thread "
                                       "does not run: build a new loader in this process"))
         started = time.monotonic()
         while True:
@@ -190,7 +192,7 @@ class Driver:
         try:
             return self.queue.get_nowait()  # queued just before it ended
         except queue.Empty:
-            return self._last_word or Ended(RuntimeError("the DALI driver thread ended without handing over a "
+            return self._last_word or Ended(LoaderError("the DALI driver thread ended without handing over a "
                                                          "batch or an error"))
 
     def _limit(self) -> float:
@@ -216,7 +218,7 @@ class Driver:
         self._drain_queue()  # a hand-over waiting for room gives up at once
         if self._stuck_for_good or self.join(JOIN_S):
             return
-        raise RuntimeError(f"the DALI driver thread did not end within {JOIN_S:.0f} s of being stopped: DALI is stuck "
+        raise LoaderError(f"the DALI driver thread did not end within {JOIN_S:.0f} s of being stopped: DALI is stuck "
                            f"in a batch (a file on a hung file system?). Build a new loader")
 
     def close(self, wait: bool = True) -> None:

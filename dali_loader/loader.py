@@ -29,7 +29,15 @@ from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 from fastloader.contract import Loader
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError, HookError, add_note, error_text, refused_file
+from fastloader.errors import (
+    NOT_A_SAMPLES_FAULT,
+    BadImageError,
+    HookError,
+    LoaderError,
+    add_note,
+    error_text,
+    refused_file,
+)
 from fastloader.imaging.shared_reads import SharedReads, shareable
 from fastloader.order import output_size
 from fastloader.prepared import PreparedSplit
@@ -221,9 +229,9 @@ class DaliLoader(Loader):
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._broken:
-            raise RuntimeError(self._broken)
+            raise LoaderError(self._broken)
         if os.getpid() != self._pid:
-            raise RuntimeError(f"this DALI loader of split '{self.split.name}' was built in process {self._pid} and "
+            raise LoaderError(f"this DALI loader of split '{self.split.name}' was built in process {self._pid} and "
                                f"inherited by this forked one, where DALI's threads do not run: build a new loader "
                                f"here (fastloader.build_loader)")
         self._end_epoch()
@@ -246,7 +254,8 @@ class DaliLoader(Loader):
                     break
                 if item.in_pipeline and (failure := self._graph_function_failure(item.error)) is not None:
                     raise self._stopped(failure) from None
-                if not (item.in_pipeline and isinstance(item.error, RuntimeError) and not out_of_memory(item.error)):
+                if not (item.in_pipeline and isinstance(item.error, RuntimeError) and not out_of_memory(item.error)
+                        and not isinstance(item.error, NOT_A_SAMPLES_FAULT)):  # a store's failure: no file's
                     raise self._stopped(item.error)
                 if self._sample_hook is not None and self._sample_hook.failure is not None:  # no file's fault
                     raise self._stopped(self._sample_hook.failure) from item.error
@@ -397,7 +406,7 @@ class DaliLoader(Loader):
                         f"decode, in their batches as the pipeline decodes them and alone. DALI says: "
                         f"{dali_reason(error)[:1500]}. A DALI pipeline cannot continue after an error: build a "
                         f"new loader")
-        return RuntimeError(self._broken)
+        return LoaderError(self._broken)
 
     def _end_epoch(self) -> None:
         """Stop feeding, drop the batches DALI prefetched (after a `break`) and rewind its epoch."""

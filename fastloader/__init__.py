@@ -3,22 +3,43 @@
     loader = fastloader.build_loader("configs/imagenette.yaml", split="train")
     for images, labels in loader:   # float [B, 3, H, W] normalized, int64 [B], on loader.device
         ...
+
+The shapes (views, soft targets) and the hooks' signatures: fastloader.interfaces. Every error the
+library raises on purpose is a FastloaderError (fastloader.errors).
 """
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .config import load_config
+from .errors import (
+    BadImageError,
+    CacheError,
+    ConfigError,
+    DiskFullError,
+    FastloaderError,
+    HookError,
+    LoaderError,
+    SourceChanged,
+    SourceError,
+    StateError,
+    StoreError,
+)
+from .interfaces import Batch, BatchHook, GraphHook, Images, SampleHook
 from .schema import Config
-from .sources.protocol import Samples, Source
+from .sources.file_locks import LockTimeout
+from .sources.protocol import Samples, Source, SourceReadError
 
 if TYPE_CHECKING:
     from .contract import Loader
     from .hooks import with_global_rng
 
 __version__ = "0.1.0"
-__all__ = ["build_loader", "load_config", "Loader", "Samples", "Source", "with_global_rng", "__version__"]
+__all__ = ["build_loader", "load_config", "Loader", "Samples", "Source", "with_global_rng", "__version__",
+           "Batch", "Images", "SampleHook", "BatchHook", "GraphHook",
+           "FastloaderError", "ConfigError", "CacheError", "StoreError", "LockTimeout", "SourceError", "SourceChanged",
+           "SourceReadError", "BadImageError", "HookError", "StateError", "LoaderError", "DiskFullError"]
 _TORCH_NAMES = {"Loader": "contract", "with_global_rng": "hooks"}
 """Names whose modules import torch, imported when first asked for: a worker process that only reads
 files (imaging/shared_reads.py) starts in a fraction of the 1.3 s that torch takes."""
@@ -36,8 +57,8 @@ def __getattr__(name: str) -> Any:
 
 def build_loader(config: str | os.PathLike | Mapping[str, Any] | Config, split: str = "train",
                  overrides: Mapping[str, Any] | list[str] | None = None, source: Source | None = None,
-                 sample_hook: Callable | str | None = None, batch_hook: Callable | str | None = None,
-                 graph_hook: Callable | str | None = None) -> Loader:
+                 sample_hook: SampleHook | str | None = None, batch_hook: BatchHook | str | None = None,
+                 graph_hook: GraphHook | str | None = None) -> Loader:
     """A loader for one split of the config (a YAML path, a dict or a loaded Config).
 
     overrides: {"train.batch_size": 32} or ["train.batch_size=32"], validated like the file.

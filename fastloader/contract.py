@@ -20,7 +20,7 @@ from .augment.draws import Augmenter
 from .config_dump import config_to_dict
 from .device_ops import BatchFinisher
 from .distributed import RankInfo
-from .errors import BadImageError
+from .errors import BadImageError, LoaderError, StateError
 from .machine import human_bytes
 from .order import EpochOrder
 from .prepared import PreparedSplit
@@ -41,8 +41,9 @@ BACKEND_NAMES = ("dali", "torch")
 
 
 class Loader(abc.ABC):
-    """`for images, labels in loader`: images float [B, 3, H, W] normalized, labels int64 [B], or
-    float32 soft targets [B, num_classes] where the split mixes or smooths labels.
+    """`for images, labels in loader`: images float [B, 3, H, W] normalized (with views, a list of
+    one tensor per view group), labels int64 [B], or float32 soft targets [B, num_classes] where the
+    split mixes or smooths labels (fastloader.interfaces.Batch says it all).
 
     Each `for` loop runs one epoch: the one given to `set_epoch`, else the one after the last
     started (0 first). Leaving a loop early with `break` is fine; the next loop starts afresh.
@@ -184,7 +185,7 @@ class Loader(abc.ABC):
     def set_epoch(self, epoch: int) -> None:
         """Make the next `for` loop run this epoch (its order is a function of seed and epoch)."""
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or not 0 <= epoch <= INT64_MAX:
-            raise ValueError(f"epoch must be an integer in [0, 2**63 - 1], got {epoch!r}")
+            raise StateError(f"epoch must be an integer in [0, 2**63 - 1], got {epoch!r}")
         self._epoch, self._epoch_set = int(epoch), True
         self._resume_position = self._position = 0
 
@@ -358,7 +359,7 @@ class Loader(abc.ABC):
         """
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"loader state version {found!r} is not {STATE_VERSION}: pass the dict that "
+            raise StateError(f"loader state version {found!r} is not {STATE_VERSION}: pass the dict that "
                              f"loader.state_dict() returned, saved by this fastloader version")
         self._refuse_other(state)
         self._refuse_out_of_range(state)
@@ -384,13 +385,13 @@ class Loader(abc.ABC):
         mine = self.state_dict()
         name = self.split.name
         if state.get("backend") not in BACKEND_NAMES:
-            raise ValueError(f"loader state names backend {state.get('backend')!r}, not one of "
+            raise StateError(f"loader state names backend {state.get('backend')!r}, not one of "
                              f"{', '.join(BACKEND_NAMES)}: pass the dict that loader.state_dict() returned")
         if state.get("split") != name:
-            raise ValueError(f"loader state was saved for split {state.get('split')!r}, this loader reads split "
+            raise StateError(f"loader state was saved for split {state.get('split')!r}, this loader reads split "
                              f"{name!r}; give each split's loader its own state")
         if state.get("dataset") != mine["dataset"]:
-            raise ValueError(f"loader state was saved for another dataset: {state.get('num_samples')} samples "
+            raise StateError(f"loader state was saved for another dataset: {state.get('num_samples')} samples "
                              f"(fingerprint {state.get('dataset')}) then, {mine['num_samples']} samples "
                              f"(fingerprint {mine['dataset']}) in {self.index.root} now; files were added, removed "
                              f"or relabelled. Resume on the same files, or start afresh without load_state_dict")
@@ -402,7 +403,7 @@ class Loader(abc.ABC):
             then = f"weights from {state.get('weights_from')}" if saved_order["weights"] else "no weights"
             now = f"weights from {mine['weights_from']}" if mine["weights"] else "no weights"
             keys = mine["weights_from"] or state.get("weights_from") or f"{name}.weights"
-            raise ValueError(f"loader state was saved with {then} (digest {saved_order['weights'] or '-'}), this "
+            raise StateError(f"loader state was saved with {then} (digest {saved_order['weights'] or '-'}), this "
                              f"loader draws with {now} (digest {mine['weights'] or '-'}, from {self.config.source}); "
                              f"set {keys} back as they were, on the same samples, to resume the same order")
         saved_order["sizes"] = state.get("sizes", mine["sizes"])  # states before size schedules: not checked
@@ -416,10 +417,10 @@ class Loader(abc.ABC):
                 continue
             saved = saved_order.get(key)
             if key == "block_size" and isinstance(saved, int) and not isinstance(saved, bool) and saved > 0:  # bytes
-                raise ValueError(f"loader state was saved with {config_key}: {saved} bytes ({human_bytes(saved)}), "
+                raise StateError(f"loader state was saved with {config_key}: {saved} bytes ({human_bytes(saved)}), "
                                  f"this loader's blocks hold {mine[key]} bytes ({human_bytes(mine[key])}); set "
                                  f"{config_key}: {saved}B to resume the same order")
-            raise ValueError(f"loader state was saved with {config_key}: {saved!r}, this loader has "
+            raise StateError(f"loader state was saved with {config_key}: {saved!r}, this loader has "
                              f"{config_key}: {mine[key]!r} (from {self.config.source}); set it back to "
                              f"resume the same order")
 
@@ -427,7 +428,7 @@ class Loader(abc.ABC):
         """The hooks a state was saved with against this loader's (a state from before hooks: none)."""
         saved, mine = state.get("hooks", {}), self.hooks.state()
         if not isinstance(saved, dict) or not all(isinstance(v, str) for v in saved.values()):
-            raise ValueError(f"loader state: hooks must be a mapping of hook kinds to names, got {saved!r}; pass the "
+            raise StateError(f"loader state: hooks must be a mapping of hook kinds to names, got {saved!r}; pass the "
                              f"dict that loader.state_dict() returned")
         if saved == mine:
             return
@@ -437,7 +438,7 @@ class Loader(abc.ABC):
             log.warning("split '%s': resuming with other hooks than the state's (%s), as force_hooks asks: the "
                         "samples and fastloader's own draws replay, the hooks' do not", self.split.name, differ)
             return
-        raise ValueError(f"loader state was saved with other hooks ({differ}): their draws would not replay. Give "
+        raise StateError(f"loader state was saved with other hooks ({differ}): their draws would not replay. Give "
                          f"the same hooks (a hook's `version` attribute names a change), or pass force_hooks=True to "
                          f"load_state_dict to resume anyway")
 
@@ -457,20 +458,20 @@ class Loader(abc.ABC):
                   "epoch_size": (1, INT64_MAX, f"positions of an epoch's order ({self.split.name}.epoch_size)")}
         for key in ("weights", "weights_from"):
             if not isinstance(state.get(key, ""), str):
-                raise ValueError(f"loader state: {key} must be a string (the sample weights' digest and keys), got "
+                raise StateError(f"loader state: {key} must be a string (the sample weights' digest and keys), got "
                                  f"{state.get(key)!r}; pass the dict that loader.state_dict() returned")
         if not isinstance(state.get("shuffle"), bool) and state.get("shuffle") != "block":
-            raise ValueError(f"loader state: shuffle must be true, false or 'block' ({self.split.name}.shuffle), got "
+            raise StateError(f"loader state: shuffle must be true, false or 'block' ({self.split.name}.shuffle), got "
                              f"{state.get('shuffle')!r}; pass the dict that loader.state_dict() returned")
         for key, (low, high, meaning) in ranges.items():
             value = state.get(key, {"aug_repeats": 1, "block_size": 0,  # states before repeats, blocks, weights
                                     "epoch_size": state.get("num_samples")}.get(key))
             if value is None or isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 found = "no such field" if value is None else f"{type(value).__name__} {value!r}"
-                raise ValueError(f"loader state: {key} must be an integer in [{low}, {high}] ({meaning}), got "
+                raise StateError(f"loader state: {key} must be an integer in [{low}, {high}] ({meaning}), got "
                                  f"{found}; pass the dict that loader.state_dict() returned")
             if not low <= value <= high:
-                raise ValueError(f"loader state: {key} {value} is not in [{low}, {high}] ({meaning}); pass the "
+                raise StateError(f"loader state: {key} {value} is not in [{low}, {high}] ({meaning}); pass the "
                                  f"dict that loader.state_dict() returned")
 
     def close(self) -> None:
@@ -482,15 +483,15 @@ class Loader(abc.ABC):
             self._close()
             forget_source(self.index.reader)
 
-    def _superseded(self) -> RuntimeError:
+    def _superseded(self) -> LoaderError:
         """What a paused loop says when it is resumed after a newer loop took the loader over (two
         loops never take batches in turn: each would get the other's)."""
-        return RuntimeError(f"a newer loop over the {self.backend} loader for split '{self.split.name}' started while "
-                            f"this one was paused; finish or drop a loop before starting the next")
+        return LoaderError(f"a newer loop over the {self.backend} loader for split '{self.split.name}' started while "
+                           f"this one was paused; finish or drop a loop before starting the next")
 
-    def _closed_error(self) -> RuntimeError:
-        return RuntimeError(f"this {self.backend} loader for split '{self.split.name}' is closed; "
-                            f"build a new one with fastloader.build_loader(...)")
+    def _closed_error(self) -> LoaderError:
+        return LoaderError(f"this {self.backend} loader for split '{self.split.name}' is closed; "
+                           f"build a new one with fastloader.build_loader(...)")
 
     def __enter__(self) -> "Loader":
         return self

@@ -3,13 +3,23 @@
 Why one module: the backends, the screening and the cache all refuse files, and a user who meets
 one of these errors should read the same words wherever it came from, and find the type to catch
 in one place. Messages name the file or config key and the way on.
+
+Every one of them is a `FastloaderError` (`except fastloader.FastloaderError` catches whatever the
+library says on purpose), and each keeps the built-in base a caller would have caught before: a
+config's mistake is a ValueError, a bad file's read an OSError, a run that cannot go on a
+RuntimeError. What stays a plain Python exception: a wrong argument type (TypeError), a missing
+attribute (AttributeError), and the sampler's own preconditions (order.EpochOrder used directly).
 """
 from __future__ import annotations
 
 import re
 
 
-class ConfigError(ValueError):
+class FastloaderError(Exception):
+    """The root of every error fastloader raises on purpose."""
+
+
+class ConfigError(FastloaderError, ValueError):
     """A config that cannot be used; the message names where (file or override), which key and why."""
 
 
@@ -17,23 +27,24 @@ class CacheError(ConfigError):
     """A cache that cannot serve this split: stale, unfinished, or of another format."""
 
 
-class StoreError(CacheError):
+class StoreError(FastloaderError, RuntimeError):
     """An object store or the node cache that cannot serve a shard: the store unreachable after the
     retries, the cache disk full, a shard evicted faster than it can be read. No sample's fault, so
-    no backend skips a sample for it (both re-raise a CacheError): the run stops, naming the URL."""
+    no backend skips a sample for it (NOT_A_SAMPLES_FAULT): the run stops, naming the URL. Not a
+    ValueError: nothing in the config is wrong, and a retry later may pass."""
 
 
-class BadImageError(RuntimeError):
+class BadImageError(FastloaderError, RuntimeError):
     """A file that cannot be decoded, under dataset.on_bad_image: raise."""
 
 
-class HookError(RuntimeError):
+class HookError(FastloaderError, RuntimeError):
     """The user's own hook (a sample, batch or graph hook) raised, or gave what it must not: the
     user's bug, never a bad file's, so no backend skips a sample for it. The message names the hook,
     its key, the sample or batch, what was expected, and the hook's traceback."""
 
 
-class SourceError(RuntimeError):
+class SourceError(FastloaderError, RuntimeError):
     """A source's failure that is not one sample's (its database locked for good, its read() that
     tried to end the process): the run stops, naming the source and what to do, on either backend."""
 
@@ -44,9 +55,27 @@ class SourceChanged(SourceError):
     one's label, so the run stops, naming the source, on either backend; never a bad file's skip."""
 
 
-class DiskFullError(OSError):
+class StateError(FastloaderError, ValueError):
+    """A loader state (`load_state_dict`) that this loader cannot resume from: another version,
+    backend, split, dataset, order or hooks, or a value out of its range; the message says which and
+    what to pass instead."""
+
+
+class LoaderError(FastloaderError, RuntimeError):
+    """The loader cannot go on as asked: one of its decoding workers died or went silent, DALI's
+    driver is stuck or stopped, it is closed, a newer loop took it over, or a forked process uses
+    it. The message names the process or loop and what to do; the next loop starts afresh where it
+    can."""
+
+
+class DiskFullError(FastloaderError, OSError):
     """No room to write (ENOSPC, EDQUOT), found before writing or while writing; the message names
     the folder, the space needed and free, and nothing half-written is left."""
+
+
+NOT_A_SAMPLES_FAULT = (CacheError, StoreError, SourceError)
+"""Failures of the cache, the store or a source, not of the sample being read: a backend that skips
+bad samples re-raises these, since skipping would blame sample after sample."""
 
 
 def error_text(error: BaseException) -> str:

@@ -27,7 +27,7 @@ from conftest import (  # noqa: E402
 from test_packaging import HIDE_DALI  # noqa: E402
 
 from fastloader import build_loader  # noqa: E402
-from fastloader.errors import BadImageError, ConfigError  # noqa: E402
+from fastloader.errors import BadImageError, ConfigError, LoaderError  # noqa: E402
 
 # Mean absolute difference (normalized units) between the backends on the same eval images, bilinear.
 # Measured: mean 0.032 (worst image 0.038) on the textured images below and mean 0.032 (worst 0.101)
@@ -210,7 +210,7 @@ def test_close_frees_the_pipeline(textured_root):
     with build_loader(base_config(textured_root, backend="dali"), "val") as loader:
         next(iter(loader))
     assert loader._pipe is None
-    with pytest.raises(RuntimeError, match="dali loader for split 'val' is closed"):
+    with pytest.raises(LoaderError, match="dali loader for split 'val' is closed"):
         next(iter(loader))
 
 

@@ -78,7 +78,7 @@ FLOORS = (
                "fastloader.imaging.jpeg_header", "fastloader.imaging.boxes", "fastloader.imaging.rgb",
                "fastloader.sources.locations",
                "fastloader.sources.urls", "fastloader.sources.class_names", "fastloader.sources.protocol",
-               "fastloader.dotted")),
+               "fastloader.dotted", "fastloader.interfaces")),
     ("schema", ("fastloader.schema", "fastloader.samples", "fastloader.cache_format", "fastloader.config_dump",
                 "fastloader.demo", "fastloader.distributed", "fastloader.bad_input", "fastloader.resolution",
                 "fastloader.mixing", "fastloader.device_ops", "fastloader.augment.draws",

@@ -15,7 +15,7 @@ import time
 import pytest
 from conftest import REPO, alive, base_config, cpu_only_env, write_solid_dataset
 
-from fastloader import build_loader
+from fastloader import LoaderError, build_loader
 
 
 def children(pid: int) -> set[int]:
@@ -212,7 +212,7 @@ def test_a_worker_killed_while_the_trainer_is_in_its_own_code_is_reported_by_the
     killed = min(_worker_pids(before))
     os.kill(killed, signal.SIGKILL)
     time.sleep(1.5)  # the trainer's step: torch's own SIGCHLD handler raised its bare error in here
-    with pytest.raises(RuntimeError, match=r"a decoding worker of the torch loader for split 'val' died") as failure:
+    with pytest.raises(LoaderError, match=r"a decoding worker of the torch loader for split 'val' died") as failure:
         for _ in batches:
             time.sleep(0.01)
     message = str(failure.value)

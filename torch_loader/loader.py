@@ -21,7 +21,7 @@ import torch.utils.data
 
 from fastloader.contract import Loader
 from fastloader.distributed import RankInfo
-from fastloader.errors import BadImageError, ConfigError, HookError, SourceError
+from fastloader.errors import BadImageError, ConfigError, FastloaderError, HookError, LoaderError, SourceError
 from fastloader.imaging.decode import describe as describe_decoders
 from fastloader.machine import resource_problem
 from fastloader.order import EpochOrder, output_size
@@ -338,9 +338,10 @@ class TorchLoader(Loader):
                 raise self._worker_died(died) from error
             if isinstance(error, USER_ERRORS) and (own := _unwrapped(error)) is not None:
                 raise type(error)(own) from None  # the sentence, not torch's frames of its worker
-            if isinstance(error, (OSError, RuntimeError)) and (problem := resource_problem(
+            own_words = isinstance(error, FastloaderError)  # a store's full disk is not /dev/shm's
+            if isinstance(error, (OSError, RuntimeError)) and not own_words and (problem := resource_problem(
                     error, "the torch backend's workers")) is not None:  # a fresh shared batch, a queue
-                raise RuntimeError(f"the torch loader for split '{self.split.name}' stopped: {problem}") from error
+                raise LoaderError(f"the torch loader for split '{self.split.name}' stopped: {problem}") from error
             raise
         return received
 
@@ -361,7 +362,7 @@ class TorchLoader(Loader):
             self._fresh = False
             return batch
 
-    def _silent_worker(self, waited: float) -> RuntimeError:
+    def _silent_worker(self, waited: float) -> LoaderError:
         """The worker whose batch the trainer waits for, killed (SIGTERM cannot end a stopped process),
         as an error that names it, its state and what to do."""
         live = self._live
@@ -383,7 +384,7 @@ class TorchLoader(Loader):
         timeout = self.config.workers.timeout
         in_workers = (self.hooks.sample, self.hooks.batch if self.device.type == "cpu" else None)
         hooks = [hook.label for hook in in_workers if hook is not None]
-        return RuntimeError(
+        return LoaderError(
             f"the torch loader for split '{self.split.name}' waited {waited:.0f} s for a batch from "
             + "; ".join(f"its decoding worker (pid {pid}), which {state}" for pid, state in states.items())
             + (" (a worker stopped while it hands over a batch holds up the others' too)" if stopped else "")
@@ -393,10 +394,10 @@ class TorchLoader(Loader):
             f"({timeout:g} s; the first after the workers start {FIRST_BATCH_TIMES}x that): raise it if batches are "
             f"this slow")
 
-    def _worker_died(self, error: BaseException) -> RuntimeError:
+    def _worker_died(self, error: BaseException) -> LoaderError:
         """A worker that died (the DataLoader notices within seconds) as an error that says what to do;
         the next loop starts new workers."""
-        return RuntimeError(
+        return LoaderError(
             f"a decoding worker of the torch loader for split '{self.split.name}' died: {error}. Killed by "
             f"signal 9 (SIGKILL) most often means the kernel's out-of-memory killer (see `dmesg`): lower "
             f"workers.num_workers or workers.prefetch_factor. A segmentation fault (signal 11) is a crash in "

@@ -22,6 +22,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 GRAMMAR = ("rand-m{M}[-n{N}][-mstd{S}][-mmax{X}][-inc{0|1}][-p{P}][-t{3a|3aw|weights}], original[-mstd{S}], "
            "v0[-mstd{S}], originalr, v0r, 3a (or three_augment) or ta_wide")
 RAND_DEFAULTS = {"m": 10.0, "n": 2, "mstd": 0.0, "mmax": 10.0, "inc": 0, "p": 0.5}
@@ -166,7 +168,7 @@ class Policy:
                 f"each applied with p {self.prob:g}")
 
 
-class PolicyError(ValueError):
+class PolicyError(ConfigError):
     """A malformed auto_augment string; the message has the reason and the closest valid string."""
 
 

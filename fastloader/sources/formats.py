@@ -2,8 +2,8 @@
 
 A split reads one of: the source object a caller gives (`build_loader(..., source=obj)`), its own
 `source: package.module:factory`, its `sources` (several, joined), or dataset.format's registered
-format. Whichever it is, it is a Source (protocol.py); a source that gives `sample_index()` (the
-built-ins) hands over its index with its byte ranges, any other is indexed from its `samples()`
+format. Whichever it is, it is a Source (protocol.py); a built-in format's (registry.IndexedSource)
+hands over its index with its byte ranges, any other is indexed from its `samples()`
 and read through its `read()` (user_source.py).
 
 Importing this module registers the built-in formats (their modules register themselves).
@@ -40,9 +40,8 @@ def build_index(config: Config, split: SplitConfig, given: object | None = None,
     if given is None and reads_a_store(config, split):
         (store or StoreSettings.of(config)).open()
     source = split_source(config, split, given)
-    sample_index = getattr(source, "sample_index", None)
-    if callable(sample_index):
-        return sample_index()
+    if isinstance(source, IndexedSource):  # a built-in format's: its own index, byte ranges and all
+        return source.index
     return index_of(source, config, split)
 
 

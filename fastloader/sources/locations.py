@@ -13,6 +13,8 @@ import os
 import stat
 from typing import NamedTuple
 
+from ..errors import FastloaderError
+
 TAR_BLOCK = 512
 """A tar header block: the one right before a member's data is that member's own header."""
 
@@ -96,18 +98,18 @@ def as_location(where: str | Location) -> Location:
     return where if isinstance(where, Location) else Location(where, where)
 
 
-class TruncatedError(OSError):
+class TruncatedError(FastloaderError, OSError):
     """A byte range that runs past the end of its container: the shard was cut short after indexing."""
 
 
-class NotRegularFile(OSError):
+class NotRegularFile(FastloaderError, OSError):
     """A FIFO, socket, device or folder where a file was expected: refused before a byte is read."""
 
     def __str__(self) -> str:
         return f"{self.filename}: {self.strerror}"
 
 
-class ContainerChanged(OSError):
+class ContainerChanged(FastloaderError, OSError):
     """A container (tar shard) that is no longer the file its index was built from."""
 
     def __str__(self) -> str:

@@ -9,19 +9,20 @@ A source must give:
                                 when a loader is built (the index then stays as it was)
     read(item) -> bytes         sample `item`'s encoded image (JPEG, PNG ...: bytes, bytearray,
                                 memoryview), or a decoded one (a uint8 HWC numpy array, a PIL
-                                image, a uint8 CHW or HWC tensor), which costs region decode and nvJPEG
+                                image, a uint8 CHW or HWC tensor), which costs region decode and nvJPEG;
+                                it works whether or not samples() was called in this process (a
+                                worker may read first), as SPDL's keys + load
     identity() -> str           what changes when its contents change: screening and the uint8
                                 cache are kept per identity
 
 and may give:
 
-    sample_index(config, split) -> SampleIndex
-                                its samples as fastloader's own index: where each one's bytes lie
-                                in files (Locations), read with pread, checked against what was
-                                indexed, with containers for `shuffle: block` and the node cache.
-                                The built-in formats give this (IndexedSource).
     __len__() -> int            its length now: checked at every epoch, so that a source that grew
                                 or shrank under a running loader is named, not misread
+
+fastloader's own formats are Sources too (registry.IndexedSource); the loader takes their index of
+byte ranges (Locations read with pread, checked against what was indexed, with containers for
+`shuffle: block` and the node cache) straight from them, which no user's source needs to give.
 
 Everything past `samples()` reads through `read` (reading.read_bytes dispatches on the Location,
 whose `source` names an opened source): screening, both backends, the uint8 cache, `check`,
@@ -34,9 +35,11 @@ import itertools
 import threading
 from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
+from ..errors import FastloaderError
+
 REQUIRED = ("name", "samples", "read", "identity")
 """What a source must have (`name` an attribute, the others methods)."""
-OPTIONAL = ("sample_index", "__len__")
+OPTIONAL = ("__len__",)
 
 
 class Samples(NamedTuple):
@@ -64,7 +67,7 @@ def missing_parts(source: object) -> list[str]:
     return missing + [f"{method}()" for method in REQUIRED[1:] if not callable(getattr(source, method, None))]
 
 
-class SourceReadError(OSError):
+class SourceReadError(FastloaderError, OSError):
     """A source's read() raised, or gave something that is not an image's bytes: the sample is
     unreadable (dataset.on_bad_image decides), and the message names the source and the sample."""
 

@@ -60,8 +60,8 @@ def register_format(format: Format) -> Format:
 
 class IndexedSource:
     """A built-in format's source: its SampleIndex, whose Locations say where each sample's bytes lie
-    (a file, a shard member's byte range, a parquet row). sample_index() hands it on as it is, so
-    the built-ins keep their ranged reads, checks and containers."""
+    (a file, a shard member's byte range, a parquet row). formats.build_index takes `index` as it
+    is, so the built-ins keep their ranged reads, checks and containers."""
 
     def __init__(self, index: SampleIndex):
         self.index = index
@@ -75,9 +75,6 @@ class IndexedSource:
 
     def identity(self) -> str:
         return self.index.fingerprint
-
-    def sample_index(self) -> SampleIndex:
-        return self.index
 
     def __len__(self) -> int:
         return len(self.index)

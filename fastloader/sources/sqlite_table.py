@@ -72,12 +72,17 @@ class SQLiteSource:
                               f"{self.path}` names it), or read a copy of the database") from None
 
     def samples(self) -> Samples:
+        names, labels = self._keys()
+        return Samples(names, labels, self._class_names(labels))
+
+    def _keys(self) -> tuple[list[str], list[int]]:
+        """Each row's name and label, in rowid order, kept as what each read checks its row against."""
         name, _, label = self.columns
         rows = self._query(f"SELECT rowid, {name}, {label} FROM {self.table} ORDER BY rowid")
         self.rowids = np.array([row[0] for row in rows], dtype=np.int64)
         names, labels = [row[1] for row in rows], [row[2] for row in rows]
         self.indexed = list(zip(names, labels))
-        return Samples(names, labels, self._class_names(labels))
+        return names, labels
 
     def _class_names(self, labels: Sequence[int]) -> list[str]:
         if self.classes is not None:
@@ -90,6 +95,8 @@ class SQLiteSource:
 
     def read(self, item: int) -> bytes:
         name, image, label = self.columns
+        if not self.indexed:  # read before samples(): the rows as they are now are the ones checked against
+            self._keys()
         rowid = int(self.rowids[item])
         found = self._query(f"SELECT {image}, {name}, {label} FROM {self.table} WHERE rowid = ?", (rowid,))
         row = found[0] if found else None
