@@ -28,6 +28,7 @@ from .resolution import Resolution
 from .schema import INT64_MAX, MAX_BATCH, MAX_PROCESSES, MAX_RANKS, Config, SplitConfig
 from .sources import reading
 from .sources.protocol import forget_source
+from .sources.stores import release_store
 from .sources.user_source import check_unchanged
 from .stats import LOG_LEVELS, LoaderStats
 from .views import ViewFinisher, ViewPlan
@@ -252,15 +253,15 @@ class Loader(abc.ABC):
         ranges = self.index.ranges
         if not self._reads_shards or not planned or not reading.is_remote(ranges.files[0]):
             return None, None
-        before = reading.fetch_counters()
+        before = reading.fetch_counters(self.index.store)
         sequence = ranges.file[np.concatenate([batch[:, 0] for batch in planned])]
         self._plan = reading.will_read(ranges.files, ranges.identities, sequence,
-                                       f"split '{self.split.name}', epoch {epoch}, rank {self.ranks.rank}")
+                                       f"split '{self.split.name}', epoch {epoch}, rank {self.ranks.rank}",
+                                       self.index.store)
         return self._plan, before
 
-    @staticmethod
-    def _count_fetches(stats: LoaderStats, before) -> None:
-        done = reading.fetch_counters().since(before)
+    def _count_fetches(self, stats: LoaderStats, before) -> None:
+        done = reading.fetch_counters(self.index.store).since(before)
         stats.network_wait_s, stats.fetched_bytes, stats.fetched_shards = (done.wait_s, done.fetched_bytes,
                                                                           done.fetched_shards)
 
@@ -482,6 +483,7 @@ class Loader(abc.ABC):
                 self._plan.cancel()
             self._close()
             forget_source(self.index.reader)
+            release_store(self.index.store)
 
     def _superseded(self) -> LoaderError:
         """What a paused loop says when it is resumed after a newer loop took the loader over (two
@@ -509,6 +511,7 @@ class Loader(abc.ABC):
         try:
             self._drop()
             forget_source(self.index.reader)
+            release_store(self.index.store)
         except Exception:
             pass
 

@@ -22,10 +22,11 @@ from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
 from .errors import ConfigError, error_text
 from .hooks import SplitHooks, split_hooks
 from .prepared import PreparedSplit, worker_count
+from .samples import SampleIndex
 from .schema import Config, SplitConfig
 from .screening import screen_index
 from .sources.formats import build_index
-from .sources.stores import StoreSettings
+from .sources.stores import StoreSettings, cache_limit, release_store
 from .sources.urls import is_url
 from .weights import check_epoch_size, read_weights_file, weighted_draws
 
@@ -138,7 +139,11 @@ def create_loader(config: Config, split_name: str, source: object | None = None,
                           f"by the torch backend ({reason}): set backend: dali (DALI's CPU flavour runs without a "
                           f"GPU), or give the op as {split_name}.transform.sample_hook, which both backends run")
     prepared = prepare_split(config, split, backend, ranks, source, user_hooks)
-    loader = backend_class(backend)(config, split, prepared, ranks, device)
+    try:
+        loader = backend_class(backend)(config, split, prepared, ranks, device)
+    except BaseException:
+        release_store(prepared.index.store)  # the loader that would have released its node cache
+        raise
     cost = read_ahead_cost(config, split, prepared.index, prepared.blocks,
                            loader.prefetch_depth * loader.batch_size * ranks.world_size)
     if cost:
@@ -176,8 +181,18 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
     table = read_weights_file(config, split)
     store = StoreSettings.of(config)  # dataset.remote, once: opened where the split names a store
     index = build_index(config, split, source, store)
+    try:
+        return _prepared(config, split, index, workers, ranks, table, hooks)
+    except BaseException:
+        release_store(index.store)
+        raise
+
+
+def _prepared(config: Config, split: SplitConfig, index: SampleIndex, workers: int, ranks: RankInfo, table,
+              hooks: SplitHooks) -> PreparedSplit:
+    """prepare_split's rest once the index is built: the cache or screening, the blocks and draws."""
     stored = index.ranges is not None and len(index.ranges.files) and is_url(index.ranges.files[0])
-    limit = store.open().limit if stored else None  # the node cache's, for the block budget and the costs
+    limit = cache_limit(index.store) if stored else None  # the node cache's, for the block budget and the costs
     budget = block_budget(config, split, limit)
     cost = uniform_cost(config, split, index, limit)
     if cost:

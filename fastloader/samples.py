@@ -95,6 +95,9 @@ class SampleIndex:
     """How many samples the reader had when it was indexed (what check_unchanged compares)."""
     source_identity: str = ""
     """The reader's identity() when it was indexed (what check_unchanged compares)."""
+    store: str = ""
+    """Files in an object store: the token of the node cache the loader opened for them, which every
+    location carries (node_cache.open_cache); "": local files, or the default cache."""
 
     @classmethod
     def from_lists(cls, root: str, classes: Sequence[str], relpaths: Sequence[str],
@@ -122,7 +125,7 @@ class SampleIndex:
                            labels=self.labels[samples].copy(), excluded=self.excluded, ranges=ranges,
                            unusable=self.unusable, source=source, source_names=self.source_names,
                            reader=self.reader, items=items, source_length=self.source_length,
-                           source_identity=self.source_identity)
+                           source_identity=self.source_identity, store=self.store)
 
     def read_by(self, reader: str, items: np.ndarray, source_length: int, source_identity: str) -> "SampleIndex":
         """This index as the samples of an opened source (its token), sample i its items[i]."""
@@ -153,14 +156,15 @@ class SampleIndex:
         if self.reader:
             return Location(name, self.root, int(self.items[i]), source=self.reader)
         if self.ranges is None:
-            return Location(name, name)
+            return Location(name, name, store=self.store)
         ranges = self.ranges
         file = int(ranges.file[i])
         row = int(ranges.table_row[i]) - 1 if ranges.table_row is not None else -1
         return Location(name, ranges.files[file], int(ranges.start[i]), int(ranges.length[i]),
                         int(ranges.header[i]) if ranges.header is not None else 0,
                         ranges.identities[file] if ranges.identities is not None else None,
-                        row, ranges.columns[file] or "" if row >= 0 and ranges.columns is not None else "")
+                        row, ranges.columns[file] or "" if row >= 0 and ranges.columns is not None else "",
+                        store=self.store)
 
     def locations(self, samples: np.ndarray) -> list[Location]:
         """location(i) of each of `samples`, built together from the arrays (the DALI feed asks for a
@@ -172,6 +176,8 @@ class SampleIndex:
         names = [str(raw[start:end], "utf-8", "surrogateescape")
                  for start, end in zip(self.offsets[rows].tolist(), self.offsets[rows + 1].tolist())]
         names = [name if name[:1] == "/" else folder + name for name in names]  # os.path.join's result
+        if self.store:  # in an object store: each carries its cache's token
+            return [self.location(i) for i in rows.tolist()]
         if self.ranges is None:
             return [Location(name, name) for name in names]
         ranges = self.ranges

@@ -17,14 +17,17 @@ from remotefiles import bucket_for, packed, remote_config, uploaded
 
 from fastloader import build_loader
 from fastloader.errors import BadImageError, StoreError
-from fastloader.sources import node_cache, remote
+from fastloader.sources import node_cache
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
     not __import__("importlib").util.find_spec("nvidia.dali"), reason="NVIDIA DALI is not installed"))]
 
 
 def labels_of(loader) -> list[int]:
-    return sorted(label for _, labels in loader for label in labels.tolist())
+    """One epoch's labels; the loader closed after, so that the next build opens its node cache anew
+    (and repairs it): an open cache is shared by the loaders that hold it."""
+    with loader:
+        return sorted(label for _, labels in loader for label in labels.tolist())
 
 
 def stopped_holder(path) -> subprocess.Popen:
@@ -50,7 +53,6 @@ def end(process: subprocess.Popen) -> None:
 def store_split(tmp_path, object_store, request):
     folder = packed(tmp_path, per_class=2, per_shard=6)
     url = uploaded(object_store, bucket_for(request), folder)
-    node_cache.configure(str(tmp_path / "elsewhere"), None, 2)  # each build opens its cache anew
     return remote_config(tmp_path, {"val": f"{url}/val-*.tar"}, dataset={"remote": {"retry_timeout": 2}})
 
 
@@ -79,8 +81,8 @@ def test_a_stopped_process_holding_a_shards_fetch_lock_is_named_at_the_first_bat
     """With two workers on torch, the reader asks the process that fetches: its answer names the
     lock and the holder, before the workers' watchdog would blame a decoder."""
     store_split = {**store_split, "backend": backend, "workers": {"num_workers": 2}}
-    cache = node_cache.configure(store_split["dataset"]["remote"]["cache_dir"], None, 2)
-    info = remote.stat(store_split["val"]["shards"].replace("*", "000000"))
+    cache = node_cache.NodeCache(store_split["dataset"]["remote"]["cache_dir"], None, 2)
+    info = cache.client.stat(store_split["val"]["shards"].replace("*", "000000"))
     holder = stopped_holder(cache._slot(cache.entry(info)))  # before the loader could fetch it ahead
     try:
         started = time.monotonic()
@@ -105,7 +107,6 @@ def test_a_fifo_under_a_name_the_cache_uses_is_removed_and_named_not_opened(tmp_
     path = node / name.replace("SHARD", shard)
     path.unlink(missing_ok=True)
     os.mkfifo(path)
-    node_cache.configure(str(tmp_path / "elsewhere"), None, 2)
     caplog.set_level(logging.WARNING, logger="fastloader")
     assert labels_of(build_loader(store_split, "val")) == [0, 0, 1, 1, 2, 2]  # never blocked on the FIFO's open
     assert f"removed {path} (not a regular file: a FIFO)" in caplog.text
@@ -120,7 +121,6 @@ def test_a_copy_of_the_right_size_with_lost_bytes_is_fetched_again_not_blamed_on
     assert labels_of(build_loader(store_split, "val")) == [0, 0, 1, 1, 2, 2]
     entry = next(p for p in (tmp_path / "node").iterdir() if p.name.endswith(".tar"))
     entry.write_bytes(bytes(entry.stat().st_size))
-    node_cache.configure(str(tmp_path / "elsewhere"), None, 2)
     caplog.set_level(logging.WARNING, logger="fastloader")
     loader = build_loader(store_split, "val")
     assert labels_of(loader) == [0, 0, 1, 1, 2, 2] and not loader.bad_samples
@@ -147,7 +147,6 @@ def test_a_copy_with_bytes_lost_mid_shard_is_fetched_again_before_a_sample_is_sk
     start = first.offset_data + first.size // 2
     data[start:second.offset_data] = bytes(second.offset_data - start)  # the tail of one, the next's header
     entry.write_bytes(bytes(data))
-    node_cache.configure(str(tmp_path / "elsewhere"), None, 2)
     caplog.set_level(logging.WARNING, logger="fastloader")
     loader = build_loader(store_split, "val")
     assert labels_of(loader) == [0, 0, 1, 1, 2, 2] and not loader.bad_samples, loader.bad_samples

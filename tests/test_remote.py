@@ -24,7 +24,7 @@ from shardfiles import resumes_and_evaluates_once, write_bad_corpus
 
 from fastloader import build_loader
 from fastloader.config import load_config
-from fastloader.errors import ConfigError
+from fastloader.errors import ConfigError, StoreError
 from fastloader.packing import pack_index
 from fastloader.sources import node_cache
 from fastloader.sources.tar_members import scan_shard
@@ -165,7 +165,7 @@ def test_two_processes_share_one_node_cache_and_fetch_each_shard_once(tmp_path, 
     script = ("import json, sys; from fastloader import build_loader; from fastloader.sources import reading\n"
               "loader = build_loader(sys.argv[1], 'val')\n"
               "labels = sorted(l for _, ls in loader for l in ls.tolist())\n"
-              "print(json.dumps([labels, reading.fetch_counters().fetched_shards]))\n")
+              "print(json.dumps([labels, reading.fetch_counters(loader.index.store).fetched_shards]))\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     processes = [subprocess.Popen([sys.executable, "-c", script, str(config)], cwd=REPO, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -324,11 +324,10 @@ def test_a_shard_of_the_wrong_size_in_the_cache_is_removed_and_fetched_again(tmp
         assert len([label for _, labels in first for label in labels.tolist()]) == 6
     entry = next(p for p in (tmp_path / "node").iterdir() if p.name.endswith(".tar"))
     entry.write_bytes(entry.read_bytes()[:1000])
-    node_cache.configure(str(tmp_path / "elsewhere"), None, 2)  # the next build opens the cache anew
-    loader = build_loader(config, "val")
+    loader = build_loader(config, "val")  # the first closed: its cache is opened anew (and repaired)
     assert len([label for _, labels in loader for label in labels.tolist()]) == 6
     # fetched once by the cache opened anew: ahead of the epoch (while the loader was built) or in it
-    assert node_cache.counters().fetched_shards == 1 and entry.stat().st_size > 1000
+    assert node_cache.counters(loader.index.store).fetched_shards == 1 and entry.stat().st_size > 1000
 
 
 def test_shard_patterns_in_a_store_name_what_they_lack(tmp_path, object_store, request):
@@ -414,3 +413,36 @@ def test_leaving_a_loop_mid_epoch_exits_without_an_ignored_exception(tmp_path, o
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=180)
     assert done.returncode == 0 and done.stdout.strip() == "left mid-epoch", done.stderr
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_loaders_with_their_own_remote_settings_keep_their_own_cache_and_client(tmp_path, object_store, request,
+                                                                                     backend):
+    """Two loaders of one process with different dataset.remote (cache_dir, cache_limit, retry_timeout),
+    built one after the other and read in turn: each fetches into its own folder under its own limit,
+    with its own client's settings, and counts its own fetches. (The settings were the process's once:
+    the second build's replaced the first's, whose shards then went to the second's folder.)"""
+    folder = packed(tmp_path, per_class=2, per_shard=6)
+    url = uploaded(object_store, bucket_for(request), folder)
+    shards = {"val": f"{url}/val-*.tar"}
+
+    def loader(name: str, limit: str, retry: float):
+        return build_loader(remote_config(tmp_path, shards, backend=backend, dataset={"remote": {
+            "cache_dir": str(tmp_path / name), "cache_limit": limit, "retry_timeout": retry}}), "val")
+
+    first, second = loader("a", "64MB", 7), loader("b", "32MB", 9)
+    try:
+        for reader in (first, second, first):
+            assert sorted(label for _, labels in reader for label in labels.tolist()) == [0, 0, 1, 1, 2, 2]
+        caches = [node_cache.cache_of(reader.index.store) for reader in (first, second)]
+        assert [cache.folder for cache in caches] == [tmp_path / "a", tmp_path / "b"]
+        assert [cache.limit for cache in caches] == [64 << 20, 32 << 20]
+        assert [cache.client.settings.retry_timeout for cache in caches] == [7, 9]
+        held = [sorted(p.name for p in (tmp_path / name).iterdir() if p.name.endswith(".tar")) for name in "ab"]
+        assert held[0] and held[0] == held[1]  # each folder holds the one shard, fetched by its own loader
+        assert [node_cache.counters(reader.index.store).fetched_shards for reader in (first, second)] == [1, 1]
+    finally:
+        first.close()
+        second.close()
+    with pytest.raises(StoreError, match="is closed"):
+        node_cache.cache_of(first.index.store)  # released with its loader

@@ -24,7 +24,7 @@ and the user's, and the one way to read a sample's bytes (reading.py).
   locations.py      the byte vocabulary: Location, Identity, the refusals, open_regular, ReadArena (a leaf)
   urls.py           which paths are object-store URLs (a leaf)
   reading.py        read_bytes / open_bytes: a whole file, a byte range of a shard, a source's sample
-  stores.py         dataset.remote as one value, opened where a split is prepared
+  stores.py         dataset.remote as one value, opened where a split is prepared, released with its loader
   remote.py         the object store (s3://, gs://, az://, https://): listing, sizes and ETags, ranges, downloads
   file_locks.py     the node cache's flocks, waited for while their holder gets on
   node_cache.py     shards of a store on a local disk, fetched once per node, bounded, fetched ahead

@@ -16,7 +16,7 @@ from ..samples import SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
 from . import folder, multi, parquet, webdataset  # noqa: F401  (each registers its formats)
 from .registry import FORMATS, Format, IndexedSource
-from .stores import StoreSettings, reads_a_store
+from .stores import StoreSettings, reads_a_store, release_store
 from .user_source import from_factory, index_of, named_source
 
 
@@ -35,10 +35,21 @@ def split_source(config: Config, split: SplitConfig, given: object | None = None
 def build_index(config: Config, split: SplitConfig, given: object | None = None,
                 store: StoreSettings | None = None) -> SampleIndex:
     """The split's samples, names, labels and where their bytes are (split_source's, indexed). A
-    split that names objects in a store opens it first, with `store` (the factory's) or the config's
-    dataset.remote."""
+    split that names objects in a store opens its node cache first, with `store` (the factory's) or
+    the config's dataset.remote: the index carries the cache's token (`store`), which the loader
+    releases when it closes."""
+    token = ""
     if given is None and reads_a_store(config, split):
-        (store or StoreSettings.of(config)).open()
+        token = (store or StoreSettings.of(config)).open().token
+    try:
+        index = _indexed(config, split, given)
+    except BaseException:
+        release_store(token)
+        raise
+    return dataclasses.replace(index, store=token) if token else index
+
+
+def _indexed(config: Config, split: SplitConfig, given: object | None) -> SampleIndex:
     source = split_source(config, split, given)
     if isinstance(source, IndexedSource):  # a built-in format's: its own index, byte ranges and all
         return source.index
@@ -72,4 +83,4 @@ def index_source(config: Config, split: SplitConfig, source: SourceConfig) -> Sa
     """One source of a split (as a split of its own, multi.source_split), indexed by its format."""
     fmt = source_format(source)
     config = dataclasses.replace(config, dataset=dataclasses.replace(config.dataset, format=fmt))
-    return build_index(config, split)
+    return _indexed(config, split, None)  # its store (the split's) opened by the split's build_index

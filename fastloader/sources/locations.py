@@ -71,6 +71,9 @@ class Location(NamedTuple):
     source: str = ""
     """A sample of a source read through the Source protocol (sources/protocol.py): the token of the
     opened source, whose read(start) gives the bytes (`file` is then the source's name); "": a file."""
+    store: str = ""
+    """A file in an object store: the token of the node cache its loader opened (node_cache.open_cache),
+    whose copy is read; "": the default cache (a Location made outside a loader)."""
 
     @property
     def whole_file(self) -> bool:

@@ -25,8 +25,12 @@ Why these rules:
 - **Repaired at start.** The partials of a killed run are not locked by anyone: removed, with any
   complete-looking shard whose size is not its name's, when a process first opens the cache.
 
+Each loader opens the cache its dataset.remote names (`open_cache`: a token for its Locations, the
+same NodeCache for the same folder and limit, released when the loader closes), so two loaders with
+different settings in one process keep their own folder, limit and client.
+
 obstore cannot run in a forked process (remote.py): a forked reader (a DataLoader worker) asks the
-process that configured the cache, over a Unix socket, to fetch a shard, then reads the file itself.
+process that opened the cache, over a Unix socket, to fetch a shard, then reads the file itself.
 That process also counts what every reader waited and what was fetched (`counters`), and runs the
 fetch-ahead (`Plan`): the shards an epoch will read, in the order it reads them, downloaded by
 `dataset.remote.concurrency` threads while the limit holds them besides those still to be read.
@@ -87,18 +91,26 @@ class Counters:
                         self.wait_s - before.wait_s, self.evicted - before.evicted)
 
 
-def info_of(location: Location) -> remote.ObjectInfo:
-    """The object a Location's shard is, as indexed (size, ETag), or as the store says now."""
+def info_of(location: Location, client: remote.Client | None = None) -> remote.ObjectInfo:
+    """The object a Location's shard is, as indexed (size, ETag), or as the store says now (`client`
+    asked; its cache's where none is given)."""
     identity = location.identity
     if identity is None or not identity.etag:
-        return remote.stat(location.file)
+        return (client or cache_of(location.store).client).stat(location.file)
     return remote.ObjectInfo(location.file, identity.size, identity.etag, identity.mtime_ns)
 
 
 class NodeCache:
-    def __init__(self, folder: str | os.PathLike, limit: int | None, concurrency: int):
+    def __init__(self, folder: str | os.PathLike, limit: int | None, concurrency: int,
+                 client: remote.Client | None = None, token: str = ""):
         self.folder = Path(folder)
         self.concurrency = concurrency
+        self.client = client or remote.client_for(remote.Settings())
+        """What fetches its shards: the client of the dataset.remote that opened it."""
+        self.token = token
+        """Its name in this process's table of open caches (Location.store)."""
+        self.key: tuple = ()
+        """What it was opened with (open_cache's table)."""
         self.owner = os.getpid()
         self.counters = Counters()
         self.protected: dict[str, int] = {}
@@ -153,7 +165,7 @@ class NodeCache:
                 progress: Callable[[], object] | None = None):
         """An exclusive lock on `path`, waited for while its holder gets on (file_locks: a stopped
         holder is named after dataset.remote.retry_timeout, never waited for for ever)."""
-        return file_locks.locked(path, False, remote.settings().retry_timeout, what, progress)
+        return file_locks.locked(path, False, self.client.settings.retry_timeout, what, progress)
 
     def _download_moved(self, entry: Path) -> Callable[[], object]:
         """What changes while some process downloads this shard: its partial files' write times."""
@@ -257,7 +269,7 @@ class NodeCache:
                 with self.lock:
                     self.counters.fetched_bytes += done
             try:
-                remote.download(info, fd, count)
+                self.client.download(info, fd, count)
             except remote.Changed:
                 raise ContainerChanged(errno.ESTALE, f"the shard {info.url} changed since it was indexed (its ETag is "
                                                      f"no longer {info.etag}); its members are refused until a new "
@@ -293,7 +305,7 @@ class NodeCache:
         if info.size > self.limit:
             raise StoreError(f"{info.url} ({human_bytes(info.size)}) is larger than the node cache's limit, "
                              f"{self.limit_words}; raise dataset.remote.cache_limit")
-        deadline = time.monotonic() + remote.settings().retry_timeout
+        deadline = time.monotonic() + self.client.settings.retry_timeout
         while True:
             with self._locked(self.folder / ".account.lock"):
                 if self._evict(info.size):
@@ -325,7 +337,7 @@ class NodeCache:
     def opened(self, location: Location) -> Iterator[int]:
         """A descriptor of the shard's complete local copy, under a shared lock (no eviction while
         the body reads), fetched first where it is missing."""
-        info = info_of(location)
+        info = info_of(location, self.client)
         entry = self.entry(info)
         for _ in range(EVICTED_RETRIES):
             try:
@@ -337,7 +349,7 @@ class NodeCache:
                 raise StoreError(f"the node cache's copy of {info.url} is {error}: no run of fastloader writes one; "
                                  f"remove it (a new loader's start removes it too)") from None
             try:
-                file_locks.wait_for(fd, True, remote.settings().retry_timeout,
+                file_locks.wait_for(fd, True, self.client.settings.retry_timeout,
                                     f"the node cache's copy of {info.url}, locked to be evicted,", entry)
                 if os.fstat(fd).st_nlink == 0:  # evicted between the open and the lock
                     continue
@@ -354,7 +366,7 @@ class NodeCache:
         """Remove the shard's copy that was read as inode `inode` (damaged: its bytes are not what
         the store sent), so that the next read fetches it again; a newer copy is left alone. `why`:
         what the read found (default: a member's tar header that is not the one indexed)."""
-        entry = self.entry(info_of(location))
+        entry = self.entry(info_of(location, self.client))
         why = why or f"the tar header before {location.name} is not the one indexed"
         with contextlib.suppress(FileNotFoundError):
             if os.lstat(entry).st_ino == inode:
@@ -367,7 +379,7 @@ class NodeCache:
         """(inode, mtime in ns) of the shard's local copy now, which tells one copy from the next; None
         where there is none."""
         try:
-            info = os.lstat(self.entry(info_of(location)))
+            info = os.lstat(self.entry(info_of(location, self.client)))
         except FileNotFoundError:
             return None
         return info.st_ino, info.st_mtime_ns
@@ -384,7 +396,7 @@ class NodeCache:
         if os.getpid() == self.owner:
             self.ensure(info, reader=True)
         else:
-            _client().fetch(info)
+            _client().fetch(self.token, info)
 
 
 def _remove_unread(path: str | Path) -> bool:
@@ -439,12 +451,13 @@ def _allocate(fd: int, size: int) -> None:
 
 
 class _Service:
-    """In the process that owns the client: fetches what forked readers ask for, one thread each."""
+    """In the process that owns the client: fetches what forked readers ask for (a shard of an open
+    cache, by its token), one thread each."""
 
-    def __init__(self, cache: NodeCache):
+    def __init__(self):
         from multiprocessing.connection import Listener
 
-        self.cache, self.key = cache, os.urandom(16)
+        self.owner, self.key = os.getpid(), os.urandom(16)
         self.listener = Listener(family="AF_UNIX", authkey=self.key)
         self.address = self.listener.address
         threading.Thread(target=self._accept, name="fastloader-node-cache", daemon=True).start()
@@ -463,11 +476,12 @@ class _Service:
         with connection:
             while True:
                 try:
-                    info = remote.ObjectInfo(*connection.recv())
+                    token, fields = connection.recv()
+                    info = remote.ObjectInfo(*fields)
                 except (EOFError, OSError):
                     return
                 try:
-                    self.cache.ensure(info, reader=True)
+                    cache_of(token).ensure(info, reader=True)
                     answer = ("ok", "")
                 except ContainerChanged as error:
                     answer = ("changed", str(error))
@@ -487,12 +501,12 @@ class _Client:
 
         self.connection = Client(address, family="AF_UNIX", authkey=key)
 
-    def fetch(self, info: remote.ObjectInfo) -> None:
+    def fetch(self, token: str, info: remote.ObjectInfo) -> None:
         try:
-            self.connection.send(tuple(info))
+            self.connection.send((token, tuple(info)))
             kind, message = self.connection.recv()
         except (EOFError, OSError) as error:
-            raise StoreError(f"{info.url}: the process that fetches shards for this one (pid {_state.cache.owner}) "
+            raise StoreError(f"{info.url}: the process that fetches shards for this one (pid {_state.service_owner}) "
                              f"no longer answers ({error or type(error).__name__})") from None
         if kind == "changed":
             raise ContainerChanged(errno.ESTALE, message, info.url)
@@ -503,10 +517,17 @@ class _Client:
 
 
 class _State:
-    cache: NodeCache | None = None
+    caches: dict[str, NodeCache] = {}
+    """The open caches by token: what Locations' `store` names, in this process and its forked readers."""
+    tokens: dict[tuple, str] = {}
+    """(folder, limit, concurrency, client) -> the token of the cache open with them."""
+    holders: dict[str, int] = {}
+    """token -> how many opens (loaders) hold it; released at 0."""
+    numbers = itertools.count(1)
     service: _Service | None = None
     address = None
     key = b""
+    service_owner = 0
     client: _Client | None = None
     client_pid = 0
     lock = threading.Lock()
@@ -518,8 +539,8 @@ _state = _State()
 def _forked() -> None:
     _state.lock = threading.Lock()
     _state.client = None
-    if _state.cache is not None:
-        _state.cache.lock = threading.Lock()
+    for cache in _state.caches.values():
+        cache.lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -534,32 +555,59 @@ def _client() -> _Client:
     return _state.client
 
 
-def configure(cache_dir: str | None, limit: int | None, concurrency: int) -> NodeCache:
-    """Use this node cache from now on in this process (and the readers it forks); repaired when opened."""
+def open_cache(cache_dir: str | None, limit: int | None, concurrency: int,
+               client: remote.Client | None = None) -> NodeCache:
+    """The node cache in `cache_dir` under `limit`, fetching with `client`, for one more holder (a
+    loader, which calls `release(cache.token)` when it closes): opened and repaired the first time,
+    the same object for the same settings while a holder keeps it (two loaders with other settings
+    get caches of their own, on one folder or two). Forked readers find it by its token."""
     folder = Path(cache_dir) if cache_dir else remote_cache_folder()
+    client = client or remote.client_for(remote.Settings())
     with _state.lock:
-        cache = _state.cache
-        if cache is None or cache.folder != folder or cache.owner != os.getpid() or \
-                (limit is not None and cache.limit != limit):
-            cache = NodeCache(folder, limit, concurrency)
-            _state.cache = cache
-            if _state.service is None or _state.service.cache.owner != os.getpid():
-                _state.service = _Service(cache)
-            _state.service.cache = cache
-            _state.address, _state.key = _state.service.address, _state.service.key
-        cache.concurrency = concurrency
+        key = (str(folder), limit, concurrency, id(client))  # clients live as long as the process
+        token = _state.tokens.get(key)
+        cache = _state.caches.get(token) if token else None
+        if cache is None or cache.owner != os.getpid():  # none yet, or a forked copy of the parent's
+            token = token if cache is not None else f"{os.getpid()}-{next(_state.numbers)}"
+            cache = NodeCache(folder, limit, concurrency, client, token)
+            cache.key = key
+            _state.caches[token], _state.tokens[key] = cache, token
+            _state.holders[token] = 0
+            if _state.service is None or _state.service.owner != os.getpid():
+                _state.service = _Service()
+                _state.address, _state.key = _state.service.address, _state.service.key
+                _state.service_owner = os.getpid()
+        _state.holders[token] = _state.holders.get(token, 0) + 1
         return cache
 
 
-def current() -> NodeCache:
-    """This process's node cache: as configured, else the default one (where it has none yet)."""
-    if _state.cache is None:
-        return configure(None, None, 8)
-    return _state.cache
+def release(token: str) -> None:
+    """A holder of the cache is done (its loader closed): the last one takes it out of the table."""
+    with _state.lock:
+        if token not in _state.holders:
+            return
+        _state.holders[token] -= 1
+        if _state.holders[token] <= 0:
+            cache = _state.caches.pop(token)
+            del _state.holders[token]
+            _state.tokens.pop(cache.key, None)
 
 
-def counters() -> Counters:
-    cache = _state.cache
+def cache_of(token: str) -> NodeCache:
+    """The open cache a Location's `store` names; "" (a Location made outside a loader): the default
+    cache, in $FASTLOADER_CACHE_DIR/remote, opened the first time."""
+    cache = _state.caches.get(token)
+    if cache is not None:
+        return cache
+    if token:
+        raise StoreError(f"the node cache this shard was indexed with (token {token}) is closed: its loader was "
+                         f"closed; build a new loader to read it")
+    return open_cache(None, None, 8)
+
+
+def counters(token: str) -> Counters:
+    """What the cache of `token` fetched and what its readers waited, so far in this process."""
+    cache = _state.caches.get(token)
     if cache is None:
         return Counters()
     with cache.lock:
@@ -658,7 +706,7 @@ class Plan:
 
 
 def plan(files: Sequence[str], identities: Sequence[Identity] | None, sequence: np.ndarray,
-         label: str) -> Plan | None:
+         label: str, token: str) -> Plan | None:
     """A Plan for reading files[sequence[0]], files[sequence[1]] ... (one entry per sample, in the
     order this rank reads them); None when nothing is to be read."""
     if not len(sequence):
@@ -667,7 +715,8 @@ def plan(files: Sequence[str], identities: Sequence[Identity] | None, sequence: 
     last = len(sequence) - 1 - np.unique(sequence[::-1], return_index=True)[1]
     by_first = np.argsort(first, kind="stable")
     infos = []
+    cache = cache_of(token)
     for container in order[by_first].tolist():
         identity = identities[container] if identities is not None else None
-        infos.append(info_of(Location(files[container], files[container], 0, 0, 0, identity)))
-    return Plan(current(), infos, last[by_first], label)
+        infos.append(info_of(Location(files[container], files[container], 0, 0, 0, identity), cache.client))
+    return Plan(cache, infos, last[by_first], label)

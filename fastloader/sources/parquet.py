@@ -41,6 +41,7 @@ from .multi import files_format_key, order_split
 from .parquet_pages import parquet_ranges
 from .registry import Format, indexed, register_format
 from .row_groups import ROW_GROUP_CACHE
+from .stores import client_of
 from .table_scan import TableScan, Unreadable
 from .webdataset import Excluded, listed_files
 
@@ -328,7 +329,7 @@ def _scan(path: str, kind: str, config: Config, info: remote.ObjectInfo | None, 
     import pyarrow.parquet as pq
 
     if info is not None:
-        reader = remote.RangeFile(info)
+        reader = remote.RangeFile(info, client_of(config))
         pread, size, identity = reader.pread, info.size, Identity(0, info.size, info.mtime_ns, info.etag)
         source = _StoredFile(reader, info.size)
     else:

@@ -78,7 +78,7 @@ def _from_node_cache(location: Location) -> bytearray:
     unsynced write leaves zeros of the right size): it is removed and fetched again, once. Labels
     taken from the `.idx` beside the shard are checked against the copy first (_labels_checked)."""
 
-    cache = node_cache.current()
+    cache = node_cache.cache_of(location.store)
     for attempt in range(2):
         with cache.opened(location) as fd:
             try:
@@ -131,7 +131,7 @@ def fetch_again(location: Location, why: str) -> bool:
     before calling it bad)."""
     if not is_url(location.file) or location.source:
         return False
-    cache = node_cache.current()
+    cache = node_cache.cache_of(location.store)
     stamp = cache.copy_stamp(location)
     if stamp is None or (location.file, stamp) in _CHECKED_COPIES:
         return False
@@ -301,19 +301,19 @@ def keep_open(files) -> None:
             pass  # named when a sample of it is read
 
 
-def will_read(files: Sequence[str], identities: Sequence[Identity] | None, sequence, label: str):
+def will_read(files: Sequence[str], identities: Sequence[Identity] | None, sequence, label: str, store: str):
     """The loader is about to read files[sequence[0]], files[sequence[1]] ... (one per sample, in
     order): shards in an object store are fetched ahead in that order (node_cache.Plan, which takes
     `reached(position)` and `cancel()`); None for local files, which need nothing."""
     if not len(files) or not is_url(files[0]):
         return None
-    return node_cache.plan(files, identities, sequence, label)
+    return node_cache.plan(files, identities, sequence, label, store)
 
 
-def fetch_counters():
-    """What the node cache fetched and what readers waited for it, so far in this process
-    (node_cache.Counters; zeros without shards in an object store)."""
-    return node_cache.counters()
+def fetch_counters(store: str):
+    """What the node cache of `store` (an index's token) fetched and what readers waited for it, so
+    far in this process (node_cache.Counters; zeros without shards in an object store)."""
+    return node_cache.counters(store)
 
 
 class _OpenContainers:

@@ -13,8 +13,12 @@ errors that name the URL and the variable to set. Only this module and node_cach
 store; the others read Locations (reading.py).
 
 obstore's runtime does not survive a fork: a process forked after it made a request hangs on its
-next one. So the store is used only by the process that configured it (and its threads); forked
+next one. So the store is used only by the process that made the client (and its threads); forked
 readers (DataLoader workers) ask that process (node_cache.py), and `check_process` refuses the rest.
+
+A `Client` is one dataset.remote's settings and the stores made with them: `client_for(settings)`
+gives the same one for the same settings (and store environment), another for others, so two loaders
+with different settings in one process each keep their own.
 """
 from __future__ import annotations
 
@@ -84,30 +88,24 @@ class ObjectInfo(NamedTuple):
     mtime_ns: int = 0
 
 
-_settings = Settings()
-_stores: dict[str, object] = {}
-_lock = threading.Lock()
 _owner = 0
 """The process that first spoke to a store (obstore's runtime lives there): 0 before any request."""
 
-
 _ENVIRONMENT = ("AWS_", "GOOGLE_", "AZURE_", "ALLOW_HTTP")
-_environment: tuple = ()
+_clients: dict[tuple, "Client"] = {}
+_clients_lock = threading.Lock()
 
 
-def configure(settings: Settings) -> None:
-    """Use these client settings from now on: the stores are made again where they, or the stores'
-    environment variables, changed since."""
-    global _settings, _environment
+def client_for(settings: Settings) -> "Client":
+    """The client of these settings: the same one while they and the stores' environment variables
+    are unchanged (its stores, one per bucket or host, are reused), a new one where either differs."""
     environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENVIRONMENT)))
-    with _lock:
-        if settings.key() != _settings.key() or environment != _environment:
-            _stores.clear()
-        _settings, _environment = settings, environment
-
-
-def settings() -> Settings:
-    return _settings
+    key = (settings.key(), environment)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = Client(settings)
+        return client
 
 
 def check_process(url: str) -> None:
@@ -184,43 +182,6 @@ def _check_endpoint(options: Mapping[str, str], allow_http: bool) -> None:
                               f"https:// endpoint")
 
 
-def _store(root: str):
-    global _owner
-    check_process(root)
-    with _lock:
-        store = _stores.get(root)
-        if store is not None:
-            return store
-        from obstore.exceptions import BaseError
-        from obstore.store import from_url
-
-        timeout = f"{_settings.timeout}s"
-        client = {"timeout": timeout, "connect_timeout": f"{min(_settings.timeout, 10.0)}s"}
-        allow_http = os.environ.get("AWS_ALLOW_HTTP", "") or os.environ.get("ALLOW_HTTP", "")
-        if root.startswith("http://") or _truthy(allow_http):
-            client["allow_http"] = True  # given client options, obstore no longer reads AWS_ALLOW_HTTP itself
-        retry = {"max_retries": _settings.retries, "retry_timeout": timedelta(seconds=_settings.retry_timeout),
-                 "backoff": {"init_backoff": timedelta(seconds=0.1), "max_backoff": timedelta(seconds=15), "base": 2}}
-        options = dict(_settings.options)
-        if "allow_http" in options:
-            client["allow_http"] = _truthy(options.pop("allow_http"))
-        if kind(root) != "https":
-            _check_endpoint(options, bool(client.get("allow_http")))
-        try:
-            if kind(root) == "https":
-                store = from_url(root, client_options=client, retry_config=retry)
-            else:
-                store = from_url(root, config=options or None, client_options=client, retry_config=retry)
-        except BaseException as error:
-            if not isinstance(error, BaseError) and not _is_panic(error):
-                raise
-            raise ConfigError(f"dataset.remote.options: {_first_line(error)} (for {root}); the options are obstore's "
-                              f"for this kind of store (docs/clusters.md#shards-in-an-object-store)") from None
-        _owner = _owner or os.getpid()
-        _stores[root] = store
-        return store
-
-
 def _is_panic(error: BaseException) -> bool:
     """obstore's Rust code panicked (pyo3's PanicException: a BaseException, not an Exception)."""
     return type(error).__name__ == "PanicException"
@@ -241,7 +202,7 @@ class Changed(Exception):
     """The object is no longer the one indexed: its ETag changed (If-Match failed)."""
 
 
-def _explain(error: BaseException, url: str, doing: str) -> BaseException:
+def _explain(error: BaseException, url: str, doing: str, settings: Settings) -> BaseException:
     """The client's error as one that names the URL and what to set: FileNotFoundError (no such
     object), ConfigError (refused credentials, a bad option), Changed, or StoreError (unreachable)."""
     from obstore import exceptions
@@ -272,33 +233,8 @@ def _explain(error: BaseException, url: str, doing: str) -> BaseException:
         return ConfigError(f"{url}: {doing} failed: the client could not make the request ({text}); check "
                            f"dataset.remote.options and {where or 'the URL'}")
     where_hint = f"; check the network, or {where}" if where else "; check the network"
-    return StoreError(f"{url}: {doing} failed after {_settings.retries} retries within "
-                      f"dataset.remote.retry_timeout ({_settings.retry_timeout:g} s): {text}{where_hint}")
-
-
-def _retrying(url: str, doing: str, call: Callable):
-    """call(), its client's errors explained. The client retries a request that failed before its
-    body came (5xx, refused or reset connections, timeouts); a body cut short is retried here, with
-    backoff, within the same dataset.remote.retry_timeout. So is a request whose client retries were
-    all spent before that time: the client's backoff is jittered, and its 10 retries once ended
-    within 1.4 s of a store that was back 1.5 s after it went away."""
-    from obstore.exceptions import BaseError, NotFoundError, PermissionDeniedError, PreconditionError
-
-    started, delay = time.monotonic(), 0.1
-    while True:
-        try:
-            return call()
-        except (NotFoundError, PermissionDeniedError, PreconditionError, FileNotFoundError) as error:
-            raise _explain(error, url, doing) from None
-        except BaseException as error:
-            if not isinstance(error, (BaseError, OSError)) and not _is_panic(error):
-                raise
-            explained = _explain(error, url, doing)
-            late = time.monotonic() - started + delay > _settings.retry_timeout
-            if not isinstance(explained, StoreError) or late:
-                raise explained from None
-            time.sleep(delay)
-            delay = min(delay * 2, 15.0)
+    return StoreError(f"{url}: {doing} failed after {settings.retries} retries within "
+                      f"dataset.remote.retry_timeout ({settings.retry_timeout:g} s): {text}{where_hint}")
 
 
 # -- what is where -------------------------------------------------------------------------------------
@@ -310,97 +246,6 @@ def _meta(url: str, meta: Mapping) -> ObjectInfo:
                       int(modified.timestamp() * 1e9) if modified is not None else 0)
 
 
-def stat(url: str) -> ObjectInfo:
-    """The object's size and ETag (a HEAD request); FileNotFoundError where there is none."""
-    import obstore
-
-    root, path = _split(url)
-    store = _store(root)
-    return _retrying(url, "reading its size", lambda: _meta(url, obstore.head(store, path)))
-
-
-def _listing(folder_url: str) -> dict[str, ObjectInfo]:
-    """The objects directly in a folder (`s3://bucket/a/`), by URL: one listing request per 1,000."""
-    import obstore
-
-    root, prefix = _split(folder_url)
-    store = _store(root)
-    prefix = prefix.rstrip("/")
-
-    def listed() -> dict[str, ObjectInfo]:
-        result = obstore.list_with_delimiter(store, prefix=f"{prefix}/" if prefix else None)
-        return {f"{root}/{meta['path']}": _meta(f"{root}/{meta['path']}", meta) for meta in result["objects"]}
-    return _retrying(folder_url, "listing its objects", listed)
-
-
-def stat_many(urls: Sequence[str]) -> dict[str, ObjectInfo | BaseException]:
-    """Each URL's ObjectInfo, or the error that says why there is none (FileNotFoundError: no such
-    object). Where a folder holds several, one listing says their sizes and ETags; else a HEAD each,
-    in parallel. A missing bucket or refused credentials raise (ConfigError) at once."""
-    folders: dict[str, list[str]] = {}
-    for url in urls:
-        folders.setdefault(url.rsplit("/", 1)[0], []).append(url)
-    found: dict[str, ObjectInfo | BaseException] = {}
-    heads = []
-    for folder, members in folders.items():
-        listed = None
-        if len(members) >= LISTED_FROM and kind(folder) != "https":
-            try:
-                listed = _listing(folder)
-            except OddKeyError as error:  # an odd key beside them: each is looked up by itself instead
-                log.warning("%s; the %d shards named in it are looked up one by one instead", error, len(members))
-        if listed is not None:
-            for url in members:
-                found[url] = listed.get(url) or FileNotFoundError(2, "no such object", url)
-        else:
-            heads += members
-    with ThreadPoolExecutor(min(STAT_THREADS, max(1, len(heads)))) as pool:
-        for url, result in zip(heads, pool.map(_stat_or_error, heads)):
-            found[url] = result
-    missing = [url for url in urls if isinstance(found[url], FileNotFoundError)]
-    if missing and len(missing) == len(urls):
-        _check_bucket(missing[0])
-    for result in found.values():
-        if isinstance(result, ConfigError):
-            raise result
-    return found
-
-
-def _stat_or_error(url: str) -> ObjectInfo | BaseException:
-    try:
-        return stat(url)
-    except (OSError, ConfigError) as error:
-        return error
-
-
-def _check_bucket(url: str) -> None:
-    """A missing object whose bucket is missing too: a ConfigError that says so (a HEAD cannot tell)."""
-    if kind(url) != "https":
-        _listing(url.rsplit("/", 1)[0])
-
-
-def glob(pattern: str) -> list[ObjectInfo]:
-    """The objects whose URL matches a glob (`s3://bucket/train-*.tar`), sorted: a listing of the
-    folders before the first wildcard, matched as `glob` matches paths (`*` within one folder)."""
-    if kind(pattern) == "https":
-        raise ConfigError(f"{pattern}: an https:// URL cannot be a glob (an HTTP server has no listing); name the "
-                          f"shards with a brace range, e.g. train-{{000000..000099}}.tar")
-    import obstore
-
-    root, path = _split(pattern)
-    fixed = path[:min(path.index(c) for c in "*?[" if c in path)]
-    folder = fixed.rsplit("/", 1)[0] if "/" in fixed else ""
-    store = _store(root)
-
-    def listed() -> list[ObjectInfo]:
-        objects = []
-        for page in obstore.list(store, prefix=f"{folder}/" if folder else None):
-            objects += [_meta(f"{root}/{meta['path']}", meta) for meta in page
-                        if _matches(meta["path"], path)]
-        return sorted(objects)
-    return _retrying(pattern, "listing the objects it matches", listed)
-
-
 def _matches(path: str, pattern: str) -> bool:
     """fnmatch per folder level, as glob does: `*` never crosses a '/'."""
     parts, wanted = path.split("/"), pattern.split("/")
@@ -410,64 +255,219 @@ def _matches(path: str, pattern: str) -> bool:
 has_magic = local_glob.has_magic
 
 
-# -- bytes ---------------------------------------------------------------------------------------------
+# -- the client: listings, sizes and bytes --------------------------------------------------------------
 
 
-def read_range(url: str, start: int, length: int, etag: str = "") -> bytes:
-    """`length` bytes from `start` (fewer at the object's end); an ETag makes it conditional (Changed)."""
-    import obstore
+class Client:
+    """One dataset.remote's client settings and the stores made with them (one per bucket or host):
+    what lists, stats and reads objects. `client_for` gives it; nothing here is set for the process."""
 
-    if length <= 0:
-        return b""
-    root, path = _split(url)
-    store = _store(root)
-    options: dict = {"range": (start, start + length)}
-    if etag:
-        options["if_match"] = etag
-    return _retrying(url, f"reading bytes {start}-{start + length}",
-                     lambda: bytes(obstore.get(store, path, options=options).bytes()))
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._stores: dict[str, object] = {}
+        self._lock = threading.Lock()
 
+    def _store(self, root: str):
+        global _owner
+        check_process(root)
+        with self._lock:
+            store = self._stores.get(root)
+            if store is not None:
+                return store
+            from obstore.exceptions import BaseError
+            from obstore.store import from_url
 
-def read_object(url: str) -> bytes:
-    """A small object whole (an index beside a shard, a classes file); FileNotFoundError where there is none."""
-    import obstore
+            timeout = f"{self.settings.timeout}s"
+            client = {"timeout": timeout, "connect_timeout": f"{min(self.settings.timeout, 10.0)}s"}
+            allow_http = os.environ.get("AWS_ALLOW_HTTP", "") or os.environ.get("ALLOW_HTTP", "")
+            if root.startswith("http://") or _truthy(allow_http):
+                client["allow_http"] = True  # given client options, obstore no longer reads AWS_ALLOW_HTTP itself
+            settings = self.settings
+            retry = {"max_retries": settings.retries, "retry_timeout": timedelta(seconds=settings.retry_timeout),
+                     "backoff": {"init_backoff": timedelta(seconds=0.1), "max_backoff": timedelta(seconds=15),
+                                 "base": 2}}
+            options = dict(self.settings.options)
+            if "allow_http" in options:
+                client["allow_http"] = _truthy(options.pop("allow_http"))
+            if kind(root) != "https":
+                _check_endpoint(options, bool(client.get("allow_http")))
+            try:
+                if kind(root) == "https":
+                    store = from_url(root, client_options=client, retry_config=retry)
+                else:
+                    store = from_url(root, config=options or None, client_options=client, retry_config=retry)
+            except BaseException as error:
+                if not isinstance(error, BaseError) and not _is_panic(error):
+                    raise
+                raise ConfigError(f"dataset.remote.options: {_first_line(error)} (for {root}); the options are "
+                                  f"obstore's for this kind of store (docs/clusters.md#shards-in-an-object-store)"
+                                  ) from None
+            _owner = _owner or os.getpid()
+            self._stores[root] = store
+            return store
 
-    root, path = _split(url)
-    store = _store(root)
-    return _retrying(url, "reading it", lambda: bytes(obstore.get(store, path).bytes()))
+    def _retrying(self, url: str, doing: str, call: Callable):
+        """call(), its client's errors explained. The client retries a request that failed before its
+        body came (5xx, refused or reset connections, timeouts); a body cut short is retried here, with
+        backoff, within the same dataset.remote.retry_timeout. So is a request whose client retries were
+        all spent before that time: the client's backoff is jittered, and its 10 retries once ended
+        within 1.4 s of a store that was back 1.5 s after it went away."""
+        from obstore.exceptions import BaseError, NotFoundError, PermissionDeniedError, PreconditionError
 
+        started, delay = time.monotonic(), 0.1
+        while True:
+            try:
+                return call()
+            except (NotFoundError, PermissionDeniedError, PreconditionError, FileNotFoundError) as error:
+                raise _explain(error, url, doing, self.settings) from None
+            except BaseException as error:
+                if not isinstance(error, (BaseError, OSError)) and not _is_panic(error):
+                    raise
+                explained = _explain(error, url, doing, self.settings)
+                late = time.monotonic() - started + delay > self.settings.retry_timeout
+                if not isinstance(explained, StoreError) or late:
+                    raise explained from None
+                time.sleep(delay)
+                delay = min(delay * 2, 15.0)
 
-def download(info: ObjectInfo, fd: int, on_bytes: Callable[[int], None] | None = None) -> None:
-    """The whole object into the open file `fd` (from offset 0), in ranged requests of PART_BYTES,
-    each conditional on the ETag indexed (Changed when it differs) and retried on its own."""
-    import obstore
+    def stat(self, url: str) -> ObjectInfo:
+        """The object's size and ETag (a HEAD request); FileNotFoundError where there is none."""
+        import obstore
 
-    root, path = _split(info.url)
-    store = _store(root)
-    for start in range(0, info.size, PART_BYTES):
-        end = min(info.size, start + PART_BYTES)
-        options: dict = {"range": (start, end)}
-        if info.etag:
-            options["if_match"] = info.etag
+        root, path = _split(url)
+        store = self._store(root)
+        return self._retrying(url, "reading its size", lambda: _meta(url, obstore.head(store, path)))
 
-        def part(start=start, end=end, options=options) -> None:
-            written = start
-            for chunk in obstore.get(store, path, options=options).stream(min_chunk_size=1 << 20):
-                view = memoryview(chunk)
-                while len(view):
-                    try:
-                        count = os.pwrite(fd, view, written)
-                    except OSError as error:  # the local disk's, not the store's: never retried
-                        raise _Written(error) from None
-                    view, written = view[count:], written + count
-            if written != end:
-                raise StoreError(f"{info.url}: the store sent {written - start} bytes of bytes {start}-{end}")
+    def _listing(self, folder_url: str) -> dict[str, ObjectInfo]:
+        """The objects directly in a folder (`s3://bucket/a/`), by URL: one listing request per 1,000."""
+        import obstore
+
+        root, prefix = _split(folder_url)
+        store = self._store(root)
+        prefix = prefix.rstrip("/")
+
+        def listed() -> dict[str, ObjectInfo]:
+            result = obstore.list_with_delimiter(store, prefix=f"{prefix}/" if prefix else None)
+            return {f"{root}/{meta['path']}": _meta(f"{root}/{meta['path']}", meta) for meta in result["objects"]}
+        return self._retrying(folder_url, "listing its objects", listed)
+
+    def stat_many(self, urls: Sequence[str]) -> dict[str, ObjectInfo | BaseException]:
+        """Each URL's ObjectInfo, or the error that says why there is none (FileNotFoundError: no such
+        object). Where a folder holds several, one listing says their sizes and ETags; else a HEAD each,
+        in parallel. A missing bucket or refused credentials raise (ConfigError) at once."""
+        folders: dict[str, list[str]] = {}
+        for url in urls:
+            folders.setdefault(url.rsplit("/", 1)[0], []).append(url)
+        found: dict[str, ObjectInfo | BaseException] = {}
+        heads = []
+        for folder, members in folders.items():
+            listed = None
+            if len(members) >= LISTED_FROM and kind(folder) != "https":
+                try:
+                    listed = self._listing(folder)
+                except OddKeyError as error:  # an odd key beside them: each is looked up by itself instead
+                    log.warning("%s; the %d shards named in it are looked up one by one instead", error, len(members))
+            if listed is not None:
+                for url in members:
+                    found[url] = listed.get(url) or FileNotFoundError(2, "no such object", url)
+            else:
+                heads += members
+        with ThreadPoolExecutor(min(STAT_THREADS, max(1, len(heads)))) as pool:
+            for url, result in zip(heads, pool.map(self._stat_or_error, heads)):
+                found[url] = result
+        missing = [url for url in urls if isinstance(found[url], FileNotFoundError)]
+        if missing and len(missing) == len(urls):
+            self._check_bucket(missing[0])
+        for result in found.values():
+            if isinstance(result, ConfigError):
+                raise result
+        return found
+
+    def _stat_or_error(self, url: str) -> ObjectInfo | BaseException:
         try:
-            _retrying(info.url, f"downloading bytes {start}-{end} of {info.size}", part)
-        except _Written as failed:
-            raise failed.error from None
-        if on_bytes:
-            on_bytes(end - start)
+            return self.stat(url)
+        except (OSError, ConfigError) as error:
+            return error
+
+    def _check_bucket(self, url: str) -> None:
+        """A missing object whose bucket is missing too: a ConfigError that says so (a HEAD cannot tell)."""
+        if kind(url) != "https":
+            self._listing(url.rsplit("/", 1)[0])
+
+    def glob(self, pattern: str) -> list[ObjectInfo]:
+        """The objects whose URL matches a glob (`s3://bucket/train-*.tar`), sorted: a listing of the
+        folders before the first wildcard, matched as `glob` matches paths (`*` within one folder)."""
+        if kind(pattern) == "https":
+            raise ConfigError(f"{pattern}: an https:// URL cannot be a glob (an HTTP server has no listing); name the "
+                              f"shards with a brace range, e.g. train-{{000000..000099}}.tar")
+        import obstore
+
+        root, path = _split(pattern)
+        fixed = path[:min(path.index(c) for c in "*?[" if c in path)]
+        folder = fixed.rsplit("/", 1)[0] if "/" in fixed else ""
+        store = self._store(root)
+
+        def listed() -> list[ObjectInfo]:
+            objects = []
+            for page in obstore.list(store, prefix=f"{folder}/" if folder else None):
+                objects += [_meta(f"{root}/{meta['path']}", meta) for meta in page
+                            if _matches(meta["path"], path)]
+            return sorted(objects)
+        return self._retrying(pattern, "listing the objects it matches", listed)
+
+    def read_range(self, url: str, start: int, length: int, etag: str = "") -> bytes:
+        """`length` bytes from `start` (fewer at the object's end); an ETag makes it conditional (Changed)."""
+        import obstore
+
+        if length <= 0:
+            return b""
+        root, path = _split(url)
+        store = self._store(root)
+        options: dict = {"range": (start, start + length)}
+        if etag:
+            options["if_match"] = etag
+        return self._retrying(url, f"reading bytes {start}-{start + length}",
+                         lambda: bytes(obstore.get(store, path, options=options).bytes()))
+
+    def read_object(self, url: str) -> bytes:
+        """A small object whole (an index beside a shard, a classes file); FileNotFoundError where there is none."""
+        import obstore
+
+        root, path = _split(url)
+        store = self._store(root)
+        return self._retrying(url, "reading it", lambda: bytes(obstore.get(store, path).bytes()))
+
+    def download(self, info: ObjectInfo, fd: int, on_bytes: Callable[[int], None] | None = None) -> None:
+        """The whole object into the open file `fd` (from offset 0), in ranged requests of PART_BYTES,
+        each conditional on the ETag indexed (Changed when it differs) and retried on its own."""
+        import obstore
+
+        root, path = _split(info.url)
+        store = self._store(root)
+        for start in range(0, info.size, PART_BYTES):
+            end = min(info.size, start + PART_BYTES)
+            options: dict = {"range": (start, end)}
+            if info.etag:
+                options["if_match"] = info.etag
+
+            def part(start=start, end=end, options=options) -> None:
+                written = start
+                for chunk in obstore.get(store, path, options=options).stream(min_chunk_size=1 << 20):
+                    view = memoryview(chunk)
+                    while len(view):
+                        try:
+                            count = os.pwrite(fd, view, written)
+                        except OSError as error:  # the local disk's, not the store's: never retried
+                            raise _Written(error) from None
+                        view, written = view[count:], written + count
+                if written != end:
+                    raise StoreError(f"{info.url}: the store sent {written - start} bytes of bytes {start}-{end}")
+            try:
+                self._retrying(info.url, f"downloading bytes {start}-{end} of {info.size}", part)
+            except _Written as failed:
+                raise failed.error from None
+            if on_bytes:
+                on_bytes(end - start)
 
 
 class _Written(Exception):
@@ -485,8 +485,8 @@ class RangeFile:
 
     BLOCK = 64 << 10
 
-    def __init__(self, info: ObjectInfo):
-        self.info, self.position = info, 0
+    def __init__(self, info: ObjectInfo, client: Client):
+        self.info, self.client, self.position = info, client, 0
         self.blocks: dict[int, bytes] = {}
         self.requests = 0
 
@@ -495,7 +495,8 @@ class RangeFile:
         if block is None:
             if len(self.blocks) >= 4:
                 self.blocks.pop(next(iter(self.blocks)))
-            block = self.blocks[number] = read_range(self.info.url, number * self.BLOCK, self.BLOCK, self.info.etag)
+            block = self.client.read_range(self.info.url, number * self.BLOCK, self.BLOCK, self.info.etag)
+            self.blocks[number] = block
             self.requests += 1
         return block
 

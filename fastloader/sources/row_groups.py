@@ -96,8 +96,8 @@ class _RowGroups:
 
         try:
             if remote.is_url(location.file):
-                from .node_cache import current
-                with current().opened(location) as fd:
+                from .node_cache import cache_of
+                with cache_of(location.store).opened(location) as fd:
                     return self._group(pq, io.FileIO(os.dup(fd), "r"), location)
             fd = open_regular(location.file)
             try:

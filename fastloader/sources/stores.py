@@ -1,8 +1,9 @@
 """dataset.remote as one value: the object store's client settings and the node cache's, built once
 where a split is prepared (formats.build_index, the factory) and opened there, before anything lists
-or reads a URL, rather than set as a side effect of listing files. The node cache itself stays per
-process (node_cache.py: forked readers ask their parent), so opening it is what hands the settings
-to every reader of the split.
+or reads a URL. Opening gives the loader a node cache of its own settings (node_cache.open_cache:
+its token rides on every Location of the index) and lists with a client of its own settings
+(remote.client_for); closing the loader releases the cache. Nothing is set for the whole process,
+so two loaders with different dataset.remote keep their own.
 """
 from __future__ import annotations
 
@@ -30,10 +31,25 @@ class StoreSettings:
                    settings.cache_dir, limit, settings.concurrency)
 
     def open(self) -> node_cache.NodeCache:
-        """This process's store client and node cache, set to these settings (repaired where a run was
-        killed); the same cache again where they are unchanged."""
-        remote.configure(self.client)
-        return node_cache.configure(self.cache_dir, self.cache_limit, self.concurrency)
+        """The node cache of these settings, for one more holder (repaired where a run was killed;
+        the same one while these settings hold it); release_store(cache.token) when done."""
+        return node_cache.open_cache(self.cache_dir, self.cache_limit, self.concurrency, remote.client_for(self.client))
+
+
+def client_of(config: Config) -> remote.Client:
+    """The store client of the config's dataset.remote: what lists and stats a split's objects."""
+    return remote.client_for(StoreSettings.of(config).client)
+
+
+def cache_limit(token: str) -> int:
+    """The byte limit of the node cache an index's `store` names (the block budget's and the costs')."""
+    return node_cache.cache_of(token).limit
+
+
+def release_store(token: str) -> None:
+    """A loader that held this node cache (its index's `store`) is closed; "": nothing to release."""
+    if token:
+        node_cache.release(token)
 
 
 def reads_a_store(config: Config, split: SplitConfig) -> bool:

@@ -43,6 +43,7 @@ from .class_names import read_class_names
 from .exclude import read_exclude_list
 from .locations import open_regular, stat_stamp
 from .registry import Format, indexed, register_format
+from .stores import client_of
 from .tar_members import (
     INDEX_SUFFIX,
     ShardSample,
@@ -160,11 +161,11 @@ def _nested_sizes(pattern: str) -> list[int]:
     return sizes
 
 
-def shard_paths(patterns: Sequence[str], key: str, source: str,
-                objects: dict[str, remote.ObjectInfo] | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+def shard_paths(patterns: Sequence[str], key: str, source: str, objects: dict[str, remote.ObjectInfo] | None = None,
+                client: remote.Client | None = None) -> tuple[list[str], list[tuple[str, str]]]:
     """(the shards, in the order given, each once; (pattern, reason) of each that names no file).
-    URLs of an object store are looked up there (a listing per folder, globs too); `objects` gets
-    their sizes and ETags."""
+    URLs of an object store are looked up there with `client` (a listing per folder, globs too);
+    `objects` gets their sizes and ETags."""
     shards, missing, seen = [], [], set()
     urls: list[str] = []  # named one by one: looked up together, in parallel, after the patterns
     objects = {} if objects is None else objects
@@ -176,7 +177,7 @@ def shard_paths(patterns: Sequence[str], key: str, source: str,
                               f"brace range (`train-{{000000..000146}}.tar`)") from None
         for expanded in expansions:
             if remote.is_url(expanded):
-                found = _remote_matches(expanded, objects, missing, urls)
+                found = _remote_matches(expanded, objects, missing, urls, client)
             elif not glob.has_magic(expanded):  # a missing shard is named, never read nor indexed
                 found = [expanded] if os.path.lexists(expanded) else []
                 if not found:
@@ -194,7 +195,7 @@ def shard_paths(patterns: Sequence[str], key: str, source: str,
                     seen.add(path)
                     shards.append(path)
     if urls:
-        named = remote.stat_many(urls)
+        named = client.stat_many(urls)
         for url, found in named.items():
             if isinstance(found, remote.ObjectInfo):
                 objects[url] = found
@@ -213,17 +214,17 @@ def shard_paths(patterns: Sequence[str], key: str, source: str,
 
 
 def _remote_matches(url: str, objects: dict[str, remote.ObjectInfo], missing: list[tuple[str, str]],
-                    urls: list[str]) -> list[str]:
+                    urls: list[str], client: remote.Client) -> list[str]:
     """A glob's objects (listed now, into `objects`), or the URL itself, to be looked up with the others."""
     if not remote.has_magic(url):
         urls.append(url)
         return [url]
     try:  # a key may hold '?', '*' or '[' (S3 allows them): an object of that very name is that object
-        objects[url] = remote.stat(url)
+        objects[url] = client.stat(url)
         return [url]
     except FileNotFoundError:
         pass
-    found = [info for info in remote.glob(url) if not info.url.endswith(INDEX_SUFFIX)]
+    found = [info for info in client.glob(url) if not info.url.endswith(INDEX_SUFFIX)]
     if not found:
         missing.append((url, "no object matches this pattern"))
     objects.update((info.url, info) for info in found)
@@ -236,8 +237,9 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     _check_split_keys(config, split, key, source)
     shards, missing, objects, excluded, root = listed_files(config, split.shards, key, "shard")
     extensions = tuple(e.lower().lstrip(".") for e in config.dataset.extensions)
-    scans = _scans(shards, extensions, [objects[url] for url in shards] if objects else None)
-    names = config.dataset.classes or _classes_beside(shards)
+    client = client_of(config) if objects else None
+    scans = _scans(shards, extensions, [objects[url] for url in shards] if objects else None, client)
+    names = config.dataset.classes or _classes_beside(shards, client)
     builder, ranges, problems = _samples(shards, scans, root, names, excluded)
     problems += [(path, f"shard {reason}") for path, reason in missing if not excluded(path)]
     if not len(builder):
@@ -268,13 +270,13 @@ class Listed(NamedTuple):
 
 def listed_files(config: Config, patterns: Sequence[str], key: str, noun: str) -> Listed:
     """A split's container files (tar shards, parquet files) as its key names them: looked up (in a
-    store through remote.py, opened by formats.build_index with the config's settings), those in
+    store through the client of the config's dataset.remote), those in
     dataset.exclude left out (never read). A ConfigError names the key where none is found, or every one is excluded."""
     source = config.origin(key)
     stored = any(remote.is_url(pattern) for pattern in patterns)
     objects: dict[str, remote.ObjectInfo] = {}
     try:
-        found, missing = shard_paths(patterns, key, source, objects)
+        found, missing = shard_paths(patterns, key, source, objects, client_of(config) if stored else None)
     except remote.OddPath as error:  # the store's words on the URL: with the key that gave it
         raise ConfigError(f"{source}: {key}: {error}") from None
     if not found:
@@ -302,14 +304,14 @@ def classes_file(shard: str) -> str:
     return os.path.join(os.path.dirname(shard), CLASSES_FILE.format(prefix=prefix))
 
 
-def _classes_beside(shards: list[str]) -> tuple[str, ...] | None:
+def _classes_beside(shards: list[str], client: remote.Client | None) -> tuple[str, ...] | None:
     """The class names in the one classes file beside every shard of the split, or None."""
     files = {classes_file(shard) for shard in shards if _NUMBERED.search(shard)}
     if len(files) != 1 or not all(_NUMBERED.search(shard) for shard in shards):
         return None
     path = files.pop()
     try:
-        names = _read_remote_class_names(path) if remote.is_url(path) else read_class_names(path)
+        names = _read_remote_class_names(path, client) if remote.is_url(path) else read_class_names(path)
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, ValueError) as error:
@@ -321,12 +323,12 @@ def _classes_beside(shards: list[str]) -> tuple[str, ...] | None:
     return names
 
 
-def _read_remote_class_names(url: str) -> tuple[str, ...]:
+def _read_remote_class_names(url: str, client: remote.Client) -> tuple[str, ...]:
     """read_class_names of an object (the classes file uploaded beside the shards)."""
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".txt") as copy:
-        copy.write(remote.read_object(url))
+        copy.write(client.read_object(url))
         copy.flush()
         return read_class_names(copy.name)
 
@@ -428,8 +430,8 @@ def _label(sample: ShardSample, classes: Sequence[str] | None) -> tuple[int, str
     return list(classes).index(value), None
 
 
-def _scans(shards: list[str], extensions: tuple[str, ...],
-           objects: list[remote.ObjectInfo] | None = None) -> list[ShardScan]:
+def _scans(shards: list[str], extensions: tuple[str, ...], objects: list[remote.ObjectInfo] | None = None,
+           client: remote.Client | None = None) -> list[ShardScan]:
     """Each shard's scan, from the split's cache file where the shard is unchanged, else read now:
     a local shard in worker processes, a shard in an object store (`objects`: what the store says of
     each) by ranged requests from threads."""
@@ -449,8 +451,8 @@ def _scans(shards: list[str], extensions: tuple[str, ...],
         if objects is not None:
             by_url = {info.url: info for info in objects}
             progress = Progress(len(stale), "shards") if len(stale) > 1 else None
-            read = dict(zip(stale, remote.in_parallel(functools.partial(_scan_remote, extensions=extensions),
-                                                      [by_url[url] for url in stale],
+            scan = functools.partial(_scan_remote, extensions=extensions, client=client)
+            read = dict(zip(stale, remote.in_parallel(scan, [by_url[url] for url in stale],
                                                       progress.update if progress else None)))
         else:
             progress = Progress(len(stale), "shards") if len(stale) > IN_PROCESS_UP_TO else None
@@ -487,18 +489,18 @@ def _scan_chunk(paths: list[str], extensions: tuple[str, ...]) -> list[ShardScan
     return [scan_shard(path, extensions) for path in paths]
 
 
-def _scan_remote(info: remote.ObjectInfo, extensions: tuple[str, ...]) -> ShardScan:
+def _scan_remote(info: remote.ObjectInfo, extensions: tuple[str, ...], client: remote.Client) -> ShardScan:
     """A shard in an object store, scanned without downloading it: the index beside it (`.idx`)
     where there is one that matches it, else its tar headers, by ranged requests (a few a member).
     The index's labels are checked against the shard's whole copy when it is first read (its
     labels digest); where that found it stale, its label members are read here first."""
     scan = ShardScan(info.size, info.mtime_ns, etag=info.etag)
-    reader = remote.RangeFile(info)
+    reader = remote.RangeFile(info, client)
     check_labels = stale_index_marker(info.url, info.etag).exists()  # a request a label member, this once
     try:
         scan.digest = edge_digest_of(reader.pread, info.size)
         try:
-            beside = remote.read_object(info.url + INDEX_SUFFIX)
+            beside = client.read_object(info.url + INDEX_SUFFIX)
         except FileNotFoundError:
             beside = None
         scan_file(reader, reader.pread, scan, extensions, info.url, beside, check_labels=check_labels)
