@@ -32,8 +32,8 @@ if NO_DALI is None:
     from dali_loader.augment import feed_arrays
     from dali_loader.pipeline import centre_boxes, decode_plan, decoder_options, feed_layout, image_graph
     from dali_loader.stack import dali_cuda_major, nvjpeg_version
-    from fastloader.augment.draws import Augmenter
-    from fastloader.imaging.sizes import upright_size
+    from fastloader.decoding.sizes import upright_size
+    from fastloader.draws import Augmenter
 
 TORCHVISION, NVIDIA, READER = "torchvision defaults", "NVIDIA RN50 example", "our graph + DALI reader"
 EXAMPLE_SEED = 12  # the example's seed=12 + local_rank

@@ -48,8 +48,8 @@ from peer_loaders import NVIDIA, READER, TORCHVISION
 from PIL import Image
 
 from fastloader.config import IMAGENET_MEAN, IMAGENET_STD
-from fastloader.imaging.decode import DECODER_CHOICES, DECODER_ENV
-from fastloader.imaging.decode import describe as describe_decoders
+from fastloader.decoding.decode import DECODER_CHOICES, DECODER_ENV
+from fastloader.decoding.decode import describe as describe_decoders
 from fastloader.samples import SampleIndex
 
 TORCH, DALI, TIMM = "fastloader torch", "fastloader dali", "timm prefetcher"

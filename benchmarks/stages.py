@@ -42,8 +42,8 @@ from PIL import Image
 
 import fastloader
 from fastloader.config import IMAGE_EXTENSIONS
-from fastloader.imaging.decode import decoder_choice, describe, load_region, plain_jpeg_header
-from fastloader.imaging.screen import sniff
+from fastloader.decoding.decode import decoder_choice, describe, load_region, plain_jpeg_header
+from fastloader.decoding.screen import sniff
 from fastloader.machine import hardware
 from fastloader.sources.folder import scan_folder
 from torch_loader.collate import BatchPool, NormalizingCollate

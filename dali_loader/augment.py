@@ -4,7 +4,7 @@ size x size HWC uint8 images after the crop and resize, on whichever device they
 graph for both flavours).
 
 DALI does not draw anything here: the host draws every parameter from the samples' seeds
-(fastloader.augment.draws, the torch backend's draws) and the feed passes them in as argument
+(fastloader.draws, the torch backend's draws) and the feed passes them in as argument
 inputs, so both backends apply the same crop, flips, ops and magnitudes to a sample, and a resumed
 run replays them. Each slot picks its op per sample with auto_aug's `select`, a tree of `if`s on
 a branch number: the pipeline must be built with `enable_conditionals=True` (@pipeline_def). A
@@ -28,8 +28,8 @@ from nvidia.dali.auto_aug import augmentations as aa
 from nvidia.dali.auto_aug.core._select import select
 from nvidia.dali.data_node import DataNode
 
-from fastloader.augment.draws import Augmenter, Draws
 from fastloader.augment.ops import KIND_IDS, KINDS
+from fastloader.draws import Augmenter, Draws
 
 CROP_INPUTS = [("crop_anchor", types.FLOAT), ("crop_shape", types.FLOAT)]
 """Per-sample inputs of every train batch: the crop box's (x, y) corner and (width, height) in

@@ -3,7 +3,7 @@
 The loader (loader.py) hands the pipeline this feed through an external source; DALI calls it on the
 driver thread (driver.py) once a batch, `prefetch_queue_depth` batches ahead of the batch it delivers,
 and reads what it returns in place (no_copy). With dali.feed_processes, the reads and checks of the
-next batches run in worker processes meanwhile (fastloader.imaging.shared_reads), into shared memory
+next batches run in worker processes meanwhile (fastloader.decoding.shared_reads), into shared memory
 DALI reads in place too; the feed then only unpacks what they found, and does the rest (known-bad
 samples, substitutes, sizes, draws) as it does for what it reads itself.
 """
@@ -18,11 +18,9 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from fastloader.augment.draws import Augmenter
 from fastloader.cache import CachedPixels
-from fastloader.errors import SourceError, error_text
-from fastloader.imaging.screen import DALI_FORMATS, Screened, read_screened
-from fastloader.imaging.shared_reads import (
+from fastloader.decoding.screen import DALI_FORMATS, Screened, read_screened
+from fastloader.decoding.shared_reads import (
     CODING,
     HEIGHT,
     TURNED,
@@ -34,11 +32,13 @@ from fastloader.imaging.shared_reads import (
     Slab,
     worker_reads,
 )
-from fastloader.imaging.sizes import upright
+from fastloader.decoding.sizes import upright
+from fastloader.draws import Augmenter
+from fastloader.errors import SourceError, error_text
+from fastloader.locations import Location, ReadArena
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
 from fastloader.schema import BOMB_PIXELS, SplitConfig
-from fastloader.sources.locations import Location, ReadArena
 from fastloader.views import ViewPlan
 
 from .augment import feed_arrays
@@ -88,7 +88,7 @@ class Feed:
     """The pipeline's source: each planned batch's samples and their draws, one batch a call.
 
     Image files and shard members: their bytes, read here (one read per sample, off the training
-    thread) and checked before DALI sees them (fastloader.imaging.screen.read_screened: the magic
+    thread) and checked before DALI sees them (fastloader.decoding.screen.read_screened: the magic
     bytes, the header's size against dataset.max_pixels, the end marker), whether or not the split
     was screened: a file that is no image, a bomb or truncated would crash or exhaust DALI's
     decoder, and one changed since it was screened gets its crop or box drawn for its size now.

@@ -27,6 +27,7 @@ import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
 from fastloader.contract import Loader
+from fastloader.decoding.shared_reads import SharedReads, shareable
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
 from fastloader.errors import (
@@ -38,7 +39,6 @@ from fastloader.errors import (
     error_text,
     refused_file,
 )
-from fastloader.imaging.shared_reads import SharedReads, shareable
 from fastloader.order import output_size
 from fastloader.prepared import PreparedSplit
 from fastloader.schema import Config, SplitConfig

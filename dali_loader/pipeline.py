@@ -30,7 +30,7 @@ from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
-from fastloader.augment.draws import Augmenter
+from fastloader.draws import Augmenter
 from fastloader.hooks import SplitHooks
 from fastloader.imaging.boxes import centre_boxes as centre_box_array
 from fastloader.schema import Config, SplitConfig

@@ -18,9 +18,9 @@ import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
-from fastloader.imaging.screen import screen_file
+from fastloader.decoding.screen import screen_file
+from fastloader.locations import Location
 from fastloader.schema import Config
-from fastloader.sources.locations import Location
 from fastloader.sources.reading import read_bytes
 
 from .pipeline import DecodePlan, decode

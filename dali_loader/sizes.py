@@ -1,7 +1,7 @@
 """Each sample's upright (height, width) as screening read it, against the size the feed reads.
 
 Why: the DALI feed draws each crop box (train) and centre box (eval) on the host from the image's
-upright size, read from the header of the very bytes it feeds (fastloader.imaging.screen.read_screened),
+upright size, read from the header of the very bytes it feeds (fastloader.decoding.screen.read_screened),
 so a box always fits the image DALI decodes. Screening read every file's size when the loader was
 built (fastloader/screening.py); a file whose size differs now was changed since, and is named once.
 """
@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fastloader.imaging.screen import Screened
-from fastloader.imaging.sizes import upright
+from fastloader.decoding.screen import Screened
+from fastloader.decoding.sizes import upright
 
 
 class Kept(NamedTuple):

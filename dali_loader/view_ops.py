@@ -12,7 +12,7 @@ arithmetic expression. The order of the jitter ops stays each view's own: a slot
 the view drew there. The flips commute with these ops, so a view is flipped after them, by the
 normalize's mirror where nothing else comes between (pipeline.finish).
 
-The host draws every parameter as the torch backend does (fastloader.augment.draws, each view from
+The host draws every parameter as the torch backend does (fastloader.draws, each view from
 its own seed) and the feed passes them per group and slot, one value per frame. Off by default
 (STACK_VIEW_OPS says why) until a GPU run measures it against the per-view graph.
 """
@@ -24,8 +24,8 @@ import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.data_node import DataNode
 
-from fastloader.augment.draws import Augmenter
 from fastloader.augment.ops import IDENTITY, KIND_IDS
+from fastloader.draws import Augmenter
 
 from .augment import param_on
 

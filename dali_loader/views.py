@@ -18,7 +18,7 @@ import torch
 from nvidia.dali import types
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-from fastloader.augment.draws import Augmenter
+from fastloader.draws import Augmenter
 from fastloader.hooks import SplitHooks
 from fastloader.views import ViewPlan
 

@@ -42,7 +42,7 @@ __all__ = ["build_loader", "load_config", "Loader", "Samples", "Source", "with_g
            "SourceReadError", "BadImageError", "HookError", "StateError", "LoaderError", "DiskFullError"]
 _TORCH_NAMES = {"Loader": "contract", "with_global_rng": "hooks"}
 """Names whose modules import torch, imported when first asked for: a worker process that only reads
-files (imaging/shared_reads.py) starts in a fraction of the 1.3 s that torch takes."""
+files (decoding/shared_reads.py) starts in a fraction of the 1.3 s that torch takes."""
 
 
 def __getattr__(name: str) -> Any:

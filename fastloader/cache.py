@@ -61,9 +61,9 @@ from .cache_format import (
 )
 from .config_dump import override_options
 from .errors import CacheError
+from .locations import open_regular
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
-from .sources.locations import open_regular
 from .sources.reading import size_and_mtime
 from .words import plural
 

@@ -10,7 +10,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .sources.locations import open_regular
+from .locations import open_regular
 
 DEFAULT_SHORT_SIDE = 256
 """`fastloader cache --short-side`'s default: the shorter side a cached image is shrunk to."""

@@ -41,7 +41,7 @@ from .cache_format import (
     split_folder,
 )
 from .errors import DiskFullError
-from .sources.locations import Location, as_location
+from .locations import Location, as_location
 from .sources.reading import size_and_mtime
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def space_needed(index: SampleIndex, files: np.ndarray, short_side: int) -> tupl
     """(bytes, how they were found): the cache's size from the stored sizes in the headers of the
     files (an even sample of SPACE_SAMPLE of them in a larger split; a file whose header cannot be
     read counts as the others), plus the index arrays and the manifest."""
-    from .imaging.sizes import stored_size
+    from .decoding.sizes import stored_size
 
     sample = files[::max(1, len(files) // SPACE_SAMPLE)][:SPACE_SAMPLE]
     sizes = [size for size in (stored_size(index.location(int(file))) for file in sample) if size is not None]
@@ -232,8 +232,8 @@ def decode_and_shrink_all(paths, short_side: int, exif_orientation: bool, max_pi
     """decode_and_shrink over many paths in parallel processes (one per core by default; 0: here), in order."""
     from torchvision.transforms.v2 import functional  # noqa: F401
 
-    from .imaging import decode  # noqa: F401  imported before the fork, not once per worker
-    from .imaging.screen import init_pillow_worker
+    from .decoding import decode  # noqa: F401  imported before the fork, not once per worker
+    from .decoding.screen import init_pillow_worker
     from .parallel import available_cores, map_chunks
     count = available_cores() if workers is None else workers
     return map_chunks(_decode_and_shrink_chunk, paths, (short_side, exif_orientation, max_pixels), workers=count,
@@ -252,8 +252,8 @@ def decode_and_shrink(where: str | Location, short_side: int, exif_orientation: 
     The torch backend's own decoder and resize (libjpeg-turbo, torch's antialiased bilinear kernel)
     make the pixels, so the cache holds what that backend would have computed from the file.
     """
+    from .decoding.screen import screen_file
     from .errors import error_text
-    from .imaging.screen import screen_file
 
     location = as_location(where)
     path = location.name
@@ -273,7 +273,7 @@ def decode_and_shrink(where: str | Location, short_side: int, exif_orientation: 
 
 
 def _decode(where: str | Location, exif_orientation: bool):
-    from .imaging.decode import load_region  # the torch backend's decoder: the same pixels
+    from .decoding.decode import load_region  # the torch backend's decoder: the same pixels
     from .imaging.geometry import Crop
 
     pixels, _, _ = load_region(where, lambda w, h: Crop(0, 0, w, h), 1, exif_orientation=exif_orientation,

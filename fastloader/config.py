@@ -171,7 +171,7 @@ def _read_config_text(path: Path) -> str:
 
 def _what_binary(head: bytes) -> str:
     """'a PNG image', 'a gzip archive', ... or 'binary data (starts with 00 01 ...)'."""
-    from .imaging.screen import sniff
+    from .decoding.screen import sniff
     image = sniff(head[:32])
     if image:
         return f"a{'n' if image[0] in 'AEIOU' else ''} {image} image"

@@ -16,10 +16,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .augment.draws import Augmenter
 from .config_dump import config_to_dict
 from .device_ops import BatchFinisher
 from .distributed import RankInfo
+from .draws import Augmenter
 from .errors import BadImageError, LoaderError, StateError
 from .machine import human_bytes
 from .order import EpochOrder

@@ -513,10 +513,6 @@ class EpochOrder:
         draws = numbered(places, self.num_samples) if numbered is not None else None
         return self.permutation(epoch)[places], positions % self.repeats, draws
 
-    def rank_indices(self, epoch: int, position: int = 0) -> np.ndarray:
-        """This rank's sample indices for the epoch after global position `position` (see rank_positions)."""
-        return self.rank_positions(epoch, position)[0]
-
     def sample_seeds(self, epoch: int, indices: np.ndarray, copies: np.ndarray | None = None,
                      draws: np.ndarray | None = None) -> np.ndarray:
         """Per-sample augmentation seeds (int64, non-negative) from (seed, epoch, sample index); for the

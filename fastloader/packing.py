@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bad_input import refuse
+from .decoding.screen import screen_bytes
 from .errors import ConfigError
-from .imaging.screen import screen_bytes
+from .locations import Location
 from .progress import Progress
 from .samples import SampleIndex
 from .schema import Config
-from .sources.locations import Location
 from .sources.reading import read_bytes
 from .sources.tar_members import INDEX_SUFFIX, index_file_bytes
 from .sources.webdataset import CLASSES_FILE

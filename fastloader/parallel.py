@@ -1,6 +1,6 @@
 """Map a function over a stream of items in chunks, in worker processes, results in input order.
 
-Why one place: checking files (imaging/screen.py) and decoding them into the cache (cache_write.py) share
+Why one place: checking files (decoding/screen.py) and decoding them into the cache (cache_write.py) share
 the same needs. The items are a stream (a million paths are never listed whole), a bounded number
 of chunks is in flight, and the results come back in order. Ctrl-C stops the parent, not a
 traceback per worker, and a caller that stops early drops the queued chunks.

@@ -38,7 +38,7 @@ class PreparedSplit:
     backend reads through a PNG substitute (dali_loader/transcode.py); the torch backend reads all."""
     sizes: np.ndarray | None = None
     """int32 [len(index), 3]: each sample's stored (height, width, turned), read by screening
-    (fastloader.imaging.sizes.upright gives the decoded size); None where the split was not screened."""
+    (fastloader.decoding.sizes.upright gives the decoded size); None where the split was not screened."""
     blocks: BlockShuffle | None = None
     """The block order over `index` (its shards and the byte budget) where the split's shuffle is
     `block`, else None."""

@@ -22,8 +22,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .locations import Identity, Location
 from .schema import MAX_CLASSES_WITHOUT_NAMES
-from .sources.locations import Identity, Location
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,14 +98,6 @@ class SampleIndex:
     store: str = ""
     """Files in an object store: the token of the node cache the loader opened for them, which every
     location carries (node_cache.open_cache); "": local files, or the default cache."""
-
-    @classmethod
-    def from_lists(cls, root: str, classes: Sequence[str], relpaths: Sequence[str],
-                   labels: Sequence[int]) -> "SampleIndex":
-        builder = IndexBuilder()
-        for path, label in zip(relpaths, labels, strict=True):
-            builder.add(path, label)
-        return builder.build(root, classes)
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -2,7 +2,7 @@
 
 Why here and not only at decode time: inside a DALI pipeline one failing file aborts the pipeline
 for good (NVIDIA/DALI #3913), and a file that fails in a torch worker costs its batch a sample. The
-header check of `fastloader.imaging.screen` finds empty, missing, unreadable, non-image, truncated and
+header check of `fastloader.decoding.screen` finds empty, missing, unreadable, non-image, truncated and
 bomb-sized files at about 35,000 files/s per core, without decoding; both backends then read the
 same index, so they keep the same length and full batches.
 
@@ -32,14 +32,14 @@ from typing import Iterator
 import numpy as np
 
 from .bad_input import refuse
+from .decoding.screen import DALI_FORMATS, screen_files
 from .errors import BadImageError
-from .imaging.screen import DALI_FORMATS, screen_files
+from .locations import path_stamp
 from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
 from .sources.formats import input_key
-from .sources.locations import path_stamp
 from .sources.reading import is_remote
 from .words import plural
 
@@ -64,7 +64,7 @@ class ScreenedIndex:
     """Sample (in `index`) -> format, for the files whose format DALI cannot decode."""
     sizes: np.ndarray | None = None
     """int32 [len(index), 3]: each sample's stored (height, width, turned) as screening read it
-    (fastloader.imaging.sizes), so that no loader reads a header again; None when not screened."""
+    (fastloader.decoding.sizes), so that no loader reads a header again; None when not screened."""
 
 
 def screen_index(config: Config, split: SplitConfig, index: SampleIndex, workers: int | None = None) -> ScreenedIndex:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .augment.draws import Augmenter
 from .device_ops import BatchFinisher, erasing_enabled
+from .draws import Augmenter
 from .hooks import Hook
 from .order import derived_seeds
 from .schema import SplitConfig

@@ -20,13 +20,13 @@ import numpy as np
 
 from .distributed import RankInfo
 from .errors import ConfigError
+from .locations import not_regular, open_regular
 from .machine import available_memory, human_bytes
 from .order import WeightedDraws
 from .samples import SampleIndex
 from .schema import Config, SplitConfig, draws_from
 from .sources.exclude import read_exclude_list
 from .sources.folder import dataset_root
-from .sources.locations import not_regular, open_regular
 from .words import plural
 
 log = logging.getLogger("fastloader")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fastloader import load_config
-from fastloader.augment.draws import Augmenter
 from fastloader.augment.ops import IDENTITY, KIND_IDS, KINDS, TIMM_OPS, TRIVIAL_OPS
 from fastloader.augment.policy import RAND_INCREASING_OPS, RAND_OPS, SUB_POLICIES, parse_policy, policy_problem
+from fastloader.draws import Augmenter
 from fastloader.errors import ConfigError
 
 ISSUE_STRINGS = ("rand-m9-mstd0.5-inc1", "rand-m7-mstd0.5-inc1", "rand-m9-mstd0.5", "original", "v0", "ta_wide")

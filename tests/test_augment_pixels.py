@@ -14,8 +14,8 @@ import torch
 from test_augment import EXTREME_STRINGS, ISSUE_STRINGS
 
 from fastloader import load_config
-from fastloader.augment.draws import Augmenter
 from fastloader.augment.ops import KIND_IDS, KINDS
+from fastloader.draws import Augmenter
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
 
@@ -86,7 +86,7 @@ def torch_apply(augmenter: Augmenter, images: np.ndarray, draws, nearest: bool =
 
 def one_op(batch: int, kind: str, param: float):
     """Draws that give every sample of a batch the one op, no flip."""
-    from fastloader.augment.draws import Draws
+    from fastloader.draws import Draws
     return Draws(np.zeros((batch, 4), np.int64), np.zeros(batch, bool), np.zeros(batch, bool),
                  np.full((batch, 1), KIND_IDS[kind], np.int32), np.full((batch, 1), param, np.float32))
 

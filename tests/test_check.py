@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, cpu_only_env
 from PIL import Image
 
-from fastloader.imaging.screen import Screened, decode_file, screen_file, screen_files, sniff
+from fastloader.decoding.screen import Screened, decode_file, screen_file, screen_files, sniff
 
 FASTLOADER = [sys.executable, "-m", "fastloader.cli"]
 

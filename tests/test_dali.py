@@ -364,7 +364,7 @@ def test_the_feed_hands_dali_each_files_own_bytes_in_memory_no_batch_in_flight_h
     an epoch read into fresh buffers."""
     from PIL import Image
 
-    from fastloader.sources.locations import ReadArena
+    from fastloader.locations import ReadArena
     root = write_textured_dataset(tmp_path / "d", per_class=6, splits=("val",))
     big = root / "val" / sorted(p.name for p in (root / "val").iterdir())[0] / "big.png"
     noise = np.random.default_rng(1).integers(0, 256, (1200, 1100, 3), dtype=np.uint8)  # > CHUNK / 4

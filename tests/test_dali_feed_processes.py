@@ -25,8 +25,8 @@ from oddfiles import ODD_FILES  # noqa: E402
 from shardfiles import pack_folder_split  # noqa: E402
 
 from fastloader import build_loader  # noqa: E402
+from fastloader.decoding.shared_reads import shareable  # noqa: E402
 from fastloader.errors import ConfigError  # noqa: E402
-from fastloader.imaging.shared_reads import shareable  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(shareable() is not None, reason="memfd and /proc: Linux"),
               pytest.mark.timeout(180)]

@@ -13,7 +13,7 @@ from conftest import REALPHOTOS, base_config, requires_realphotos
 from PIL import Image
 
 from fastloader import build_loader
-from fastloader.imaging.decode import (
+from fastloader.decoding.decode import (
     DECODER_ENV,
     DRAFT,
     PILLOW,

@@ -19,7 +19,7 @@ from oddfiles import ODD_FILES, running_as_root, write_odd_files
 from PIL import Image
 
 from fastloader import build_loader
-from fastloader.imaging.screen import read_screened, screen_file
+from fastloader.decoding.screen import read_screened, screen_file
 
 BACKENDS = ["torch", "dali"]
 SPLITS = ["train", "val"]

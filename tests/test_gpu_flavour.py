@@ -182,7 +182,7 @@ def gpu_graph(tmp_path, split: str = "train", nvjpeg=NEW, **transform):
     from dali_loader.pipeline import decode_plan, define_pipeline
     from dali_loader.user_ops import NO_USER_OPS
     from fastloader import load_config
-    from fastloader.augment.draws import Augmenter
+    from fastloader.draws import Augmenter
 
     root = write_numbered_dataset(tmp_path / "g", per_class=1)
     dali = transform.pop("dali", {})
@@ -328,8 +328,8 @@ def test_a_jpeg_frame_nvjpeg_does_not_decode_is_known_from_its_marker():
     from PIL import Image
 
     from dali_loader.stack import cpu_decode_reason
+    from fastloader.decoding.screen import screen_read
     from fastloader.imaging.jpeg_header import read_header
-    from fastloader.imaging.screen import screen_read
     buffer = io.BytesIO()
     Image.new("RGB", (40, 30), (1, 2, 3)).save(buffer, "JPEG")
     baseline = buffer.getvalue()
@@ -352,7 +352,7 @@ def gpu_views_graph(tmp_path, local_views: int, stacked: bool = True, **keys):
     from dali_loader.pipeline import decode_plan, define_pipeline
     from dali_loader.user_ops import NO_USER_OPS
     from fastloader import load_config
-    from fastloader.augment.draws import Augmenter
+    from fastloader.draws import Augmenter
     from fastloader.views import ViewPlan
 
     root = write_numbered_dataset(tmp_path / "v", per_class=1)

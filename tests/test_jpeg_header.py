@@ -13,7 +13,7 @@ from oddfiles import ODD_FILES, write_odd_files
 from PIL import Image
 from test_decode import photo_like, varied_jpegs
 
-from fastloader.imaging.decode import DECODER_ENV, PILLOW, REGION, WHOLE, load_region, region_decoder
+from fastloader.decoding.decode import DECODER_ENV, PILLOW, REGION, WHOLE, load_region, region_decoder
 from fastloader.imaging.geometry import Crop
 from fastloader.imaging.jpeg_header import HEAD_BYTES, read_header, read_header_from
 

@@ -71,26 +71,22 @@ def defined_names(path: Path) -> set[str]:
 
 
 FLOORS = (
-    ("words", ("fastloader.errors", "fastloader.words", "fastloader.units", "fastloader.yaml_text", "fastloader.paths",
-               "fastloader.machine", "fastloader.progress", "fastloader.stats", "fastloader.parallel",
-               "fastloader.transfer", "fastloader.config_words", "fastloader.order", "fastloader.augment",
-               "fastloader.augment.ops", "fastloader.augment.policy", "fastloader.imaging",
-               "fastloader.imaging.jpeg_header", "fastloader.imaging.boxes", "fastloader.imaging.rgb",
-               "fastloader.sources.locations",
-               "fastloader.sources.urls", "fastloader.sources.class_names", "fastloader.sources.protocol",
-               "fastloader.dotted", "fastloader.interfaces")),
-    ("schema", ("fastloader.schema", "fastloader.samples", "fastloader.cache_format", "fastloader.config_dump",
+    ("basics", ("fastloader.errors", "fastloader.interfaces", "fastloader.words", "fastloader.units",
+                "fastloader.yaml_text", "fastloader.paths", "fastloader.machine", "fastloader.progress",
+                "fastloader.stats", "fastloader.parallel", "fastloader.transfer", "fastloader.config_words",
+                "fastloader.order", "fastloader.dotted", "fastloader.locations", "fastloader.augment",
+                "fastloader.augment.*", "fastloader.imaging", "fastloader.imaging.*")),
+    ("config", ("fastloader.schema", "fastloader.samples", "fastloader.cache_format", "fastloader.config_dump",
                 "fastloader.demo", "fastloader.distributed", "fastloader.bad_input", "fastloader.resolution",
-                "fastloader.mixing", "fastloader.device_ops", "fastloader.augment.draws",
-                "fastloader.imaging.geometry", "fastloader.hooks", "fastloader.views")),
+                "fastloader.mixing", "fastloader.device_ops", "fastloader.draws", "fastloader.hooks",
+                "fastloader.views")),
     ("sources", ("fastloader.sources", "fastloader.sources.*")),
-    ("pixels", ("fastloader.imaging.*",)),
+    ("decoding", ("fastloader.decoding", "fastloader.decoding.*")),
     ("preparation", ("fastloader.config*", "fastloader.weights", "fastloader.blocks", "fastloader.screening",
                      "fastloader.cache", "fastloader.cache_write", "fastloader.prepared", "fastloader.packing")),
     ("loader", ("fastloader.contract", "fastloader.factory", "fastloader")),
     ("front", ("fastloader.cli", "fastloader.commands", "fastloader.commands.*", "fastloader.lightning",
-               "fastloader.timm", "dali_loader", "dali_loader.*",
-               "torch_loader", "torch_loader.*")),
+               "fastloader.timm", "dali_loader", "dali_loader.*", "torch_loader", "torch_loader.*")),
 )
 """The floors of the packages, from the bottom up: a module imports from its own floor or below.
 A module is on the first floor (from the bottom) that names it, or matches it."""
@@ -160,6 +156,36 @@ def climbs(root: Path) -> list[str]:
     return found
 
 
+def room_of(module: str) -> str:
+    """The room a module is in: its folder (a package below the top one: fastloader.sources, a backend),
+    or itself (a module of fastloader's own folder, or the package)."""
+    parts = module.split(".")
+    if parts[0] in BACKENDS:
+        return parts[0]
+    return ".".join(parts[:2])
+
+
+def room_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """The import graph with each folder as one room: room -> {room it imports: 0}."""
+    rooms: dict[str, dict[str, int]] = {}
+    for module, edges in graph.items():
+        here = rooms.setdefault(room_of(module), {})
+        for target in edges:
+            if room_of(target) != room_of(module):
+                here[room_of(target)] = 0
+                rooms.setdefault(room_of(target), {})
+    return rooms
+
+
+def split_rooms(root: Path) -> list[str]:
+    """Each room (folder) whose modules stand on more than one floor: its floors, by module."""
+    floors: dict[str, set[str]] = {}
+    for module in modules(root):
+        if floor_of(module) is not None:
+            floors.setdefault(room_of(module), set()).add(FLOORS[floor_of(module)][0])
+    return sorted(f"{room}: {sorted(names)}" for room, names in floors.items() if len(names) > 1)
+
+
 def top(module: str) -> str:
     return module.split(".")[0]
 
@@ -201,6 +227,50 @@ def test_no_import_runs_in_a_circle_nor_up_a_floor():
     assert climbs(REPO) == []
 
 
+def test_each_folder_is_one_room_on_one_floor_and_no_rooms_import_in_a_circle():
+    """With each folder (sources/, decoding/, a backend) counted as one room: every room stands on one
+    floor, so no arrow runs up a floor between rooms either, and no rooms import each other in a
+    circle (a leaf kept in a higher folder, as locations.py once was in sources/, makes one)."""
+    assert split_rooms(REPO) == []
+    assert circles(room_graph(import_graph(REPO))) == []
+
+
+def test_rooms_catch_a_circle_that_modules_alone_do_not(tmp_path):
+    write_package(tmp_path, {
+        "fastloader/__init__.py": "",
+        "fastloader/samples.py": "from .sources.locations import Location\n",
+        "fastloader/sources/__init__.py": "",
+        "fastloader/sources/locations.py": "class Location: ...\n",
+        "fastloader/sources/folder.py": "from ..samples import Location\n",
+    })
+    graph = import_graph(tmp_path)
+    assert circles(graph) == []
+    assert circles(room_graph(graph)) == [["fastloader.samples", "fastloader.sources"]]
+
+
+def test_the_architecture_page_draws_the_floors_of_this_table():
+    """docs/architecture.md's floor block names the floors of FLOORS, bottom last, each with the same
+    modules (a module moved a floor without the page following fails here)."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    block = page[page.index("## The import arrows"):].split("```")[1]
+    drawn: list[tuple[str, set[str]]] = []
+    for line in re.sub(r"\([^)]*\)", "", block).splitlines():  # asides in brackets, over lines too
+        text = line.strip()
+        if not text or text == "^":
+            continue
+        if not line[:1].isspace():
+            name, _, text = text.partition(" ")
+            drawn.append((name, set()))
+        drawn[-1][1].update(_pattern(entry.strip()) for entry in text.split(",") if entry.strip())
+    assert drawn[::-1] == [(name, set(patterns)) for name, patterns in FLOORS]
+
+
+def _pattern(entry: str) -> str:
+    """A module as the page writes it (schema, sources/*, dali_loader/*) as FLOORS writes it."""
+    dotted = entry.replace("/", ".")
+    return dotted if dotted.split(".")[0] in (*BACKENDS, "fastloader") else f"fastloader.{dotted}"
+
+
 def test_a_circle_and_a_climb_are_caught_where_imports_hide(tmp_path):
     """An import inside a function or under TYPE_CHECKING counts like one at the top."""
     write_package(tmp_path, {
@@ -212,8 +282,8 @@ def test_a_circle_and_a_climb_are_caught_where_imports_hide(tmp_path):
     })
     assert circles(import_graph(tmp_path)) == [["fastloader.errors", "fastloader.schema"]]
     assert climbs(tmp_path) == ["fastloader/orphan.py: on no floor of FLOORS",
-                                "fastloader/errors.py:2: fastloader.errors (words) imports fastloader.schema, a floor "
-                                "up (schema)"]
+                                "fastloader/errors.py:2: fastloader.errors (basics) imports fastloader.schema, a floor "
+                                "up (config)"]
 
 
 def test_the_factory_loads_each_backend_by_name_from_one_table():
@@ -244,7 +314,7 @@ def test_each_kind_of_violation_is_caught(tmp_path):
             LOADER = importlib.import_module("dali_loader.loader")
             """,
         "fastloader/imaging/__init__.py": "",
-        "fastloader/imaging/screen.py": "from .. import schema\nfrom ..schema import Config\n",
+        "fastloader/decoding/screen.py": "from .. import schema\nfrom ..schema import Config\n",
         "torch_loader/__init__.py": "",
         "torch_loader/loader.py": "from fastloader.config import load_config\nclass TorchLoader: ...\n",
         "dali_loader/__init__.py": "",

@@ -9,11 +9,19 @@ from PIL import Image
 
 from fastloader import load_config
 from fastloader.errors import ConfigError
-from fastloader.samples import SampleIndex
+from fastloader.samples import IndexBuilder, SampleIndex
 from fastloader.schema import IMAGE_EXTENSIONS
 from fastloader.sources.file_list import _first_repeat, read_file_list
 from fastloader.sources.folder import scan_folder
 from fastloader.sources.formats import build_index
+
+
+def index_of_lists(root: str, classes, relpaths, labels) -> SampleIndex:
+    """An index of these relative paths and labels, built as the formats build theirs."""
+    builder = IndexBuilder()
+    for path, label in zip(relpaths, labels, strict=True):
+        builder.add(path, label)
+    return builder.build(root, classes)
 
 
 def touch_image(path, colour=(1, 2, 3)):
@@ -37,7 +45,7 @@ def test_folder_scan_follows_imagefolder_labels_and_sorted_order(tmp_path):
 
 
 def test_index_is_three_numpy_arrays_not_python_strings(tmp_path):
-    index = SampleIndex.from_lists(str(tmp_path), ["a", "b"], ["a/1.jpg", "b/ü 2.jpg"], [0, 1])
+    index = index_of_lists(str(tmp_path), ["a", "b"], ["a/1.jpg", "b/ü 2.jpg"], [0, 1])
     assert isinstance(index.path_bytes, np.ndarray) and index.path_bytes.dtype == np.uint8
     assert index.offsets.tolist() == [0, 7, 17]  # "ü" is two bytes
     assert index.labels.dtype == np.int64
@@ -125,7 +133,7 @@ def test_a_file_named_on_two_lines_is_refused_with_both_lines(tmp_path):
 
 
 def test_a_name_given_twice_is_found_past_hash_collisions():
-    index = SampleIndex.from_lists("/r", ["0"], ["a", "b", "c", "b", "a"], [0] * 5)
+    index = index_of_lists("/r", ["0"], ["a", "b", "c", "b", "a"], [0] * 5)
     assert _first_repeat(index, np.array([7, 7, 3, 7, 7])) == 3  # one hash for a and b: their names decide
     assert _first_repeat(index.take([0, 1, 2]), np.array([7, 7, 7])) is None
 
@@ -166,7 +174,7 @@ def test_exclude_list_leaves_files_out_of_folder_and_file_list_splits(tmp_path, 
 
 
 def test_without_drops_samples_and_keeps_the_rest_in_order():
-    index = SampleIndex.from_lists("/r", ["a", "b"], ["a/1.jpg", "a/2.jpg", "b/é 3.jpg", "b/4.jpg"], [0, 0, 1, 1])
+    index = index_of_lists("/r", ["a", "b"], ["a/1.jpg", "a/2.jpg", "b/é 3.jpg", "b/4.jpg"], [0, 0, 1, 1])
     kept = index.without([1, 3])
     assert [kept.relpath(i) for i in range(len(kept))] == ["a/1.jpg", "b/é 3.jpg"]
     assert kept.labels.tolist() == [0, 1] and kept.excluded == 2
@@ -180,15 +188,15 @@ def test_a_batch_of_locations_is_each_samples_own_location():
     keep their bytes), tar members (header digests, container identities) and parquet rows."""
     import dataclasses
 
+    from fastloader.locations import Identity
     from fastloader.samples import ByteRanges
-    from fastloader.sources.locations import Identity
     odd = b"b/\xff.jpg".decode("utf-8", "surrogateescape")
     names = ["a/1.jpg", "b/é 2.jpg", "/elsewhere/3.jpg", odd, "a/5.jpg"]
     order = np.array([4, 0, 2, 3, 1, 2])
     for root in ("/r", "/r/", ""):
-        index = SampleIndex.from_lists(root, ["a", "b"], names, [0, 1, 0, 1, 0])
+        index = index_of_lists(root, ["a", "b"], names, [0, 1, 0, 1, 0])
         assert index.locations(order) == [index.location(i) for i in order.tolist()]
-    index = SampleIndex.from_lists("/s", ["a", "b"], [f"s{i % 2}.tar:m{i}.jpg" for i in range(5)], [0, 1, 0, 1, 0])
+    index = index_of_lists("/s", ["a", "b"], [f"s{i % 2}.tar:m{i}.jpg" for i in range(5)], [0, 1, 0, 1, 0])
     ranges = ByteRanges(("/s/s0.tar", "/s/s1.tar"), np.array([0, 1, 0, 1, 0], dtype=np.int32),
                         np.arange(5, dtype=np.int64) * 1024 + 512, np.arange(5, dtype=np.int64) + 100,
                         np.arange(5, dtype=np.int64) + 7, (Identity(1, 2, 3, 4), Identity(5, 6, 7, 8)))

@@ -1,4 +1,4 @@
-"""Reads and checks in worker processes, handed back in shared memory (fastloader/imaging/shared_reads.py).
+"""Reads and checks in worker processes, handed back in shared memory (fastloader/decoding/shared_reads.py).
 
 Device: CPU (the DALI feed's worker processes read files; they never touch a GPU). Real files, a
 real tar shard, real worker processes."""
@@ -21,11 +21,11 @@ import pytest
 from conftest import processes_end
 from PIL import Image
 
-from fastloader.imaging import shared_reads
-from fastloader.imaging.screen import read_screened
-from fastloader.imaging.shared_reads import SharedReads, shareable, worker_reads
+from fastloader.decoding import shared_reads
+from fastloader.decoding.screen import read_screened
+from fastloader.decoding.shared_reads import SharedReads, shareable, worker_reads
+from fastloader.locations import TAR_BLOCK, Identity, Location, header_digest
 from fastloader.sources import reading
-from fastloader.sources.locations import TAR_BLOCK, Identity, Location, header_digest
 
 pytestmark = [pytest.mark.skipif(shareable() is not None, reason="memfd and /proc: Linux"),
               pytest.mark.timeout(120)]
@@ -226,9 +226,9 @@ def test_reads_no_longer_wanted_from_a_stopped_worker_are_waited_for_no_longer_t
 
 EXITS_WITH_STOPPED_WORKERS = """
 import json, os, signal, sys
-from fastloader.imaging.shared_reads import SharedReads
+from fastloader.decoding.shared_reads import SharedReads
 from fastloader.sources import reading
-from fastloader.sources.locations import TAR_BLOCK, Identity, Location, header_digest
+from fastloader.locations import TAR_BLOCK, Identity, Location, header_digest
 reads = SharedReads(processes=2, slabs=2, batch_size=2, max_pixels=10**8)
 reads.take(reads.submit([Location(sys.argv[1], sys.argv[1])] * 2))
 for pid in reads.pids:

@@ -131,7 +131,7 @@ def test_an_unknown_split_exits_2_naming_it_without_a_traceback(tmp_path, capsys
 
 def test_show_ops_captions_each_tile_with_the_ops_its_seed_drew(tmp_path, capsys, caplog):
     """--ops: a second band under each tile names its flips and ops, the ones the loader drew from
-    the sample's seed (fastloader.augment.draws); the grid grows by two caption lines per row."""
+    the sample's seed (fastloader.draws); the grid grows by two caption lines per row."""
     caplog.set_level(logging.INFO, logger="fastloader")
     out = tmp_path / "ops.png"
     result = show_here(capsys, "show", "configs/sample.yaml", "--out", str(out), "--n", "4", "--ops",

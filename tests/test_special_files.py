@@ -70,7 +70,7 @@ def with_fifo(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
 
 
 def test_reading_a_fifo_raises_at_once_naming_it(tmp_path):
-    from fastloader.sources.locations import NotRegularFile
+    from fastloader.locations import NotRegularFile
     with watched(tmp_path / "pipe.JPEG") as fifo:
         for read in (read_bytes, open_bytes):
             with pytest.raises(NotRegularFile, match=FIFO_REASON) as caught:

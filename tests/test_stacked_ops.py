@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fastloader import load_config
-from fastloader.augment.draws import Augmenter
 from fastloader.augment.ops import IDENTITY, KIND_IDS
+from fastloader.draws import Augmenter
 from torch_loader.augment import Context, apply_ops, apply_ops_stacked
 
 SIZE = 40

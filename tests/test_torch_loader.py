@@ -109,7 +109,7 @@ def test_dataset_smaller_than_one_batch(solid_root, caplog):
 
 def test_train_crops_flip_rate_and_area_follow_the_config():
     from fastloader import load_config
-    from fastloader.augment.draws import Augmenter
+    from fastloader.draws import Augmenter
     transform = load_config({"dataset": {"root": "x"}, "train": {"transform": {
         "scale": [0.25, 0.5], "hflip": 0.3}}}).split("train").transform
     seeds = np.arange(3000) * 7919

@@ -246,7 +246,7 @@ def test_the_workers_of_a_trainer_killed_with_sigkill_die_at_once(tmp_path):
 SCREEN_FROM_A_SERVER = """
 import json, sys, time
 import psutil
-from fastloader.imaging.screen import screen_files
+from fastloader.decoding.screen import screen_files
 results = screen_files([sys.argv[1]] * 100000, workers=2, chunk=1, fork=False)  # as screening a large split does
 next(results)
 print(json.dumps([child.pid for child in psutil.Process().children(recursive=True)]), flush=True)

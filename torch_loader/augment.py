@@ -219,7 +219,7 @@ has one (tests hold it)."""
 
 
 def apply_ops(image: Image, ops: list[int], params: list[float], ctx: Context) -> Image:
-    """A sample's slots, in order (kind ids and parameters from fastloader.augment.draws), chained
+    """A sample's slots, in order (kind ids and parameters from fastloader.draws), chained
     in float (_round), uint8 at the end: apply_ops_stacked for a stack of one."""
     if all(kind == IDENTITY for kind in ops):
         return image.to(torch.uint8)

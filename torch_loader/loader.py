@@ -20,9 +20,9 @@ import torch
 import torch.utils.data
 
 from fastloader.contract import Loader
+from fastloader.decoding.decode import describe as describe_decoders
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError, ConfigError, FastloaderError, HookError, LoaderError, SourceError
-from fastloader.imaging.decode import describe as describe_decoders
 from fastloader.machine import resource_problem
 from fastloader.order import EpochOrder, output_size
 from fastloader.parallel import die_with, fork_context, in_main_thread

@@ -1,6 +1,6 @@
 """The split's transform on uint8: decode the needed region, crop, resize, flip, then the
 augmentation ops (auto_augment, color_jitter), every random parameter from the sample's seed
-through the shared draws (fastloader.augment.draws), as the DALI backend gets them.
+through the shared draws (fastloader.draws), as the DALI backend gets them.
 
 Resizing runs on the uint8 tensor with torch's antialiased kernels, the ones
 torchvision.transforms.v2's resize calls, which work on the decoder's HWC memory directly: 0.16 ms
@@ -17,11 +17,11 @@ import torch
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from fastloader.augment.draws import Augmenter
-from fastloader.imaging.decode import allow_pixels, load_region
+from fastloader.decoding.decode import allow_pixels, load_region
+from fastloader.draws import Augmenter
 from fastloader.imaging.geometry import Crop, center_crop
+from fastloader.locations import Location
 from fastloader.schema import BOMB_PIXELS, IMAGENET_MEAN, SplitConfig
-from fastloader.sources.locations import Location
 
 from .augment import Context, apply_ops
 
@@ -44,7 +44,7 @@ UINT8_KERNELS = _uint8_kernels()
 
 
 class SampleOps(NamedTuple):
-    """One sample's draws (fastloader.augment.draws): the crop's size-free uniforms, the flips and
+    """One sample's draws (fastloader.draws): the crop's size-free uniforms, the flips and
     each slot's op."""
     crop: np.ndarray
     hflip: bool

@@ -19,11 +19,11 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fastloader.decoding.decode import load_region
 from fastloader.device_ops import BatchFinisher
-from fastloader.imaging.decode import load_region
 from fastloader.imaging.geometry import Crop
+from fastloader.locations import Location
 from fastloader.schema import BOMB_PIXELS, IMAGENET_MEAN
-from fastloader.sources.locations import Location
 from fastloader.views import ViewPlan
 
 from .augment import apply_ops_stacked

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..words import plural
 
 if TYPE_CHECKING:
-    from ..imaging.screen import Screened
+    from ..decoding.screen import Screened
     from ..schema import Config, SplitConfig
 
 HELP = "report the environment, summarize the dataset and find unreadable files"
@@ -57,8 +57,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ..config import load_config
+    from ..decoding.screen import quiet_pillow
     from ..errors import ConfigError
-    from ..imaging.screen import quiet_pillow
     from ..sources.folder import dataset_root
 
     config = load_config(args.config, args.overrides)
@@ -162,7 +162,7 @@ def decoders(cuda: bool) -> dict[str, str]:
     """Which decoder each backend would use here: the torch backend's from its own choice (region
     decode with nvImageCodec where it is installed), DALI's from whether there is a GPU."""
     try:
-        from ..imaging.decode import describe
+        from ..decoding.decode import describe
         torch_line = describe()
     except Exception as error:  # FASTLOADER_JPEG_DECODER set wrong, or a decoder that fails to load
         torch_line = f"cannot tell ({type(error).__name__}: {error})"
@@ -241,7 +241,7 @@ class Tally:
 
 def check_split(config: Config, split: SplitConfig, root: str, deep: bool, workers: int | None) -> Tally:
     """Index the split, screen its files with a progress line, print its summary."""
-    from ..imaging.screen import Screened, screen_files
+    from ..decoding.screen import Screened, screen_files
     from ..progress import Progress
     from ..sources.formats import build_index
 
@@ -254,7 +254,7 @@ def check_split(config: Config, split: SplitConfig, root: str, deep: bool, worke
         tally.add(Screened(name, problem=reason))
     started = time.perf_counter()
     locations = (index.location(i) for i in range(len(index)))
-    from ..imaging.decode import decoded_with_words
+    from ..decoding.decode import decoded_with_words
     for screened in screen_files(locations, deep=decoded_with_words if deep else False, workers=workers,
                                  on_progress=progress.update):
         tally.add(screened)
@@ -349,7 +349,7 @@ def draws_summary(config: Config, split: SplitConfig, index) -> str | None:
 
 def ops_summary(config: Config, split: SplitConfig) -> str:
     """The train split's ops as the loaders will apply them: the parsed policy or colour jitter."""
-    from ..augment.draws import Augmenter
+    from ..draws import Augmenter
     t = split.transform
     flips = f"hflip {t.hflip:g}" + (f", vflip {t.vflip:g}" if t.vflip else "")
     augmenter = Augmenter(t, config.normalize.mean)
@@ -378,7 +378,7 @@ def format_lines(tally: Tally, root: str) -> list[str]:
                      f"(the loaders go by the data, other tools may go by the name):")
         lines += [f"  {os.path.relpath(r.path, root)} is {r.format}" for r in liars[:5]]
         lines += [f"  ... and {len(liars) - 5} more"] if len(liars) > 5 else []
-    from ..imaging.screen import DALI_FORMATS
+    from ..decoding.screen import DALI_FORMATS
     undecodable = {name: count for name, count in tally.formats.items() if name not in DALI_FORMATS | {"unknown"}}
     if undecodable:
         names = ", ".join(f"{name} ({count})" for name, count in undecodable.items())

@@ -172,7 +172,7 @@ def sample_ops(loader, epoch: int, labels) -> list[str] | None:
     why, where there are none (eval) or where a skipped file makes the samples differ from the plan."""
     import numpy as np
 
-    from ..augment.draws import ops_text
+    from ..draws import ops_text
     if loader.augmentation is None:
         print(f"--ops: split '{loader.split.name}' is in eval mode: no random flips or ops to caption")
         return None

@@ -21,7 +21,6 @@ and the user's, and the one way to read a sample's bytes (reading.py).
   arrow_file.py     an Arrow file memory-mapped: each value's byte range in the file
   hf_columns.py     a table's image and label columns and class names, by Hugging Face's conventions
   row_groups.py     rows of compressed parquet pages, read by decoding their row group (a cache per process)
-  locations.py      the byte vocabulary: Location, Identity, the refusals, open_regular, ReadArena (a leaf)
   urls.py           which paths are object-store URLs (a leaf)
   reading.py        read_bytes / open_bytes: a whole file, a byte range of a shard, a source's sample
   stores.py         dataset.remote as one value, opened where a split is prepared, released with its loader

@@ -9,9 +9,9 @@ from array import array
 import numpy as np
 
 from ..errors import ConfigError
+from ..locations import Identity, open_regular
 from ..schema import Config
 from .hf_columns import classlabel, columns, label_values, null_byte_paths
-from .locations import Identity, open_regular
 from .table_scan import TableScan, Unreadable
 
 

@@ -14,9 +14,9 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from ..locations import not_regular, open_regular
 from ..samples import IndexBuilder, SampleIndex, label_problem
 from ..words import plural
-from .locations import not_regular, open_regular
 
 log = logging.getLogger("fastloader")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import StoreError
-from .locations import NotRegularFile, not_regular
+from ..locations import NotRegularFile, not_regular
 
 POLL_S = 0.02
 """How often a waiter tries the lock again."""

@@ -10,12 +10,12 @@ from typing import Iterator, Sequence
 
 from ..bad_input import refuse
 from ..errors import ConfigError
+from ..locations import not_regular
 from ..samples import IndexBuilder, SampleIndex
 from ..schema import IMAGE_EXTENSIONS, Config, SplitConfig
 from ..words import plural
 from .exclude import read_exclude_list
 from .file_list import read_file_list
-from .locations import not_regular
 from .multi import order_split
 from .registry import Format, indexed, register_format
 

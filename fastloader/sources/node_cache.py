@@ -57,11 +57,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import ConfigError, StoreError
+from ..locations import ContainerChanged, Identity, Location, NotRegularFile, not_regular, open_regular
 from ..machine import human_bytes
 from ..paths import remote_cache_folder
 from ..words import plural
 from . import file_locks, remote
-from .locations import ContainerChanged, Identity, Location, NotRegularFile, not_regular, open_regular
 
 log = logging.getLogger("fastloader")
 

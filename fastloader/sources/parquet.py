@@ -29,6 +29,7 @@ import numpy as np
 
 from ..bad_input import refuse
 from ..errors import BadImageError, ConfigError
+from ..locations import Identity, open_regular, stat_stamp
 from ..paths import cache_home
 from ..samples import ByteRanges, IndexBuilder, SampleIndex, label_problem
 from ..schema import Config, SplitConfig, draws_from
@@ -36,7 +37,6 @@ from ..words import plural
 from . import remote
 from .arrow_file import scan_arrow
 from .hf_columns import classlabel, columns, image_leaf, label_values, null_byte_paths
-from .locations import Identity, open_regular, stat_stamp
 from .multi import files_format_key, order_split
 from .parquet_pages import parquet_ranges
 from .registry import Format, indexed, register_format

@@ -31,9 +31,7 @@ import threading
 from typing import BinaryIO, Iterator, Sequence
 
 from ..errors import SourceChanged
-from ..schema import BOMB_PIXELS
-from . import node_cache
-from .locations import (
+from ..locations import (
     TAR_BLOCK,
     ContainerChanged,
     Identity,
@@ -46,6 +44,8 @@ from .locations import (
     open_regular_sized,
     table_changed,
 )
+from ..schema import BOMB_PIXELS
+from . import node_cache
 from .row_groups import read_row
 from .source_reads import identity_stamp, source_bytes
 from .tar_members import INDEX_SUFFIX, copy_labels_digest, mark_stale_index
@@ -258,16 +258,6 @@ def open_bytes(where: str | Location) -> BinaryIO:
     if location.whole_file and not is_url(location.file):
         return open(open_regular(location.file), "rb")
     return io.BytesIO(read_bytes(location))
-
-
-def byte_count(where: str | Location) -> int:
-    location = as_location(where)
-    if location.source or location.row >= 0:
-        return len(read_bytes(location))
-    if not location.whole_file:
-        return location.length
-    return location.identity.size if is_url(location.file) and location.identity else \
-        len(read_bytes(location)) if is_url(location.file) else os.stat(location.file).st_size
 
 
 def size_and_mtime(where: str | Location) -> tuple[int, int]:

@@ -9,8 +9,8 @@ import io
 import os
 import threading
 
+from ..locations import ContainerChanged, Location, open_regular, table_changed
 from . import remote
-from .locations import ContainerChanged, Location, open_regular, table_changed
 
 ROW_GROUP_CACHE = 256 << 20
 """Bytes of decoded row groups (compressed image pages) each reading process keeps: a block of at most

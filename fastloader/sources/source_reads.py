@@ -19,8 +19,8 @@ import numpy as np
 
 from ..errors import SourceError
 from ..imaging.rgb import to_8_bits
+from ..locations import Location, ReadArena
 from ..schema import BOMB_PIXELS
-from .locations import Location, ReadArena
 from .protocol import SourceReadError, opened
 
 _BYTES = (bytes, bytearray, memoryview)

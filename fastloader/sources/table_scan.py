@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .locations import Identity
+from ..locations import Identity
 
 
 class Unreadable(Exception):

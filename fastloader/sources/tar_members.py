@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..locations import TAR_BLOCK, Identity, NotRegularFile, header_digest, open_regular
 from ..paths import cache_home
-from .locations import TAR_BLOCK, Identity, NotRegularFile, header_digest, open_regular
 
 log = logging.getLogger("fastloader")
 

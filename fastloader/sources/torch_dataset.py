@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import SourceChanged, error_text
-from .locations import open_regular
+from ..locations import open_regular
 from .protocol import Samples
 from .source_reads import image_bytes
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..bad_input import refuse
 from ..errors import BadImageError, ConfigError
+from ..locations import open_regular, stat_stamp
 from ..parallel import available_cores, map_chunks
 from ..paths import cache_home
 from ..progress import Progress
@@ -41,7 +42,6 @@ from ..words import plural
 from . import remote
 from .class_names import read_class_names
 from .exclude import read_exclude_list
-from .locations import open_regular, stat_stamp
 from .registry import Format, indexed, register_format
 from .stores import client_of
 from .tar_members import (

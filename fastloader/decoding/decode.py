@@ -35,15 +35,15 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from fastloader.decoding.screen import Screened, bomb_problem, decode_file, native_words
 from fastloader.errors import ConfigError
 from fastloader.imaging.jpeg_header import ORIENTATION, JpegHeader, read_header
-from fastloader.imaging.screen import Screened, bomb_problem, decode_file, native_words
+from fastloader.locations import Location, as_location
 from fastloader.schema import BOMB_PIXELS
-from fastloader.sources.locations import Location, as_location
 from fastloader.sources.reading import read_bytes
 
-from .geometry import Crop
-from .rgb import to_rgb
+from ..imaging.geometry import Crop
+from ..imaging.rgb import to_rgb
 
 log = logging.getLogger("fastloader")
 _TURNED = frozenset({2, 3, 4, 5, 6, 7, 8})

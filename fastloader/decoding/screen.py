@@ -26,11 +26,11 @@ from typing import Callable, Iterable, Iterator
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from ..errors import error_text
+from ..imaging.jpeg_header import SWAPPED, read_header
+from ..locations import ContainerChanged, Location, NotRegularFile, ReadArena, as_location
 from ..parallel import available_cores, map_chunks
 from ..schema import BOMB_PIXELS
-from ..sources.locations import ContainerChanged, Location, NotRegularFile, ReadArena, as_location
 from ..sources.reading import fetch_again, open_bytes, read_bytes
-from .jpeg_header import SWAPPED, read_header
 from .sizes import jpeg_stored_size, pillow_stored_size
 
 DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "PPM", "WEBP", "JPEG2000"})

@@ -15,11 +15,11 @@ from functools import cached_property
 
 import numpy as np
 
-from ..imaging.geometry import CROP_UNIFORMS, random_resized_boxes
-from ..order import seeded_uniform
-from ..schema import TransformConfig
-from .ops import IDENTITY, JITTER_KINDS, KIND_IDS, KINDS, TIMM_OPS, TRIVIAL_BINS, TRIVIAL_OPS
-from .policy import Policy, parse_policy
+from .augment.ops import IDENTITY, JITTER_KINDS, KIND_IDS, KINDS, TIMM_OPS, TRIVIAL_BINS, TRIVIAL_OPS
+from .augment.policy import Policy, parse_policy
+from .imaging.geometry import CROP_UNIFORMS, random_resized_boxes
+from .order import seeded_uniform
+from .schema import TransformConfig
 
 _CROP_SALT, _FLIP_SALT, _OPS_SALT, _JITTER_SALT = 0xC209, 0xF11B, 0x0B5, 0x717E
 _WEIGHTED_SALT, _GREY_SALT, _BLUR_SALT = 0x3E16, 0x6EE7, 0xB1E2

@@ -42,8 +42,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import error_text
+from ..locations import Location, as_location
 from ..parallel import die_with, script_safe_forkserver
-from ..sources.locations import Location, as_location
 from ..sources.reading import read_run, run_bytes, runs
 from ..sources.urls import is_url
 from .screen import Screened, read_screened, screen_read
@@ -487,7 +487,7 @@ def _mapped(owner: int, number: int, fd: int, capacity: int) -> mmap.mmap:
 
 
 class _SlabArena:
-    """read_bytes' arena (sources.locations.ReadArena's `view`) over bytes [start, end) of a slab: a
+    """read_bytes' arena (locations.ReadArena's `view`) over bytes [start, end) of a slab: a
     read that finds no room left gets memory of its own, returned to the caller inline."""
 
     def __init__(self, memory: mmap.mmap, start: int, end: int):

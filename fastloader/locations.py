@@ -13,7 +13,7 @@ import os
 import stat
 from typing import NamedTuple
 
-from ..errors import FastloaderError
+from .errors import FastloaderError
 
 TAR_BLOCK = 512
 """A tar header block: the one right before a member's data is that member's own header."""

@@ -18,9 +18,9 @@ import struct
 import numpy as np
 from PIL import Image
 
-from ..sources.locations import Location, as_location
+from ..imaging.jpeg_header import ORIENTATION, SWAPPED, read_header_from
+from ..locations import Location, as_location
 from ..sources.reading import open_bytes
-from .jpeg_header import ORIENTATION, SWAPPED, read_header_from
 
 log = logging.getLogger("fastloader")
 
@@ -73,7 +73,3 @@ def upright(sizes: np.ndarray, exif: bool) -> np.ndarray:
     return np.where(sizes[:, 2:3] != 0, sizes[:, 1::-1], sizes[:, :2])
 
 
-def upright_size(where: str | Location, exif: bool) -> tuple[int, int] | None:
-    """(height, width) of the image as decoded with adjust_orientation=`exif`; None when unreadable."""
-    size = stored_size(where)
-    return None if size is None else tuple(upright(np.array([size]), exif)[0].tolist())
