@@ -20,7 +20,6 @@ come along), during interpreter shutdown (daemon threads no longer run), or from
 """
 from __future__ import annotations
 
-import atexit
 import os
 import queue
 import sys
@@ -31,6 +30,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from fastloader import exits
 from fastloader.errors import LoaderError
 
 POLL_S = 1.0
@@ -41,10 +41,6 @@ JOIN_S = 60.0
 DALI prefetched. A thread that takes longer is stuck inside DALI, and its loader says so."""
 FIRST_BATCH_TIMES = 3
 """The first batch may take this many times workers.timeout: the pipeline is built and warmed up."""
-EXIT_S = 1.0
-"""The longest the exit hook waits, for all drivers together, for a thread inside DALI to return."""
-
-
 class Delivered(NamedTuple):
     """One batch ready for the trainer: its tensors and what the feed knew of it."""
     images: torch.Tensor
@@ -63,22 +59,16 @@ class Ended(NamedTuple):
     set-up, the hand-over to torch or the finisher: only such an error can be a bad file's."""
 
 
-_RUNNING: weakref.WeakSet = weakref.WeakSet()
-"""The drivers whose thread may still run."""
+def _stop_at_exit(driver: "Driver") -> None:
+    """Before the interpreter finalizes (after that a daemon thread no longer runs, and DALI should
+    not be decoding while the process exits), the thread is told to stop at once..."""
+    driver.close(wait=False)
 
 
-@atexit.register
-def _stop_running_drivers() -> None:
-    """Stop every driver thread before the interpreter finalizes (after that a daemon thread no
-    longer runs, and DALI should not be decoding while the process exits): each is told to stop at
-    once, and all together get at most EXIT_S to return from DALI. One hook for all drivers."""
-    drivers = list(_RUNNING)
-    for driver in drivers:
-        driver.close(wait=False)
-    deadline = time.monotonic() + EXIT_S
-    for driver in drivers:
-        if not driver.join(max(0.0, deadline - time.monotonic())):
-            driver.leave_pipeline()
+def _wait_at_exit(driver: "Driver", seconds: float) -> None:
+    """...and all drivers together get at most exits.WAIT_S to return from DALI."""
+    if not driver.join(seconds):
+        driver.leave_pipeline()
 
 
 class Driver:
@@ -111,7 +101,7 @@ class Driver:
         self._thread = threading.Thread(target=self._run, args=(pipe, convert, stream),
                                         name="fastloader-dali-driver", daemon=True)
         self._thread.start()
-        _RUNNING.add(self)
+        exits.stop_at_exit(self, _stop_at_exit, _wait_at_exit)
 
     def _run(self, pipe, convert: Callable, stream: torch.cuda.Stream | None) -> None:
         end = Ended()
@@ -242,7 +232,7 @@ class Driver:
             self._thread.join(timeout)
         if self._thread.is_alive():
             return False
-        _RUNNING.discard(self)
+        exits.forget(self)
         return True
 
     def leave_pipeline(self) -> None:

@@ -3,7 +3,6 @@ copies and normalizes on the device. Wired into the shared Loader contract.
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import itertools
 import logging
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from fastloader import exits
 from fastloader.contract import Loader
 from fastloader.decoding.decode import describe as describe_decoders
 from fastloader.distributed import RankInfo
@@ -57,21 +57,6 @@ def _epochs_after(order: EpochOrder, epoch: int) -> Iterator:
     while True:
         epoch += 1
         yield from order.batches(epoch)
-
-
-_PERSISTENT: weakref.WeakSet = weakref.WeakSet()
-"""The live loaders whose workers outlast a loop; a loader leaves it when it is collected."""
-
-
-@atexit.register
-def _stop_persistent_workers() -> None:
-    """Stop persistent workers before the interpreter exits. Left running, they are killed by
-    multiprocessing's own exit hook (registered earlier, so run later) while the pin-memory thread
-    still reads their queues, and that thread prints a traceback at the end of a clean script (seen
-    on a GPU machine). One hook for all loaders, so that building many adds nothing at exit."""
-    for loader in list(_PERSISTENT):
-        loader._stop_producer()
-        loader._shutdown()
 
 
 class _BatchFeed(torch.utils.data.Sampler):
@@ -120,7 +105,7 @@ class TorchLoader(Loader):
         none without workers, where everything runs on the trainer's thread, as a DataLoader's would."""
         self._loop = None  # the loop that owns the live iterator
         if self._persistent:
-            _PERSISTENT.add(self)
+            exits.stop_at_exit(self, _stop_at_exit)
         if self.views is not None:  # every view of a sample from one decode
             transform = ViewsTransform(self.views, exif_orientation=config.dataset.exif_orientation,
                                        max_pixels=config.dataset.max_pixels, mean=config.normalize.mean,
@@ -427,6 +412,7 @@ class TorchLoader(Loader):
         self._stop_producer()
         self._shutdown()
         self._dataloader = None
+        exits.forget(self)
 
     def _drop(self) -> None:
         """For `__del__`, which may run on the producer thread itself: the producer is told to stop
@@ -436,6 +422,15 @@ class TorchLoader(Loader):
         if live is not None:
             live_iterator.stop_unreaped(live_iterator.workers(live), os.getpid())
         self._dataloader = None
+        exits.forget(self)
+
+
+def _stop_at_exit(loader: TorchLoader) -> None:
+    """Stop a loader's persistent workers before the interpreter exits. Left running, they are killed
+    by multiprocessing's own exit hook while the pin-memory thread still reads their queues, and that
+    thread prints a traceback at the end of a clean script (seen on a GPU machine)."""
+    loader._stop_producer()
+    loader._shutdown()
 
 
 USER_ERRORS = (HookError, SourceError, BadImageError)

@@ -27,7 +27,6 @@ thread from there (the feed logs it). What a worker finds is what read_screened 
 """
 from __future__ import annotations
 
-import atexit
 import collections
 import itertools
 import mmap
@@ -35,12 +34,12 @@ import os
 import pickle
 import signal
 import time
-import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from .. import exits
 from ..errors import error_text
 from ..locations import Location, as_location
 from ..parallel import die_with, script_safe_forkserver
@@ -242,9 +241,7 @@ class SharedReads:
             except BaseException:
                 self.stop_workers()
                 raise
-            _STARTED.add(self)
-            atexit.unregister(_kill_started)  # the last hook registered runs first: before multiprocessing's
-            atexit.register(_kill_started)
+            exits.stop_at_exit(self, SharedReads.stop_workers)  # before multiprocessing joins every child
 
     def submit(self, locations: list[Location]) -> Pending | None:
         """These locations sent to the workers, a contiguous share each; None where they cannot take
@@ -344,6 +341,7 @@ class SharedReads:
     def close(self) -> None:
         """Stop the workers and close the slabs (their arrays stay valid while referenced)."""
         self.stop_workers()
+        exits.forget(self)
         for slab in self.slabs:
             slab.close()
         self.free, self.pending = [], set()
@@ -378,17 +376,6 @@ class SharedReads:
                 return
             except WorkerFailed:  # ended: it writes no more
                 pass
-
-
-_STARTED: weakref.WeakSet[SharedReads] = weakref.WeakSet()
-"""The reads whose workers were started in this process, while they live."""
-
-
-def _kill_started() -> None:
-    """At exit, kill the workers of reads never closed: multiprocessing's own exit hook joins every
-    child it started, and one stopped (SIGSTOP, or inside a read of a hung file system) never ends."""
-    for reads in list(_STARTED):
-        reads.stop_workers()
 
 
 # In a worker process
