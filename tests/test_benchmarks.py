@@ -28,7 +28,7 @@ SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py")
                                    "litdata_peer.py"))
 """The scripts one runs; the others are modules, or run by another Python (streaming_peer.py and
 litdata_peer.py, by remote.py's --streaming-python and --litdata-python)."""
-SYNTHETIC = ("block_order.py", "sampler.py")
+SYNTHETIC = ("block_order.py", "sampler.py", "call_path.py")
 """Scripts that measure a split they make up and read no data folder (no --data)."""
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 HAS_TIMM = importlib.util.find_spec("timm") is not None
@@ -70,13 +70,14 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
                    "--workers", "1"],
     "views": ["views.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--sizes", "32", "16",
               "--workers", "1"],
+    "call_path": ["call_path.py", "--backends", "torch,dali"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
                "--rounds", "1", "--batch-size", "4", "--size", "32", "--workers", "1", "--latency-ms", "5"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "stages", "train_step", "shards", "block_order", "sampler", "feed",
-     "views"),
+     "views", "call_path"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "trainer_thread",
      "sizes", "hooks", "frameworks", "screening"),
 )
@@ -396,10 +397,21 @@ def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
     assert report["file"]["samples"] == 2000 and "building the weights of 2,000 samples" in out
 
 
+@runs_for("call_path")
+def test_call_path_counts_the_files_and_steps_from_build_loader_to_the_first_batch(run):
+    out, report = run
+    for backend in ("torch", "dali") if HAS_DALI else ("torch",):
+        found = report[backend]
+        assert found["path"][0] == "fastloader" and "fastloader.factory" in found["path"]
+        assert f"{backend}_loader.loader" in found["path"]
+        assert 20 < found["files"] <= found["steps"] and 0 <= found["up a floor"] < found["steps"]
+        assert f"{backend}: {found['files']} files, {found['steps']} steps" in out
+
+
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 21
+    assert len(SCRIPTS) == 22
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)

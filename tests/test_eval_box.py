@@ -16,18 +16,13 @@ from conftest import REALPHOTOS, base_config, requires_realphotos  # noqa: E402
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
 from fastloader import build_loader  # noqa: E402
-from fastloader.decoding.sizes import stored_size, upright  # noqa: E402
+from fastloader.decoding.sizes import upright_size  # noqa: E402
 from fastloader.imaging.jpeg_header import HEAD_BYTES  # noqa: E402
 
 TORCHVISION_BOUND = 0.005
 """Mean |DALI - torchvision| (normalized units) over the eval images; measured 0.0028 on the real photos."""
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
-
-def upright_size(path: str, exif: bool) -> tuple[int, int] | None:
-    """(height, width) of the image as decoded with adjust_orientation=`exif`; None when unreadable."""
-    size = stored_size(path)
-    return None if size is None else tuple(upright(np.array([size]), exif)[0].tolist())
 
 
 def _tiff_exif(orientation: int) -> bytes:

@@ -73,3 +73,8 @@ def upright(sizes: np.ndarray, exif: bool) -> np.ndarray:
     return np.where(sizes[:, 2:3] != 0, sizes[:, 1::-1], sizes[:, :2])
 
 
+def upright_size(where: str | Location, exif: bool) -> tuple[int, int] | None:
+    """(height, width) of the image as decoded with adjust_orientation=`exif`; None when unreadable
+    (NVIDIA's example's eval box, in benchmarks/peer_loaders.py, is made from it)."""
+    size = stored_size(where)
+    return None if size is None else tuple(upright(np.array([size]), exif)[0].tolist())
