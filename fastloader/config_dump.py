@@ -57,14 +57,16 @@ def config_to_dict(config: Config) -> dict:
 
 
 def _hide_secrets(raw: dict, shown: str) -> dict:
-    """`raw` with each of dataset.remote.options' and of every split's source_args' values replaced by
-    `shown`: they may be credentials."""
+    """`raw` with each of dataset.remote.options' and of every split's (and its sources') source_args'
+    values replaced by `shown`: they may be credentials."""
     remote = raw["dataset"].get("remote") or {}
     if remote.get("options"):
         remote["options"] = {key: shown for key in remote["options"]}
     for section in raw.values():
-        if isinstance(section, dict) and isinstance(section.get("source_args"), dict):
-            section["source_args"] = {key: shown for key in section["source_args"]}
+        entries = section.get("sources") if isinstance(section, dict) else None
+        for item in [section, *(entries if isinstance(entries, list) else [])]:
+            if isinstance(item, dict) and isinstance(item.get("source_args"), dict):
+                item["source_args"] = {key: shown for key in item["source_args"]}
     return raw
 
 

@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 from typing import Callable, Mapping, NoReturn
 
-from .schema import MAX_VIEWS, SOURCE_KINDS, DaliConfig, DatasetConfig, SplitConfig, TransformConfig
+from .schema import ENTRY_KINDS, MAX_VIEWS, SOURCE_KINDS, DaliConfig, DatasetConfig, SplitConfig, TransformConfig
 from .sources.registry import FORMATS
 from .sources.urls import is_url
 from .words import plural
@@ -123,12 +123,16 @@ def check_sources(fail: Fail, name: str, mode: str, values: dict) -> None:
             fail(f"{name}.{key}", f"split '{name}' reads its samples from {name}.sources; move {name}.{key} "
                                   f"into a source (e.g. sources: [{{{key}: ...}}]), or remove it")
     for number, source in enumerate(sources):
-        kinds = [key for key in SOURCE_KINDS if getattr(source, key) is not None]
+        kinds = [key for key in ENTRY_KINDS if getattr(source, key) is not None]
         if len(kinds) != 1:
             found = f"it sets {' and '.join(kinds)}" if kinds else "it sets none of them"
-            fail(f"{name}.sources[{number}]", f"a source reads one of folder, file_list, shards or "
-                                              f"files, and {found}; give each source one, e.g. "
+            fail(f"{name}.sources[{number}]", f"a source reads one of folder, file_list, shards, files or "
+                                              f"source (your own), and {found}; give each source one, e.g. "
                                               f"{{folder: extra/train}}")
+        if source.source_args is not None and source.source is None:
+            fail(f"{name}.sources[{number}].source_args", f"are the arguments of a source's own factory, and "
+                                                          f"this source reads {kinds[0] if kinds else 'nothing'}; "
+                                                          f"remove them, or set {name}.sources[{number}].source")
         if source.format is not None and source.files is None:
             fail(f"{name}.sources[{number}].format", "says how a source's `files` are stored (parquet or "
                                                      f"arrow), and this source reads {kinds[0]}; remove it")

@@ -295,6 +295,13 @@ class SourceConfig:
     or arrow): a path, glob or brace range, or a list of them, relative as shards are."""
     format: Literal["parquet", "arrow"] | None = None
     """With `files`: parquet or arrow. Unset: arrow where every pattern ends in `.arrow`, else parquet."""
+    source: str | None = field(default=None, metadata=_check(
+        lambda v: v is None or FACTORY_PATH.fullmatch(v) is not None,
+        "'package.module:factory', a callable that returns a source (fastloader.Source)"))
+    """Your own source among the split's: `package.module:factory`, called with this source's source_args.
+    Its samples join the others' through the Source protocol, named `<name>/<its name>` (docs/sources.md)."""
+    source_args: Mapping[str, Any] | None = None
+    """The keyword arguments of this source's `source` factory (plain YAML values)."""
     weight: float | None = field(default=None, metadata=_check(lambda v: v is None or v >= 0, "a number >= 0"))
     """train: the source's share of each epoch's draws, against the other sources' weights (set on every
     source or on none). Unset: the sources are one split, each sample once an epoch."""
@@ -307,7 +314,9 @@ class SourceConfig:
 
 
 SOURCE_KINDS = ("folder", "file_list", "shards", "files")
-"""The keys of a source that say where its samples are: exactly one of them."""
+"""The keys of a split that say where its samples are, and so a split with `sources` has none of them."""
+ENTRY_KINDS = (*SOURCE_KINDS, "source")
+"""The keys of one of a split's `sources` that say where its samples are: exactly one of them."""
 MAX_SOURCES = 1024
 """The most sources a split may list (a sample's source is an int16)."""
 DRAW_KEYS = ("weights", "class_weights", "epoch_size")

@@ -351,8 +351,11 @@ def test_image_files_and_shards_in_one_split_are_refused(tmp_path):
 @pytest.mark.parametrize("train, message", [
     ({"sources": [{"folder": "a"}], "folder": "b"},
      "train.folder: split 'train' reads its samples from train.sources; move train.folder into a source"),
-    ({"sources": [{"weight": 1}]}, "train.sources[0]: a source reads one of folder, file_list, shards or files, "
-                                   "and it sets none of them"),
+    ({"sources": [{"weight": 1}]}, "train.sources[0]: a source reads one of folder, file_list, shards, files or "
+                                   "source (your own), and it sets none of them"),
+    ({"sources": [{"folder": "a", "source": "m:f"}]}, "train.sources[0]: a source reads one of folder, file_list, "
+                                                      "shards, files or source (your own), and it sets folder and "
+                                                      "source"),
     ({"sources": [{"folder": "a", "format": "arrow"}]}, "train.sources[0].format: says how a source's `files` are "
                                                         "stored (parquet or arrow), and this source reads folder"),
     ({"sources": [{"folder": "a", "weight": 1}, {"folder": "b"}]},

@@ -636,3 +636,58 @@ def test_a_weights_file_names_a_sources_samples_as_samples_gives_them(table, bac
     config = sqlite_config(db, backend, weights=str(weights), epoch_size=60, batch_size=6)
     labels = delivered(build_loader(config, "train"))[1]
     assert len(labels) == 60 and 0 not in labels and {1, 2} == set(labels)  # red weighs 0
+
+
+@pytest.fixture
+def folder_and_table(tmp_path) -> tuple[Path, Path, list]:
+    """The numbered dataset's train split as folders, its val split (colours of their own) as a table."""
+    root = write_numbered_dataset(tmp_path / "folders", per_class=4, splits=("train", "val"))
+    rows = [(f"{folder.name}/{path.name}", path.read_bytes(), label)
+            for label, folder in enumerate(sorted((root / "val").iterdir())) for path in sorted(folder.iterdir())]
+    write_table(str(tmp_path / "val.sqlite"), rows, [name for name in sorted(p.name for p in (root / "val").iterdir())])
+    return root, tmp_path / "val.sqlite", rows
+
+
+def joined_config(root: Path, db: Path, backend: str, **train) -> dict:
+    return base_config(root, backend=backend, train={"batch_size": 4, "sources": [
+        {"folder": "train", "name": "disk"},
+        {"source": SQLITE, "source_args": {"path": str(db)}, "name": "table"}], **train})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_users_source_joins_a_folder_in_one_splits_sources_every_sample_once(folder_and_table, backend):
+    """`sources:` takes your own source beside a folder (issue 59.1): the split reads both, every
+    sample once with its own label, on both backends; the names say which source holds each."""
+    root, db, rows = folder_and_table
+    loader = build_loader(joined_config(root, db, backend, mode="eval", batch_size=5), "train")
+    whole = build_loader(base_config(root, backend=backend, train={"mode": "eval", "batch_size": 5},
+                                     val={"mode": "eval", "batch_size": 5}), "train")
+    tabled = build_loader(sqlite_config(db, backend, mode="eval", batch_size=5), "train")
+    assert loader.num_samples == 24 and loader.classes == ("a_red", "b_green", "c_blue")
+    assert loader.index.source_names == ("disk", "table") and loader.index.source.tolist() == [0] * 12 + [1] * 12
+    assert loader.index.relpath(0) == "disk/a_red/n_00.png" and loader.index.relpath(12) == "table/a_red/n_00.png"
+    colours, labels = delivered(loader)
+    expected = sorted(zip(*delivered(whole))) + sorted(zip(*delivered(tabled)))
+    assert len(set(colours)) == 24 and sorted(zip(colours, labels)) == sorted(expected)
+
+
+def test_weights_share_draws_between_a_folder_and_a_users_source(folder_and_table):
+    root, db, _ = folder_and_table
+    config = joined_config(root, db, "torch", epoch_size=2000, batch_size=100)
+    config["train"]["sources"][0]["weight"], config["train"]["sources"][1]["weight"] = 3, 1
+    loader = build_loader(config, "train")
+    colours, _ = delivered(loader)
+    from_table = set(delivered(build_loader(sqlite_config(db, "torch", mode="eval", batch_size=12), "train"))[0])
+    share = sum(colour in from_table for colour in colours) / len(colours)
+    assert len(colours) == 2000 and 0.2 < share < 0.3  # 1 part in 4 from the table
+
+
+def test_a_users_source_among_sources_is_named_by_its_key_when_it_fails(folder_and_table):
+    root, db, _ = folder_and_table
+    config = joined_config(root, db, "torch")
+    config["train"]["sources"][1]["source_args"] = {"path": str(db), "tabel": "images"}
+    with pytest.raises(ConfigError, match=r"train\.sources\[1\]\.source_args: \['path', 'tabel'\] do not fit"):
+        build_loader(config, "train")
+    config["train"]["sources"][0]["source_args"] = {"path": str(db)}
+    with pytest.raises(ConfigError, match=r"train\.sources\[0\]\.source_args: are the arguments of a source's own"):
+        build_loader(config, "train")

@@ -20,16 +20,29 @@ from .stores import StoreSettings, reads_a_store, release_store
 from .user_source import from_factory, index_of, named_source
 
 
-def split_source(config: Config, split: SplitConfig, given: object | None = None) -> object:
+def split_source(config: Config, split: SplitConfig, given: object | None = None, store: str = "") -> object:
     """The split's source: `given` (checked against the protocol), its `source` factory's, its
-    `sources` joined, or its format's."""
+    `sources` joined (through the protocol where one is a user's), or its format's. `store`: the
+    node cache's token the indexes of a store's shards carry."""
     if given is not None:
         return named_source(given, "build_loader(source=...)")
     if split.source is not None:
         return from_factory(config, split)
+    if split.sources is not None and any(entry.source is not None for entry in split.sources):
+        return multi.JoinedSource(split, [_entry_source(config, split, number, store)
+                                          for number in range(len(split.sources))])
     if split.sources is not None:
         return IndexedSource(multi.index_sources(config, split, index_source))
     return split_format(config).open(config, split)
+
+
+def _entry_source(config: Config, split: SplitConfig, number: int, store: str) -> object:
+    """One of a split's sources as a Source: a user's from its factory, a built-in format's index."""
+    entry, as_split = split.sources[number], multi.source_split(split, number)
+    if entry.source is not None:
+        return from_factory(config, as_split)
+    index = index_source(config, as_split, entry)
+    return IndexedSource(dataclasses.replace(index, store=store) if store else index)
 
 
 def build_index(config: Config, split: SplitConfig, given: object | None = None,
@@ -42,17 +55,19 @@ def build_index(config: Config, split: SplitConfig, given: object | None = None,
     if given is None and reads_a_store(config, split):
         token = (store or StoreSettings.of(config)).open().token
     try:
-        index = _indexed(config, split, given)
+        index = _indexed(config, split, given, token)
     except BaseException:
         release_store(token)
         raise
     return dataclasses.replace(index, store=token) if token else index
 
 
-def _indexed(config: Config, split: SplitConfig, given: object | None) -> SampleIndex:
-    source = split_source(config, split, given)
+def _indexed(config: Config, split: SplitConfig, given: object | None, store: str = "") -> SampleIndex:
+    source = split_source(config, split, given, store)
     if isinstance(source, IndexedSource):  # a built-in format's: its own index, byte ranges and all
         return source.index
+    if isinstance(source, multi.JoinedSource):
+        return source.numbered(index_of(source, config, split))
     return index_of(source, config, split)
 
 

@@ -10,13 +10,19 @@ file list and any other source: _refuse_shared_samples). Labels are remapped int
 a `shared` source's class names are the split's (a name the others lack is appended), an `own`
 source's classes are appended after the others, named `<source name>/<class>`. Which source each
 sample is from is kept (`SampleIndex.source`), for the sources' weights (fastloader/weights.py).
+
+A source of the user's own among them (`source: package.module:factory`) joins through the Source
+protocol instead (JoinedSource): every source is then a Source (a built-in format's, its index as
+an IndexedSource), the split's samples are theirs named `<source name>/<name>`, and each read asks
+the source that holds the sample. Its files are not screened at build, as a user's source's are not.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -25,6 +31,7 @@ from ..samples import ByteRanges, SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
 from ..words import plural
 from .urls import is_url
+from .user_source import three_parts
 
 log = logging.getLogger("fastloader")
 
@@ -57,7 +64,7 @@ def source_split(split: SplitConfig, number: int) -> SourceSplit:
     fields = {field.name: getattr(split, field.name) for field in dataclasses.fields(SplitConfig)}
     return SourceSplit(**{**fields, "name": source_key(split, number), "folder": source.folder,
                           "file_list": source.file_list, "shards": source.shards, "files": source.files,
-                          "sources": None}, of=split)
+                          "source": source.source, "source_args": source.source_args, "sources": None}, of=split)
 
 
 def order_split(split: SplitConfig) -> SplitConfig:
@@ -94,7 +101,7 @@ def combine(split: SplitConfig, parts: Sequence[SampleIndex]) -> SampleIndex:
                           f"the sources of one split are all image files (folders, file lists) or all containers "
                           f"(tar shards, parquet or Arrow files). Pack the image files into shards with `fastloader "
                           f"pack`, or read them as a split of their own")
-    classes, labels = _classes(split, parts)
+    classes, labels = _classes(split, [(part.classes, part.labels) for part in parts])
     root, prefixes = _common_folder([part.root for part in parts])
     _refuse_shared_samples(split, parts, prefixes)
     path_bytes, offsets = _names(parts, prefixes)
@@ -107,23 +114,68 @@ def combine(split: SplitConfig, parts: Sequence[SampleIndex]) -> SampleIndex:
                        source_names=names)
 
 
-def _classes(split: SplitConfig, parts: Sequence[SampleIndex]) -> tuple[tuple[str, ...], list[np.ndarray]]:
-    """(the split's class names, each source's labels in them): shared names once, in the order the
-    sources bring them; own classes appended as `<source name>/<class>`."""
+def _classes(split: SplitConfig, parts: Sequence[tuple[Sequence[str], np.ndarray]]
+             ) -> tuple[tuple[str, ...], list[np.ndarray]]:
+    """(the split's class names, each source's labels in them), from each source's (classes, labels):
+    shared names once, in the order the sources bring them; own classes appended as `<source name>/<class>`."""
     classes: list[str] = []
     where: dict[str, int] = {}
     labels = []
-    for number, (source, part) in enumerate(zip(split.sources, parts)):
-        names = part.classes if source.classes == "shared" else \
-            [f"{source_name(source, number)}/{name}" for name in part.classes]
+    for number, (source, (part_classes, part_labels)) in enumerate(zip(split.sources, parts)):
+        names = part_classes if source.classes == "shared" else \
+            [f"{source_name(source, number)}/{name}" for name in part_classes]
         table = np.empty(len(names), dtype=np.int64)
         for label, name in enumerate(names):
             if name not in where:
                 where[name] = len(classes)
                 classes.append(name)
             table[label] = where[name]
-        labels.append(table[part.labels] if len(part) else part.labels)
+        labels.append(table[part_labels] if len(part_labels) else np.asarray(part_labels, dtype=np.int64))
     return tuple(classes), labels
+
+
+class JoinedSource:
+    """A split's `sources` as one Source, where one of them is a user's: each source's samples,
+    named `<source name>/<name>`, labels mapped into the split's classes; read(item) asks the source
+    that holds the sample (samples() is asked first where it was not)."""
+
+    def __init__(self, split: SplitConfig, sources: Sequence[Any]):
+        self.split, self.sources = split, list(sources)
+        self.name = f"{split.name}.sources"
+        self.starts: list[int] | None = None
+        """Where each source's samples begin among the split's (and the total, last)."""
+
+    def samples(self) -> tuple[list[str], np.ndarray, tuple[str, ...]]:
+        given = [three_parts(source.samples(), f"{source_key(self.split, number)}: samples()")
+                 for number, source in enumerate(self.sources)]
+        classes, labels = _classes(self.split, [(part_classes, np.asarray(part_labels, dtype=np.int64))
+                                                for _, part_labels, part_classes in given])
+        names = [f"{source_name(entry, number)}/{name}" for number, (entry, (part_names, _, _))
+                 in enumerate(zip(self.split.sources, given)) for name in part_names]
+        self.starts = np.cumsum([0, *(len(part_names) for part_names, _, _ in given)]).tolist()
+        return names, np.concatenate(labels), classes
+
+    def read(self, item: int) -> Any:
+        if self.starts is None:
+            self.samples()
+        number = bisect.bisect_right(self.starts, item) - 1
+        return self.sources[number].read(item - self.starts[number])
+
+    def identity(self) -> str:
+        return "|".join(str(source.identity()) for source in self.sources)
+
+    def __len__(self) -> int:
+        if self.starts is None:
+            self.samples()
+        counts = [len(source) if hasattr(source, "__len__") else end - start  # no length: as it was indexed
+                  for source, start, end in zip(self.sources, self.starts, self.starts[1:])]
+        return sum(counts)
+
+    def numbered(self, index: SampleIndex) -> SampleIndex:
+        """The split's index with each sample's source number (`source`, for the sources' weights)."""
+        numbers = np.searchsorted(np.asarray(self.starts), index.items, side="right") - 1
+        names = tuple(source_name(entry, number) for number, entry in enumerate(self.split.sources))
+        return dataclasses.replace(index, source=numbers.astype(np.int16), source_names=names)
 
 
 def _common_folder(roots: Sequence[str]) -> tuple[str, list[str]]:

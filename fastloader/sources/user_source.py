@@ -74,7 +74,7 @@ def index_of(source: object, config: Config, split: SplitConfig) -> SampleIndex:
     except Exception as error:
         raise ConfigError(f"source {name!r} ({split.name}): samples() raised {type(error).__name__}: "
                           f"{error_text(error)}") from error
-    names, labels, classes = _three_parts(given, f"source {name!r} ({split.name}): samples()")
+    names, labels, classes = three_parts(given, f"source {name!r} ({split.name}): samples()")
     if len(names) != len(labels):
         raise ConfigError(f"source {name!r} ({split.name}): samples() gave {len(names)} names and {len(labels)} "
                           f"labels; give one label a name")
@@ -121,7 +121,7 @@ def _identity(source: object, split: SplitConfig) -> str:
                           f"{error_text(error)}; give what changes when the source's contents change") from error
 
 
-def _three_parts(given: Any, what: str) -> tuple[list, Any, list]:
+def three_parts(given: Any, what: str) -> tuple[list, Any, list]:
     """(names, labels, classes) of what samples() gave: a Samples or any 3-sequence of them, or a
     mapping of `names`, `labels` and `classes`; names and classes given as any iterable (a generator)
     are taken as lists. Anything else: a ConfigError that says what it was and what to give."""
