@@ -59,16 +59,11 @@ class Loader(abc.ABC):
         self.device = device
         self.pixels_from = prepared.pixels_from
         """Where the pixels come from: the image files, or a uint8 cache folder."""
-        self.resolution = (Resolution(split.transform, config.seed, split.batch_sizes) if split.mode == "train"
-                           else None)
+        plan = prepared.batches  # what every batch is made of, planned with the index (prepared.plan_batches)
+        self.resolution: Resolution | None = plan.resolution
         """The train split's size schedule (fastloader.resolution): a size per epoch or per batch (and a
         batch size per size, with batch_sizes)."""
-        self.order = EpochOrder(len(index), split.batch_size, mode=split.mode, shuffle=split.shuffle,
-                                drop_last=split.drop_last, seed=config.seed, rank=ranks.rank,
-                                world_size=ranks.world_size, repeats=split.aug_repeats, blocks=prepared.blocks,
-                                draws=prepared.draws,
-                                epoch_size=split.epoch_size if prepared.draws is None else None,
-                                resolution=self.resolution if self.resolution and not self.resolution.fixed else None)
+        self.order: EpochOrder = plan.order
         self._draw_words = self._describe_draws()
         self._epoch = 0
         self._epoch_set = True  # the first loop runs epoch 0
@@ -86,18 +81,17 @@ class Loader(abc.ABC):
         self._skipped_in_epoch: set[str] = set()  # files that failed at decode time in the current epoch
         self._found_in_epoch = 0  # of them, those no earlier epoch had met
         self._empty_batches = 0  # batches yielded empty because none of their files decodes
-        self.augmentation = Augmenter(split.transform, config.normalize.mean) if split.mode == "train" else None
-        """The train split's augmentation spec (fastloader.augment): what each sample's seed draws."""
+        self.augmentation: Augmenter | None = plan.augmentation
+        """The train split's augmentation spec (fastloader.draws): what each sample's seed draws."""
         policy = self.augmentation.policy if self.augmentation else None
         if policy and not policy.keeps_color_jitter and split.transform.color_jitter is not None:
             log.info("%s: %s.transform.color_jitter is off because %s.transform.auto_augment is set, as in timm",
                      config.source, split.name, split.name)
         self.hooks = prepared.hooks
         """The user's own transforms (fastloader.hooks): the backends run them; the state names them."""
-        self.views = ViewPlan(split, config.normalize.mean) if split.views else None
+        self.views: ViewPlan | None = plan.views
         """A train split's view groups (fastloader.views): each sample's images are several views."""
-        self.finisher = (ViewFinisher.for_views(self.views, prepared.hooks.batch) if self.views else
-                         BatchFinisher.for_split(split, len(index.classes), prepared.hooks.batch))
+        self.finisher: BatchFinisher | ViewFinisher | None = plan.finisher
         """The batch hook, random erasing, mixing and soft targets of each batch (fastloader.device_ops),
         or None: the backend applies it where it costs the training thread least."""
         self._closed = False

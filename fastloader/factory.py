@@ -21,7 +21,7 @@ from .contract import Loader
 from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
 from .errors import ConfigError, error_text
 from .hooks import SplitHooks, split_hooks
-from .prepared import PreparedSplit, worker_count
+from .prepared import PreparedSplit, plan_batches, worker_count
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
 from .screening import screen_index
@@ -199,13 +199,12 @@ def _prepared(config: Config, split: SplitConfig, index: SampleIndex, workers: i
         log.warning(cost)
     cache = open_split_cache(config, split, index)  # None: read the image files
     if cache is not None:
-        bad = index.unusable + tuple(cache.bad)
-        return PreparedSplit(cache.index, bad, workers, pixels=cache.pixels, hooks=hooks,
-                             blocks=block_order(config, split, cache.index, budget, limit),
-                             draws=weighted_draws(config, split, cache.index, table, [path for path, _ in bad]))
-    screened = screen_index(config, split, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
-    bad = index.unusable + tuple(screened.bad)
-    return PreparedSplit(screened.index, bad, workers, needs_substitute=screened.formats, sizes=screened.sizes,
-                         hooks=hooks,
-                         blocks=block_order(config, split, screened.index, budget, limit),
-                         draws=weighted_draws(config, split, screened.index, table, [path for path, _ in bad]))
+        bad, index, found = index.unusable + tuple(cache.bad), cache.index, {"pixels": cache.pixels}
+    else:
+        screened = screen_index(config, split, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
+        bad, index = index.unusable + tuple(screened.bad), screened.index
+        found = {"needs_substitute": screened.formats, "sizes": screened.sizes}
+    blocks = block_order(config, split, index, budget, limit)
+    draws = weighted_draws(config, split, index, table, [path for path, _ in bad])
+    return PreparedSplit(index, bad, workers, **found, hooks=hooks, blocks=blocks, draws=draws,
+                         batches=plan_batches(config, split, index, ranks, blocks, draws, hooks))

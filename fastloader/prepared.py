@@ -14,12 +14,49 @@ from typing import Mapping
 import numpy as np
 
 from .cache import CachedPixels
+from .device_ops import BatchFinisher
 from .distributed import RankInfo, cpu_workers_per_rank
+from .draws import Augmenter
 from .hooks import SplitHooks
-from .order import BlockShuffle, WeightedDraws
+from .order import BlockShuffle, EpochOrder, WeightedDraws
+from .resolution import Resolution
 from .samples import SampleIndex
-from .schema import Config
+from .schema import Config, SplitConfig
+from .views import ViewFinisher, ViewPlan
 from .words import containers_words
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What every batch of a split is made of, decided once with its index: the order over it (this
+    rank's share, its blocks or weighted draws), the size schedule, the augmentation spec, the views
+    and the finisher. Both backends take it as it is (the contract's Loader), never from the config again."""
+    order: EpochOrder
+    resolution: Resolution | None
+    """The train split's size schedule (fastloader.resolution); None in eval."""
+    augmentation: Augmenter | None
+    """The train split's augmentation spec: what each sample's seed draws; None in eval."""
+    views: ViewPlan | None
+    """A train split's view groups: each sample's images are several views; None without views."""
+    finisher: BatchFinisher | ViewFinisher | None
+    """The batch hook, random erasing, mixing and soft targets of each batch, or None."""
+
+
+def plan_batches(config: Config, split: SplitConfig, index: SampleIndex, ranks: RankInfo,
+                 blocks: BlockShuffle | None, draws: WeightedDraws | None, hooks: SplitHooks) -> BatchPlan:
+    """The split's BatchPlan over its prepared index."""
+    train = split.mode == "train"
+    resolution = Resolution(split.transform, config.seed, split.batch_sizes) if train else None
+    order = EpochOrder(len(index), split.batch_size, mode=split.mode, shuffle=split.shuffle,
+                       drop_last=split.drop_last, seed=config.seed, rank=ranks.rank, world_size=ranks.world_size,
+                       repeats=split.aug_repeats, blocks=blocks, draws=draws,
+                       epoch_size=split.epoch_size if draws is None else None,
+                       resolution=resolution if resolution and not resolution.fixed else None)
+    views = ViewPlan(split, config.normalize.mean) if split.views else None
+    finisher = (ViewFinisher.for_views(views, hooks.batch) if views else
+                BatchFinisher.for_split(split, len(index.classes), hooks.batch))
+    return BatchPlan(order, resolution, Augmenter(split.transform, config.normalize.mean) if train else None,
+                     views, finisher)
 
 
 @dataclass(frozen=True)
@@ -47,6 +84,8 @@ class PreparedSplit:
     sources' weights), else None."""
     hooks: SplitHooks = field(default_factory=SplitHooks)
     """The user's own transforms for the split (fastloader.hooks), imported and named."""
+    batches: BatchPlan | None = None
+    """What every batch is made of (plan_batches), decided with the index; the factory always sets it."""
 
     @property
     def pixels_from(self) -> str:
