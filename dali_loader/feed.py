@@ -110,7 +110,7 @@ class Feed:
     `following`): a new epoch's first batches are then ready, not read while DALI waits for them.
     """
 
-    def __init__(self, index: SampleIndex, split: SplitConfig, substitutes: dict[int, str],
+    def __init__(self, index: SampleIndex, split: SplitConfig, transcoded: dict[int, str],
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
                  stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
                  max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False,
@@ -135,7 +135,7 @@ class Feed:
         self.split, self.augmenter = split, augmenter
         self.max_pixels, self.refill = max_pixels, refill
         self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if pixels is None else None
-        self.substitutes = substitutes  # sample -> a file DALI can decode in its place (transcode.py)
+        self.transcoded = transcoded  # sample -> its PNG copy, which DALI can decode (transcode.py)
         self.known_bad: dict[int, str] = {}  # sample -> why it cannot be fed or decoded, this epoch
         self.undecodable: dict[int, str] = {}
         """sample -> why DALI cannot decode it (the probe's finding, loader._recover): left out for the
@@ -436,7 +436,7 @@ class Feed:
     def transcoded(self, sample: int, fmt: str) -> tuple[bytearray | None, Screened]:
         """The bytes of a PNG copy of a file in a format DALI cannot decode (transcode.py), checked."""
         try:
-            self.substitutes.update(transcoded_for_dali(self.index, {sample: fmt}))
+            self.transcoded.update(transcoded_for_dali(self.index, {sample: fmt}))
         except Exception as error:  # Pillow could not decode the file either
             return None, Screened(self.index.path(sample), problem=f"cannot be converted for DALI: {error_text(error)}")
         return read_screened(self.location(sample), self.max_pixels)
@@ -444,15 +444,15 @@ class Feed:
     def locations(self, samples: np.ndarray) -> list[Location]:
         """`location` of each of a batch's samples, looked up together."""
         found = self.index.locations(samples)
-        if self.substitutes:
-            found = [self.location(sample) if sample in self.substitutes else location
+        if self.transcoded:
+            found = [self.location(sample) if sample in self.transcoded else location
                      for sample, location in zip(samples.tolist(), found)]
         return found
 
     def location(self, sample: int) -> Location:
-        """Where the bytes DALI decodes for a sample are: its file or shard member, or a substitute."""
-        substitute = self.substitutes.get(sample)
-        return Location(substitute, substitute) if substitute else self.index.location(sample)
+        """Where the bytes DALI decodes for a sample are: its file or shard member, or its PNG copy."""
+        copy = self.transcoded.get(sample)
+        return Location(copy, copy) if copy else self.index.location(sample)
 
 
 def _warn_resized(path: str, held: tuple[int, int], now: tuple[int, int]) -> None:

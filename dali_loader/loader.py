@@ -141,8 +141,8 @@ class DaliLoader(Loader):
         """How the graph decodes JPEGs (pipeline.DecodePlan): chroma, and train's regions or whole images,
         by what the nvJPEG the GPU flavour's decoders load does on the GPU."""
         self._bfloat16 = config.output.dtype == "bfloat16"
-        substitutes = transcoded_for_dali(prepared.index, prepared.needs_substitute)
-        self._feed = Feed(prepared.index, split, substitutes, prepared.pixels, config.dataset.exif_orientation,
+        transcoded = transcoded_for_dali(prepared.index, prepared.needs_transcoding)
+        self._feed = Feed(prepared.index, split, transcoded, prepared.pixels, config.dataset.exif_orientation,
                            prepared.sizes, self.augmentation, config.dataset.max_pixels,
                            refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
                            sized=self.order.resolution is not None, draws=prepared.draws,

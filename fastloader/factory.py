@@ -203,7 +203,7 @@ def _prepared(config: Config, split: SplitConfig, index: SampleIndex, workers: i
     else:
         screened = screen_index(config, split, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
         bad, index = index.unusable + tuple(screened.bad), screened.index
-        found = {"needs_substitute": screened.formats, "sizes": screened.sizes}
+        found = {"needs_transcoding": screened.formats, "sizes": screened.sizes}
     blocks = block_order(config, split, index, budget, limit)
     draws = weighted_draws(config, split, index, table, [path for path, _ in bad])
     return PreparedSplit(index, bad, workers, **found, hooks=hooks, blocks=blocks, draws=draws,

@@ -68,7 +68,7 @@ class Location(NamedTuple):
     group (sources/row_groups.py; start and length: the row group's image column chunk); -1: a byte range."""
     column: str = ""
     """That row's image column (its parquet leaf path)."""
-    source: str = ""
+    reader: str = ""
     """A sample of a source read through the Source protocol (sources/protocol.py): the token of the
     opened source, whose read(start) gives the bytes (`file` is then the source's name); "": a file."""
     store: str = ""
@@ -78,7 +78,7 @@ class Location(NamedTuple):
     @property
     def whole_file(self) -> bool:
         """A whole file on a disk or in a store (not a range, not a source's sample)."""
-        return self.length < 0 and not self.source
+        return self.length < 0 and not self.reader
 
 
 def stat_stamp(info: os.stat_result) -> tuple[int, int, int, int]:

@@ -70,9 +70,9 @@ class PreparedSplit:
     """The backend's parallelism (see worker_count): DataLoader workers, or DALI's CPU threads."""
     pixels: CachedPixels | None = None
     """The pixel source: the uint8 cache's pixels, or None to decode the image files."""
-    needs_substitute: Mapping[int, str] = field(default_factory=dict)
+    needs_transcoding: Mapping[int, str] = field(default_factory=dict)
     """Sample -> format of each file in a format DALI's decoder cannot read (GIF), which the DALI
-    backend reads through a PNG substitute (dali_loader/transcode.py); the torch backend reads all."""
+    backend reads through a PNG copy (dali_loader/transcode.py); the torch backend reads all."""
     sizes: np.ndarray | None = None
     """int32 [len(index), 3]: each sample's stored (height, width, turned), read by screening
     (fastloader.decoding.sizes.upright gives the decoded size); None where the split was not screened."""

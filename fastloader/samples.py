@@ -82,10 +82,11 @@ class SampleIndex:
     unusable: tuple[tuple[str, str], ...] = ()
     """(name, reason) of what indexing found but could not make a sample of (a shard member without
     a label, a truncated shard ...), under dataset.on_bad_image: skip; already logged."""
-    source: np.ndarray | None = None
-    """int16 [n]: which of the split's `sources` each sample comes from (sources/multi.py); None: one source."""
-    source_names: tuple[str, ...] = ()
-    """The sources' names, by number (empty with one source)."""
+    entry: np.ndarray | None = None
+    """int16 [n]: which entry of the split's `sources` each sample comes from (sources/multi.py); None:
+    a split without `sources`."""
+    entry_names: tuple[str, ...] = ()
+    """The names of the split's `sources` entries, by number (empty without `sources`)."""
     reader: str = ""
     """The samples of a user's source (sources/protocol.py): the opened source's token, whose read()
     gives sample i's bytes as read(items[i]); `root` is then the source's name. "": files and ranges."""
@@ -111,11 +112,11 @@ class SampleIndex:
         pieces = [self.path_bytes[a:b] for a, b in zip(starts, ends)]
         path_bytes = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8)
         ranges = self.ranges.take(samples) if self.ranges is not None else None
-        source = self.source[samples] if self.source is not None else None
+        entry = self.entry[samples] if self.entry is not None else None
         items = self.items[samples] if self.items is not None else None
         return SampleIndex(root=self.root, classes=self.classes, path_bytes=path_bytes, offsets=offsets,
                            labels=self.labels[samples].copy(), excluded=self.excluded, ranges=ranges,
-                           unusable=self.unusable, source=source, source_names=self.source_names,
+                           unusable=self.unusable, entry=entry, entry_names=self.entry_names,
                            reader=self.reader, items=items, source_length=self.source_length,
                            source_identity=self.source_identity, store=self.store)
 
@@ -146,7 +147,7 @@ class SampleIndex:
         """Where sample i's bytes are, for fastloader.sources.reading."""
         name = self.path(i)
         if self.reader:
-            return Location(name, self.root, int(self.items[i]), source=self.reader)
+            return Location(name, self.root, int(self.items[i]), reader=self.reader)
         if self.ranges is None:
             return Location(name, name, store=self.store)
         ranges = self.ranges
@@ -192,9 +193,9 @@ class SampleIndex:
     @property
     def nbytes(self) -> int:
         ranges = self.ranges.nbytes if self.ranges is not None else 0
-        source = self.source.nbytes if self.source is not None else 0
+        entry = self.entry.nbytes if self.entry is not None else 0
         items = self.items.nbytes if self.items is not None else 0
-        return self.path_bytes.nbytes + self.offsets.nbytes + self.labels.nbytes + ranges + source + items
+        return self.path_bytes.nbytes + self.offsets.nbytes + self.labels.nbytes + ranges + entry + items
 
     @functools.cached_property
     def fingerprint(self) -> str:

@@ -221,7 +221,7 @@ def _class_weights(config: Config, split: SplitConfig, index: SampleIndex, by_so
     choice = split.class_weights
     if choice in ("inverse", "sqrt"):
         classes = len(index.classes)
-        group = index.labels + (index.source.astype(np.int64) * classes if by_source else 0)
+        group = index.labels + (index.entry.astype(np.int64) * classes if by_source else 0)
         counts = np.bincount(group, minlength=classes).astype(np.float64)
         scale = counts if choice == "inverse" else np.sqrt(counts)
         return np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)[group]
@@ -244,19 +244,19 @@ def _source_shares(config: Config, split: SplitConfig, index: SampleIndex, weigh
     shares = _relative(np.array([source.weight for source in split.sources], dtype=np.float64))
     shares /= shares.sum()
     highest = np.zeros(len(shares))
-    np.maximum.at(highest, index.source, weights)
-    weights = weights / np.where(highest > 0, highest, 1.0)[index.source]  # each source's own scale: sums >= 1
-    totals = np.bincount(index.source, weights=weights, minlength=len(shares))
+    np.maximum.at(highest, index.entry, weights)
+    weights = weights / np.where(highest > 0, highest, 1.0)[index.entry]  # each source's own scale: sums >= 1
+    totals = np.bincount(index.entry, weights=weights, minlength=len(shares))
     empty = np.flatnonzero((totals <= 0) & (shares > 0))
     if len(empty):
         number = int(empty[0])
         key = f"{split.name}.sources[{number}].weight"
-        why = "it has no sample left" if not (index.source == number).any() else \
+        why = "it has no sample left" if not (index.entry == number).any() else \
             f"each of its samples weighs 0 ({' and '.join(k for k in draws_from(split) if not k.endswith('weight'))})"
         raise ConfigError(f"{config.origin(key)}: {key}: {split.sources[number].weight:g}, but {why}, so its share "
                           f"cannot be drawn; set {key}: 0, or give its samples weights above 0")
     scale = np.divide(shares, totals, out=np.zeros_like(shares), where=totals > 0)
-    return weights * scale[index.source]
+    return weights * scale[index.entry]
 
 
 def _relative(weights: np.ndarray) -> np.ndarray:

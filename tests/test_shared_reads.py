@@ -335,7 +335,7 @@ def test_only_local_files_and_ranges_go_to_the_workers():
     assert worker_reads(Location("/a.jpg", "/a.jpg")) and worker_reads(Location("s.tar:m", "/s.tar", 512, 10))
     assert not worker_reads(Location("s3://b/s.tar:m", "s3://b/s.tar", 512, 10))
     assert not worker_reads(Location("row 3", "/t.parquet", 0, 100, row=3))
-    assert not worker_reads(Location("mine:3", "mine", source="token"))
+    assert not worker_reads(Location("mine:3", "mine", reader="token"))
 
 
 @pytest.fixture

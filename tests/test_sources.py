@@ -44,7 +44,7 @@ def delivered(loader) -> tuple[list[tuple], list[int]]:
 def test_two_folders_without_weights_are_one_split_each_sample_once(two_folders):
     loader = build_loader(sources_config(two_folders, {"folder": "train"}, {"folder": "val"}, drop_last=False), "train")
     assert loader.num_samples == 36 and loader.classes == ("a_red", "b_green", "c_blue")
-    assert loader.order.draws is None and loader.index.source_names == ("source0", "source1")
+    assert loader.order.draws is None and loader.index.entry_names == ("source0", "source1")
     names = [loader.index.relpath(i) for i in range(36)]
     assert names[0] == "train/a_red/n_00.png" and names[18] == "val/a_red/n_00.png"  # the names say the source
     assert loader.index.path(18) == str(two_folders / "val" / "a_red" / "n_00.png")
@@ -83,7 +83,7 @@ def test_weighted_sources_are_drawn_in_their_proportions(two_folders):
     config = sources_config(two_folders, {"folder": "train", "weight": 1}, {"folder": "val", "weight": 3},
                             epoch_size=400)
     loader = build_loader(config, "train")
-    source = loader.index.source
+    source = loader.index.entry
     counts = sum(np.bincount(source[loader.order.permutation(epoch)], minlength=2) for epoch in range(50))
     within_binomial(counts, np.array([0.25, 0.75]), 50 * 400)
     p = loader.order.draws.probabilities
@@ -101,7 +101,7 @@ def test_weighted_sources_with_class_weights_balance_classes_within_each_source(
         (root / "train" / "a_red" / f"n_{extra:02d}.png").write_bytes(first.read_bytes())
     loader = build_loader(sources_config(root, {"folder": "train", "weight": 2}, {"folder": "val", "weight": 2},
                                          class_weights="inverse"), "train")
-    p, labels, source = loader.order.draws.probabilities, loader.index.labels, loader.index.source
+    p, labels, source = loader.order.draws.probabilities, loader.index.labels, loader.index.entry
     for s in (0, 1):
         shares = np.bincount(labels[source == s], weights=p[source == s], minlength=3)
         assert np.allclose(shares, 0.5 / 3)
@@ -270,7 +270,7 @@ def test_arrow_and_parquet_sources_are_read_once_an_epoch_in_the_block_order(tmp
         config = base_config(tmp_path, val={"sources": sources, "batch_size": 4},
                              distributed={"rank": rank, "world_size": 2})
         loader = build_loader(config, "val")
-        seen += [(loader.index.source[i], c) for i, c in zip(np.concatenate(loader.order.batches(0))[:, 0],
+        seen += [(loader.index.entry[i], c) for i, c in zip(np.concatenate(loader.order.batches(0))[:, 0],
                                                               (c for images, _ in loader for c in identities(images)))]
     assert len(seen) == len(set(seen)) == 30 and {source for source, _ in seen} == {0, 1}
     assert {c for s, c in seen if s == 0} == {c for s, c in seen if s == 1}  # the same 15 images in each format

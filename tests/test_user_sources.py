@@ -664,7 +664,7 @@ def test_a_users_source_joins_a_folder_in_one_splits_sources_every_sample_once(f
                                      val={"mode": "eval", "batch_size": 5}), "train")
     tabled = build_loader(sqlite_config(db, backend, mode="eval", batch_size=5), "train")
     assert loader.num_samples == 24 and loader.classes == ("a_red", "b_green", "c_blue")
-    assert loader.index.source_names == ("disk", "table") and loader.index.source.tolist() == [0] * 12 + [1] * 12
+    assert loader.index.entry_names == ("disk", "table") and loader.index.entry.tolist() == [0] * 12 + [1] * 12
     assert loader.index.relpath(0) == "disk/a_red/n_00.png" and loader.index.relpath(12) == "table/a_red/n_00.png"
     colours, labels = delivered(loader)
     expected = sorted(zip(*delivered(whole))) + sorted(zip(*delivered(tabled)))

@@ -61,7 +61,7 @@ def shareable() -> str | None:
 
 def worker_reads(location: Location) -> bool:
     """Whether a worker process reads this sample: a local file or a range of a local container."""
-    return not location.source and location.row < 0 and not is_url(location.file)
+    return not location.reader and location.row < 0 and not is_url(location.file)
 
 
 class Slab:

@@ -9,7 +9,7 @@ folder keep their names, and may not hold the same sample (nor may a folder and 
 file list and any other source: _refuse_shared_samples). Labels are remapped into one class list:
 a `shared` source's class names are the split's (a name the others lack is appended), an `own`
 source's classes are appended after the others, named `<source name>/<class>`. Which source each
-sample is from is kept (`SampleIndex.source`), for the sources' weights (fastloader/weights.py).
+sample is from is kept (`SampleIndex.entry`), for the sources' weights (fastloader/weights.py).
 
 A source of the user's own among them (`source: package.module:factory`) joins through the Source
 protocol instead (JoinedSource): every source is then a Source (a built-in format's, its index as
@@ -110,8 +110,8 @@ def combine(split: SplitConfig, parts: Sequence[SampleIndex]) -> SampleIndex:
                        labels=np.concatenate(labels), excluded=sum(part.excluded for part in parts),
                        ranges=_ranges([part.ranges for part in parts]) if all(kinds) else None,
                        unusable=tuple(item for part in parts for item in part.unusable),
-                       source=np.repeat(np.arange(len(parts), dtype=np.int16), [len(part) for part in parts]),
-                       source_names=names)
+                       entry=np.repeat(np.arange(len(parts), dtype=np.int16), [len(part) for part in parts]),
+                       entry_names=names)
 
 
 def _classes(split: SplitConfig, parts: Sequence[tuple[Sequence[str], np.ndarray]]
@@ -175,7 +175,7 @@ class JoinedSource:
         """The split's index with each sample's source number (`source`, for the sources' weights)."""
         numbers = np.searchsorted(np.asarray(self.starts), index.items, side="right") - 1
         names = tuple(source_name(entry, number) for number, entry in enumerate(self.split.sources))
-        return dataclasses.replace(index, source=numbers.astype(np.int16), source_names=names)
+        return dataclasses.replace(index, entry=numbers.astype(np.int16), entry_names=names)
 
 
 def _common_folder(roots: Sequence[str]) -> tuple[str, list[str]]:

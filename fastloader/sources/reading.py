@@ -61,7 +61,7 @@ def read_bytes(where: str | Location, into: ReadArena | None = None, max_pixels:
     that arena, and a view of it returned, valid until the arena's next reset. `max_pixels`: the
     largest decoded image a source's read() may give (its shape checked before it is copied)."""
     location = as_location(where)
-    if location.source:  # a sample of a source: its read() gives it
+    if location.reader:  # a sample of a source: its read() gives it
         return source_bytes(location, into, max_pixels)
     if location.row >= 0:  # a row of compressed parquet pages: decoded with its row group
         return read_row(location)
@@ -129,7 +129,7 @@ def fetch_again(location: Location, why: str) -> bool:
     not the image: the copy is removed, to be fetched again by the next read; once a copy (a member
     that fails in a copy fetched again fails for itself). Whether it was (then read the member again
     before calling it bad)."""
-    if not is_url(location.file) or location.source:
+    if not is_url(location.file) or location.reader:
         return False
     cache = node_cache.cache_of(location.store)
     stamp = cache.copy_stamp(location)
@@ -197,12 +197,12 @@ def runs(locations: Sequence[Location]) -> Iterator[tuple[int, int]]:
     begin, count = 0, len(locations)
     while begin < count:
         first, end = locations[begin], begin + 1
-        if first.length >= 0 and first.row < 0 and not first.source and not is_url(first.file):
+        if first.length >= 0 and first.row < 0 and not first.reader and not is_url(first.file):
             file, identity, position = first.file, first.identity, first.start + first.length
             while end < count and end - begin < RUN_MEMBERS:
                 location = locations[end]
                 gap = _span_start(location) - position
-                if location.file != file or location.length < 0 or location.row >= 0 or location.source \
+                if location.file != file or location.length < 0 or location.row >= 0 or location.reader \
                         or location.identity != identity or not 0 <= gap <= RUN_GAP:
                     break
                 position = location.start + location.length
@@ -265,8 +265,8 @@ def size_and_mtime(where: str | Location) -> tuple[int, int]:
     says it is unchanged since a result about it was kept. A shard in an object store: as indexed
     (its ETag is checked where it is fetched). OSError where it cannot be stat'ed."""
     location = as_location(where)
-    if location.source:  # one stamp for the whole source: its identity
-        return 0, identity_stamp(location.source)
+    if location.reader:  # one stamp for the whole source: its identity
+        return 0, identity_stamp(location.reader)
     if is_url(location.file):
         if location.identity is None:
             raise FileNotFoundError(errno.ENOENT, "not indexed", location.file)

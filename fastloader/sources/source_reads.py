@@ -30,7 +30,7 @@ def source_bytes(location: Location, into: ReadArena | None = None, max_pixels: 
                  ) -> bytearray | memoryview:
     """The bytes of a source's sample (location.start: its number in the source), copied into
     `into` where given."""
-    source = opened(location.source)
+    source = opened(location.reader)
     try:
         value = source.read(location.start)
     except SourceError:
