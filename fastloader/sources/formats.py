@@ -95,7 +95,7 @@ def source_format(source: SourceConfig) -> str:
 
 
 def index_source(config: Config, split: SplitConfig, source: SourceConfig) -> SampleIndex:
-    """One source of a split (as a split of its own, multi.source_split), indexed by its format."""
-    fmt = source_format(source)
-    config = dataclasses.replace(config, dataset=dataclasses.replace(config.dataset, format=fmt))
-    return _indexed(config, split, None)  # its store (the split's) opened by the split's build_index
+    """One source of a split (as a split of its own, multi.source_split), indexed by its own format,
+    whatever dataset.format says (its store, the split's, opened by the split's build_index)."""
+    opened = FORMATS[source_format(source)].open(config, split)
+    return opened.index if isinstance(opened, IndexedSource) else index_of(opened, config, split)
