@@ -110,7 +110,7 @@ class Feed:
     `following`): a new epoch's first batches are then ready, not read while DALI waits for them.
     """
 
-    def __init__(self, index: SampleIndex, split: SplitConfig, transcoded: dict[int, str],
+    def __init__(self, index: SampleIndex, split: SplitConfig, png_copies: dict[int, str],
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
                  stored_sizes: np.ndarray | None = None, augmenter: Augmenter | None = None,
                  max_pixels: int = BOMB_PIXELS, refill: bool = False, sized: bool = False,
@@ -135,14 +135,14 @@ class Feed:
         self.split, self.augmenter = split, augmenter
         self.max_pixels, self.refill = max_pixels, refill
         self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if pixels is None else None
-        self.transcoded = transcoded  # sample -> its PNG copy, which DALI can decode (transcode.py)
+        self.png_copies = png_copies  # sample -> its PNG copy, which DALI can decode (transcode.py)
         self.known_bad: dict[int, str] = {}  # sample -> why it cannot be fed or decoded, this epoch
         self.undecodable: dict[int, str] = {}
         """sample -> why DALI cannot decode it (the probe's finding, loader._recover): left out for the
         run, since feeding it again would break the pipeline again. What a read or check found is
         known only for its epoch: the next reads the sample again, as the torch workers do (a blob
         service's reset connection loses a sample for one epoch, not for the run)."""
-        self.skipped: list[int] = []  # known-bad samples left out and not yet attached to a fed batch
+        self.skipped: list[tuple[int, str]] = []  # (sample, why) left out, not yet attached to a fed batch
         self.empty: list[np.ndarray] = []  # planned batches left empty, not yet attached to a fed batch
         self.batches: Iterator[np.ndarray] = iter(())
         self.fed: collections.deque[Fed] = collections.deque()
@@ -198,6 +198,10 @@ class Feed:
         self.skipped, self.empty = [], []
         self.stopping = False
         self.known_bad = dict(self.undecodable)
+
+    def refuse(self, undecodable: dict[int, str]) -> None:
+        """These samples broke the pipeline (the probe found them): never fed again, in any epoch."""
+        self.undecodable.update(undecodable)
 
     def new_arenas(self) -> None:
         """Read the next batches into new memory: after a pipeline failed, the memory it was given
@@ -404,7 +408,7 @@ class Feed:
         sample's, where the batch's were looked up together (`locations`); `read`: its bytes and
         their check where a worker process read them."""
         if sample in self.known_bad:
-            self.skipped.append(sample)
+            self.skipped.append((sample, self.known_bad[sample]))
             return None
         if self.pixels is not None:
             return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
@@ -424,7 +428,7 @@ class Feed:
             data, screened = self.transcoded(sample, screened.format or "unknown")
         if screened.problem:
             self.known_bad[sample] = screened.problem
-            self.skipped.append(sample)
+            self.skipped.append((sample, screened.problem))
             return None
         size = self.sizes.keep(sample, screened)
         if size.held is not None:
@@ -436,7 +440,7 @@ class Feed:
     def transcoded(self, sample: int, fmt: str) -> tuple[bytearray | None, Screened]:
         """The bytes of a PNG copy of a file in a format DALI cannot decode (transcode.py), checked."""
         try:
-            self.transcoded.update(transcoded_for_dali(self.index, {sample: fmt}))
+            self.png_copies.update(transcoded_for_dali(self.index, {sample: fmt}))
         except Exception as error:  # Pillow could not decode the file either
             return None, Screened(self.index.path(sample), problem=f"cannot be converted for DALI: {error_text(error)}")
         return read_screened(self.location(sample), self.max_pixels)
@@ -444,14 +448,14 @@ class Feed:
     def locations(self, samples: np.ndarray) -> list[Location]:
         """`location` of each of a batch's samples, looked up together."""
         found = self.index.locations(samples)
-        if self.transcoded:
-            found = [self.location(sample) if sample in self.transcoded else location
+        if self.png_copies:
+            found = [self.location(sample) if sample in self.png_copies else location
                      for sample, location in zip(samples.tolist(), found)]
         return found
 
     def location(self, sample: int) -> Location:
         """Where the bytes DALI decodes for a sample are: its file or shard member, or its PNG copy."""
-        copy = self.transcoded.get(sample)
+        copy = self.png_copies.get(sample)
         return Location(copy, copy) if copy else self.index.location(sample)
 
 
@@ -462,11 +466,11 @@ def _warn_resized(path: str, held: tuple[int, int], now: tuple[int, int]) -> Non
 
 class Fed(NamedTuple):
     """A batch handed to the pipeline: its (sample, seed) rows (a substitute in a refilled slot);
-    the known-bad samples left out just before it; the planned batches just before it that came out
+    the known-bad samples left out just before it, with why; the planned batches just before it that came out
     empty (none of their samples could be fed); why and how many of its samples the GPU flavour
     decodes on the CPU."""
     plan: np.ndarray
-    skipped: list[int]
+    skipped: list[tuple[int, str]]
     empty: list[np.ndarray]
     on_cpu: dict[str, int]
 

@@ -333,11 +333,11 @@ class DaliLoader(Loader):
                 f"(now {self.split.batch_size}) or dali.threads (now {self.num_threads}; on the GPU each DALI thread "
                 f"keeps nvJPEG buffers of its own) in {self.config.source}")
 
-    def _record_skips(self, samples: list[int]) -> None:
-        """Known-bad samples the feed left out (it holds no reference back to the loader, so that a
-        dropped loader frees its pipeline at once rather than at the next garbage collection)."""
-        for sample in samples:
-            path, reason = self.index.path(sample), self._feed.known_bad[sample]
+    def _record_skips(self, skipped: list[tuple[int, str]]) -> None:
+        """Known-bad samples the feed left out, with why (it holds no reference back to the loader, so
+        that a dropped loader frees its pipeline at once rather than at the next garbage collection)."""
+        for sample, reason in skipped:
+            path = self.index.path(sample)
             if self.config.dataset.on_bad_image == "raise":  # found by the feed (a shard member cut short)
                 self._broken = refused_file(path, reason, self.config.source)
                 self._end_epoch()  # the driver stops; the pipeline rewinds
@@ -382,7 +382,7 @@ class DaliLoader(Loader):
             raise BadImageError(self._broken) from error
         log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files that cannot be decoded; "
                  "rebuilding it without them", self.split.name, number, self.epoch, len(culprits))
-        self._feed.undecodable.update(culprits)
+        self._feed.refuse(culprits)
         self._feed.new_arenas()
         again, rest = self._feed.unfinished(), self._feed.batches
         self._pipe = self._build()
