@@ -41,6 +41,8 @@ JOIN_S = 60.0
 DALI prefetched. A thread that takes longer is stuck inside DALI, and its loader says so."""
 FIRST_BATCH_TIMES = 3
 """The first batch may take this many times workers.timeout: the pipeline is built and warmed up."""
+
+
 class Delivered(NamedTuple):
     """One batch ready for the trainer: its tensors and what the feed knew of it."""
     images: torch.Tensor

@@ -68,6 +68,8 @@ class PreparedSplit:
     refused, or those the cache lists as bad. A loader starts its `bad_samples` with them."""
     workers: int
     """The backend's parallelism (see worker_count): DataLoader workers, or DALI's CPU threads."""
+    batches: BatchPlan
+    """What every batch is made of (plan_batches), decided with the index."""
     pixels: CachedPixels | None = None
     """The pixel source: the uint8 cache's pixels, or None to decode the image files."""
     needs_transcoding: Mapping[int, str] = field(default_factory=dict)
@@ -84,8 +86,6 @@ class PreparedSplit:
     sources' weights), else None."""
     hooks: SplitHooks = field(default_factory=SplitHooks)
     """The user's own transforms for the split (fastloader.hooks), imported and named."""
-    batches: BatchPlan | None = None
-    """What every batch is made of (plan_batches), decided with the index; the factory always sets it."""
 
     @property
     def pixels_from(self) -> str:

@@ -169,17 +169,17 @@ class SampleIndex:
         names = [str(raw[start:end], "utf-8", "surrogateescape")
                  for start, end in zip(self.offsets[rows].tolist(), self.offsets[rows + 1].tolist())]
         names = [name if name[:1] == "/" else folder + name for name in names]  # os.path.join's result
-        if self.store:  # in an object store: each carries its cache's token
-            return [self.location(i) for i in rows.tolist()]
+        store = self.store  # every field given by position: a keyword costs a third more a Location
         if self.ranges is None:
-            return [Location(name, name) for name in names]
+            return [Location(name, name, 0, -1, 0, None, -1, "", "", store) for name in names]
         ranges = self.ranges
         files = [ranges.files[file] for file in ranges.file[rows].tolist()]
         identities = ([ranges.identities[file] for file in ranges.file[rows].tolist()]
                       if ranges.identities is not None else itertools.repeat(None))
         headers = ranges.header[rows].tolist() if ranges.header is not None else itertools.repeat(0)
-        return [Location(*fields) for fields in zip(names, files, ranges.start[rows].tolist(),
-                                                    ranges.length[rows].tolist(), headers, identities)]
+        return [Location(name, file, start, length, header, identity, -1, "", "", store)
+                for name, file, start, length, header, identity
+                in zip(names, files, ranges.start[rows].tolist(), ranges.length[rows].tolist(), headers, identities)]
 
     def label(self, i: int) -> int:
         return int(self.labels[i])

@@ -446,3 +446,11 @@ def test_two_loaders_with_their_own_remote_settings_keep_their_own_cache_and_cli
         second.close()
     with pytest.raises(StoreError, match="is closed"):
         node_cache.cache_of(first.index.store)  # released with its loader
+
+
+def test_locations_made_outside_a_loader_read_through_one_default_cache_opened_once():
+    """A Location with no cache's token (made by hand, not from a loader's index) reads through the
+    default node cache: opened once for the process, not once more at every read."""
+    first = node_cache.cache_of("")
+    assert node_cache.cache_of("") is first and node_cache.cache_of("") is first
+    assert node_cache._state.holders[first.token] == 1

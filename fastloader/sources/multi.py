@@ -172,7 +172,7 @@ class JoinedSource:
         return sum(counts)
 
     def numbered(self, index: SampleIndex) -> SampleIndex:
-        """The split's index with each sample's source number (`source`, for the sources' weights)."""
+        """The split's index with each sample's entry number (`entry`, for the sources' weights)."""
         numbers = np.searchsorted(np.asarray(self.starts), index.items, side="right") - 1
         names = tuple(source_name(entry, number) for number, entry in enumerate(self.split.sources))
         return dataclasses.replace(index, entry=numbers.astype(np.int16), entry_names=names)

@@ -26,7 +26,7 @@ Why these rules:
   complete-looking shard whose size is not its name's, when a process first opens the cache.
 
 Each loader opens the cache its dataset.remote names (`open_cache`: a token for its Locations, the
-same NodeCache for the same folder and limit, released when the loader closes), so two loaders with
+same NodeCache for the same settings, released when the loader closes), so two loaders with
 different settings in one process keep their own folder, limit and client.
 
 obstore cannot run in a forked process (remote.py): a forked reader (a DataLoader worker) asks the
@@ -524,6 +524,8 @@ class _State:
     holders: dict[str, int] = {}
     """token -> how many opens (loaders) hold it; released at 0."""
     numbers = itertools.count(1)
+    default = ""
+    """The token of the cache that Locations made outside a loader read through (cache_of(""))."""
     service: _Service | None = None
     address = None
     key = b""
@@ -602,7 +604,11 @@ def cache_of(token: str) -> NodeCache:
     if token:
         raise StoreError(f"the node cache this shard was indexed with (token {token}) is closed: its loader was "
                          f"closed; build a new loader to read it")
-    return open_cache(None, None, 8)
+    cache = _state.caches.get(_state.default)
+    if cache is None or cache.owner != os.getpid():  # opened once, and held for the process
+        cache = open_cache(None, None, 8)
+        _state.default = cache.token
+    return cache
 
 
 def counters(token: str) -> Counters:
