@@ -1,7 +1,7 @@
 """The DALI feed alone against bare reads of the same files, and the GIL it takes from the trainer.
 
 Every batch the DALI backend decodes is first read and checked in Python by its feed
-(`dali_loader/loader.py`, `_Feed`): the bytes of each sample, the magic bytes, the header's size
+(`dali_loader/feed.py`, `Feed`): the bytes of each sample, the magic bytes, the header's size
 against `dataset.max_pixels`, the end marker, the draws. This measures that feed with no DALI
 pipeline behind it (the graph's speed is peers.py's question), in one process, page cache warm:
 
@@ -88,7 +88,7 @@ def handover_epochs(loader, seconds: float, no_copy: bool) -> tuple[int, float]:
 
     from dali_loader.pipeline import feed_layout
     feed = loader._feed
-    layout = feed_layout(loader.split, feed.kind, loader.augmentation, feed.sized)
+    layout = feed_layout(loader.split, feed.kind, loader.augmentation, feed.inputs.sized)
 
     def graph():
         arrays = fn.external_source(source=feed, num_outputs=len(layout), batch=True, no_copy=no_copy,
@@ -209,7 +209,7 @@ def measure(config: dict, split: str, rounds: int, seconds: float = SECONDS, pro
     try:
         feed_epochs(loader, 0.3)  # warm: the page cache, the size table
         feed_rates, bare_rates, kept_rates, gil, contended, fresh_rates = [], [], [], [], [], []
-        from dali_loader.feed import READS_AHEAD
+        from dali_loader.batches_ahead import READS_AHEAD
 
         slabs = loader.config.workers.prefetch_factor + 1 + READS_AHEAD  # as many as the feed's (loader.py)
         handed, copied, pooled, pool_cpu, pool_gil, pool_contended, pool_handed = [], [], [], [], [], [], []

@@ -41,13 +41,19 @@ from fastloader.errors import (
 )
 from fastloader.order import output_size
 from fastloader.prepared import PreparedSplit
+from fastloader.read_ahead import epochs_after
 from fastloader.schema import Config, SplitConfig
 from fastloader.transfer import to_device
 from fastloader.views import ViewPlan
 
 from .augment import feed_arrays
+from .bad_samples import BadSamples
+from .batch_reader import BatchReader
+from .batches_ahead import READS_AHEAD, BatchesAhead
+from .doings import Doings
 from .driver import Driver, Ended
-from .feed import READS_AHEAD, Fed, Feed
+from .feed import Fed, Feed
+from .inputs import input_plan
 from .pipeline import build_pipeline, decode_plan, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
 from .stack import dali_cuda_major, nvjpeg_version, stack_problem, torch_cuda_major
@@ -68,7 +74,7 @@ def _warn_once(problem: str | None) -> None:
         log.warning(problem)
 
 
-def converter(feed: Feed, labels: np.ndarray, device: torch.device, channels_last: bool,
+def converter(feed: Feed, doings: Doings, labels: np.ndarray, device: torch.device, channels_last: bool,
               bfloat16: bool, finisher: BatchFinisher | None, check: Callable | None = None,
               views: ViewPlan | None = None, buffers: HostBuffers | None = None) -> Callable:
     """The driver thread's work on each pipeline output: (images, labels, Fed) as torch tensors on
@@ -116,11 +122,11 @@ def converter(feed: Feed, labels: np.ndarray, device: torch.device, channels_las
         batch_labels = to_device(torch.from_numpy(labels[fed.plan[:, 0]]), device)
         if finisher is not None:
             if hook is not None:
-                feed.doings.begin(f"running {hook.label} on", f"a batch of {len(fed.plan)}")
+                doings.begin(f"running {hook.label} on", f"a batch of {len(fed.plan)}")
             try:
                 images, batch_labels = finisher(images, batch_labels, fed.plan[:, 1])
             finally:
-                feed.doings.end()
+                doings.end()
         return images, batch_labels, fed
     return convert
 
@@ -141,16 +147,22 @@ class DaliLoader(Loader):
         """How the graph decodes JPEGs (pipeline.DecodePlan): chroma, and train's regions or whole images,
         by what the nvJPEG the GPU flavour's decoders load does on the GPU."""
         self._bfloat16 = config.output.dtype == "bfloat16"
-        transcoded = transcoded_for_dali(prepared.index, prepared.needs_transcoding)
-        self._feed = Feed(prepared.index, split, transcoded, prepared.pixels, config.dataset.exif_orientation,
-                           prepared.sizes, self.augmentation, config.dataset.max_pixels,
-                           refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
-                           sized=self.order.resolution is not None, draws=prepared.draws,
-                           hooked=bool(hook_inputs(prepared.hooks)), views=self.views,
-                           in_flight=config.workers.prefetch_factor, reads=self._shared_reads(prepared),
-                           gpu=self.flavour == "gpu")
+        self._bad = BadSamples()
+        """Which samples the feed leaves out, and why (bad_samples.py): the probe's refusals, the reads' findings."""
+        self._doings = Doings()
+        """What the loader's own code does now inside the pipeline (reading, a user's hook): what a stall names."""
+        self._reader = BatchReader(prepared.index, transcoded_for_dali(prepared.index, prepared.needs_transcoding),
+                                   self._bad, self._doings, prepared.pixels, config.dataset.exif_orientation,
+                                   prepared.sizes, config.dataset.max_pixels,
+                                   refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
+                                   draws=prepared.draws, gpu=gpu)
+        self._inputs = input_plan(split, self.augmentation, self.views, bool(hook_inputs(prepared.hooks)),
+                                  sized=self.order.resolution is not None)
+        ahead = BatchesAhead(self._shared_reads(prepared), split.name, self._reader.locations, self._bad,
+                             self._doings.during)
+        self._feed = Feed(ahead, self._reader, self._inputs, in_flight=config.workers.prefetch_factor)
         hook = prepared.hooks.sample
-        self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._feed.doings) if hook is not None else None
+        self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._doings) if hook is not None else None
         if hook is not None:
             log.warning("split '%s': %s runs through DALI's Python-function operator, one Python call per sample on "
                         "a DALI thread holding the GIL%s: an identity function cost 4-7%% of the images/s on 2 CPU "
@@ -203,7 +215,7 @@ class DaliLoader(Loader):
             self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
-            seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation, sized=self._feed.sized,
+            seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation, sized=self._inputs.sized,
             user=UserOps(self.hooks, self._sample_hook), views=self.views, plan=self.decoding)
 
     def describe(self) -> dict:
@@ -224,8 +236,7 @@ class DaliLoader(Loader):
 
     @property
     def _feed_processes(self) -> int:
-        reads = self._feed.reads
-        return reads.processes if reads is not None and not self._feed.reads_failed else 0
+        return self._feed.ahead.processes
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._broken:
@@ -239,7 +250,7 @@ class DaliLoader(Loader):
             return
         self._run += 1
         run = self._run
-        following = functools.partial(self.order.batches, self._epoch + 1)  # what most loops run next; not `self`,
+        following = functools.partial(epochs_after, self.order, self._epoch)  # what most loops run next; not `self`,
         self._feed.start(batches, following)  # which the feed (on the driver thread) must not keep alive
         self._epoch_open = True
         self._driver = self._drive()
@@ -259,8 +270,8 @@ class DaliLoader(Loader):
                     raise self._stopped(item.error)
                 if self._sample_hook is not None and self._sample_hook.failure is not None:  # no file's fault
                     raise self._stopped(self._sample_hook.failure) from item.error
-                if self._feed.failure is not None:  # a source that changed: no file's fault either
-                    raise self._stopped(self._feed.failure) from item.error
+                if self._reader.failure is not None:  # a source that changed: no file's fault either
+                    raise self._stopped(self._reader.failure) from item.error
                 self._recover(item.error, delivered)
                 self._driver = self._drive()
                 continue
@@ -284,11 +295,11 @@ class DaliLoader(Loader):
 
     def _drive(self) -> Driver:
         """A driver thread running the pipeline over the feed's batches (see driver.py)."""
-        check = graph_size_check(self.hooks.graph, self.split, self._feed.sized, self.views)
-        convert = converter(self._feed, self.index.labels, self.device, self.config.output.channels_last,
+        check = graph_size_check(self.hooks.graph, self.split, self._inputs.sized, self.views)
+        convert = converter(self._feed, self._doings, self.index.labels, self.device, self.config.output.channels_last,
                             self._bfloat16, self.finisher, check, self.views, self._view_buffers)
         return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream,
-                      stall_s=self.config.workers.timeout, stuck=self._feed.stuck_words)
+                      stall_s=self.config.workers.timeout, stuck=self._doings.stuck_words)
 
     def _graph_function_failure(self, error: BaseException) -> HookError | None:
         """A pipeline failure after the decoder where the graph has the user's graph function: what
@@ -367,10 +378,10 @@ class DaliLoader(Loader):
         self._pipe = None  # freed now, with its buffers, before the probe and the new pipeline take theirs
         suspects = [batch.plan for batch in fed]
         probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None, self.split.batch_size,
-                            self.decoding, self._regions if self.decoding.region and self._feed.sizes is not None
+                            self.decoding, self._regions if self.decoding.region and self._reader.sizes is not None
                             else None)  # views, eval and a whole-image train plan decode whole images
         try:
-            culprits = probe.culprits(suspects, self._feed.location)
+            culprits = probe.culprits(suspects, self._reader.location)
         except BaseException as failure:  # out of memory, say: no file to blame, no pipeline left
             raise self._stopped(failure) from error
         del probe  # its pipeline goes before the new one is built
@@ -382,19 +393,19 @@ class DaliLoader(Loader):
             raise BadImageError(self._broken) from error
         log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files that cannot be decoded; "
                  "rebuilding it without them", self.split.name, number, self.epoch, len(culprits))
-        self._feed.refuse(culprits)
+        self._bad.refuse(culprits)
         self._feed.new_arenas()
-        again, rest = self._feed.unfinished(), self._feed.batches
+        again, rest = self._feed.unfinished(), self._feed.ahead.batches
         self._pipe = self._build()
-        self._feed.start(itertools.chain(again, rest), self._feed.following)
+        self._feed.start(itertools.chain(again, rest), self._feed.ahead.following)
         self._epoch_open = True
 
     def _regions(self, plan: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Train: the crop regions (anchor, shape) the feed drew for these (sample, seed) rows, from
         the sizes of the bytes it fed (kept in its size table), which the probe decodes as the train
         graph does."""
-        sizes = self._feed.sizes.sizes[plan[:, 0]]
-        side = output_size(plan, self.split.transform.size) if self._feed.sized else None
+        sizes = self._reader.sizes.sizes[plan[:, 0]]
+        side = output_size(plan, self.split.transform.size) if self._inputs.sized else None
         anchor, shape = feed_arrays(self.augmentation, plan[:, 1], sizes, side)[:2]
         return anchor, shape
 

@@ -319,7 +319,7 @@ def test_after_a_decode_failure_the_new_pipeline_is_fed_from_memory_the_failed_o
     given = list(loader._feed.arenas)
     labels = [label for _, batch in loader for label in batch.tolist()]
     assert labels == [loader.index.label(i) for i in range(len(loader.index)) if i != broken]
-    assert broken in loader._feed.known_bad
+    assert broken in loader._bad
     assert not {id(arena) for arena in given} & {id(arena) for arena in loader._feed.arenas}
     loader.close()
 

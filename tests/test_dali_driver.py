@@ -23,7 +23,7 @@ from conftest import REPO, base_config  # noqa: E402
 from oddfiles import ODD_FILES  # noqa: E402
 
 import dali_loader.driver  # noqa: E402
-import dali_loader.feed  # noqa: E402
+import dali_loader.inputs  # noqa: E402
 import dali_loader.loader  # noqa: E402
 import dali_loader.probe  # noqa: E402
 from fastloader import build_loader  # noqa: E402
@@ -79,7 +79,7 @@ def test_an_error_inside_the_pipelines_run_reaches_next_as_itself(textured_root,
     def broken(sizes, split):
         raise ValueError("the feed broke")
     loader = build_loader(dali_config(textured_root), "val")
-    monkeypatch.setattr(dali_loader.feed, "centre_boxes", broken)
+    monkeypatch.setattr(dali_loader.inputs, "centre_boxes", broken)
     error, took = failure_of(loader)
     assert type(error) is ValueError and str(error) == "the feed broke" and took < 3
 

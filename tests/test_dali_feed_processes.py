@@ -110,7 +110,7 @@ def test_the_next_epochs_first_batches_are_read_as_an_epoch_ends_and_kept_only_f
     it (READS_AHEAD + 1 of them): the next loop starts with them read. They are that epoch's, bit for
     bit what the driver thread's feed gives; a loop of another epoch (set_epoch) or from a resumed
     position drops them and reads its own."""
-    from dali_loader.feed import READS_AHEAD
+    from dali_loader.batches_ahead import READS_AHEAD
     root = write_textured_dataset(tmp_path / "d", per_class=4, splits=("train",))
     train = {**TRAIN, "batch_size": 2}
 
@@ -119,7 +119,7 @@ def test_the_next_epochs_first_batches_are_read_as_an_epoch_ends_and_kept_only_f
         with build_loader(_config(root, processes, train=train), "train") as loader:
             batches = [(images.clone(), labels.clone()) for images, labels in loader]  # epoch 0
             if processes:
-                guesses.append([planned.tolist() for planned, _ in loader._feed.upcoming])
+                guesses.append([planned.tolist() for planned, _ in loader._feed.ahead.upcoming])
                 assert guesses[-1] == [planned.tolist() for planned in loader.order.batches(1)[:READS_AHEAD + 1]]
             batches += [(images.clone(), labels.clone()) for images, labels in loader]  # epoch 1, as guessed
             loader.set_epoch(5)  # not the epoch guessed: its first batches are read when it starts
@@ -140,7 +140,7 @@ def test_the_next_epochs_first_batches_are_read_as_an_epoch_ends_and_kept_only_f
 
 def _slab_of(array: np.ndarray, feed) -> int | None:
     """The slab an array lies in (its number), or None."""
-    for slab in feed.reads.slabs:
+    for slab in feed.ahead.reads.slabs:
         base = slab.array.ctypes.data
         if base <= array.ctypes.data < base + slab.capacity:
             return slab.number
@@ -174,7 +174,7 @@ def test_no_batch_is_read_into_memory_a_batch_in_flight_holds_even_after_an_empt
             now = [(array.ctypes.data, array.ctypes.data + array.nbytes) for array in data[0]]
             in_flight = spans[-1] if spans else []  # the batch fed before: DALI may still read it
             assert not any(a < d and c < b for a, b in now for c, d in in_flight), len(fed)
-            for _, sent in feed.ahead:  # the workers' reads ahead, done: none of them wrote over it either
+            for _, sent in feed.ahead.ahead:  # the workers' reads ahead, done: none of them wrote over it either
                 for worker, number in sent.pending.shares if sent is not None else ():
                     worker.arrived(number)
             if fed:  # nor written into while this batch was read, by this thread or by a worker ahead
@@ -186,8 +186,8 @@ def test_no_batch_is_read_into_memory_a_batch_in_flight_holds_even_after_an_empt
                 assert all(_slab_of(array, feed) is not None for array in data[0])
         assert len(fed) == len(planned) - 1  # the empty batch fed nothing
         expected = [open(loader.index.path(int(sample)), "rb").read()
-                    for batch in planned for sample in batch[:, 0] if int(sample) not in feed.known_bad]
-        assert [data for batch in fed for data in batch] == expected and len(feed.known_bad) == 2
+                    for batch in planned for sample in batch[:, 0] if int(sample) not in loader._bad]
+        assert [data for batch in fed for data in batch] == expected and len(loader._bad) == 2
 
 
 def test_a_jpeg_changed_since_screening_is_named_and_cropped_for_its_size_now(tmp_path, caplog):
@@ -205,7 +205,7 @@ def test_a_jpeg_changed_since_screening_is_named_and_cropped_for_its_size_now(tm
         for path in changed:
             Image.open(path).resize((9, 7)).save(path, quality=90)
         batches = [(images.clone(), labels.clone()) for images, labels in loader]
-        assert loader._feed.reads.failure is None
+        assert loader._feed.ahead.reads.failure is None
     named = [line for line in caplog.text.splitlines() if "changed since it was screened" in line]
     assert sorted(line.split()[2] for line in named) == sorted(map(str, changed))  # each once
     assert all("it is 7x9 (height x width) now" in line for line in named)
@@ -220,7 +220,7 @@ def test_a_killed_worker_is_logged_and_the_epoch_goes_on_read_by_the_driver_thre
     with caplog.at_level(logging.WARNING, logger="fastloader"), build_loader(_config(root, 2, **sections)) as loader:
         batches = iter(loader)
         got = [next(batches)]  # the driver reads a few batches ahead, then waits for the trainer
-        killed = loader._feed.reads.pids[0]
+        killed = loader._feed.ahead.reads.pids[0]
         os.kill(killed, signal.SIGKILL)
         got += list(batches)
         assert len(got) == 24
@@ -240,7 +240,7 @@ def test_a_stopped_worker_is_named_when_no_batch_comes_and_close_ends_the_worker
     with build_loader(config, "val") as loader:
         batches = iter(loader)
         next(batches)
-        pids = loader._feed.reads.pids
+        pids = loader._feed.ahead.reads.pids
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()
@@ -271,7 +271,7 @@ import json, sys, time
 from fastloader import build_loader
 loader = build_loader(json.loads(sys.argv[1]), "val")
 next(iter(loader))
-print(json.dumps(loader._feed.reads.pids), flush=True)
+print(json.dumps(loader._feed.ahead.reads.pids), flush=True)
 time.sleep(600)
 """
 
@@ -307,15 +307,15 @@ def test_after_a_decode_failure_the_workers_read_into_new_slabs(tmp_path):
     with build_loader(config, "val") as loader:
         broken = int(loader.order.batches(0)[2][0, 0])
         next(odd for odd in ODD_FILES if odd.name == "lossless.JPEG").write(Path(loader.index.path(broken)))
-        given = list(loader._feed.reads.slabs)
+        given = list(loader._feed.ahead.reads.slabs)
         labels = [label for _, batch in loader for label in batch.tolist()]
         assert labels == [loader.index.label(i) for i in range(len(loader.index)) if i != broken]
-        assert broken in loader._feed.known_bad and loader.describe()["feed_processes"] == 2
-        assert not {slab.number for slab in given} & {slab.number for slab in loader._feed.reads.slabs}
+        assert broken in loader._bad and loader.describe()["feed_processes"] == 2
+        assert not {slab.number for slab in given} & {slab.number for slab in loader._feed.ahead.reads.slabs}
 
 
 def test_feed_processes_is_checked_and_auto_reads_on_the_driver_thread_in_the_cpu_flavour(textured_root):
     with pytest.raises(ConfigError, match=r"dali.feed_processes.*'auto' or an integer in \[0, 32\]"):
         build_loader(base_config(textured_root, backend="dali", dali={"feed_processes": -1}), "val")
     with build_loader(base_config(textured_root, backend="dali"), "val") as loader:
-        assert loader.describe()["feed_processes"] == 0 and loader._feed.reads is None
+        assert loader.describe()["feed_processes"] == 0 and loader._feed.ahead.reads is None

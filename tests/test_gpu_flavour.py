@@ -313,7 +313,7 @@ def test_what_the_gpu_flavour_decodes_on_the_cpu_is_counted_and_said_once(tmp_pa
         config = base_config(root, backend="dali", train={"batch_size": 4, "transform": {"size": 32}},
                              dali={"feed_processes": processes})
         with build_loader(config, "train") as loader:
-            loader._feed.gpu = True
+            loader._reader.gpu = True
             for epoch in range(2):
                 assert sum(len(labels) for _, labels in loader) == 12
                 assert loader.stats.cpu_decoded == {"PNG files": 3}, processes

@@ -260,22 +260,22 @@ def test_a_stalled_dali_pipeline_names_the_hook_running_while_the_feed_reads_bes
         return image
 
     loader = build_loader(hooked(numbered, "dali", 0, sample_hook="user_hooks:identity"), "train")
-    feed = loader._feed
+    reader, doings = loader._reader, loader._doings
     hook = PythonSampleHook(Hook(waits, "sample_hook", "train.transform.sample_hook", "tests:waits"),
-                            loader.index.path, feed.doings)
+                            loader.index.path, doings)
     running = threading.Thread(target=hook, args=(np.zeros((8, 8, 3), np.uint8), np.array([3, 7])))
     running.start()
     try:
         assert started.wait(10)
-        assert feed.take(0) is not None  # the driver thread reads a sample of the next batch meanwhile
-        words = feed.stuck_words()
+        assert reader.read(loader.order.batches(0)[0][:1]).data  # the driver thread reads a sample meanwhile
+        words = doings.stuck_words()
     finally:
         release.set()
         running.join(10)
         loader.close()
     assert re.fullmatch(r"the loader has been running train\.transform\.sample_hook tests:waits on sample "
                         r"\S+/n_03\.png for \d+ s", words), words
-    assert feed.stuck_words().startswith("the feed is not reading a sample")  # nothing runs now
+    assert doings.stuck_words().startswith("the feed is not reading a sample")  # nothing runs now
 
 
 def test_a_sample_hook_that_hangs_is_named_by_workers_timeout_and_the_process_still_exits(numbered, tmp_path):

@@ -24,9 +24,10 @@ from fastloader.decoding.decode import describe as describe_decoders
 from fastloader.distributed import RankInfo
 from fastloader.errors import BadImageError, ConfigError, FastloaderError, HookError, LoaderError, SourceError
 from fastloader.machine import resource_problem
-from fastloader.order import EpochOrder, output_size
+from fastloader.order import output_size
 from fastloader.parallel import die_with, fork_context, in_main_thread
 from fastloader.prepared import PreparedSplit
+from fastloader.read_ahead import epochs_after, in_flight_prefix
 from fastloader.schema import Config, SplitConfig
 from fastloader.sources.protocol import opened
 from fastloader.sources.reading import keep_open
@@ -50,15 +51,6 @@ FIRST_BATCH_TIMES = 3
 open their decoders and read files no cache holds yet, on a machine whose other ranks do the same."""
 
 
-def _epochs_after(order: EpochOrder, epoch: int) -> Iterator:
-    """The batches of every epoch after `epoch`, from their start. A function of the order alone:
-    the feed must not hold the loader, or a dropped loader would live on until the garbage
-    collector finds the cycle, and stopping its workers from there takes seconds."""
-    while True:
-        epoch += 1
-        yield from order.batches(epoch)
-
-
 class _BatchFeed(torch.utils.data.Sampler):
     """The DataLoader's batch sampler: the batches the Loader planned, then its guess at the next
     epochs, without end. One DataLoader iterator then lives across epochs, so the workers decode the
@@ -76,16 +68,6 @@ class _BatchFeed(torch.utils.data.Sampler):
 
     def __len__(self) -> int:  # the DataLoader only reports it; the stream has no end
         return 0
-
-
-def _in_flight_prefix(sent: deque, batches: list) -> int:
-    """How many of the batches in flight are this loop's first ones, sample for sample."""
-    matched = 0
-    for in_flight, wanted in zip(sent, batches):
-        if not np.array_equal(in_flight, wanted):
-            break
-        matched += 1
-    return matched
 
 
 class TorchLoader(Loader):
@@ -271,7 +253,7 @@ class TorchLoader(Loader):
         """What the next loops will most likely ask for: the epochs after this one, from their start."""
         if not self._persistent or not len(self):
             return iter(())
-        return _epochs_after(self.order, self.epoch)
+        return epochs_after(self.order, self.epoch)
 
     def _begin(self, batches: list) -> None:
         """Set the live DataLoader iterator on this loop's batches. Batches already in flight are kept
@@ -284,7 +266,7 @@ class TorchLoader(Loader):
         if self._live is None or not self._persistent:
             self._start_workers(batches)
             return
-        matched = _in_flight_prefix(feed.sent, batches)
+        matched = in_flight_prefix(feed.sent, batches)
         if matched == len(feed.sent):  # what is in flight starts this loop: feed the rest of it
             feed.upcoming = itertools.chain(batches[matched:], self._next_epochs())
         elif matched < len(batches):  # in flight for another loop: drop it, feed this one
