@@ -222,12 +222,16 @@ class DaliLoader(Loader):
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads,
                 "feed_processes": self._feed_processes}
 
+    @classmethod
+    def depth_for(cls, config: Config, workers: int) -> int:
+        """DALI's prefetch queue (workers.prefetch_factor), the batch being assembled, and the one the
+        driver thread holds converted for the trainer, whatever its threads."""
+        return config.workers.prefetch_factor + 2
+
     @property
     def prefetch_depth(self) -> int:
-        """Batches this loader may hold prepared ahead of its consumer: DALI's prefetch queue
-        (workers.prefetch_factor), the batch being assembled, and the one the driver thread holds
-        converted for the trainer."""
-        return self.config.workers.prefetch_factor + 2
+        """Batches this loader may hold prepared ahead of its consumer (depth_for)."""
+        return self.depth_for(self.config, self.num_threads)
 
     def _parallelism(self) -> str:
         decoder = "nvJPEG on the GPU" if self.flavour == "gpu" else "decoding on the CPU"

@@ -517,6 +517,12 @@ class Loader(abc.ABC):
                 "hooks": self.hooks.state(), "config": config_to_dict(self.config),
                 **({"views": {g.name: [g.count, g.size] for g in self.views.groups}} if self.views else {})}
 
+    @classmethod
+    def depth_for(cls, config: Config, workers: int) -> int:
+        """Batches a loader of this backend holds prepared ahead of its consumer with `workers`
+        (PreparedSplit.workers): known before it is built, for what reading ahead costs (prepared.py)."""
+        return 0
+
     @property
     def prefetch_depth(self) -> int:
         """Batches the loader may hold prepared ahead of its consumer (a benchmark drains them)."""

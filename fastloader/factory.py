@@ -1,5 +1,5 @@
-"""Picks the backend (auto | dali | torch), says why in the log, prepares the split once and builds
-the loader.
+"""Picks the backend (auto | dali | torch), says why in the log, has the split prepared once
+(prepared.prepare_split) and builds the loader from it.
 
 The only module of fastloader that names the backends: BACKENDS loads the chosen one by module name,
 so that `import fastloader` never imports DALI, and the backends stay out of fastloader's imports.
@@ -15,20 +15,13 @@ import sys
 
 import torch
 
-from .blocks import block_budget, block_order, check_budget, read_ahead_cost, uniform_cost
-from .cache import open_split_cache
 from .contract import Loader
-from .distributed import RankInfo, cpu_workers_per_rank, detect_ranks, local_gpu
+from .distributed import RankInfo, detect_ranks, local_gpu
 from .errors import ConfigError, error_text
-from .hooks import SplitHooks, split_hooks
-from .prepared import PreparedSplit, plan_batches, worker_count
-from .samples import SampleIndex
-from .schema import Config, SplitConfig
-from .screening import screen_index
-from .sources.formats import build_index
-from .sources.stores import StoreSettings, cache_limit, release_store
-from .sources.urls import is_url
-from .weights import check_epoch_size, read_weights_file, weighted_draws
+from .hooks import split_hooks
+from .prepared import prepare_split
+from .schema import Config
+from .sources.stores import release_store
 
 log = logging.getLogger("fastloader")
 
@@ -138,17 +131,13 @@ def create_loader(config: Config, split_name: str, source: object | None = None,
         raise ConfigError(f"{user_hooks.graph.label} adds operators to a DALI graph, and split '{split_name}' is read "
                           f"by the torch backend ({reason}): set backend: dali (DALI's CPU flavour runs without a "
                           f"GPU), or give the op as {split_name}.transform.sample_hook, which both backends run")
-    prepared = prepare_split(config, split, backend, ranks, source, user_hooks)
+    loader_class = backend_class(backend)
+    prepared = prepare_split(config, split, backend, ranks, source, user_hooks, loader_class.depth_for)
     try:
-        loader = backend_class(backend)(config, split, prepared, ranks, device)
+        return loader_class(config, split, prepared, ranks, device)
     except BaseException:
         release_store(prepared.index.store)  # the loader that would have released its node cache
         raise
-    cost = read_ahead_cost(config, split, prepared.index, prepared.blocks,
-                           loader.prefetch_depth * loader.batch_size * ranks.world_size)
-    if cost:
-        log.warning(cost)
-    return loader
 
 
 _SAID: set[str] = set()
@@ -167,44 +156,3 @@ def backend_class(backend: str) -> type[Loader]:
     if first:
         gc.collect()
     return loader_class
-
-
-def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo,
-                  source: object | None = None, hooks: SplitHooks = SplitHooks()) -> PreparedSplit:
-    """The split's index less its unusable files, and its pixel source: the uint8 cache when
-    dataset.cache holds one for the split (it lists the files it could not decode, so no screening
-    is needed), else the image files, screened; its block order where `shuffle: block`, its weighted
-    draws where weights are set."""
-    workers = worker_count(config, backend, ranks)
-    check_budget(config, split)  # a `shuffle: block` without a budget, an epoch too small for the ranks, or a bad
-    check_epoch_size(config, split, ranks)  # weights file fails at once, before the split is indexed
-    table = read_weights_file(config, split)
-    store = StoreSettings.of(config)  # dataset.remote, once: opened where the split names a store
-    index = build_index(config, split, source, store)
-    try:
-        return _prepared(config, split, index, workers, ranks, table, hooks)
-    except BaseException:
-        release_store(index.store)
-        raise
-
-
-def _prepared(config: Config, split: SplitConfig, index: SampleIndex, workers: int, ranks: RankInfo, table,
-              hooks: SplitHooks) -> PreparedSplit:
-    """prepare_split's rest once the index is built: the cache or screening, the blocks and draws."""
-    stored = index.ranges is not None and len(index.ranges.files) and is_url(index.ranges.files[0])
-    limit = cache_limit(index.store) if stored else None  # the node cache's, for the block budget and the costs
-    budget = block_budget(config, split, limit)
-    cost = uniform_cost(config, split, index, limit)
-    if cost:
-        log.warning(cost)
-    cache = open_split_cache(config, split, index)  # None: read the image files
-    if cache is not None:
-        bad, index, found = index.unusable + tuple(cache.bad), cache.index, {"pixels": cache.pixels}
-    else:
-        screened = screen_index(config, split, index, workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
-        bad, index = index.unusable + tuple(screened.bad), screened.index
-        found = {"needs_transcoding": screened.formats, "sizes": screened.sizes}
-    blocks = block_order(config, split, index, budget, limit)
-    draws = weighted_draws(config, split, index, table, [path for path, _ in bad])
-    return PreparedSplit(index, bad, workers, **found, hooks=hooks, blocks=blocks, draws=draws,
-                         batches=plan_batches(config, split, index, ranks, blocks, draws, hooks))

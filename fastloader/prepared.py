@@ -1,19 +1,24 @@
-"""PreparedSplit: the one hand-off from preparation to a backend.
+"""PreparedSplit: the one hand-off from preparation to a backend, made in one pass (prepare_split).
 
-Preparing a split is the same work whichever backend reads it: index its files, then either open
-its uint8 cache (which lists the files it could not decode) or screen the files' headers (which
-leaves out those no decoder can read). The factory does it once and hands the result to the chosen
-backend's constructor, so a backend learns everything it needs from one object, and nothing is
-added to a loader after it is built.
+Preparing a split is the same work whichever backend reads it: what the config says of its order
+and weights, read once and checked before anything is read (blocks.BlockPlan, weights.WeightPlan);
+its index; either its uint8 cache (which lists the files it could not decode) or its files'
+headers screened (which leaves out those no decoder can read); its blocks and draws over what is
+left; what its order costs the node cache, the backend's read-ahead included; and what every batch
+is made of (BatchPlan). The factory has it done once and hands the result to the chosen backend's
+constructor, so a backend learns everything it needs from one object, and nothing is added to a
+loader after it is built.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
-from .cache import CachedPixels
+from .blocks import BlockPlan
+from .cache import CachedPixels, open_split_cache
 from .device_ops import BatchFinisher
 from .distributed import RankInfo, cpu_workers_per_rank
 from .draws import Augmenter
@@ -22,8 +27,15 @@ from .order import BlockShuffle, EpochOrder, WeightedDraws
 from .resolution import Resolution
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
+from .screening import screen_index
+from .sources.formats import build_index
+from .sources.stores import StoreSettings, cache_limit, release_store
+from .sources.urls import is_url
 from .views import ViewFinisher, ViewPlan
+from .weights import WeightPlan
 from .words import containers_words
+
+log = logging.getLogger("fastloader")
 
 
 @dataclass(frozen=True)
@@ -110,3 +122,42 @@ def worker_count(config: Config, backend: str, ranks: RankInfo) -> int:
     if workers != "auto":
         return max(1, workers) if backend == "dali" else workers
     return cpu_workers_per_rank(ranks, config.workers.max_workers)
+
+
+def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo, source: object | None = None,
+                  hooks: SplitHooks = SplitHooks(), depth_for: Callable[[Config, int], int] | None = None
+                  ) -> PreparedSplit:
+    """The split's index less its unusable files, and its pixel source: the uint8 cache when
+    dataset.cache holds one for the split (it lists the files it could not decode, so no screening
+    is needed), else the image files, screened; its block order where `shuffle: block`, its weighted
+    draws where weights are set; its BatchPlan. `depth_for(config, workers)`: the batches the backend
+    holds ahead of its trainer (Loader.depth_for), for what reading that far ahead costs the node cache."""
+    workers = worker_count(config, backend, ranks)
+    blocks = BlockPlan(config, split)  # a `shuffle: block` without a budget, an epoch too small for the ranks,
+    weights = WeightPlan(config, split, ranks)  # or a bad weights file fails at once, before the split is indexed
+    index = build_index(config, split, source, StoreSettings.of(config))  # dataset.remote, opened where named
+    store = index.store
+    try:
+        stored = index.ranges is not None and len(index.ranges.files) and is_url(index.ranges.files[0])
+        limit = cache_limit(index.store) if stored else None  # the node cache's, for the block budget and the costs
+        budget = blocks.budget(limit)
+        if cost := blocks.uniform_cost(index, limit):
+            log.warning(cost)
+        cache = open_split_cache(config, split, index)  # None: read the image files
+        if cache is not None:
+            bad, index, found = index.unusable + tuple(cache.bad), cache.index, {"pixels": cache.pixels}
+        else:
+            screened = screen_index(config, split, index,
+                                    workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
+            bad, index = index.unusable + tuple(screened.bad), screened.index
+            found = {"needs_transcoding": screened.formats, "sizes": screened.sizes}
+        order = blocks.order(index, budget, limit)
+        draws = weights.draws(index, [path for path, _ in bad])
+        held = depth_for(config, workers) * split.batch_size * ranks.world_size if depth_for is not None else 0
+        if cost := blocks.read_ahead_cost(index, order, held):
+            log.warning(cost)
+        return PreparedSplit(index, bad, workers, **found, hooks=hooks, blocks=order, draws=draws,
+                             batches=plan_batches(config, split, index, ranks, order, draws, hooks))
+    except BaseException:
+        release_store(store)
+        raise

@@ -46,6 +46,22 @@ class WeightsFile:
     """name -> (weight, line number)."""
 
 
+class WeightPlan:
+    """What a split draws by, read from the config once, before its index is built: an epoch_size too
+    small for the ranks, or a bad weights file, fails then. `draws` applies it to the prepared index."""
+
+    def __init__(self, config: Config, split: SplitConfig, ranks: RankInfo):
+        self.config, self.split = config, split
+        check_epoch_size(config, split, ranks)
+        self.table = read_weights_file(config, split)
+        """The split's weights file, read and checked; None without one."""
+
+    def draws(self, index: SampleIndex, left_out: Iterable[str] = ()) -> WeightedDraws | None:
+        """The weighted draws over the prepared index (weighted_draws); `left_out`: the paths of the
+        files the split left out as bad, which the weights file may name."""
+        return weighted_draws(self.config, self.split, index, self.table, left_out)
+
+
 def check_epoch_size(config: Config, split: SplitConfig, ranks: RankInfo) -> None:
     """An epoch_size below world_size x batch_size leaves a rank without a whole batch: refused at once."""
     size, key = split.epoch_size, f"{split.name}.epoch_size"

@@ -2,6 +2,7 @@
 each block. The order alone (order.py), then through both loaders on real tar shards (CPU)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -13,7 +14,7 @@ from shardfiles import pack_folder_split
 from test_order import global_order, rank_orders
 
 from fastloader import build_loader
-from fastloader.blocks import block_budget, uniform_cost
+from fastloader.blocks import BlockPlan
 from fastloader.config import load_config
 from fastloader.errors import ConfigError
 from fastloader.order import BlockShuffle, Containers, EpochOrder, uniform_permutation
@@ -200,16 +201,19 @@ def shard_config(tmp_path, per_shard=4, **train):
 
 def test_the_budget_is_block_size_else_half_the_node_cache_else_an_error(tmp_path, caplog):
     config = load_config(shard_config(tmp_path, shuffle="block", block_size="4GB"))
-    assert block_budget(config, config.split("train")) == 4 << 30
-    assert block_budget(config, config.split("val")) is None  # shuffle: false
+    assert BlockPlan(config, config.split("train")).budget() == 4 << 30
+    assert BlockPlan(config, config.split("val")).budget() is None  # shuffle: false
     caplog.set_level(logging.WARNING, logger="fastloader")
-    assert block_budget(config, config.split("train"), cache_limit=6 << 30) == 4 << 30
+    assert BlockPlan(config, config.split("train")).budget(cache_limit=6 << 30) == 4 << 30
     assert "train.block_size (4.0 GiB) is more than half of dataset.remote.cache_limit (6.0 GiB)" in caplog.text
     unset = load_config(shard_config(tmp_path, shuffle="block"))
-    assert block_budget(unset, unset.split("train"), cache_limit=50 << 30) == 25 << 30
+    remote = dataclasses.replace(unset.split("train"), shards="s3://bucket/train-{000..005}.tar")  # a cache gives one
+    assert BlockPlan(unset, remote).budget(cache_limit=50 << 30) == 25 << 30
     with pytest.raises(ConfigError, match=r"train.shuffle: block needs train.block_size, the most bytes of shards one "
                                           r"block holds: set e.g. train.block_size: 4GB"):
-        block_budget(unset, unset.split("train"))
+        BlockPlan(unset, unset.split("train"))  # local shards: no cache will give one, said before indexing
+    with pytest.raises(ConfigError, match=r"train.shuffle: block needs train.block_size"):
+        BlockPlan(unset, remote).budget()  # remote shards, and no node cache limit known
 
 
 def test_a_missing_budget_fails_before_the_shards_are_indexed(tmp_path):
@@ -242,8 +246,9 @@ def test_what_a_uniform_order_costs_a_cache_smaller_than_the_shards(tmp_path):
     config = load_config(shard_config(tmp_path))
     index = build_loader(config, "train").index  # 24 samples in 6 shards of 4
     total = int(Containers.of(index.ranges).sizes.sum())
-    assert uniform_cost(config, config.split("train"), index, cache_limit=total) is None  # it fits
-    text = uniform_cost(config, config.split("train"), index, cache_limit=total // 4)
+    plan = BlockPlan(config, config.split("train"))
+    assert plan.uniform_cost(index, cache_limit=total) is None  # it fits
+    text = plan.uniform_cost(index, cache_limit=total // 4)
     assert text.startswith("split 'train': train.shuffle: true reads samples in a uniform order, and its 6 shards")
     assert "each shard is fetched about 3 times an epoch (once per sample, less the 25% the cache keeps)" in text
     assert "Set train.shuffle: block to fetch each shard once an epoch" in text

@@ -82,7 +82,7 @@ class TorchLoader(Loader):
         self._feed = _BatchFeed()
         self._persistent = workers.persistent and num_workers > 0
         self._live = None  # the DataLoader iterator that outlives each loop (persistent workers)
-        self._ahead = Ahead(f"fastloader-torch-{split.name}", depth=1 if num_workers else 0)
+        self._ahead = Ahead(f"fastloader-torch-{split.name}", depth=1 if num_workers else 0)  # as depth_for counts
         """The thread that receives, converts and finishes each loop's batches, one ahead (ahead.py);
         none without workers, where everything runs on the trainer's thread, as a DataLoader's would."""
         self._loop = None  # the loop that owns the live iterator
@@ -150,11 +150,17 @@ class TorchLoader(Loader):
     def describe(self) -> dict:
         return {**super().describe(), "workers": self.num_workers}
 
+    @classmethod
+    def depth_for(cls, config: Config, workers: int) -> int:
+        """Each worker's prefetch_factor, plus the one batch its producer thread holds ready (ahead.py;
+        none without workers)."""
+        return workers * config.workers.prefetch_factor + (1 if workers else 0)
+
     @property
     def prefetch_depth(self) -> int:
-        """Batches this loader may hold prepared ahead of its consumer: each worker's prefetch_factor,
-        plus the one its producer thread holds ready (what a benchmark must drain before timing)."""
-        return self.num_workers * self.config.workers.prefetch_factor + self._ahead.depth
+        """Batches this loader may hold prepared ahead of its consumer (what a benchmark must drain
+        before timing): depth_for its workers."""
+        return self.depth_for(self.config, self.num_workers)
 
     def _parallelism(self) -> str:
         normalize = "on the device" if self.device.type == "cuda" else "in the workers"
