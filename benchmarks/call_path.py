@@ -9,7 +9,10 @@ CPU flavour (its feed and driver threads traced too):
   first made;
 - up a floor: steps whose callee stands on a higher floor than its caller (tests/test_layout.py's
   FLOORS: a base class calling its backend, a callback);
-- back: steps into a file the path had already left (entered before, from elsewhere).
+- back: steps into a file the path had already left (entered before, from elsewhere);
+- config: the files whose functions are handed the config, or a section of it (an instance of a
+  dataclass of fastloader/schema.py among a call's arguments): how far the config itself travels,
+  where the files above count every helper the path calls.
 
     python benchmarks/call_path.py
     python benchmarks/call_path.py --backends torch --show
@@ -43,13 +46,25 @@ def module_of(filename: str) -> str | None:
     return ".".join(parts)
 
 
+def config_types() -> tuple[type, ...]:
+    """The config's dataclasses: the whole Config and each of its sections."""
+    import dataclasses
+
+    from fastloader import schema
+    return tuple(value for value in vars(schema).values()
+                 if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == schema.__name__)
+
+
 class Tracer:
-    """The distinct caller-file -> callee-file calls among the packages, in the order first made."""
+    """The distinct caller-file -> callee-file calls among the packages, in the order first made, and
+    the files whose functions are handed the config (or a section of it), in the order first reached."""
 
     def __init__(self):
         self.steps: list[tuple[str, str]] = []
         self.seen: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
+        self.configs = config_types()
+        self.reached: dict[str, None] = {}
 
     def __call__(self, frame, event, arg):
         if event != "call" or frame.f_code.co_name == "<module>":  # a module's import is no step of the path
@@ -57,6 +72,11 @@ class Tracer:
         callee = module_of(frame.f_code.co_filename)
         if callee is None:
             return
+        if callee not in self.reached:
+            code = frame.f_code
+            arguments = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+            if any(isinstance(frame.f_locals.get(name), self.configs) for name in arguments):
+                self.reached[callee] = None
         caller_frame = frame.f_back
         while caller_frame is not None and module_of(caller_frame.f_code.co_filename) is None:
             caller_frame = caller_frame.f_back  # through the standard library and torch, to our caller
@@ -69,7 +89,7 @@ class Tracer:
                 self.steps.append((caller, callee))
 
 
-def traced(backend: str, data: str | None) -> list[tuple[str, str]]:
+def traced(backend: str, data: str | None) -> tuple[list[tuple[str, str]], list[str]]:
     import fastloader
 
     config = {"backend": backend, "seed": 0, "workers": {"num_workers": 0},
@@ -84,10 +104,10 @@ def traced(backend: str, data: str | None) -> list[tuple[str, str]]:
         sys.setprofile(None)
         threading.setprofile(None)
     loader.close()
-    return tracer.steps
+    return tracer.steps, list(tracer.reached)
 
 
-def summary(steps: list[tuple[str, str]]) -> dict:
+def summary(steps: list[tuple[str, str]], reached: list[str]) -> dict:
     from test_layout import floor_of
 
     files: list[str] = []
@@ -99,7 +119,8 @@ def summary(steps: list[tuple[str, str]]) -> dict:
         lower, higher = floor_of(caller), floor_of(callee)
         up += lower is not None and higher is not None and higher > lower
         back += files.index(callee) < files.index(caller)
-    return {"files": len(files), "steps": len(steps), "up a floor": up, "back": back, "path": files}
+    return {"files": len(files), "steps": len(steps), "up a floor": up, "back": back, "path": files,
+            "config": len(reached), "config reaches": reached}
 
 
 def main() -> None:
@@ -116,13 +137,14 @@ def main() -> None:
             if importlib.util.find_spec("nvidia.dali") is None:
                 print("dali: skipped (NVIDIA DALI is not installed)")
                 continue
-        steps = traced(backend, args.data)
-        report[backend] = found = summary(steps)
+        steps, reached = traced(backend, args.data)
+        report[backend] = found = summary(steps, reached)
         print(f"{backend}: {found['files']} files, {found['steps']} steps, {found['up a floor']} up a floor, "
-              f"{found['back']} back into a file already left")
+              f"{found['back']} back into a file already left; the config handed to {found['config']} files")
         if args.show:
             for caller, callee in steps:
                 print(f"  {caller} -> {callee}")
+            print("  the config handed to: " + ", ".join(reached))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 

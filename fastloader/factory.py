@@ -19,7 +19,7 @@ from .contract import Loader
 from .distributed import RankInfo, detect_ranks, local_gpu
 from .errors import ConfigError, error_text
 from .hooks import split_hooks
-from .prepared import prepare_split
+from .prepared import prepare_split, worker_count
 from .schema import Config
 from .sources.stores import release_store
 
@@ -132,7 +132,9 @@ def create_loader(config: Config, split_name: str, source: object | None = None,
                           f"by the torch backend ({reason}): set backend: dali (DALI's CPU flavour runs without a "
                           f"GPU), or give the op as {split_name}.transform.sample_hook, which both backends run")
     loader_class = backend_class(backend)
-    prepared = prepare_split(config, split, backend, ranks, source, user_hooks, loader_class.depth_for)
+    workers = worker_count(config, backend, ranks)
+    prepared = prepare_split(config, split, workers, ranks, source, user_hooks,
+                             held_ahead=loader_class.depth_for(config, workers))
     try:
         return loader_class(config, split, prepared, ranks, device)
     except BaseException:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -124,15 +124,14 @@ def worker_count(config: Config, backend: str, ranks: RankInfo) -> int:
     return cpu_workers_per_rank(ranks, config.workers.max_workers)
 
 
-def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankInfo, source: object | None = None,
-                  hooks: SplitHooks = SplitHooks(), depth_for: Callable[[Config, int], int] | None = None
-                  ) -> PreparedSplit:
+def prepare_split(config: Config, split: SplitConfig, workers: int, ranks: RankInfo, source: object | None = None,
+                  hooks: SplitHooks = SplitHooks(), held_ahead: int = 0) -> PreparedSplit:
     """The split's index less its unusable files, and its pixel source: the uint8 cache when
     dataset.cache holds one for the split (it lists the files it could not decode, so no screening
     is needed), else the image files, screened; its block order where `shuffle: block`, its weighted
-    draws where weights are set; its BatchPlan. `depth_for(config, workers)`: the batches the backend
-    holds ahead of its trainer (Loader.depth_for), for what reading that far ahead costs the node cache."""
-    workers = worker_count(config, backend, ranks)
+    draws where weights are set; its BatchPlan. `workers`: the backend's (worker_count); `held_ahead`:
+    the batches it holds ahead of its trainer (Loader.depth_for), for what reading that far ahead
+    costs the node cache."""
     blocks = BlockPlan(config, split)  # a `shuffle: block` without a budget, an epoch too small for the ranks,
     weights = WeightPlan(config, split, ranks)  # or a bad weights file fails at once, before the split is indexed
     index = build_index(config, split, source, StoreSettings.of(config))  # dataset.remote, opened where named
@@ -153,8 +152,7 @@ def prepare_split(config: Config, split: SplitConfig, backend: str, ranks: RankI
             found = {"needs_transcoding": screened.formats, "sizes": screened.sizes}
         order = blocks.order(index, budget, limit)
         draws = weights.draws(index, [path for path, _ in bad])
-        held = depth_for(config, workers) * split.batch_size * ranks.world_size if depth_for is not None else 0
-        if cost := blocks.read_ahead_cost(index, order, held):
+        if cost := blocks.read_ahead_cost(index, order, held_ahead * split.batch_size * ranks.world_size):
             log.warning(cost)
         return PreparedSplit(index, bad, workers, **found, hooks=hooks, blocks=order, draws=draws,
                              batches=plan_batches(config, split, index, ranks, order, draws, hooks))

@@ -406,6 +406,9 @@ def test_call_path_counts_the_files_and_steps_from_build_loader_to_the_first_bat
         assert f"{backend}_loader.loader" in found["path"]
         assert 20 < found["files"] <= found["steps"] and 0 <= found["up a floor"] < found["steps"]
         assert f"{backend}: {found['files']} files, {found['steps']} steps" in out
+        reached = found["config reaches"]  # the factory is handed the config; a pure helper never is
+        assert "fastloader.factory" in reached and "fastloader.words" not in reached
+        assert 3 < found["config"] == len(reached) <= found["files"]
 
 
 @runs_for("command_line")
