@@ -45,7 +45,7 @@ from ..locations import (
     table_changed,
 )
 from ..schema import BOMB_PIXELS
-from . import node_cache
+from . import fetch_ahead, node_cache
 from .row_groups import read_row
 from .source_reads import identity_stamp, source_bytes
 from .tar_members import INDEX_SUFFIX, copy_labels_digest, mark_stale_index
@@ -293,11 +293,11 @@ def keep_open(files) -> None:
 
 def will_read(files: Sequence[str], identities: Sequence[Identity] | None, sequence, label: str, store: str):
     """The loader is about to read files[sequence[0]], files[sequence[1]] ... (one per sample, in
-    order): shards in an object store are fetched ahead in that order (node_cache.Plan, which takes
+    order): shards in an object store are fetched ahead in that order (fetch_ahead.Plan, which takes
     `reached(position)` and `cancel()`); None for local files, which need nothing."""
     if not len(files) or not is_url(files[0]):
         return None
-    return node_cache.plan(files, identities, sequence, label, store)
+    return fetch_ahead.plan(files, identities, sequence, label, store)
 
 
 def fetch_counters(store: str):
