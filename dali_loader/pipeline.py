@@ -374,7 +374,7 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     `source` is called once per batch, ahead of use by `prefetch_queue_depth` batches, on the
     thread that runs the pipeline (driver.py); raising StopIteration ends the epoch. DALI reads what
     it returns in place (no_copy): the source keeps each batch's memory unchanged and alive for
-    `prefetch_queue_depth` more calls (loader._Feed.arenas). device_id None
+    `prefetch_queue_depth` more calls (feed.Feed.arenas). device_id None
     builds the cpu flavour. A train split with ops needs DALI's conditionals (auto_aug's `select`),
     which only a @pipeline_def function gets. `sized`: each batch comes with its output size (a size
     schedule), which the same graph takes as an argument input: no pipeline per size. `user`: the
