@@ -80,16 +80,32 @@ class HostBuffers:
     """Reused host memory for the CPU flavour's view groups. Why: a fresh group tensor every batch
     (130 MB for DINOv2's ten views at batch 64) is paged in by the driver thread and unmapped by the
     thread that drops it, the training thread: about 120 us a sample there. A buffer is handed out
-    as a tensor whose storage holds a numpy view of it; when the trainer drops the last tensor over
-    it, the view dies and the buffer is free again (as torch_loader.collate.BatchPool). At most
-    `slots` buffers of a shape; a trainer that keeps more batches gets fresh tensors."""
+    as a tensor whose storage holds a numpy view of it; once the trainer has dropped the last tensor
+    over it, the view is dead and the next batch takes the buffer again (as
+    torch_loader.collate.BatchPool). At most `slots` buffers of a shape; a trainer that keeps more
+    batches gets fresh tensors."""
 
     def __init__(self, slots: int):
         self.slots = slots
         self.free: dict[tuple, list[np.ndarray]] = {}
         self.made: dict[tuple, int] = {}
+        self.lent: list[tuple[weakref.ref, tuple, np.ndarray]] = []
+        """(a weak reference to the view the trainer's tensor holds, its key, its buffer), per buffer lent."""
+
+    def sweep(self) -> None:
+        """The buffers whose views are dead, free again. Checked as the next batch is made, never by a
+        callback when the trainer drops a batch: code run from a deallocation loses a Ctrl-C that
+        lands in it (torch_loader.collate.BatchPool.sweep)."""
+        lent = []
+        for view, key, memory in self.lent:
+            if view() is None:
+                self.free[key].append(memory)
+            else:
+                lent.append((view, key, memory))
+        self.lent = lent
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        self.sweep()
         key = (tuple(shape), dtype)
         free = self.free.setdefault(key, [])
         if free:
@@ -100,7 +116,7 @@ class HostBuffers:
         else:
             return torch.empty(shape, dtype=dtype)
         view = memory.view()
-        weakref.finalize(view, free.append, memory)  # the last tensor over it is gone: free again
+        self.lent.append((weakref.ref(view), key, memory))  # free again once the last tensor over it is gone
         return torch.from_numpy(view).view(dtype).view(shape)
 
 

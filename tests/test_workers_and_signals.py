@@ -412,3 +412,50 @@ def test_a_descriptor_limit_too_low_for_the_workers_is_named_with_the_fixes(tmp_
     assert outcome["error"].startswith("the torch loader for split 'train' cannot start its workers: this process "
                                        "may open 12 files at once (`ulimit -n`"), outcome
     assert "ulimit -n 65536" in outcome["error"] and "Traceback" not in stderr, stderr[-2000:]
+
+
+DROPPED_CODE = ("__del__", "_free")
+"""Names of code that once ran where the trainer drops a batch or a loop (a finalizer, `__del__`)."""
+
+
+def python_calls(action) -> list[str]:
+    """The Python functions (file:name) called while `action()` runs on this thread, in order."""
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+    sys.setprofile(profile)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+@pytest.mark.parametrize("backend, views", [("torch", False), ("torch", True), ("dali", True)],
+                         ids=["torch", "torch-views", "dali-views"])
+def test_the_trainer_dropping_a_batch_or_a_loop_runs_no_python_code_of_ours(tmp_path, backend, views):
+    """Device: CPU. A Ctrl-C that lands in code run from a deallocation (a weakref finalizer, a
+    `__del__`) is lost: Python prints "Exception ignored" and the trainer goes on. Seen under load:
+    the torch Ctrl-C test's process looped for ever after its workers died, the KeyboardInterrupt
+    swallowed by the finalizer that freed a batch's buffer. The trainer drops a batch every step and
+    a loop every epoch, so neither may run Python code: buffers are swept as the next batch arrives
+    (BatchPool, HostBuffers), and a dropped loop stops its producer through a C callback."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is installed on Linux x86_64 / aarch64 only")
+    root = write_solid_dataset(tmp_path / "data", per_class=6, splits=("train",))
+    train = {"batch_size": 2}
+    if views:
+        train["views"] = [{"count": 2, "size": 32, "name": "global"}, {"count": 2, "size": 16, "name": "local"}]
+    config = base_config(root, backend=backend, workers={"num_workers": 2}, train=train)
+    with build_loader(config, "train") as loader:
+        for _ in range(2):  # buffers lent, dropped and lent again
+            batches = iter(loader)
+            held = [next(batches)]
+            assert python_calls(held.clear) == []  # a batch dropped: nothing runs
+            rest = []
+            calls = python_calls(lambda: rest.extend(len(labels) for _, labels in batches))  # to the loop's end
+            assert len(rest) + 1 == len(loader) and not [call for call in calls if call.endswith(DROPPED_CODE)], calls
+            assert not [call for call in calls if call == "weakref.py:__call__"], calls  # no weakref.finalize
+            assert "contract.py:_run_epoch" in calls  # what the loop itself runs is seen

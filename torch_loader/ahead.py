@@ -28,17 +28,17 @@ class _Failed(NamedTuple):
 _END, _STOPPED = object(), object()
 
 
-def _produce(make: Callable[[], Iterator], items: queue.Queue, room: threading.Semaphore,
+def _produce(make: Callable[[], Iterator], items: queue.Queue, room: queue.SimpleQueue,
              stopping: threading.Event) -> None:
-    """The producer thread: `make()`'s items into `items`, each after room for it is given; always a
-    last item (the end, the error, or that it stopped), so that a consumer never waits for ever."""
+    """The producer thread: `make()`'s items into `items`, each after room for it is given (a True
+    in `room`; anything else stops it); always a last item (the end, the error, or that it stopped),
+    so that a consumer never waits for ever."""
     last = _END
     iterator = None
     try:
         iterator = iter(make())
         while True:
-            room.acquire()
-            if stopping.is_set():
+            if room.get() is not True or stopping.is_set():
                 last = _STOPPED
                 break
             try:
@@ -59,12 +59,19 @@ def _produce(make: Callable[[], Iterator], items: queue.Queue, room: threading.S
 
 class Run:
     """The consumer's side of one loop: its batches in order, each handed over by `hand_over`;
-    the producer's error, raised; after a newer loop took over, `superseded()`'s error."""
+    the producer's error, raised; after a newer loop took over, `superseded()`'s error.
+
+    A Run the consumer drops stops its producer through a weak reference whose callback is `room`'s
+    own `put` (Ahead.run), not through a `__del__`: code of ours run from a deallocation loses a
+    Ctrl-C that lands in it (Python prints "Exception ignored" and the trainer goes on), and a loop
+    is dropped at every epoch's end."""
 
     def __init__(self, make: Callable[[], Iterator], depth: int, name: str,
                  hand_over: Callable | None, superseded: Callable[[], BaseException]):
         self.items: queue.Queue = queue.Queue()
-        self.room = threading.Semaphore(depth)
+        self.room: queue.SimpleQueue = queue.SimpleQueue()  # a True per batch the producer may make ahead
+        for _ in range(depth):
+            self.room.put(True)
         self.stopping = threading.Event()
         self.hand_over, self.superseded = hand_over, superseded
         self.replaced = False
@@ -91,16 +98,13 @@ class Run:
         if isinstance(item, _Failed):
             self.done = True
             raise item.error
-        self.room.release()
+        self.room.put(True)
         return self.hand_over(item) if self.hand_over is not None else item
 
     def stop(self) -> None:
         """Let the producer end before its next batch (no wait: it may be this very thread)."""
         self.stopping.set()
-        self.room.release()
-
-    def __del__(self):
-        self.stop()
+        self.room.put(False)
 
 
 class Ahead:
@@ -116,7 +120,9 @@ class Ahead:
             superseded: Callable[[], BaseException]) -> Run:
         self.stop()
         run = Run(make, self.depth, self.name, hand_over, superseded)
-        self._run, self._thread, self._stopping = weakref.ref(run), run.thread, run.stopping
+        # dropped by its consumer: the reference puts itself into `room`, which stops the producer;
+        # a C callable, so that no Python code runs where the consumer drops it
+        self._run, self._thread, self._stopping = weakref.ref(run, run.room.put), run.thread, run.stopping
         return run
 
     def stop(self, timeout: float | None = None) -> bool:

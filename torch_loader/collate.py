@@ -106,9 +106,9 @@ class BatchPool:
 
     Each worker owns `slots` buffers of one full batch (and, with `classes`, its soft targets);
     `busy` (shared by all processes) says which are in use. A worker marks a buffer busy when it
-    fills it; the main process hands the trainer tensors over it whose last reference, when dropped,
-    frees it again. A batch the trainer keeps therefore keeps its buffer; a worker with no free
-    buffer sends a fresh batch instead.
+    fills it; the main process hands the trainer tensors over it, and frees it again once their last
+    reference is gone (swept as the next batch arrives). A batch the trainer keeps therefore keeps
+    its buffer; a worker with no free buffer sends a fresh batch instead.
     """
 
     def __init__(self, num_workers: int, slots: int, shape: tuple[int, int, int, int], dtype: torch.dtype,
@@ -121,12 +121,13 @@ class BatchPool:
         # MAP_SHARED | MAP_ANONYMOUS: forked workers write these very pages; none is touched until used
         self.memory = mmap.mmap(-1, self.count * self.nbytes) if self.count else None
         self.busy = np.frombuffer(mmap.mmap(-1, max(1, self.count)), dtype=np.uint8)
-        self._handed: set[int] = set()  # main process: slots whose batch the trainer may still hold
+        self._handed: dict[int, weakref.ref] = {}
+        """Main process: slot -> a weak reference to the view the trainer's tensors hold over it."""
 
     def __getstate__(self) -> dict:
         """A spawned worker (macOS, Windows) cannot map the main process's buffers: it gets a pool of
         no slots, and sends fresh batches, as a worker with no free buffer does."""
-        return {**self.__dict__, "memory": None, "busy": np.zeros(0, dtype=np.uint8), "slots": 0, "_handed": set()}
+        return {**self.__dict__, "memory": None, "busy": np.zeros(0, dtype=np.uint8), "slots": 0, "_handed": {}}
 
     def fits(self, shape: tuple[int, int, int, int]) -> bool:
         """Whether a batch of this shape fits a slot: as many channels, no larger a side (a size
@@ -150,11 +151,21 @@ class BatchPool:
     def batch(self, slot: int, count: int, side: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """In the main process: the batch of `count` images of `side` x `side` a worker wrote into
         `slot` (and their soft targets, or None), as tensors whose storage holds a numpy view of the
-        slot; when the trainer drops the last of them the view dies and the slot is free again."""
+        slot; once the trainer has dropped the last of them the view is dead, and the next batch
+        received frees the slot (sweep)."""
+        self.sweep()
         view = np.frombuffer(self.memory, dtype=np.uint8, count=self.nbytes, offset=slot * self.nbytes)
-        self._handed.add(slot)
-        weakref.finalize(view, self._free, slot)
+        self._handed[slot] = weakref.ref(view)
         return self._views(torch.from_numpy(view), count, side)
+
+    def sweep(self) -> None:
+        """Free the slots whose views are dead. Checked as a batch arrives, never by a callback when
+        the trainer drops one: code run from a deallocation loses a Ctrl-C that lands in it (Python
+        prints "Exception ignored" and the trainer goes on), and the trainer drops a batch every step."""
+        for slot, view in list(self._handed.items()):
+            if view() is None:
+                del self._handed[slot]
+                self.busy[slot] = 0
 
     def _views(self, flat: torch.Tensor, count: int, side: int | None = None) -> tuple[torch.Tensor,
                                                                                      torch.Tensor | None]:
@@ -167,13 +178,10 @@ class BatchPool:
             return images, None
         return images, flat[self.image_bytes:].view(torch.float32).view(self.shape[0], self.classes)[:count]
 
-    def _free(self, slot: int) -> None:
-        self._handed.discard(slot)
-        self.busy[slot] = 0
-
     def forget(self) -> None:
         """The workers stopped: the slots they filled and never sent are free; those the trainer
         holds stay busy until it drops them."""
+        self.sweep()
         self.busy[:] = 0
         self.busy[list(self._handed)] = 1
 
