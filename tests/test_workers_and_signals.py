@@ -50,6 +50,8 @@ def test_a_worker_that_dies_is_reported_within_seconds_and_the_next_loop_recover
 
 
 LOOP_FOREVER = """
+import faulthandler, signal
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does (hung_stacks)
 import json, os, sys, time
 import psutil
 from fastloader import build_loader
@@ -64,6 +66,16 @@ while True:
 """
 
 
+def hung_stacks(proc: subprocess.Popen) -> str:
+    """A hung LOOP_FOREVER's threads' stacks (faulthandler, on SIGUSR1) and whatever else it wrote to
+    stderr, then the process killed: a hang in CI says where it is."""
+    os.kill(proc.pid, signal.SIGUSR1)
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=30)
+    return stderr[-8000:]
+
+
 @pytest.mark.parametrize("backend", ["torch", "dali"])
 def test_ctrl_c_during_iteration_exits_promptly_and_leaves_no_process(tmp_path, backend):
     root = write_solid_dataset(tmp_path / "data", per_class=20, splits=("train",))
@@ -76,7 +88,10 @@ def test_ctrl_c_during_iteration_exits_promptly_and_leaves_no_process(tmp_path, 
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
         started = time.monotonic()
-        _, stderr = proc.communicate(timeout=30)
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"no exit 30 s after Ctrl-C; its threads:\n{hung_stacks(proc)}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
