@@ -52,6 +52,9 @@ def test_a_worker_that_dies_is_reported_within_seconds_and_the_next_loop_recover
 LOOP_FOREVER = """
 import faulthandler, signal
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does (hung_stacks)
+# Ctrl-C as a terminal's foreground process gets it: a suite started in the background (`nohup ... &`)
+# passes SIGINT on ignored, and Python then leaves it ignored (a CI run hung so, its loop running on)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import json, os, sys, time
 import psutil
 from fastloader import build_loader
