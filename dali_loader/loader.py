@@ -39,21 +39,19 @@ from fastloader.errors import (
     error_text,
     refused_file,
 )
-from fastloader.order import output_size
 from fastloader.prepared import PreparedSplit
 from fastloader.read_ahead import epochs_after
 from fastloader.schema import Config, SplitConfig
 from fastloader.transfer import to_device
 from fastloader.views import ViewPlan
 
-from .augment import feed_arrays
 from .bad_samples import BadSamples
 from .batch_reader import BatchReader
 from .batches_ahead import READS_AHEAD, BatchesAhead
 from .doings import Doings
 from .driver import Driver, Ended
 from .feed import Fed, Feed
-from .inputs import input_plan
+from .inputs import batch_inputs, input_plan
 from .pipeline import build_pipeline, decode_plan, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
 from .stack import dali_cuda_major, nvjpeg_version, stack_problem, torch_cuda_major
@@ -227,11 +225,6 @@ class DaliLoader(Loader):
         """DALI's prefetch queue (workers.prefetch_factor), the batch being assembled, and the one the
         driver thread holds converted for the trainer, whatever its threads."""
         return config.workers.prefetch_factor + 2
-
-    @property
-    def prefetch_depth(self) -> int:
-        """Batches this loader may hold prepared ahead of its consumer (depth_for)."""
-        return self.depth_for(self.config, self.num_threads)
 
     def _parallelism(self) -> str:
         decoder = "nvJPEG on the GPU" if self.flavour == "gpu" else "decoding on the CPU"
@@ -408,9 +401,7 @@ class DaliLoader(Loader):
         """Train: the crop regions (anchor, shape) the feed drew for these (sample, seed) rows, from
         the sizes of the bytes it fed (kept in its size table), which the probe decodes as the train
         graph does."""
-        sizes = self._reader.sizes.sizes[plan[:, 0]]
-        side = output_size(plan, self.split.transform.size) if self._inputs.sized else None
-        anchor, shape = feed_arrays(self.augmentation, plan[:, 1], sizes, side)[:2]
+        anchor, shape = batch_inputs(self._inputs, plan, plan, self._reader.sizes.sizes[plan[:, 0]])[:2]
         return anchor, shape
 
     def _failed(self, error: RuntimeError, number: int, batch: np.ndarray) -> RuntimeError:

@@ -88,6 +88,7 @@ class Loader(abc.ABC):
             log.info("%s: %s.transform.color_jitter is off because %s.transform.auto_augment is set, as in timm",
                      config.source, split.name, split.name)
         self.hooks = prepared.hooks
+        self._workers = prepared.workers  # the backend's parallelism, for prefetch_depth
         """The user's own transforms (fastloader.hooks): the backends run them; the state names them."""
         self.views: ViewPlan | None = plan.views
         """A train split's view groups (fastloader.views): each sample's images are several views."""
@@ -525,8 +526,9 @@ class Loader(abc.ABC):
 
     @property
     def prefetch_depth(self) -> int:
-        """Batches the loader may hold prepared ahead of its consumer (a benchmark drains them)."""
-        return 0
+        """Batches the loader may hold prepared ahead of its consumer (a benchmark drains them):
+        depth_for its workers."""
+        return self.depth_for(self.config, self._workers)
 
     def _parallelism(self) -> str:
         """How it decodes in parallel, as `repr` shows it (workers, or DALI's flavour and threads)."""

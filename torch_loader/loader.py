@@ -156,12 +156,6 @@ class TorchLoader(Loader):
         none without workers)."""
         return workers * config.workers.prefetch_factor + (1 if workers else 0)
 
-    @property
-    def prefetch_depth(self) -> int:
-        """Batches this loader may hold prepared ahead of its consumer (what a benchmark must drain
-        before timing): depth_for its workers."""
-        return self.depth_for(self.config, self.num_workers)
-
     def _parallelism(self) -> str:
         normalize = "on the device" if self.device.type == "cuda" else "in the workers"
         return f"workers={self.num_workers} (normalizing {normalize})"
