@@ -52,10 +52,10 @@ def screen_seconds(config, split: str, index: SampleIndex, workers: int) -> tupl
         os.environ["FASTLOADER_CACHE_DIR"] = cache
         screening.IN_PROCESS_UP_TO = len(index) if workers == 0 else 0
         started = time.perf_counter()
-        screening.screen_index(config, config.split(split), index, workers=workers or None)
+        screening.screen_index(index, config.on_bad_image, config.dataset.max_pixels, split, workers=workers or None)
         first = time.perf_counter() - started
         started = time.perf_counter()
-        screening.screen_index(config, config.split(split), index, workers=workers or None)
+        screening.screen_index(index, config.on_bad_image, config.dataset.max_pixels, split, workers=workers or None)
         return first, time.perf_counter() - started
 
 

@@ -41,7 +41,6 @@ from typing import Callable
 
 import numpy as np
 
-from .bad_input import refuse
 from .cache_format import (
     DEFAULT_SHORT_SIDE,
     FILE_ARRAYS,
@@ -324,11 +323,11 @@ def _check_unchanged(index: SampleIndex, file_of_sample: np.ndarray, sizes: np.n
 
 def _bad_files(config: Config, index: SampleIndex, bad_samples: np.ndarray, reasons: dict[str, str],
                folder: str) -> list[tuple[str, str]]:
-    """(path, reason) of each bad file once, through dataset.on_bad_image (bad_input.refuse)."""
+    """(path, reason) of each bad file once, through dataset.on_bad_image (bad_input.OnBadImage)."""
     found, seen = [], set()
     for sample in bad_samples:
         relpath = index.relpath(int(sample))
         if relpath not in seen:
             seen.add(relpath)
             found.append((index.path(int(sample)), reasons.get(relpath, "unusable when the cache was built")))
-    return refuse(config, found, f"listed as bad in the cache {folder}")
+    return config.on_bad_image.refuse(found, f"listed as bad in the cache {folder}")

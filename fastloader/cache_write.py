@@ -64,7 +64,6 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
     """Decode the split's distinct files into cache_dir/<split>; returns what was written."""
     import numpy as np
 
-    from .bad_input import refuse
     from .progress import Progress
 
     started = time.perf_counter()
@@ -91,7 +90,7 @@ def build_split_cache(config: Config, split: SplitConfig, index: SampleIndex, ca
             for file, decoded in enumerate(shrunk):
                 sizes[file], mtimes[file] = decoded.size, decoded.mtime_ns
                 if decoded.problem:  # raises under dataset.on_bad_image: raise, and nothing is kept
-                    refuse(config, [(decoded.path, decoded.problem)], "found while building the cache")
+                    config.on_bad_image.refuse([(decoded.path, decoded.problem)], "found while building the cache")
                     bad.append((index.relpath(int(files[file])), decoded.problem))
                 else:
                     pixels.write(decoded.pixels)

@@ -11,7 +11,6 @@ from typing import NamedTuple
 
 from .errors import ConfigError
 from .parallel import available_cores
-from .schema import DistributedConfig
 
 
 @dataclass(frozen=True)
@@ -60,9 +59,10 @@ def _slurm_tasks_on_this_node() -> int | None:
     return counts[node] if node < len(counts) else None
 
 
-def detect_ranks(config: DistributedConfig | None = None) -> RankInfo:
-    """Explicit config values win; then an initialized process group; then torchrun; then SLURM."""
-    config = config or DistributedConfig()
+def detect_ranks(rank: int | str = "auto", world_size: int | str = "auto", local_rank: int | str = "auto") -> RankInfo:
+    """Explicit values (distributed.rank, world_size, local_rank; "auto": not given) win; then an
+    initialized process group; then torchrun; then SLURM."""
+    given_rank, given_world, given_local = rank, world_size, local_rank
     rank, world, local, local_world, source = 0, 1, 0, 1, "single process"
 
     import torch.distributed as dist  # torch is a hard dependency; the process group is optional
@@ -79,12 +79,12 @@ def detect_ranks(config: DistributedConfig | None = None) -> RankInfo:
         local = _env_int("SLURM_LOCALID") or 0
         local_world = _env_int("SLURM_NTASKS_PER_NODE") or _slurm_tasks_on_this_node() or 1
 
-    if config.rank != "auto":
-        rank, source = config.rank, "config"
-    if config.world_size != "auto":
-        world, source = config.world_size, "config"
-    if config.local_rank != "auto":
-        local = config.local_rank
+    if given_rank != "auto":
+        rank, source = given_rank, "config"
+    if given_world != "auto":
+        world, source = given_world, "config"
+    if given_local != "auto":
+        local = given_local
     if not 0 <= rank < world:
         raise ConfigError(f"rank {rank} is not in [0, world_size={world}) (from {source}); "
                           f"fix distributed.rank / distributed.world_size or the launcher's variables")

@@ -110,8 +110,8 @@ def create_loader(config: Config, split_name: str, source: object | None = None,
     """The loader of one split; `source`: an object of the Source protocol to read it from;
     `hooks`: the user's hooks given in code ({kind: function}), in place of the config's."""
     split = config.split(split_name)
-    user_hooks = split_hooks(config, split, **(hooks or {}))  # a path that does not import fails now
-    ranks = detect_ranks(config.distributed)
+    user_hooks = split_hooks(config.hook_settings(split), config.dali.graph_hook_args, **(hooks or {}))
+    ranks = detect_ranks(*config.distributed.given())
     device = choose_device(config, ranks)
     backend, reason = choose_backend(config, device)
     # auto on a GPU with the output there, yet torch: DALI does not import, which the user would not expect

@@ -31,13 +31,11 @@ import torch
 
 from .dotted import import_dotted
 from .errors import ConfigError, HookError, error_text
-from .schema import Config, SplitConfig
 
 log = logging.getLogger("fastloader")
 
-HOOK_KEYS = {"sample_hook": "{split}.transform.sample_hook", "batch_hook": "{split}.transform.batch_hook",
-             "graph_hook": "dali.graph_hook"}
-"""Each kind of hook and the config key that names it."""
+HOOK_KINDS = ("sample_hook", "batch_hook", "graph_hook")
+"""The kinds of hook, as build_loader's arguments name them (Config.hook_settings: their config keys)."""
 
 
 def function_name(function: Any) -> str:
@@ -52,7 +50,7 @@ def function_name(function: Any) -> str:
 
 @dataclass(frozen=True)
 class Hook:
-    """One of the user's hooks: the function, the kind (HOOK_KEYS), where it was set (a config key
+    """One of the user's hooks: the function, the kind (HOOK_KINDS), where it was set (a config key
     or a build_loader argument), its name and the version it gives (its `version` attribute)."""
     function: Callable
     kind: str
@@ -224,22 +222,23 @@ class SplitHooks:
                                   f"function), or name it in the config as 'package.module:function'") from None
 
 
-def split_hooks(config: Config, split: SplitConfig, sample_hook: str | Callable | None = None,
-                batch_hook: str | Callable | None = None, graph_hook: str | Callable | None = None) -> SplitHooks:
-    """The split's hooks: those given to build_loader, else the config's (imported now, so that a
-    path that does not import fails at load, naming its key)."""
+def split_hooks(configured: Mapping[str, tuple[str | None, str, str]], graph_args: Mapping[str, Any],
+                sample_hook: str | Callable | None = None, batch_hook: str | Callable | None = None,
+                graph_hook: str | Callable | None = None) -> SplitHooks:
+    """A split's hooks: those given to build_loader, else the configured ones (imported now, so that a
+    path that does not import fails at load, naming its key). `configured`: {kind: (its
+    'package.module:function' or None, its config key, where it was set)} (Config.hook_settings);
+    `graph_args`: dali.graph_hook_args."""
     given = {"sample_hook": sample_hook, "batch_hook": batch_hook, "graph_hook": graph_hook}
-    configured = {"sample_hook": split.transform.sample_hook, "batch_hook": split.transform.batch_hook,
-                  "graph_hook": config.dali.graph_hook}
     hooks = {}
-    for kind, key in HOOK_KEYS.items():
-        key = key.format(split=split.name)
+    for kind in HOOK_KINDS:
+        path, key, origin = configured[kind]
         if given[kind] is not None:
             hooks[kind] = load_hook(given[kind], kind, f"build_loader({kind}=...)", f"build_loader({kind}=...)")
-        elif configured[kind] is not None:
-            hooks[kind] = load_hook(configured[kind], kind, key, config.origin(key))
+        elif path is not None:
+            hooks[kind] = load_hook(path, kind, key, origin)
     return SplitHooks(hooks.get("sample_hook"), hooks.get("batch_hook"), hooks.get("graph_hook"),
-                      dict(config.dali.graph_hook_args or {}))
+                      dict(graph_args or {}))
 
 
 _GLOBAL_RNG = threading.Lock()

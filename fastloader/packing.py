@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bad_input import refuse
 from .decoding.screen import screen_bytes
 from .errors import ConfigError
 from .locations import Location
@@ -119,7 +118,7 @@ def pack_index(config: Config, index: SampleIndex, out_dir: str, prefix: str, *,
             location = index.location(sample)
             data, extension, problem = _checked_bytes(location, config.dataset.max_pixels, inside)
             if problem:
-                packed.skipped += refuse(config, [(location.name, problem)], "not packed")
+                packed.skipped += config.on_bad_image.refuse([(location.name, problem)], "not packed")
                 progress.advance()
                 continue
             if archive is not None and (shard_bytes + len(data) > max_bytes or (max_count and in_shard >= max_count)):

@@ -28,8 +28,8 @@ from .resolution import Resolution
 from .samples import SampleIndex
 from .schema import Config, SplitConfig
 from .screening import screen_index
-from .sources.formats import build_index
-from .sources.stores import StoreSettings, cache_limit, release_store
+from .sources.formats import build_index, input_key
+from .sources.stores import cache_limit, release_store
 from .sources.urls import is_url
 from .views import ViewFinisher, ViewPlan
 from .weights import WeightPlan
@@ -134,7 +134,7 @@ def prepare_split(config: Config, split: SplitConfig, workers: int, ranks: RankI
     costs the node cache."""
     blocks = BlockPlan(config, split)  # a `shuffle: block` without a budget, an epoch too small for the ranks,
     weights = WeightPlan(config, split, ranks)  # or a bad weights file fails at once, before the split is indexed
-    index = build_index(config, split, source, StoreSettings.of(config))  # dataset.remote, opened where named
+    index = build_index(config, split, source)  # dataset.remote's node cache opened where the split names a store
     store = index.store
     try:
         stored = index.ranges is not None and len(index.ranges.files) and is_url(index.ranges.files[0])
@@ -142,14 +142,16 @@ def prepare_split(config: Config, split: SplitConfig, workers: int, ranks: RankI
         budget = blocks.budget(limit)
         if cost := blocks.uniform_cost(index, limit):
             log.warning(cost)
-        cache = open_split_cache(config, split, index)  # None: read the image files
+        cache = open_split_cache(config, split, index) if config.dataset.cache else None  # None: the image files
         if cache is not None:
             bad, index, found = index.unusable + tuple(cache.bad), cache.index, {"pixels": cache.pixels}
-        else:
-            screened = screen_index(config, split, index,
+        elif config.dataset.screen:
+            screened = screen_index(index, config.on_bad_image, config.dataset.max_pixels, input_key(split),
                                     workers=cpu_workers_per_rank(ranks, config.workers.max_workers))
             bad, index = index.unusable + tuple(screened.bad), screened.index
             found = {"needs_transcoding": screened.formats, "sizes": screened.sizes}
+        else:
+            bad, found = index.unusable, {}
         order = blocks.order(index, budget, limit)
         draws = weights.draws(index, [path for path, _ in bad])
         if cost := blocks.read_ahead_cost(index, order, held_ahead * split.batch_size * ranks.world_size):

@@ -10,6 +10,7 @@ from typing import Any, Literal, Mapping
 
 from .augment.policy import GRAMMAR as POLICY_GRAMMAR
 from .augment.policy import policy_problem
+from .bad_input import OnBadImage
 from .errors import ConfigError
 from .units import UNITS, parse_size
 
@@ -527,6 +528,10 @@ class DistributedConfig:
     """Rank on this node; picks the GPU (cuda:LOCAL_RANK where a rank sees all of the node's GPUs).
     auto: LOCAL_RANK, else SLURM_LOCALID, else 0."""
 
+    def given(self) -> tuple[int | Auto, int | Auto, int | Auto]:
+        """(rank, world_size, local_rank) as distributed.detect_ranks takes them."""
+        return self.rank, self.world_size, self.local_rank
+
 
 @dataclass(frozen=True)
 class StatsConfig:
@@ -559,6 +564,19 @@ class Config:
         """Where this key's value really came from, for logs: an override, the command, the
         environment, the default, or the config file."""
         return self.origins.get(key) or self.source
+
+    @property
+    def on_bad_image(self) -> OnBadImage:
+        """dataset.on_bad_image as the value the indexers, screening and the caches apply."""
+        return OnBadImage(self.dataset.on_bad_image, self.source)
+
+    def hook_settings(self, split: SplitConfig) -> dict[str, tuple[str | None, str, str]]:
+        """The split's hooks as hooks.split_hooks takes them: {kind: (the configured
+        'package.module:function' or None, its key, where it was set)}."""
+        keys = {"sample_hook": (split.transform.sample_hook, f"{split.name}.transform.sample_hook"),
+                "batch_hook": (split.transform.batch_hook, f"{split.name}.transform.batch_hook"),
+                "graph_hook": (self.dali.graph_hook, "dali.graph_hook")}
+        return {kind: (path, key, self.origin(key)) for kind, (path, key) in keys.items()}
 
     def split(self, name: str) -> SplitConfig:
         """The named split's section, or an error listing the splits that exist."""

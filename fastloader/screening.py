@@ -31,15 +31,13 @@ from typing import Iterator
 
 import numpy as np
 
-from .bad_input import refuse
+from .bad_input import OnBadImage
 from .decoding.screen import DALI_FORMATS, screen_files
 from .errors import BadImageError
 from .locations import path_stamp
 from .paths import screening_file
 from .progress import Progress
 from .samples import SampleIndex
-from .schema import Config, SplitConfig
-from .sources.formats import input_key
 from .sources.reading import is_remote
 from .words import plural
 
@@ -67,14 +65,14 @@ class ScreenedIndex:
     (fastloader.decoding.sizes), so that no loader reads a header again; None when not screened."""
 
 
-def screen_index(config: Config, split: SplitConfig, index: SampleIndex, workers: int | None = None) -> ScreenedIndex:
-    """Leave the files that fail the header check out of `index` (the split's), per dataset.on_bad_image.
+def screen_index(index: SampleIndex, on_bad_image: OnBadImage, max_pixels: int, check: str,
+                 workers: int | None = None) -> ScreenedIndex:
+    """Leave the files that fail the header check (dataset.max_pixels among them) out of `index`,
+    per dataset.on_bad_image; `check`: what to check where none can be used (formats.input_key).
 
     raise: the first such file (in index order) stops the build with a BadImageError;
     skip: each is logged once and returned in `bad`.
     """
-    if not config.dataset.screen:
-        return ScreenedIndex(index)
     if index.ranges is not None and len(index.ranges.files) and is_remote(index.ranges.files[0]):
         log.info("the %s of %s are in an object store: their members are not screened when the loader is built "
                  "(that would download every shard first); a member that cannot be decoded is found where it is "
@@ -87,17 +85,17 @@ def screen_index(config: Config, split: SplitConfig, index: SampleIndex, workers
                  "cannot be decoded is found where it is decoded, and follows dataset.on_bad_image (docs/sources.md)",
                  plural(len(index), "sample"), index.root)
         return ScreenedIndex(index)
-    problems, formats, sizes = _cached_screen(index, config.dataset.max_pixels, workers)
+    problems, formats, sizes = _cached_screen(index, max_pixels, workers)
     if not problems and not formats:
         return ScreenedIndex(index, sizes=sizes)
     positions = {relpath: i for i, relpath in enumerate(_relpaths(index)) if relpath in problems or relpath in formats}
     bad = sorted((positions[relpath], reason) for relpath, reason in problems.items())
-    if bad and len(bad) == len(index) and config.dataset.on_bad_image == "skip":
+    if bad and len(bad) == len(index) and on_bad_image.action == "skip":
         first, reason = bad[0]
         what = "samples" if index.ranges is not None else "files"
         raise BadImageError(f"none of the {len(index)} {what} in {index.root} can be decoded (the first, "
-                            f"{index.path(first)!r}: {reason}); check {input_key(split)}")
-    refuse(config, [(index.path(position), reason) for position, reason in bad])  # raises under raise
+                            f"{index.path(first)!r}: {reason}); check {check}")
+    on_bad_image.refuse([(index.path(position), reason) for position, reason in bad])  # raises under raise
     if bad:
         log.warning("%d of %s in %s cannot be decoded and %s left out; %s listed in loader.bad_samples",
                     len(bad), plural(len(index), "file"), index.root, *(("is", "it is") if len(bad) == 1 else

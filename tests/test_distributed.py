@@ -14,7 +14,6 @@ from test_resume import BACKENDS
 
 from fastloader.distributed import detect_ranks
 from fastloader.errors import ConfigError
-from fastloader.schema import DistributedConfig
 
 
 def test_single_process_by_default():
@@ -42,10 +41,10 @@ def test_slurm_variables(monkeypatch):
 def test_config_values_win_and_bad_values_are_explained(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    info = detect_ranks(DistributedConfig(rank=0, world_size=3, local_rank=0))
+    info = detect_ranks(rank=0, world_size=3, local_rank=0)
     assert (info.rank, info.world_size, info.source) == (0, 3, "config")
     with pytest.raises(ConfigError, match=r"rank 4 is not in \[0, world_size=3\) \(from config\)"):
-        detect_ranks(DistributedConfig(rank=4, world_size=3))
+        detect_ranks(rank=4, world_size=3)
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(ConfigError, match="environment variable WORLD_SIZE='two' is not an integer"):
         detect_ranks()

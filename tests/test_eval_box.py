@@ -171,8 +171,8 @@ def test_screening_keeps_each_files_size_as_dali_decodes_it(tmp_path):
     odd_files(folder)
     config = load_config(base_config(tmp_path / "data"))
     index = build_index(config, config.split("val"))
-    fresh = screen_index(config, config.split("val"), index).sizes
-    cached = screen_index(config, config.split("val"), index).sizes  # the second read comes from the screening cache
+    fresh = screen_index(index, config.on_bad_image, config.dataset.max_pixels, "val").sizes
+    cached = screen_index(index, config.on_bad_image, config.dataset.max_pixels, "val").sizes  # from its cache
     assert np.array_equal(fresh, cached) and len(fresh) == len(index) == 17
     for adjust in (True, False):
         expected = [upright_size(index.path(i), adjust) for i in range(len(index))]

@@ -303,7 +303,7 @@ def hook_lines(config: Config, split: SplitConfig) -> tuple[list[str], list[str]
     from ..hooks import split_hooks
 
     try:
-        hooks = split_hooks(config, split)
+        hooks = split_hooks(config.hook_settings(split), config.dali.graph_hook_args)
     except ConfigError as error:
         return [], [str(error)]
     return [f"hook: {hook.label}" for hook in hooks.all()], []
@@ -317,7 +317,7 @@ def batch_problems(config: Config, split: SplitConfig, usable: int) -> list[str]
     from ..weights import check_epoch_size
     from . import no_batch_words
 
-    ranks = detect_ranks(config.distributed)
+    ranks = detect_ranks(*config.distributed.given())
     try:
         check_epoch_size(config, split, ranks)
     except ConfigError as error:

@@ -8,7 +8,6 @@ import stat
 import time
 from typing import Iterator, Sequence
 
-from ..bad_input import refuse
 from ..errors import ConfigError
 from ..locations import not_regular
 from ..samples import IndexBuilder, SampleIndex
@@ -48,7 +47,7 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     index = scan_folder(os.path.join(root, folder), config.dataset.extensions, config.dataset.classes or together,
                         config.origin("dataset.root"), key=f"{split.name}.folder", skip=skip,
                         announced=together is not None)
-    refuse(config, index.unusable)  # a FIFO named .JPEG: raised, or logged (and listed in loader.bad_samples)
+    config.on_bad_image.refuse(index.unusable)  # a FIFO named .JPEG: raised, or logged (then listed)
     return index
 
 

@@ -15,8 +15,8 @@ import dataclasses
 from ..samples import SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
 from . import folder, multi, parquet, webdataset  # noqa: F401  (each registers its formats)
-from .registry import FORMATS, Format, IndexedSource
-from .stores import StoreSettings, reads_a_store, release_store
+from .registry import FORMATS, Format, IndexedSource, reads_a_store, store_settings
+from .stores import release_store
 from .user_source import from_factory, index_of, named_source
 
 
@@ -45,15 +45,14 @@ def _entry_source(config: Config, split: SplitConfig, number: int, store: str) -
     return IndexedSource(dataclasses.replace(index, store=store) if store else index)
 
 
-def build_index(config: Config, split: SplitConfig, given: object | None = None,
-                store: StoreSettings | None = None) -> SampleIndex:
+def build_index(config: Config, split: SplitConfig, given: object | None = None) -> SampleIndex:
     """The split's samples, names, labels and where their bytes are (split_source's, indexed). A
-    split that names objects in a store opens its node cache first, with `store` (the factory's) or
-    the config's dataset.remote: the index carries the cache's token (`store`), which the loader
-    releases when it closes."""
+    split that names objects in a store opens its node cache first, with the config's
+    dataset.remote: the index carries the cache's token (`store`), which the loader releases when
+    it closes."""
     token = ""
     if given is None and reads_a_store(config, split):
-        token = (store or StoreSettings.of(config)).open().token
+        token = store_settings(config).open().token
     try:
         index = _indexed(config, split, given, token)
     except BaseException:

@@ -27,7 +27,6 @@ from typing import Sequence
 
 import numpy as np
 
-from ..bad_input import refuse
 from ..errors import BadImageError, ConfigError
 from ..locations import Identity, open_regular, stat_stamp
 from ..paths import cache_home
@@ -39,9 +38,8 @@ from .arrow_file import scan_arrow
 from .hf_columns import classlabel, columns, image_leaf, label_values, null_byte_paths
 from .multi import files_format_key, order_split
 from .parquet_pages import parquet_ranges
-from .registry import Format, indexed, register_format
+from .registry import Format, client_of, indexed, register_format
 from .row_groups import ROW_GROUP_CACHE
-from .stores import client_of
 from .table_scan import TableScan, Unreadable
 from .webdataset import Excluded, listed_files
 
@@ -109,7 +107,7 @@ def _index(config: Config, split: SplitConfig, kind: str) -> SampleIndex:
                              tuple(scan.column if scan is not None else None for scan in scans) if grouped else None)
     if grouped:
         _say_row_group_cost(config, split, grouped, scans)
-    unusable = refuse(config, problems, noun="files or rows")
+    unusable = config.on_bad_image.refuse(problems, noun="files or rows")
     log.info("indexed %s of split '%s' (%s): %s in %s%s%s%s", plural(tables, f"{kind} file"), split.name, root,
              plural(len(builder), "row"), plural(len(classes), "class"),
              f", {plural(len(referenced_files.paths), 'row')} read from the image file its path names"

@@ -18,8 +18,12 @@ from typing import Callable
 
 from ..samples import SampleIndex
 from ..schema import Config, SplitConfig
+from ..units import parse_size
+from . import remote
 from .protocol import Samples, Source
 from .reading import read_bytes
+from .stores import StoreSettings
+from .urls import is_url
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,25 @@ def indexed(index_split: Callable[[Config, SplitConfig], SampleIndex]) -> Callab
         return IndexedSource(index_split(config, split))
     open_split.__qualname__ = f"indexed({index_split.__module__}.{index_split.__qualname__})"
     return open_split
+
+
+def store_settings(config: Config) -> StoreSettings:
+    """dataset.remote as the formats' stores take it (parsed once, where a split is prepared)."""
+    settings = config.dataset.remote
+    limit = parse_size(settings.cache_limit, "dataset.remote.cache_limit") if settings.cache_limit else None
+    return StoreSettings(remote.Settings(settings.options, settings.timeout, settings.retries, settings.retry_timeout),
+                         settings.cache_dir, limit, settings.concurrency)
+
+
+def client_of(config: Config) -> remote.Client:
+    """The store client of the config's dataset.remote: what lists and stats a split's objects."""
+    return remote.client_for(store_settings(config).client)
+
+
+def reads_a_store(config: Config, split: SplitConfig) -> bool:
+    """Whether the split names anything in an object store: its shards or files, its sources', or a
+    dataset.root that is a URL."""
+    patterns = [*(split.shards or ()), *(split.files or ())]
+    for source in split.sources or ():
+        patterns += [*(source.shards or ()), *(source.files or ())]
+    return is_url(config.dataset.root) or any(is_url(pattern) for pattern in patterns)

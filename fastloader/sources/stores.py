@@ -1,5 +1,5 @@
 """dataset.remote as one value: the object store's client settings and the node cache's, built once
-where a split is prepared (formats.build_index, the factory) and opened there, before anything lists
+where a split is prepared (registry.store_settings, read by formats.build_index) and opened there, before anything lists
 or reads a URL. Opening gives the loader a node cache of its own settings (node_cache.open_cache:
 its token rides on every Location of the index) and lists with a client of its own settings
 (remote.client_for); closing the loader releases the cache. Nothing is set for the whole process,
@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..schema import Config, SplitConfig
-from ..units import parse_size
 from . import node_cache, remote
-from .urls import is_url
 
 
 @dataclass(frozen=True)
@@ -23,22 +20,10 @@ class StoreSettings:
     """Bytes; None: the node cache's default (a share of its disk's free space)."""
     concurrency: int
 
-    @classmethod
-    def of(cls, config: Config) -> "StoreSettings":
-        settings = config.dataset.remote
-        limit = parse_size(settings.cache_limit, "dataset.remote.cache_limit") if settings.cache_limit else None
-        return cls(remote.Settings(settings.options, settings.timeout, settings.retries, settings.retry_timeout),
-                   settings.cache_dir, limit, settings.concurrency)
-
     def open(self) -> node_cache.NodeCache:
         """The node cache of these settings, for one more holder (repaired where a run was killed;
         the same one while these settings hold it); release_store(cache.token) when done."""
         return node_cache.open_cache(self.cache_dir, self.cache_limit, self.concurrency, remote.client_for(self.client))
-
-
-def client_of(config: Config) -> remote.Client:
-    """The store client of the config's dataset.remote: what lists and stats a split's objects."""
-    return remote.client_for(StoreSettings.of(config).client)
 
 
 def cache_limit(token: str) -> int:
@@ -50,12 +35,3 @@ def release_store(token: str) -> None:
     """A loader that held this node cache (its index's `store`) is closed; "": nothing to release."""
     if token:
         node_cache.release(token)
-
-
-def reads_a_store(config: Config, split: SplitConfig) -> bool:
-    """Whether the split names anything in an object store: its shards or files, its sources', or a
-    dataset.root that is a URL."""
-    patterns = [*(split.shards or ()), *(split.files or ())]
-    for source in split.sources or ():
-        patterns += [*(source.shards or ()), *(source.files or ())]
-    return is_url(config.dataset.root) or any(is_url(pattern) for pattern in patterns)

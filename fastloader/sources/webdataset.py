@@ -30,7 +30,6 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from ..bad_input import refuse
 from ..errors import BadImageError, ConfigError
 from ..locations import open_regular, stat_stamp
 from ..parallel import available_cores, map_chunks
@@ -42,8 +41,7 @@ from ..words import plural
 from . import remote
 from .class_names import read_class_names
 from .exclude import read_exclude_list
-from .registry import Format, indexed, register_format
-from .stores import client_of
+from .registry import Format, client_of, indexed, register_format
 from .tar_members import (
     INDEX_SUFFIX,
     ShardSample,
@@ -247,7 +245,7 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
         raise BadImageError(f"{source}: {key}: no usable sample in {plural(len(shards), 'shard')}{first}; a "
                             f"sample is a {{key}}.jpg member with its {{key}}.cls label")
     classes = names or tuple(str(i) for i in range(int(builder.labels().max()) + 1))
-    unusable = refuse(config, problems, noun="shards or members")
+    unusable = config.on_bad_image.refuse(problems, noun="shards or members")
     log.info("indexed %s of split '%s'%s: %s in %s%s%s", plural(len(shards), "shard"), split.name,
              f" ({root})" if objects else "", plural(len(builder), "sample"), plural(len(classes), "class"),
              f", {plural(len(unusable), 'member')} left out" if unusable else "",
