@@ -88,7 +88,7 @@ def handover_epochs(loader, seconds: float, no_copy: bool) -> tuple[int, float]:
 
     from dali_loader.pipeline import feed_layout
     feed = loader._feed
-    layout = feed_layout(loader.split, feed.kind, loader.augmentation, feed.inputs.sized)
+    layout = feed_layout(feed.inputs.train, feed.kind, loader.augmentation, feed.inputs.sized)
 
     def graph():
         arrays = fn.external_source(source=feed, num_outputs=len(layout), batch=True, no_copy=no_copy,

@@ -30,6 +30,7 @@ if NO_DALI is None:
     from nvidia.dali.plugin.pytorch import DALIClassificationIterator, LastBatchPolicy
 
     from dali_loader.augment import feed_arrays
+    from dali_loader.loader import graph_spec
     from dali_loader.pipeline import centre_boxes, decode_plan, decoder_options, feed_layout, image_graph
     from dali_loader.stack import dali_cuda_major, nvjpeg_version
     from fastloader.decoding.sizes import upright_size
@@ -98,16 +99,17 @@ def our_graph_on_dali_reader(files: list[str], labels: list[int], split: str, gp
     config = fastloader.load_config(str(CONFIG), overrides)
     split_config = config.split(split)
     augmenter = Augmenter(split_config.transform, config.normalize.mean) if split == "train" else None
-    layout = feed_layout(split_config, "bytes", augmenter)[1:]  # what follows the encoded bytes
+    spec = graph_spec(config, split_config)
+    layout = feed_layout(spec.train, "bytes", augmenter)[1:]  # what follows the encoded bytes
     nvjpeg = nvjpeg_version(dali_cuda_major()) if gpu else None
     plan = decode_plan(config.dali.fancy_upsampling, gpu, split == "train", nvjpeg)  # the loader's, on this stack
 
     def graph():
         encoded, label = fn.readers.file(files=files, labels=labels, pad_last_batch=True, name="Reader")
-        arrays = fn.external_source(source=inputs_in_order(files, config, split_config, augmenter, batch_size),
+        arrays = fn.external_source(source=inputs_in_order(files, config, spec, augmenter, batch_size),
                                     num_outputs=len(layout), batch=True, dtype=[dtype for _, dtype in layout])
         inputs = dict(zip((name for name, _ in layout), arrays))
-        images = image_graph(encoded, config, split_config, gpu, inputs, augmenter, threads=threads, plan=plan)
+        images = image_graph(encoded, spec, gpu, inputs, augmenter, threads=threads, plan=plan)
         return images, label.gpu() if gpu else label
 
     conditionals = bool(augmenter and augmenter.slots)
@@ -117,7 +119,7 @@ def our_graph_on_dali_reader(files: list[str], labels: list[int], split: str, gp
     return pipe
 
 
-def inputs_in_order(files: list[str], config, split, augmenter, batch_size: int):
+def inputs_in_order(files: list[str], config, spec, augmenter, batch_size: int):
     """A batch source of the per-sample inputs of `files`, in list order, cycling: the centre boxes
     (eval), or the draws for each image's size with its position as its seed (train)."""
     known = {f: upright_size(f, config.dataset.exif_orientation) for f in dict.fromkeys(files)}
@@ -129,7 +131,7 @@ def inputs_in_order(files: list[str], config, split, augmenter, batch_size: int)
         rows = np.arange(position, position + batch_size) % len(files)
         position += batch_size
         if augmenter is None:
-            return (centre_boxes(sizes[rows], split),)
+            return (centre_boxes(sizes[rows], spec.sizing),)
         return feed_arrays(augmenter, rows.astype(np.int64), sizes[rows])
     return source
 

@@ -116,7 +116,7 @@ def worker_path(data: Path, split: str, shards: list[str], rounds: int, size: in
     import torch
 
     from fastloader.sources.formats import build_index
-    from torch_loader.transforms import SampleTransform
+    from torch_loader.loader import sample_transform
     torch.set_num_threads(1)
     indexes = {}
     for source in SOURCES:
@@ -126,7 +126,7 @@ def worker_path(data: Path, split: str, shards: list[str], rounds: int, size: in
             raw = {"dataset": {"format": "webdataset", "root": str(data)}, split: {"shards": shards, **transform}}
         config = fastloader.load_config(raw)
         indexes[source] = build_index(config, config.split(split))
-    transform = SampleTransform(config.split(split))
+    transform = sample_transform(config.split(split))
     seeds = np.arange(len(indexes["folder"]))
     ops = transform.sample_ops(seeds)
     times: dict[str, list[float]] = {source: [] for source in SOURCES}

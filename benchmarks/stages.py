@@ -48,6 +48,7 @@ from fastloader.machine import hardware
 from fastloader.sources.folder import scan_folder
 from torch_loader.collate import BatchPool, NormalizingCollate
 from torch_loader.dataset import ImageDataset
+from torch_loader.loader import normalizer_of, sample_transform
 from torch_loader.prefetch import Normalizer
 from torch_loader.transforms import SampleTransform
 
@@ -81,8 +82,8 @@ def measure_split(split: str, data: Path, batch_size: int, size: int, rounds: in
     config = fastloader.load_config(str(harness.CONFIG), {"dataset.root": str(data), f"{split}.transform.size": size,
                                                           "output.device": "cpu"})
     split_config = config.split(split)
-    transform = SampleTransform(split_config, exif_orientation=config.dataset.exif_orientation)
-    normalizer = Normalizer(config.normalize, config.output, torch.device("cpu"))
+    transform = sample_transform(split_config, exif_orientation=config.dataset.exif_orientation)
+    normalizer = normalizer_of(config, torch.device("cpu"))
     totals = dict.fromkeys(STAGES, 0.0)
     samples, by_decoder = [], {}
     for i in range(len(index)):

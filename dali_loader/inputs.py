@@ -14,17 +14,18 @@ import numpy as np
 
 from fastloader.draws import Augmenter
 from fastloader.order import output_size
-from fastloader.schema import SplitConfig
 from fastloader.views import ViewPlan
 
 from .augment import feed_arrays
-from .pipeline import centre_boxes
+from .pipeline import Sizing, centre_boxes
 from .views import stacked_groups, view_arrays
 
 
 class InputPlan(NamedTuple):
     """What decides a batch's inputs, fixed when the graph is built."""
-    split: SplitConfig
+    train: bool
+    sizing: Sizing
+    """The split's transform's (its size: where a size schedule is off; eval's centre box)."""
     augmenter: Augmenter | None
     views: ViewPlan | None
     stacking: tuple[bool, ...]
@@ -35,9 +36,10 @@ class InputPlan(NamedTuple):
     """The planned batches carry their output size (a size schedule): fed with the draws."""
 
 
-def input_plan(split: SplitConfig, augmenter: Augmenter | None, views: ViewPlan | None, hooked: bool,
+def input_plan(train: bool, sizing: Sizing, augmenter: Augmenter | None, views: ViewPlan | None, hooked: bool,
                sized: bool) -> InputPlan:
-    return InputPlan(split, augmenter, views, stacked_groups(views) if views is not None else (), hooked, sized)
+    return InputPlan(train, sizing, augmenter, views, stacked_groups(views) if views is not None else (), hooked,
+                     sized)
 
 
 def batch_inputs(plan: InputPlan, planned: np.ndarray, batch: np.ndarray, sizes: np.ndarray) -> tuple:
@@ -45,11 +47,11 @@ def batch_inputs(plan: InputPlan, planned: np.ndarray, batch: np.ndarray, sizes:
     batch, of upright (height, width) `sizes`."""
     if plan.views is not None:  # every view's draws, from the view's seed (hooked: its (sample, seed) too)
         return view_arrays(plan.views, batch, sizes, plan.hooked, plan.stacking)
-    if plan.split.mode == "train":  # every random choice of each sample, drawn from its seed
-        side = output_size(planned, plan.split.transform.size) if plan.sized else None
+    if plan.train:  # every random choice of each sample, drawn from its seed
+        side = output_size(planned, plan.sizing.size) if plan.sized else None
         inputs = feed_arrays(plan.augmenter, batch[:, 1], sizes, side)
     else:
-        inputs = (centre_boxes(sizes, plan.split),)
+        inputs = (centre_boxes(sizes, plan.sizing),)
     if plan.hooked:  # user_ops.HOOK_INPUTS
         inputs += (np.ascontiguousarray(batch[:, :2], dtype=np.int64),)
     return inputs

@@ -52,7 +52,7 @@ from .doings import Doings
 from .driver import Driver, Ended
 from .feed import Fed, Feed
 from .inputs import batch_inputs, input_plan
-from .pipeline import build_pipeline, decode_plan, decoder_words
+from .pipeline import GraphSpec, Sizing, build_pipeline, decode_plan, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
 from .stack import dali_cuda_major, nvjpeg_version, stack_problem, torch_cuda_major
 from .transcode import transcoded_for_dali
@@ -129,6 +129,19 @@ def converter(feed: Feed, doings: Doings, labels: np.ndarray, device: torch.devi
     return convert
 
 
+def graph_spec(config: Config, split: SplitConfig, views: ViewPlan | None = None) -> GraphSpec:
+    """What the split's DALI graph is built from (pipeline.GraphSpec): the one place the DALI
+    backend's graph reads the config; `views`: the split's view groups (its plan's)."""
+    def sizing(t) -> Sizing:
+        return Sizing(t.size, t.crop_pct, t.interpolation, t.hflip, t.vflip)
+
+    return GraphSpec(split.mode == "train", sizing(split.transform),
+                     tuple(sizing(group.split.transform) for group in views.groups) if views is not None else (),
+                     tuple(config.normalize.mean), tuple(config.normalize.std), config.output.dtype,
+                     config.output.channels_last, config.dataset.exif_orientation, config.dali.hw_decoder_load,
+                     config.dali.fancy_upsampling)
+
+
 class DaliLoader(Loader):
     backend = "dali"
 
@@ -154,8 +167,10 @@ class DaliLoader(Loader):
                                    prepared.sizes, config.dataset.max_pixels,
                                    refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
                                    draws=prepared.draws, gpu=gpu)
-        self._inputs = input_plan(split, self.augmentation, self.views, bool(hook_inputs(prepared.hooks)),
-                                  sized=self.order.resolution is not None)
+        self._graph = graph_spec(config, split, self.views)
+        """What the graph is built from (pipeline.GraphSpec): the config read once for it."""
+        self._inputs = input_plan(self._graph.train, self._graph.sizing, self.augmentation, self.views,
+                                  bool(hook_inputs(prepared.hooks)), sized=self.order.resolution is not None)
         ahead = BatchesAhead(self._shared_reads(prepared), split.name, self._reader.locations, self._bad,
                              self._doings.during)
         self._feed = Feed(ahead, self._reader, self._inputs, in_flight=config.workers.prefetch_factor)
@@ -183,7 +198,8 @@ class DaliLoader(Loader):
         self._announce()
         if self._feed.kind == "bytes":
             log.info("split '%s': DALI decodes with %s", split.name,
-                     decoder_words(config, self.flavour == "gpu", self.decoding, split.mode == "train"))
+                     decoder_words(config.dali.hw_decoder_load, self.flavour == "gpu", self.decoding,
+                                   split.mode == "train"))
 
     def _shared_reads(self, prepared: PreparedSplit) -> SharedReads | None:
         """The worker processes that read the feed's next batches (dali.feed_processes), if any."""
@@ -210,7 +226,7 @@ class DaliLoader(Loader):
 
     def _build(self):
         return build_pipeline(
-            self.config, self.split, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
+            self._graph, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
             batch_size=self.split.batch_size, num_threads=self.num_threads,
             prefetch_queue_depth=self.config.workers.prefetch_factor,
             seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation, sized=self._inputs.sized,
@@ -292,7 +308,8 @@ class DaliLoader(Loader):
 
     def _drive(self) -> Driver:
         """A driver thread running the pipeline over the feed's batches (see driver.py)."""
-        check = graph_size_check(self.hooks.graph, self.split, self._inputs.sized, self.views)
+        check = graph_size_check(self.hooks.graph, self.split.transform.size, self.split.name, self._inputs.sized,
+                                 self.views)
         convert = converter(self._feed, self._doings, self.index.labels, self.device, self.config.output.channels_last,
                             self._bfloat16, self.finisher, check, self.views, self._view_buffers)
         return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream,
@@ -374,7 +391,8 @@ class DaliLoader(Loader):
         traceback.clear_frames(error.__traceback__)  # the driver's frames in it hold the failed pipeline
         self._pipe = None  # freed now, with its buffers, before the probe and the new pipeline take theirs
         suspects = [batch.plan for batch in fed]
-        probe = DecodeProbe(self.config, self.device.index if self.flavour == "gpu" else None, self.split.batch_size,
+        probe = DecodeProbe(self._graph, self.config.dataset.max_pixels,
+                            self.device.index if self.flavour == "gpu" else None, self.split.batch_size,
                             self.decoding, self._regions if self.decoding.region and self._reader.sizes is not None
                             else None)  # views, eval and a whole-image train plan decode whole images
         try:

@@ -33,7 +33,6 @@ from nvidia.dali.pipeline import Pipeline
 from fastloader.draws import Augmenter
 from fastloader.hooks import SplitHooks
 from fastloader.imaging.boxes import centre_boxes as centre_box_array
-from fastloader.schema import Config, SplitConfig
 from fastloader.views import ViewPlan
 
 from .augment import augment_images, feed_inputs
@@ -46,6 +45,37 @@ INTERPOLATION = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC,
 OUTPUT_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT}  # bf16: cast in torch
 Inputs = dict[str, DataNode]
 """The feed's per-sample arrays of a batch, by name (feed_layout)."""
+
+
+class Sizing(NamedTuple):
+    """What the graph resizes and flips by: a split's transform, or a view group's."""
+    size: int
+    crop_pct: float
+    """Eval's centre box: the share of the shorter side it keeps."""
+    interpolation: str
+    hflip: float
+    vflip: float
+
+
+class GraphSpec(NamedTuple):
+    """What a split's graph is built from, read from the config once (dali_loader.loader.graph_spec):
+    the graph's functions take this, never the config."""
+    train: bool
+    sizing: Sizing
+    """The split's transform's."""
+    view_sizing: tuple[Sizing, ...]
+    """Each view group's, in the order of its ViewPlan (empty without views)."""
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    """normalize's, of 0..1 pixels."""
+    dtype: str
+    """output.dtype."""
+    channels_last: bool
+    exif_orientation: bool
+    """dataset.exif_orientation."""
+    hw_decoder_load: float
+    fancy_upsampling: bool | str
+    """dali.hw_decoder_load and dali.fancy_upsampling."""
 
 # nvJPEG's memory hints. DALI preallocates them per DALI thread: one device buffer of
 # device_memory_padding and two pinned host buffers of host_memory_padding (double buffering) each
@@ -125,7 +155,7 @@ def decoder_options(gpu: bool, hw_decoder_load: float, threads: int = NVIDIA_THR
             "host_memory_padding": host_padding, **(hints if train else {}), "hw_decoder_load": hw_decoder_load}
 
 
-def decoder_words(config: Config, gpu: bool, plan: DecodePlan, train: bool) -> str:
+def decoder_words(hw_decoder_load: float, gpu: bool, plan: DecodePlan, train: bool) -> str:
     """Which decoders the graph uses and how, for the loader's log: what DALI is asked, and why."""
     if not gpu:
         return "DALI's CPU decoder (libjpeg-turbo, chroma interpolated as the torch backend's)"
@@ -133,13 +163,13 @@ def decoder_words(config: Config, gpu: bool, plan: DecodePlan, train: bool) -> s
     crop = ("" if not train else "; each crop's region decoded" if plan.region else
             "; whole images decoded, the crop taken in the resize")
     return (f"nvJPEG for every baseline and progressive JPEG: the GPU's hardware JPEG decoder for "
-            f"{config.dali.hw_decoder_load:.0%} of each batch where the GPU has one (A100, H100, H200; its pool "
+            f"{hw_decoder_load:.0%} of each batch where the GPU has one (A100, H100, H200; its pool "
             f"preallocated for the whole batch), the CUDA decoder for the rest; subsampled chroma {chroma}{crop} "
             f"({plan.why}). Other formats (PNG, decoded images) and JPEGs nvJPEG refuses (arithmetic-coded, "
             f"lossless, 12-bit) go to DALI's CPU decoder, counted in loader.stats")
 
 
-def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
+def image_graph(encoded: DataNode, spec: GraphSpec, gpu: bool, inputs: Inputs,
                 augmenter: Augmenter | None = None, threads: int = NVIDIA_THREADS, user: UserOps = NO_USER_OPS,
                 views: ViewPlan | None = None, plan: DecodePlan | None = None) -> DataNode | tuple[DataNode, ...]:
     """The images DataNode of one split's graph, from an encoded-file DataNode and the feed's
@@ -152,22 +182,22 @@ def image_graph(encoded: DataNode, config: Config, split: SplitConfig, gpu: bool
     with the cache's graph (finish). With views, every view from one whole decode. `plan`: the
     loader's (default: dali.fancy_upsampling's on an nvJPEG of unknown version).
     """
-    train = split.mode == "train" and views is None
-    plan = plan or decode_plan(config.dali.fancy_upsampling, gpu, train, None)
+    train = spec.train and views is None
+    plan = plan or decode_plan(spec.fancy_upsampling, gpu, train, None)
     if views is not None:
-        return view_graph(decode(encoded, config, gpu, plan, threads=threads), config, gpu, inputs, views, user)
+        return view_graph(decode(encoded, spec, gpu, plan, threads=threads), spec, gpu, inputs, views, user)
     if not train:
-        images = resize_box(decode(encoded, config, gpu, plan, threads=threads), inputs["box"], split)
+        images = resize_box(decode(encoded, spec, gpu, plan, threads=threads), inputs["box"], spec.sizing)
     elif plan.region:  # the crop fits: drawn for the size of the very bytes fed (loader.py)
-        images = decode(encoded, config, gpu, plan, (inputs["crop_anchor"], inputs["crop_shape"]), threads)
-        images = resize_to_size(images, split, inputs.get("out_size"))
+        images = decode(encoded, spec, gpu, plan, (inputs["crop_anchor"], inputs["crop_shape"]), threads)
+        images = resize_to_size(images, spec.sizing, inputs.get("out_size"))
     else:
-        images = decode(encoded, config, gpu, plan, threads=threads, train=True)
-        images = resize_to_size(images, split, inputs.get("out_size"), crop_box(inputs))
-    return finish(images, config, split, inputs, augmenter, user, gpu)
+        images = decode(encoded, spec, gpu, plan, threads=threads, train=True)
+        images = resize_to_size(images, spec.sizing, inputs.get("out_size"), crop_box(inputs))
+    return finish(images, spec, spec.sizing, inputs, augmenter, user, gpu)
 
 
-def decode(encoded: DataNode, config: Config, gpu: bool, plan: DecodePlan,
+def decode(encoded: DataNode, spec: GraphSpec, gpu: bool, plan: DecodePlan,
            region: tuple[DataNode, DataNode] | None = None, threads: int = NVIDIA_THREADS,
            train: bool | None = None) -> DataNode:
     """RGB images from encoded files: whole, or only each one's `region` (the crop's (x, y) corner
@@ -175,8 +205,8 @@ def decode(encoded: DataNode, config: Config, gpu: bool, plan: DecodePlan,
     probe that looks for bad files (probe.py) builds too. nvJPEG's memory hints follow the train
     graph (`train`, by default: a region is asked), spread over the pipeline's `threads`."""
     train = region is not None if train is None else train
-    options = {"output_type": types.RGB, "adjust_orientation": config.dataset.exif_orientation,
-               **decoder_options(gpu, config.dali.hw_decoder_load, threads, train=train,
+    options = {"output_type": types.RGB, "adjust_orientation": spec.exif_orientation,
+               **decoder_options(gpu, spec.hw_decoder_load, threads, train=train,
                                  fancy_upsampling=plan.fancy)}
     if region is None:
         return fn.decoders.image(encoded, **options)
@@ -192,24 +222,24 @@ def crop_box(inputs: Inputs) -> tuple[DataNode, DataNode]:
     return start, start + fn.stack(shape[1], shape[0])
 
 
-def pixel_graph(pixels: DataNode, config: Config, split: SplitConfig, gpu: bool, inputs: Inputs,
+def pixel_graph(pixels: DataNode, spec: GraphSpec, gpu: bool, inputs: Inputs,
                 augmenter: Augmenter | None = None, user: UserOps = NO_USER_OPS,
                 views: ViewPlan | None = None) -> DataNode | tuple[DataNode, ...]:
     """The same graph after the decoder, for decoded HWC uint8 pixels (the uint8 cache): train
     slices the crop the host drew, eval the same centre box."""
     images = pixels.gpu() if gpu else pixels
     if views is not None:
-        return view_graph(images, config, gpu, inputs, views, user)
-    if split.mode == "train":
+        return view_graph(images, spec, gpu, inputs, views, user)
+    if spec.train:
         images = fn.slice(images, inputs["crop_anchor"], inputs["crop_shape"], axis_names="WH",
                           normalized_anchor=False, normalized_shape=False)
-        images = resize_to_size(images, split, inputs.get("out_size"))
+        images = resize_to_size(images, spec.sizing, inputs.get("out_size"))
     else:
-        images = resize_box(images, inputs["box"], split)
-    return finish(images, config, split, inputs, augmenter, user, gpu)
+        images = resize_box(images, inputs["box"], spec.sizing)
+    return finish(images, spec, spec.sizing, inputs, augmenter, user, gpu)
 
 
-def view_graph(images: DataNode, config: Config, gpu: bool, inputs: Inputs, views: ViewPlan,
+def view_graph(images: DataNode, spec: GraphSpec, gpu: bool, inputs: Inputs, views: ViewPlan,
                user: UserOps = NO_USER_OPS) -> tuple[DataNode, ...]:
     """Every view of whole decoded images, one output per view: the view's crop sliced (its box drawn
     on the host for the size of the very bytes fed), resized to its group's size, then its group's
@@ -223,50 +253,47 @@ def view_graph(images: DataNode, config: Config, gpu: bool, inputs: Inputs, view
             mine = view_inputs(inputs, view)
             crop = fn.slice(images, mine["crop_anchor"], mine["crop_shape"], axis_names="WH", normalized_anchor=False,
                             normalized_shape=False)
-            resized.append(resize_to_size(crop, group.split))
+            resized.append(resize_to_size(crop, spec.view_sizing[number]))
         if stacking[number]:  # the ops on the group's views at once
             frames = apply_group_ops(fn.stack(*resized, axis=0, axis_name="F"), inputs, number, group.augmenter)
             resized = fn.element_extract(frames, element_map=list(range(group.count)))
             resized = resized if isinstance(resized, list) else [resized]
-        outputs += [finish(image, config, group.split, view_inputs(inputs, view), specs[view], user, gpu)
+        outputs += [finish(image, spec, spec.view_sizing[number], view_inputs(inputs, view), specs[view], user, gpu)
                     for view, image in enumerate(resized, start=group.first)]
     return tuple(outputs)
 
 
-def resize_to_size(images: DataNode, split: SplitConfig, out_size: DataNode | None = None,
+def resize_to_size(images: DataNode, t: Sizing, out_size: DataNode | None = None,
                    box: tuple[DataNode, DataNode] | None = None) -> DataNode:
     """Train: the crop, stretched to size x size (RandomResizedCrop's resize); under a size schedule
     to the batch's size, a per-sample argument input (`out_size`: height, width) of the one graph.
     `box`: the crop's (roi_start, roi_end) in a whole image (crop_box), resized without a slice."""
-    t = split.transform
     roi = {} if box is None else {"roi_start": box[0], "roi_end": box[1], "roi_relative": False}
     if out_size is not None:
         return fn.resize(images, size=out_size, **roi, **_resampling(t))
     return fn.resize(images, resize_x=t.size, resize_y=t.size, **roi, **_resampling(t))
 
 
-def _resampling(t) -> dict:
+def _resampling(t: Sizing) -> dict:
     return {"interp_type": INTERPOLATION[t.interpolation], "antialias": t.interpolation != "nearest"}
 
 
-def resize_box(images: DataNode, box: DataNode, split: SplitConfig) -> DataNode:
+def resize_box(images: DataNode, box: DataNode, t: Sizing) -> DataNode:
     """Eval: resize each image's centre box (fractional source pixels, see fastloader.imaging.boxes;
     `box` per sample: roi_start then roi_end, in (y, x)) to size x size."""
-    t = split.transform
     return fn.resize(images, resize_x=t.size, resize_y=t.size, roi_start=box[0:2], roi_end=box[2:4],
                      **_resampling(t))
 
 
-def centre_boxes(sizes: np.ndarray, split: SplitConfig) -> np.ndarray:
+def centre_boxes(sizes: np.ndarray, t: Sizing) -> np.ndarray:
     """float32 [n, 4]: (roi_start, roi_end) in DALI's (y, x) order, i.e. (top, left, bottom, right),
     of the centre boxes of images of upright (height, width) `sizes`: what the feed passes in with
     an eval batch."""
-    t = split.transform
     boxes = centre_box_array(sizes[:, 1], sizes[:, 0], t.size, t.crop_pct)  # left, top, right, bottom
     return np.ascontiguousarray(boxes[:, [1, 0, 3, 2]], dtype=np.float32)
 
 
-def finish(images: DataNode, config: Config, split: SplitConfig, inputs: Inputs,
+def finish(images: DataNode, spec: GraphSpec, t: Sizing, inputs: Inputs,
            augmenter: Augmenter | None = None, user: UserOps = NO_USER_OPS, gpu: bool = False) -> DataNode:
     """Train: the flips and the ops the host drew (dali_loader/augment.py). Then the user's sample
     hook and graph function (user_ops.py), where the torch backend runs its sample hook. Then
@@ -278,28 +305,27 @@ def finish(images: DataNode, config: Config, split: SplitConfig, inputs: Inputs,
     tensor without a copy).
     """
     mirror = {}
-    if split.mode == "train":
-        folded = flip_in_normalize(split, augmenter, user)
-        images = augment_images(images, inputs, augmenter, nearest=split.transform.interpolation == "nearest",
-                                flips=not folded)
-        if folded and split.transform.hflip > 0:
+    if spec.train:
+        folded = flip_in_normalize(t, augmenter, user)
+        images = augment_images(images, inputs, augmenter, nearest=t.interpolation == "nearest", flips=not folded)
+        if folded and t.hflip > 0:
             mirror = {"mirror": inputs["hflip"]}
     images = apply_user_ops(images, inputs, user, gpu)
-    mean = [m * 255 for m in config.normalize.mean]
-    std = [s * 255 for s in config.normalize.std]
+    mean = [m * 255 for m in spec.mean]
+    std = [s * 255 for s in spec.std]
     return fn.crop_mirror_normalize(
-        images, dtype=OUTPUT_DTYPE[config.output.dtype], output_layout="HWC" if config.output.channels_last else "CHW",
+        images, dtype=OUTPUT_DTYPE[spec.dtype], output_layout="HWC" if spec.channels_last else "CHW",
         mean=mean, std=std, **mirror)
 
 
-def flip_in_normalize(split: SplitConfig, augmenter: Augmenter | None, user: UserOps) -> bool:
+def flip_in_normalize(t: Sizing, augmenter: Augmenter | None, user: UserOps) -> bool:
     """Whether a train split's flips can be crop_mirror_normalize's `mirror`, as in NVIDIA's example:
     no operator (and kernel launch per sample) of their own, and the same pixels (a mirror is exact).
     Only a horizontal flip can, and only where nothing between it and the normalize would see the
     image unflipped: no ops (a rotation or shear does not commute with a flip), no sample hook and
     no graph function (they are given the flipped image, as on the torch backend)."""
     ops = augmenter is not None and augmenter.slots
-    return split.transform.vflip == 0 and not ops and user.sample_hook is None and user.hooks.graph is None
+    return t.vflip == 0 and not ops and user.sample_hook is None and user.hooks.graph is None
 
 
 FEEDS = ("bytes", "pixels")
@@ -307,7 +333,7 @@ FEEDS = ("bytes", "pixels")
 by the feed), or the uint8 cache's decoded pixels."""
 
 
-def feed_layout(split: SplitConfig, feed: str, augmenter: Augmenter | None, sized: bool = False,
+def feed_layout(train: bool, feed: str, augmenter: Augmenter | None, sized: bool = False,
                 hooks: SplitHooks = SplitHooks(), views: ViewPlan | None = None
                 ) -> list[tuple[str, types.DALIDataType]]:
     """(name, DALI dtype) of the arrays the feed gives with each batch, in order: the encoded bytes
@@ -320,7 +346,7 @@ def feed_layout(split: SplitConfig, feed: str, augmenter: Augmenter | None, size
     layout = {"pixels": [("pixels", types.UINT8)], "bytes": [("encoded", types.UINT8)]}[feed]
     if views is not None:
         return layout + view_layout(views, hooks)
-    if split.mode == "train":
+    if train:
         return layout + feed_inputs(augmenter, sized) + hook_inputs(hooks)
     return layout + [("box", types.FLOAT)] + hook_inputs(hooks)
 
@@ -358,7 +384,7 @@ copies down as a child that exits normally ends, with the same wait: the child t
 DALI's list."""
 
 
-def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
+def build_pipeline(spec: GraphSpec, source: Callable, *, device_id: int | None,
                    batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
                    feed: str = "bytes", augmenter: Augmenter | None = None, sized: bool = False,
                    user: UserOps = NO_USER_OPS, views: ViewPlan | None = None,
@@ -381,7 +407,7 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     split's hooks (user_ops.py). `views`: the split's view groups, one output per view (view_graph).
     `plan`: how JPEGs are decoded (decode_plan, from the nvJPEG the GPU flavour's decoders load).
     """
-    pipe = define_pipeline(config, split, source, device_id=device_id, batch_size=batch_size,
+    pipe = define_pipeline(spec, source, device_id=device_id, batch_size=batch_size,
                            num_threads=num_threads, prefetch_queue_depth=prefetch_queue_depth, seed=seed, feed=feed,
                            augmenter=augmenter, sized=sized, user=user, views=views, plan=plan)
     with warnings.catch_warnings():
@@ -391,14 +417,14 @@ def build_pipeline(config: Config, split: SplitConfig, source: Callable, *, devi
     return pipe
 
 
-def define_pipeline(config: Config, split: SplitConfig, source: Callable, *, device_id: int | None,
+def define_pipeline(spec: GraphSpec, source: Callable, *, device_id: int | None,
                     batch_size: int, num_threads: int, prefetch_queue_depth: int, seed: int,
                     feed: str = "bytes", augmenter: Augmenter | None = None, sized: bool = False,
                     user: UserOps = NO_USER_OPS, views: ViewPlan | None = None,
                     plan: DecodePlan | None = None) -> Pipeline:
     """build_pipeline's pipeline, not built: its graph can be defined (and read) without a GPU."""
     gpu = device_id is not None
-    layout = feed_layout(split, feed, augmenter, sized, user.hooks, views)
+    layout = feed_layout(spec.train, feed, augmenter, sized, user.hooks, views)
 
     def graph():
         arrays = fn.external_source(source=source, num_outputs=len(layout), batch=True, no_copy=True,
@@ -406,11 +432,10 @@ def define_pipeline(config: Config, split: SplitConfig, source: Callable, *, dev
                                     layout=["HWC" if name == "pixels" else "" for name, _ in layout])
         inputs = dict(zip((name for name, _ in layout), arrays))
         if feed == "pixels":
-            return pixel_graph(inputs["pixels"], config, split, gpu, inputs, augmenter, user, views)
-        return image_graph(inputs["encoded"], config, split, gpu, inputs, augmenter, num_threads, user, views,
-                           plan)
+            return pixel_graph(inputs["pixels"], spec, gpu, inputs, augmenter, user, views)
+        return image_graph(inputs["encoded"], spec, gpu, inputs, augmenter, num_threads, user, views, plan)
 
-    conditionals = bool(split.mode == "train" and augmenter is not None and augmenter.slots) or bool(
+    conditionals = bool(spec.train and augmenter is not None and augmenter.slots) or bool(
         views and views.has_ops)
     return pipeline_def(graph, enable_conditionals=conditionals)(
         batch_size=batch_size, num_threads=num_threads, device_id=device_id,

@@ -20,10 +20,9 @@ from nvidia.dali.pipeline import Pipeline
 
 from fastloader.decoding.screen import screen_file
 from fastloader.locations import Location
-from fastloader.schema import Config
 from fastloader.sources.reading import read_bytes
 
-from .pipeline import DecodePlan, decode
+from .pipeline import DecodePlan, GraphSpec, decode
 
 log = logging.getLogger("fastloader")
 
@@ -58,9 +57,10 @@ class DecodeProbe:
     (train, where the plan decodes regions), only each sample's crop region, as the train graph
     decodes it; `plan`: the graph's DecodePlan (chroma), so that a failure of that decode is found."""
 
-    def __init__(self, config: Config, device_id: int | None, batch_size: int, plan: DecodePlan,
+    def __init__(self, spec: GraphSpec, max_pixels: int, device_id: int | None, batch_size: int, plan: DecodePlan,
                  regions: Regions | None = None):
-        self.config, self.device_id, self.batch_size, self.regions = config, device_id, batch_size, regions
+        self.spec, self.max_pixels = spec, max_pixels
+        self.device_id, self.batch_size, self.regions = device_id, batch_size, regions
         self.plan = plan
         self._pipe: Pipeline | None = None
 
@@ -84,7 +84,7 @@ class DecodeProbe:
         return found
 
     def _read(self, where: str | Location) -> tuple[str | None, np.ndarray | None]:
-        screened = screen_file(where, self.config.dataset.max_pixels)
+        screened = screen_file(where, self.max_pixels)
         if screened.problem:
             return screened.problem, None
         try:
@@ -133,6 +133,6 @@ class DecodeProbe:
             if self.regions is not None:
                 region = (fn.external_source(name="anchor", dtype=types.FLOAT),
                           fn.external_source(name="shape", dtype=types.FLOAT))
-            pipe.set_outputs(decode(encoded, self.config, self.device_id is not None, self.plan, region))
+            pipe.set_outputs(decode(encoded, self.spec, self.device_id is not None, self.plan, region))
         pipe.build()
         return pipe

@@ -25,7 +25,6 @@ from nvidia.dali.data_node import DataNode
 from fastloader.errors import HookError
 from fastloader.hooks import Hook, SplitHooks
 from fastloader.order import output_size
-from fastloader.schema import SplitConfig
 from fastloader.views import ViewPlan
 
 HOOK_INPUTS = [("sample_seed", types.INT64)]
@@ -98,10 +97,10 @@ def _graph_function(images: DataNode, seeds: DataNode, hooks: SplitHooks) -> Dat
     return out
 
 
-def graph_size_check(hook: Hook | None, split: SplitConfig, sized: bool, views: ViewPlan | None = None
+def graph_size_check(hook: Hook | None, size: int, split_name: str, sized: bool, views: ViewPlan | None = None
                      ) -> Callable | None:
-    """A check that a graph function kept each batch's output size (each view's: its group's size);
-    None without one."""
+    """A check that a graph function kept each batch's output size (`size`, the split's transform's;
+    a size schedule's, where `sized`; each view's: its group's size); None without one."""
     if hook is None:
         return None
     groups = views.group_of_view if views is not None else None
@@ -109,9 +108,9 @@ def graph_size_check(hook: Hook | None, split: SplitConfig, sized: bool, views: 
     def check(sizes: list[tuple[int, int]], plan: np.ndarray) -> None:
         """`sizes`: each output's (height, width), one per view with views."""
         for view, (height, width) in enumerate(sizes):
-            side = output_size(plan, split.transform.size) if sized else split.transform.size
+            side = output_size(plan, size) if sized else size
             side, what = (groups[view].size, f"view group {groups[view].name}'s size") if groups else (
-                side, f"{split.name}.transform's size")
+                side, f"{split_name}.transform's size")
             if (height, width) != (side, side):
                 raise HookError(f"{hook.label} gave images of {height}x{width} pixels (height x width); a graph "
                                 f"function returns images of the size it is given, {side}x{side} ({what})")

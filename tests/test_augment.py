@@ -233,15 +233,15 @@ def test_the_torch_worker_draws_a_batch_as_each_sample_alone_would(textured_root
     the pixels are identical (and differ from the unaugmented ones)."""
     from fastloader.sources.formats import build_index
     from torch_loader.dataset import ImageDataset
-    from torch_loader.transforms import SampleTransform
+    from torch_loader.loader import sample_transform
     config = load_config({"dataset": {"root": str(textured_root)}, "train": {"transform": {
         "size": 32, "auto_augment": "rand-m9-n3-mstd0.5-inc1-p1", "vflip": 0.5}}})
     split = config.split("train")
     index = build_index(config, split)
-    dataset = ImageDataset(index, SampleTransform(split))
+    dataset = ImageDataset(index, sample_transform(split))
     pairs = np.array([[i, 1000 + 7 * i] for i in range(len(index))][:8])
     batch = dataset.__getitems__(pairs)
-    plain = ImageDataset(index, SampleTransform(load_config(
+    plain = ImageDataset(index, sample_transform(load_config(
         {"dataset": {"root": str(textured_root)}, "train": {"transform": {"size": 32}}}).split("train")))
     changed = 0
     for pair, (image, label, seed) in zip(pairs, batch):

@@ -76,7 +76,7 @@ def test_a_driver_that_cannot_hand_anything_over_fails_next_instead_of_hanging(t
 def test_an_error_inside_the_pipelines_run_reaches_next_as_itself(textured_root, monkeypatch):
     """The feed runs inside `pipe.run()` (DALI calls it for each batch): an error of its own is no
     bad file's, and reaches the trainer unchanged."""
-    def broken(sizes, split):
+    def broken(sizes, sizing):
         raise ValueError("the feed broke")
     loader = build_loader(dali_config(textured_root), "val")
     monkeypatch.setattr(dali_loader.inputs, "centre_boxes", broken)

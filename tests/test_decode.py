@@ -167,10 +167,10 @@ def test_realphotos_transforms_are_unchanged_by_region_decode_and_the_header_wal
     against the whole-file decode, and against Pillow alone (Pillow's header, Pillow's decode:
     the torch backend before either)."""
     from fastloader import load_config
-    from torch_loader.transforms import SampleTransform
+    from torch_loader.loader import sample_transform
     config = load_config({"dataset": {"root": str(REALPHOTOS)}, "train": {}, "val": {}})
     for split in ("train", "val"):
-        transform = SampleTransform(config.split(split))
+        transform = sample_transform(config.split(split))
         paths = sorted(str(p) for p in (REALPHOTOS / split).rglob("*.JPEG"))
         monkeypatch.setenv(DECODER_ENV, "pillow")
         before = [transform(path, seed) for seed, path in enumerate(paths)]

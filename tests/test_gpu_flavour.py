@@ -88,11 +88,11 @@ def test_the_loader_says_which_decoders_dali_uses(tmp_path, caplog):
         pass
     assert "split 'val': DALI decodes with DALI's CPU decoder (libjpeg-turbo" in caplog.text
     config = load_config(base_config(root, dali={"fancy_upsampling": False, "hw_decoder_load": 0.5}))
-    words = decoder_words(config, True, decode_plan(False, True, True, (13, 3, 2)), train=True)
+    words = decoder_words(config.dali.hw_decoder_load, True, decode_plan(False, True, True, (13, 3, 2)), train=True)
     assert "hardware JPEG decoder for 50% of each batch" in words and "preallocated for the whole batch" in words
     assert "subsampled chroma repeated (nvJPEG's default); each crop's region decoded (dali.fancy_upsampling: " \
            "false)" in words
-    words = decoder_words(config, True, decode_plan("auto", True, True, (12, 4, 0)), train=True)
+    words = decoder_words(config.dali.hw_decoder_load, True, decode_plan("auto", True, True, (12, 4, 0)), train=True)
     assert "nvJPEG 12.4.0 decodes no region of a subsampled JPEG with interpolated chroma on the GPU" in words
     assert "counted in loader.stats" in words
 
@@ -179,6 +179,7 @@ def gpu_graph(tmp_path, split: str = "train", nvjpeg=NEW, **transform):
     without a GPU."""
     from conftest import base_config, write_numbered_dataset
 
+    from dali_loader.loader import graph_spec
     from dali_loader.pipeline import decode_plan, define_pipeline
     from dali_loader.user_ops import NO_USER_OPS
     from fastloader import load_config
@@ -190,7 +191,7 @@ def gpu_graph(tmp_path, split: str = "train", nvjpeg=NEW, **transform):
     section = config.split(split)
     augmenter = Augmenter(section.transform, config.normalize.mean) if split == "train" else None
     plan = decode_plan(config.dali.fancy_upsampling, True, split == "train", nvjpeg)
-    pipe = define_pipeline(config, section, lambda: None, device_id=0, batch_size=4, num_threads=2,
+    pipe = define_pipeline(graph_spec(config, section), lambda: None, device_id=0, batch_size=4, num_threads=2,
                            prefetch_queue_depth=2, seed=1, augmenter=augmenter, user=NO_USER_OPS, plan=plan)
     return graph_ops(pipe)
 
@@ -349,6 +350,7 @@ def gpu_views_graph(tmp_path, local_views: int, stacked: bool = True, **keys):
     from conftest import base_config, write_numbered_dataset
 
     import dali_loader.view_ops
+    from dali_loader.loader import graph_spec
     from dali_loader.pipeline import decode_plan, define_pipeline
     from dali_loader.user_ops import NO_USER_OPS
     from fastloader import load_config
@@ -366,8 +368,8 @@ def gpu_views_graph(tmp_path, local_views: int, stacked: bool = True, **keys):
     plan, augmenter = ViewPlan(section, config.normalize.mean), Augmenter(section.transform, config.normalize.mean)
     default, dali_loader.view_ops.STACK_VIEW_OPS = dali_loader.view_ops.STACK_VIEW_OPS, stacked
     try:
-        pipe = define_pipeline(config, section, lambda: None, device_id=0, batch_size=4, num_threads=2,
-                               prefetch_queue_depth=2, seed=1, augmenter=augmenter, user=NO_USER_OPS,
+        pipe = define_pipeline(graph_spec(config, section, plan), lambda: None, device_id=0, batch_size=4,
+                               num_threads=2, prefetch_queue_depth=2, seed=1, augmenter=augmenter, user=NO_USER_OPS,
                                plan=decode_plan("auto", True, True, NEW), views=plan)
         return graph_ops(pipe)
     finally:

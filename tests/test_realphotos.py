@@ -9,8 +9,7 @@ from conftest import REALDATA, REALPHOTOS, REPO
 
 from fastloader import build_loader, load_config
 from fastloader.sources.formats import build_index
-from torch_loader.prefetch import Normalizer
-from torch_loader.transforms import SampleTransform
+from torch_loader.loader import normalizer_of, sample_transform
 
 pytestmark = REALDATA
 CONFIG = REPO / "configs" / "imagenette.yaml"
@@ -29,8 +28,8 @@ def test_val_yields_all_100_photos_exactly_once_with_folder_labels():
     # Each output is the photo of its position, transformed on its own: none lost, none repeated.
     config = load_config(CONFIG, overrides)
     index = build_index(config, config.split("val"))
-    transform = SampleTransform(config.split("val"))
-    normalizer = Normalizer(config.normalize, config.output, torch.device("cpu"))
+    transform = sample_transform(config.split("val"))
+    normalizer = normalizer_of(config, torch.device("cpu"))
     single = torch.empty(3, 224, 224)
     for i in range(100):
         normalizer.into(single, transform(index.path(i), 0))

@@ -128,14 +128,14 @@ def test_eval_crop_matches_torchvision_resize_then_center_crop(tmp_path):
     import torchvision.transforms as T
 
     from fastloader import load_config
-    from torch_loader.transforms import SampleTransform
+    from torch_loader.loader import sample_transform
     rng = np.random.default_rng(1)
     y, x = np.mgrid[0:375, 0:500]
     pixels = np.stack([x * 255 // 500, y * 255 // 375, (x + y) % 256], -1) + rng.integers(0, 20, (375, 500, 3))
     path = tmp_path / "photo.png"
     Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path)
     split = load_config({"dataset": {"root": "x"}, "val": {"transform": {"size": 224}}}).split("val")
-    ours = SampleTransform(split)(str(path), 0).permute(1, 2, 0).numpy().astype(float)
+    ours = sample_transform(split)(str(path), 0).permute(1, 2, 0).numpy().astype(float)
     theirs = np.asarray(T.Compose([T.Resize(256), T.CenterCrop(224)])(Image.open(path).convert("RGB"))).astype(float)
     assert ours.shape == theirs.shape == (224, 224, 3)
     assert np.abs(ours - theirs).mean() < 2.0  # one resize of the box vs. resize then crop
@@ -143,14 +143,14 @@ def test_eval_crop_matches_torchvision_resize_then_center_crop(tmp_path):
 
 def test_jpeg_draft_decode_stays_close_to_a_full_decode(tmp_path):
     from fastloader import load_config
-    from torch_loader.transforms import SampleTransform
+    from torch_loader.loader import sample_transform
     y, x = np.mgrid[0:1200, 0:1600]
     pixels = np.stack([x * 255 // 1600, y * 255 // 1200, ((x // 40 + y // 40) % 2) * 200], -1).astype(np.uint8)
     path = tmp_path / "big.jpg"
     Image.fromarray(pixels).save(path, quality=95)
     split = load_config({"dataset": {"root": "x"}, "val": {"transform": {"size": 224}}}).split("val")
-    drafted = SampleTransform(split, use_draft=True)(str(path), 0).float()
-    full = SampleTransform(split, use_draft=False)(str(path), 0).float()
+    drafted = sample_transform(split, use_draft=True)(str(path), 0).float()
+    full = sample_transform(split, use_draft=False)(str(path), 0).float()
     assert (drafted - full).abs().mean() < 3.0
 
 
@@ -351,9 +351,9 @@ def test_normalizing_a_resized_hwc_image_into_its_batch_slot_is_exact(dtype, cha
     """Resized crops arrive as HWC memory seen as [3, H, W]; the slot gets x * (1 / 255 std) - mean / std,
     bit for bit what the arithmetic on the planar float image gives, in every output format (CPU)."""
     from fastloader.config import load_config
-    from torch_loader.prefetch import Normalizer
+    from torch_loader.loader import normalizer_of
     config = load_config({"dataset": {"root": "unused"}, "output": {"dtype": dtype, "channels_last": channels_last}})
-    normalizer = Normalizer(config.normalize, config.output, torch.device("cpu"))
+    normalizer = normalizer_of(config, torch.device("cpu"))
     image = torch.randint(0, 256, (37, 53, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     image = image.permute(2, 0, 1)  # HWC memory, as the resize leaves it
     memory_format = torch.channels_last if channels_last else torch.contiguous_format

@@ -17,8 +17,7 @@ from fastloader import build_loader, load_config
 from fastloader.errors import ConfigError
 from fastloader.sources.formats import build_index
 from fastloader.views import ViewPlan
-from torch_loader.prefetch import Normalizer
-from torch_loader.transforms import SampleTransform
+from torch_loader.loader import normalizer_of, sample_transform
 
 BACKENDS = ["torch", "dali"]
 GROUPS = [{"count": 2, "size": 32, "scale": [0.4, 1.0], "name": "global"},
@@ -78,10 +77,10 @@ def test_each_view_is_its_groups_crop_from_its_own_seed_crop_major(textured, bac
     index = build_index(config, config.split("train"))
     views = ViewPlan(config.split("train"), config.normalize.mean)
     seeds = views.seeds(plan[:, 1])
-    normalizer = Normalizer(config.normalize, config.output, torch.device("cpu"))
+    normalizer = normalizer_of(config, torch.device("cpu"))
     worst = 0.0
     for group, tensor in zip(views.groups, images):
-        alone = SampleTransform(group.split, use_draft=False)
+        alone = sample_transform(group.split, use_draft=False)
         for k in range(group.count):
             for i, (sample, _) in enumerate(plan.tolist()):
                 expected = torch.empty(3, group.size, group.size)

@@ -22,13 +22,14 @@ from fastloader import exits
 from fastloader.contract import Loader
 from fastloader.decoding.decode import describe as describe_decoders
 from fastloader.distributed import RankInfo
+from fastloader.draws import Augmenter
 from fastloader.errors import BadImageError, ConfigError, FastloaderError, HookError, LoaderError, SourceError
 from fastloader.machine import resource_problem
 from fastloader.order import output_size
 from fastloader.parallel import die_with, fork_context, in_main_thread
 from fastloader.prepared import PreparedSplit
 from fastloader.read_ahead import epochs_after, in_flight_prefix
-from fastloader.schema import Config, SplitConfig
+from fastloader.schema import IMAGENET_MEAN, Config, SplitConfig
 from fastloader.sources.protocol import opened
 from fastloader.sources.reading import keep_open
 
@@ -90,13 +91,13 @@ class TorchLoader(Loader):
             exits.stop_at_exit(self, _stop_at_exit)
         if self.views is not None:  # every view of a sample from one decode
             transform = ViewsTransform(self.views, exif_orientation=config.dataset.exif_orientation,
-                                       max_pixels=config.dataset.max_pixels, mean=config.normalize.mean,
+                                       max_pixels=config.dataset.max_pixels,
                                        # a sample hook takes each view finished: the ops in the sample's call
                                        stacked_ops=torch_views.STACK_VIEW_OPS and prepared.hooks.sample is None)
         else:
-            transform = SampleTransform(split, exif_orientation=config.dataset.exif_orientation,
-                                        max_pixels=config.dataset.max_pixels, mean=config.normalize.mean)
-        self._normalizer = Normalizer(config.normalize, config.output, device)
+            transform = sample_transform(split, self.augmentation, exif_orientation=config.dataset.exif_orientation,
+                                         max_pixels=config.dataset.max_pixels)
+        self._normalizer = normalizer_of(config, device)
         on_cuda = device.type == "cuda"
         self._side_stream = prefetch_stream(device) if on_cuda else None  # one for the loader's life
         # CPU output: float batches, written into buffers the main process dropped (see collate.py).
@@ -405,6 +406,24 @@ class TorchLoader(Loader):
             live_iterator.stop_unreaped(live_iterator.workers(live), os.getpid())
         self._dataloader = None
         exits.forget(self)
+
+
+def sample_transform(split: SplitConfig, augmenter: Augmenter | None = None,
+                     mean: tuple[float, float, float] = IMAGENET_MEAN, **options) -> SampleTransform:
+    """A split's SampleTransform: with `augmenter` (a train split's plan's) or, in train mode, one
+    drawn from its transform (its fill from `mean`); `options`: SampleTransform's (exif_orientation,
+    use_draft, max_pixels). The one place the torch backend's transform reads the split's keys."""
+    t = split.transform
+    if augmenter is None and split.mode == "train":
+        augmenter = Augmenter(t, mean)
+    return SampleTransform(augmenter if split.mode == "train" else None, t.size, t.crop_pct, t.interpolation,
+                           **options)
+
+
+def normalizer_of(config: Config, device: torch.device) -> Normalizer:
+    """normalize and output (dtype, channels_last) as the torch backend's Normalizer on `device`."""
+    return Normalizer(config.normalize.mean, config.normalize.std, config.output.dtype, config.output.channels_last,
+                      device)
 
 
 def _stop_at_exit(loader: TorchLoader) -> None:

@@ -14,12 +14,11 @@ the main process, which would also serialize it with the trainer.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
 from fastloader.device_ops import BatchFinisher
-from fastloader.schema import NormalizeConfig, OutputConfig
 from fastloader.transfer import to_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -28,13 +27,15 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 class Normalizer:
     """The one normalization both paths use: x * (1 / (255 std)) - mean / std."""
 
-    def __init__(self, normalize: NormalizeConfig, output: OutputConfig, device: torch.device):
+    def __init__(self, mean: Sequence[float], std: Sequence[float], dtype: str, channels_last: bool,
+                 device: torch.device):
+        """normalize.mean and std (of 0..1 pixels), output.dtype and channels_last, on `device`."""
         self.device = device
-        self.dtype = DTYPES[output.dtype]
-        self.channels_last = output.channels_last
-        self.memory_format = torch.channels_last if output.channels_last else torch.contiguous_format
-        mean = torch.tensor(normalize.mean, dtype=torch.float32).view(3, 1, 1) * 255
-        std = torch.tensor(normalize.std, dtype=torch.float32).view(3, 1, 1) * 255
+        self.dtype = DTYPES[dtype]
+        self.channels_last = channels_last
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        mean = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1) * 255
+        std = torch.tensor(std, dtype=torch.float32).view(3, 1, 1) * 255
         self.scale = (1.0 / std).to(device)
         self.bias = (-mean / std).to(device)
 

@@ -21,7 +21,7 @@ from fastloader.decoding.decode import allow_pixels, load_region
 from fastloader.draws import Augmenter
 from fastloader.imaging.geometry import Crop, center_crop
 from fastloader.locations import Location
-from fastloader.schema import BOMB_PIXELS, IMAGENET_MEAN, SplitConfig
+from fastloader.schema import BOMB_PIXELS
 
 from .augment import Context, apply_ops
 
@@ -56,14 +56,16 @@ class SampleOps(NamedTuple):
 class SampleTransform:
     """(path, per-sample seed) -> uint8 [3, size, size]; picklable, so it travels to the workers."""
 
-    def __init__(self, split: SplitConfig, exif_orientation: bool = True, use_draft: bool = True,
-                 max_pixels: int = BOMB_PIXELS, mean: tuple[float, float, float] = IMAGENET_MEAN):
-        t = split.transform
-        self.train = split.mode == "train"
-        self.size, self.crop_pct = t.size, t.crop_pct
-        self.interpolation = INTERPOLATION[t.interpolation]
-        self.augmenter = Augmenter(t, mean) if self.train else None
-        self.context = Context(self.augmenter.fill, t.interpolation == "nearest") if self.train else None
+    def __init__(self, augmenter: Augmenter | None, size: int, crop_pct: float, interpolation: str,
+                 exif_orientation: bool = True, use_draft: bool = True, max_pixels: int = BOMB_PIXELS):
+        """`augmenter`: a train split's (its PreparedSplit's BatchPlan.augmentation, or a view
+        group's); None in eval, which takes the centre box of `crop_pct`; `interpolation`: the
+        transform's name of it (bilinear, bicubic, nearest...)."""
+        self.train = augmenter is not None
+        self.size, self.crop_pct = size, crop_pct
+        self.interpolation = INTERPOLATION[interpolation]
+        self.augmenter = augmenter
+        self.context = Context(augmenter.fill, interpolation == "nearest") if self.train else None
         self.exif_orientation = exif_orientation
         self.use_draft = use_draft
         self.max_pixels = max_pixels

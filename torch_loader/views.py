@@ -23,7 +23,7 @@ from fastloader.decoding.decode import load_region
 from fastloader.device_ops import BatchFinisher
 from fastloader.imaging.geometry import Crop
 from fastloader.locations import Location
-from fastloader.schema import BOMB_PIXELS, IMAGENET_MEAN
+from fastloader.schema import BOMB_PIXELS
 from fastloader.views import ViewPlan
 
 from .augment import apply_ops_stacked
@@ -50,13 +50,13 @@ class ViewsTransform:
     train = True
 
     def __init__(self, plan: ViewPlan, exif_orientation: bool = True, max_pixels: int = BOMB_PIXELS,
-                 mean: tuple[float, float, float] = IMAGENET_MEAN, stacked_ops: bool = False):
+                 stacked_ops: bool = False):
         self.plan = plan
         self.stacked_ops = stacked_ops
         """The ops are left to the collate (ViewsCollate with this transform): views come cropped,
         resized and flipped only."""
-        groups = [SampleTransform(g.split, exif_orientation, use_draft=False, max_pixels=max_pixels, mean=mean)
-                  for g in plan.groups]
+        groups = [SampleTransform(g.augmenter, g.size, g.split.transform.crop_pct, g.split.transform.interpolation,
+                                  exif_orientation, use_draft=False, max_pixels=max_pixels) for g in plan.groups]
         self.of_view = [groups[plan.groups.index(g)] for g in plan.group_of_view]
         self.groups = [(transform, range(g.first, g.first + g.count)) for transform, g in zip(groups, plan.groups)]
         self.size = max(g.size for g in plan.groups)
