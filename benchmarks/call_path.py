@@ -64,7 +64,7 @@ class Tracer:
         self.seen: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
         self.configs = config_types()
-        self.reached: dict[str, None] = {}
+        self.reached: dict[str, list[str]] = {}
 
     def __call__(self, frame, event, arg):
         if event != "call" or frame.f_code.co_name == "<module>":  # a module's import is no step of the path
@@ -72,11 +72,12 @@ class Tracer:
         callee = module_of(frame.f_code.co_filename)
         if callee is None:
             return
-        if callee not in self.reached:
-            code = frame.f_code
+        code = frame.f_code
+        if code.co_qualname not in self.reached.get(callee, ()):
             arguments = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
             if any(isinstance(frame.f_locals.get(name), self.configs) for name in arguments):
-                self.reached[callee] = None
+                with self.lock:
+                    self.reached.setdefault(callee, []).append(code.co_qualname)
         caller_frame = frame.f_back
         while caller_frame is not None and module_of(caller_frame.f_code.co_filename) is None:
             caller_frame = caller_frame.f_back  # through the standard library and torch, to our caller
@@ -89,7 +90,7 @@ class Tracer:
                 self.steps.append((caller, callee))
 
 
-def traced(backend: str, data: str | None) -> tuple[list[tuple[str, str]], list[str]]:
+def traced(backend: str, data: str | None) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
     import fastloader
 
     config = {"backend": backend, "seed": 0, "workers": {"num_workers": 0},
@@ -104,10 +105,10 @@ def traced(backend: str, data: str | None) -> tuple[list[tuple[str, str]], list[
         sys.setprofile(None)
         threading.setprofile(None)
     loader.close()
-    return tracer.steps, list(tracer.reached)
+    return tracer.steps, tracer.reached
 
 
-def summary(steps: list[tuple[str, str]], reached: list[str]) -> dict:
+def summary(steps: list[tuple[str, str]], reached: dict[str, list[str]]) -> dict:
     from test_layout import floor_of
 
     files: list[str] = []
@@ -120,14 +121,15 @@ def summary(steps: list[tuple[str, str]], reached: list[str]) -> dict:
         up += lower is not None and higher is not None and higher > lower
         back += files.index(callee) < files.index(caller)
     return {"files": len(files), "steps": len(steps), "up a floor": up, "back": back, "path": files,
-            "config": len(reached), "config reaches": reached}
+            "config": len(reached), "config reaches": list(reached), "config's functions": reached}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="call_path.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="an imagenette-shaped folder (default: the embedded demo, builtin:sample)")
     parser.add_argument("--backends", default="torch,dali", help="comma-separated: torch, dali")
-    parser.add_argument("--show", action="store_true", help="print every step, caller -> callee")
+    parser.add_argument("--show", action="store_true",
+                        help="print every step, caller -> callee, and the functions of each file handed the config")
     parser.add_argument("--json", help="write the counts here")
     args = parser.parse_args()
     report = {}
@@ -144,7 +146,9 @@ def main() -> None:
         if args.show:
             for caller, callee in steps:
                 print(f"  {caller} -> {callee}")
-            print("  the config handed to: " + ", ".join(reached))
+            print("  the config handed to:")
+            for module, functions in reached.items():
+                print(f"    {module}: {', '.join(functions)}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 

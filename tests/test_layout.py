@@ -75,10 +75,10 @@ FLOORS = (
                 "fastloader.yaml_text", "fastloader.paths", "fastloader.machine", "fastloader.progress",
                 "fastloader.stats", "fastloader.parallel", "fastloader.transfer", "fastloader.config_words",
                 "fastloader.order", "fastloader.read_ahead", "fastloader.dotted", "fastloader.locations",
-                "fastloader.exits", "fastloader.augment", "fastloader.augment.*", "fastloader.imaging",
-                "fastloader.imaging.*")),
+                "fastloader.exits", "fastloader.distributed", "fastloader.augment", "fastloader.augment.*",
+                "fastloader.imaging", "fastloader.imaging.*")),
     ("config", ("fastloader.schema", "fastloader.samples", "fastloader.cache_format", "fastloader.config_dump",
-                "fastloader.demo", "fastloader.distributed", "fastloader.bad_input", "fastloader.resolution",
+                "fastloader.demo", "fastloader.bad_input", "fastloader.resolution",
                 "fastloader.mixing", "fastloader.device_ops", "fastloader.draws", "fastloader.hooks",
                 "fastloader.views")),
     ("sources", ("fastloader.sources", "fastloader.sources.*")),
@@ -221,6 +221,49 @@ def violations(root: Path) -> list[str]:
 
 def test_the_packages_follow_the_layout():
     assert violations(REPO) == []
+
+
+CONFIG_READERS = (
+    "fastloader", "fastloader.config", "fastloader.config_build", "fastloader.config_rules", "fastloader.config_dump",
+    "fastloader.factory", "fastloader.prepared", "fastloader.contract",  # the one pass, and the shared loader
+    "fastloader.blocks", "fastloader.weights", "fastloader.resolution", "fastloader.draws", "fastloader.views",
+    "fastloader.device_ops", "fastloader.mixing",  # each turns its keys into a plan (prepared.plan_batches)
+    "fastloader.sources.formats", "fastloader.sources.registry", "fastloader.sources.folder",
+    "fastloader.sources.webdataset", "fastloader.sources.parquet", "fastloader.sources.arrow_file",
+    "fastloader.sources.hf_columns", "fastloader.sources.multi",
+    "fastloader.sources.user_source",  # a format reads its own keys
+    "fastloader.cache", "fastloader.cache_write", "fastloader.packing", "fastloader.commands.check",
+    "dali_loader.loader", "torch_loader.loader")  # in a backend only its loader: its graph, transforms take values
+"""The modules that take the config (a dataclass of schema.py) and turn it into values: the config
+floor, the one pass of preparation and the plans it makes, the formats, the caches, and each
+backend's loader. Every other module is handed values (screening, the ranks, the hooks, the stores,
+bad-input handling, a backend's graph, transforms and normalizer), so that a change of a key's
+meaning is made where the key is read."""
+
+
+def config_readers(root: Path) -> set[str]:
+    """The modules that import one of schema.py's dataclasses (the Config or a section of it)."""
+    schema = ast.parse((root / "fastloader" / "schema.py").read_text())
+    types = {node.name for node in schema.body if isinstance(node, ast.ClassDef)
+             and any("dataclass" in ast.unparse(decorator) for decorator in node.decorator_list)}
+    return {name for name, path in modules(root).items()
+            if any(module in ("fastloader.schema", "fastloader.config") and imported in types
+                   for _, module, imported in imports(name, path))}
+
+
+def test_only_the_planners_and_each_backends_loader_take_the_config():
+    assert sorted(config_readers(REPO)) == sorted(CONFIG_READERS)
+
+
+def test_a_module_that_takes_the_config_is_found(tmp_path):
+    (tmp_path / "fastloader").mkdir()
+    (tmp_path / "fastloader" / "schema.py").write_text("from dataclasses import dataclass\n@dataclass\n"
+                                                       "class SplitConfig:\n    name: str\nLIMIT = 3\n")
+    (tmp_path / "fastloader" / "screening.py").write_text("from .schema import SplitConfig\n")
+    (tmp_path / "fastloader" / "decoding.py").write_text("from .schema import LIMIT\n")
+    for package in BACKENDS:
+        (tmp_path / package).mkdir()
+    assert config_readers(tmp_path) == {"fastloader.screening"}  # a constant of schema's is no config
 
 
 def test_no_import_runs_in_a_circle_nor_up_a_floor():
