@@ -198,8 +198,8 @@ class DaliLoader(Loader):
         self._announce()
         if self._feed.kind == "bytes":
             log.info("split '%s': DALI decodes with %s", split.name,
-                     decoder_words(config.dali.hw_decoder_load, self.flavour == "gpu", self.decoding,
-                                   split.mode == "train"))
+                     decoder_words(self._graph.hw_decoder_load, self.flavour == "gpu", self.decoding,
+                                   self._graph.train))
 
     def _shared_reads(self, prepared: PreparedSplit) -> SharedReads | None:
         """The worker processes that read the feed's next batches (dali.feed_processes), if any."""
