@@ -16,6 +16,7 @@ CPU flavour (its feed and driver threads traced too):
 
     python benchmarks/call_path.py
     python benchmarks/call_path.py --backends torch --show
+    python benchmarks/call_path.py --train '{"views": [{"count": 2, "size": 32}, {"count": 4, "size": 16}]}'
 """
 from __future__ import annotations
 
@@ -90,11 +91,13 @@ class Tracer:
                 self.steps.append((caller, callee))
 
 
-def traced(backend: str, data: str | None) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
+def traced(backend: str, data: str | None, train: dict | None = None
+           ) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
     import fastloader
 
     config = {"backend": backend, "seed": 0, "workers": {"num_workers": 0},
-              "dataset": {"root": data or "builtin:sample"}, "train": {"batch_size": 8}, "val": {"batch_size": 8}}
+              "dataset": {"root": data or "builtin:sample"}, "train": {"batch_size": 8, **(train or {})},
+              "val": {"batch_size": 8}}
     tracer = Tracer()
     threading.setprofile(tracer)
     sys.setprofile(tracer)
@@ -130,6 +133,8 @@ def main() -> None:
     parser.add_argument("--backends", default="torch,dali", help="comma-separated: torch, dali")
     parser.add_argument("--show", action="store_true",
                         help="print every step, caller -> callee, and the functions of each file handed the config")
+    parser.add_argument("--train", type=json.loads, default={},
+                        help='more keys of the train split, a JSON object: \'{"views": [...]}\', \'{"mixup": {...}}\'')
     parser.add_argument("--json", help="write the counts here")
     args = parser.parse_args()
     report = {}
@@ -139,7 +144,7 @@ def main() -> None:
             if importlib.util.find_spec("nvidia.dali") is None:
                 print("dali: skipped (NVIDIA DALI is not installed)")
                 continue
-        steps, reached = traced(backend, args.data)
+        steps, reached = traced(backend, args.data, args.train)
         report[backend] = found = summary(steps, reached)
         print(f"{backend}: {found['files']} files, {found['steps']} steps, {found['up a floor']} up a floor, "
               f"{found['back']} back into a file already left; the config handed to {found['config']} files")

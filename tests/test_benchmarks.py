@@ -408,7 +408,8 @@ def test_call_path_counts_the_files_and_steps_from_build_loader_to_the_first_bat
         assert f"{backend}: {found['files']} files, {found['steps']} steps" in out
         reached = found["config reaches"]  # the factory is handed the config; a pure helper never is
         assert "fastloader.factory" in reached and "fastloader.words" not in reached
-        assert 3 < found["config"] == len(reached) <= found["files"]
+        assert f"{backend}_loader.loader" in reached and "fastloader.screening" not in reached  # handed values
+        assert 3 < found["config"] == len(reached) <= 15 < found["files"]  # issue 59's bar: at most 15 files
 
 
 @runs_for("command_line")
