@@ -152,11 +152,10 @@ class OpenedCache:
 
 
 def open_split_cache(config: Config, split: SplitConfig, index: SampleIndex) -> OpenedCache | None:
-    """The split's cache checked against the dataset, or None (logged) when dataset.cache is not set
-    or holds no cache for this split. A stale or unfinished cache is an error that says how to rebuild."""
+    """The split's cache checked against the dataset (dataset.cache is set: the caller asks only
+    then), or None (logged) where it holds no cache for this split. A stale or unfinished cache is
+    an error that says how to rebuild."""
     cache_dir = config.dataset.cache
-    if not cache_dir:
-        return None
     if not os.path.isdir(cache_dir):
         build = rebuild_command(config, split.name, suggested_short_side(split), cache_dir)
         raise CacheError(f"{config.origin('dataset.cache')}: dataset.cache: folder {cache_dir!r} does not exist; "

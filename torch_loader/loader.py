@@ -89,14 +89,14 @@ class TorchLoader(Loader):
         self._loop = None  # the loop that owns the live iterator
         if self._persistent:
             exits.stop_at_exit(self, _stop_at_exit)
+        reads = {"exif_orientation": config.dataset.exif_orientation, "max_pixels": config.dataset.max_pixels}
         if self.views is not None:  # every view of a sample from one decode
-            transform = ViewsTransform(self.views, exif_orientation=config.dataset.exif_orientation,
-                                       max_pixels=config.dataset.max_pixels,
+            groups = [sample_transform(g.split, g.augmenter, use_draft=False, **reads) for g in self.views.groups]
+            transform = ViewsTransform(self.views, groups, **reads,
                                        # a sample hook takes each view finished: the ops in the sample's call
                                        stacked_ops=torch_views.STACK_VIEW_OPS and prepared.hooks.sample is None)
         else:
-            transform = sample_transform(split, self.augmentation, exif_orientation=config.dataset.exif_orientation,
-                                         max_pixels=config.dataset.max_pixels)
+            transform = sample_transform(split, self.augmentation, **reads)
         self._normalizer = normalizer_of(config, device)
         on_cuda = device.type == "cuda"
         self._side_stream = prefetch_stream(device) if on_cuda else None  # one for the loader's life
@@ -414,10 +414,11 @@ def sample_transform(split: SplitConfig, augmenter: Augmenter | None = None,
     drawn from its transform (its fill from `mean`); `options`: SampleTransform's (exif_orientation,
     use_draft, max_pixels). The one place the torch backend's transform reads the split's keys."""
     t = split.transform
-    if augmenter is None and split.mode == "train":
+    if split.mode != "train":
+        augmenter = None
+    elif augmenter is None:
         augmenter = Augmenter(t, mean)
-    return SampleTransform(augmenter if split.mode == "train" else None, t.size, t.crop_pct, t.interpolation,
-                           **options)
+    return SampleTransform(augmenter, t.size, t.crop_pct, t.interpolation, **options)
 
 
 def normalizer_of(config: Config, device: torch.device) -> Normalizer:

@@ -14,7 +14,7 @@ for the collate: a view group's images of the whole batch go through each op tog
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -49,14 +49,14 @@ class ViewsTransform:
 
     train = True
 
-    def __init__(self, plan: ViewPlan, exif_orientation: bool = True, max_pixels: int = BOMB_PIXELS,
-                 stacked_ops: bool = False):
+    def __init__(self, plan: ViewPlan, groups: Sequence[SampleTransform], exif_orientation: bool = True,
+                 max_pixels: int = BOMB_PIXELS, stacked_ops: bool = False):
+        """`groups`: each view group's SampleTransform, in the plan's order (torch_loader.loader builds
+        them from the groups' transforms, use_draft off: every view is cut from one whole decode)."""
         self.plan = plan
         self.stacked_ops = stacked_ops
         """The ops are left to the collate (ViewsCollate with this transform): views come cropped,
         resized and flipped only."""
-        groups = [SampleTransform(g.augmenter, g.size, g.split.transform.crop_pct, g.split.transform.interpolation,
-                                  exif_orientation, use_draft=False, max_pixels=max_pixels) for g in plan.groups]
         self.of_view = [groups[plan.groups.index(g)] for g in plan.group_of_view]
         self.groups = [(transform, range(g.first, g.first + g.count)) for transform, g in zip(groups, plan.groups)]
         self.size = max(g.size for g in plan.groups)

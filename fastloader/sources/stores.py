@@ -1,9 +1,9 @@
-"""dataset.remote as one value: the object store's client settings and the node cache's, built once
-where a split is prepared (registry.store_settings, read by formats.build_index) and opened there, before anything lists
-or reads a URL. Opening gives the loader a node cache of its own settings (node_cache.open_cache:
-its token rides on every Location of the index) and lists with a client of its own settings
-(remote.client_for); closing the loader releases the cache. Nothing is set for the whole process,
-so two loaders with different dataset.remote keep their own.
+"""dataset.remote as one value: the object store's client settings and the node cache's, made once
+where a split is prepared (registry.store_settings, for formats.build_index) and opened there,
+before anything lists or reads a URL. Opening gives the loader a node cache of its own settings
+(node_cache.open_cache: its token rides on every Location of the index) and lists with a client of
+its own settings (remote.client_for); closing the loader releases the cache. Nothing is set for the
+whole process, so two loaders with different dataset.remote keep their own.
 """
 from __future__ import annotations
 
