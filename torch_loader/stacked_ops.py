@@ -40,25 +40,21 @@ def _per_image(values: torch.Tensor) -> torch.Tensor:
 
 
 COLOURS = ("brightness", "contrast", "color", "grayscale", "hue")
-"""The colour kinds: each a 3 x 3 matrix on an image's RGB (and contrast an offset, from the
-image's mean grey), so that a slot's colour ops, whichever each image drew, are one product."""
+"""The colour kinds: brightness and contrast scale each value (contrast about the image's mean
+grey), saturation, grey and hue are a 3 x 3 matrix on an image's RGB: a slot's colour ops,
+whichever each image drew, are at most two passes over the stack."""
 _EYE = np.eye(3)
 _TO_GREY = np.ones((3, 1)) * np.array([LUMA])
 """The matrix of a grey image in all three channels."""
 
 
-def colour_matrices(x: torch.Tensor, kinds: np.ndarray, params: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each image's colour op as (matrix float32 [N, 3, 3], offset float32 [N, 3, 1]): kinds index
-    COLOURS (-1: none, the identity), params their factors (hue: turns). Contrast blends with the
-    image's mean grey, taken image by image (a stack's reduction may split otherwise)."""
+def colour_matrices(kinds: np.ndarray, params: np.ndarray) -> torch.Tensor:
+    """Each image's colour op as a float32 [N, 3, 3] matrix: kinds index COLOURS (-1: none, the
+    identity), params their factors (hue: turns); contrast's offset is contrast_offsets'."""
     params = params.astype(np.float64)
     matrix = np.repeat(_EYE[None], len(kinds), axis=0)
-    offset = np.zeros((len(kinds), 3, 1))
     scaled = (kinds == 0) | (kinds == 1)  # brightness, contrast: factor x the image
     matrix[scaled] = params[scaled, None, None] * _EYE
-    for row in np.flatnonzero(kinds == 1).tolist():  # the mean grey as DALI's contrast takes it: of the channel means
-        centre = float(np.dot(LUMA, x[row].view(3, -1).mean(dim=1).double().numpy()))
-        offset[row] = (1 - params[row]) * centre
     saturated = (kinds == 2) | (kinds == 3)  # color, grayscale (factor 0): blend with the image's grey
     factor = np.where(kinds == 3, 0.0, params)[saturated, None, None]
     matrix[saturated] = factor * _EYE + (1 - factor) * _TO_GREY
@@ -70,14 +66,46 @@ def colour_matrices(x: torch.Tensor, kinds: np.ndarray, params: np.ndarray) -> t
         rotation[:, 1, 1], rotation[:, 1, 2] = np.cos(angle), -np.sin(angle)
         rotation[:, 2, 1], rotation[:, 2, 2] = np.sin(angle), np.cos(angle)
         matrix[turned] = _YIQ_TO_RGB @ rotation @ _RGB_TO_YIQ
-    return torch.from_numpy(matrix.astype(np.float32)), torch.from_numpy(offset.astype(np.float32))
+    return torch.from_numpy(matrix.astype(np.float32))
+
+
+EXACT_FLOAT32_SUM = 2 ** 24
+"""Below this a float32 sum of whole values is exact, whatever the order of its partial sums."""
+
+
+def mean_greys(x: torch.Tensor) -> np.ndarray:
+    """float64 [N]: each image's mean grey (the luma of its channel means), DALI's contrast centre.
+    The channel sums of whole values are exact (float32 up to 256 x 256 px, float64 above), so an
+    image's centre is the same in any stack and on any thread count."""
+    pixels = x[0, 0].numel()
+    exact = None if pixels * 255 < EXACT_FLOAT32_SUM else torch.float64
+    sums = x.reshape(len(x), 3, -1).sum(dim=2, dtype=exact).double().numpy()
+    return sums @ np.array(LUMA) / pixels
+
+
+def contrast_offsets(x: torch.Tensor, kinds: np.ndarray, params: np.ndarray) -> torch.Tensor | None:
+    """float32 [N, 1, 1, 1]: (1 - factor) x the mean grey for each image that draws contrast, 0 for
+    the others; None where none does."""
+    contrasted = kinds == 1
+    if not contrasted.any():
+        return None
+    offset = np.zeros(len(kinds), np.float32)
+    offset[contrasted] = (1 - params[contrasted].astype(np.float64)) * mean_greys(x)[contrasted]
+    return _per_image(torch.from_numpy(offset))
 
 
 def colour(x: torch.Tensor, kinds: np.ndarray, params: np.ndarray) -> torch.Tensor:
-    """Each image through its colour op (colour_matrices): brightness, contrast, saturation, grey
-    or hue, one matrix product for the stack, rounded."""
-    matrix, offset = colour_matrices(x, kinds, params)
-    return rounded(torch.baddbmm(offset, matrix, x.view(len(x), 3, -1)).view(x.shape))
+    """Each image through its colour op (brightness, contrast, saturation, grey or hue), rounded:
+    a multiply a value where only brightness and contrast are drawn, else one matrix product for
+    the stack (colour_matrices); then contrast's offset. An image's values do not depend on its
+    neighbours' kinds: a brightness or contrast matrix is diagonal, and a product with it adds
+    exact zeros to factor x value, what the multiply gives."""
+    offset = contrast_offsets(x, kinds, params)
+    if (kinds >= 2).any():
+        x = torch.bmm(colour_matrices(kinds, params), x.view(len(x), 3, -1)).view(x.shape)
+    else:
+        x = x.mul_(_per_image(torch.from_numpy(np.where(kinds >= 0, params, 1).astype(np.float32))))
+    return rounded(x if offset is None else x.add_(offset))
 
 
 def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
