@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import astuple, dataclass
+from importlib import metadata
 
 import psutil
 
@@ -18,14 +19,22 @@ def hardware() -> dict:
     versions, and the GPU where there is one."""
     import PIL
     import torch
-    import torchvision
     info = {"cpu": cpu_model(), "cpu_cores": usable_cores(), "cpu_count": os.cpu_count(),
             "machine": platform.machine(), "python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "pillow": PIL.__version__,
+            "torchvision": installed_version("torchvision"), "pillow": PIL.__version__,
             "torch_threads": torch.get_num_threads()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
+
+
+def installed_version(package: str) -> str:
+    """A package's installed version, read from its metadata: importing torchvision to ask takes
+    about 2 s (its models import torch._dynamo), a third of a short command's run."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def cpu_model() -> str:

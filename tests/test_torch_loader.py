@@ -370,10 +370,11 @@ def test_normalizing_a_resized_hwc_image_into_its_batch_slot_is_exact(dtype, cha
 def test_resize_gives_torchvisions_pixels_and_memory_format(interpolation):
     """The transform calls torch's uint8 kernel itself; for any box of HWC memory, contiguous or a view,
     at any output size, it must give what torchvision's resize gives, bit for bit and stride for stride (CPU)."""
+    from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2 import functional as F
 
-    from torch_loader.transforms import INTERPOLATION, resize_uint8
-    mode = INTERPOLATION[interpolation]
+    from torch_loader.transforms import resize_uint8
+    mode = InterpolationMode(interpolation)
     generator = torch.Generator().manual_seed(1)
     compared = 0
     for _ in range(40):
@@ -387,11 +388,35 @@ def test_resize_gives_torchvisions_pixels_and_memory_format(interpolation):
                     image[top:bottom, left:right].contiguous().permute(2, 0, 1), planar[:, top:bottom, left:right]):
             for size in (1, 24, 64):
                 expected = F.resize(chw, [size, size], interpolation=mode, antialias=interpolation != "nearest")
-                resized = resize_uint8(chw, size, mode)
+                resized = resize_uint8(chw, size, interpolation)
                 assert torch.equal(resized, expected) and resized.stride() == expected.stride(), (chw.shape, size)
                 compared += 1
     assert compared == 40 * 4 * 3
 
+
+
+def test_a_torch_loader_runs_without_importing_torchvision(tmp_path):
+    """Importing torchvision takes about 2 s (its models and ops import torch._dynamo), a third of a
+    CLI command's or a rank's start: a fresh process builds a torch loader, trains an epoch with
+    colour jitter on 2 workers and evaluates, bicubic and bilinear, without it (CPU)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import cpu_only_env, write_solid_dataset
+    root = write_solid_dataset(tmp_path / "data", per_class=2, fmt="JPEG")
+    config = base_config(root, train={"batch_size": 4, "transform": {"size": 16, "interpolation": "bicubic",
+                                                                     "color_jitter": 0.4}},
+                         val={"batch_size": 4, "transform": {"size": 16, "interpolation": "bilinear"}},
+                         workers={"num_workers": 2})
+    script = ("import json, sys\nimport fastloader\nconfig = json.loads(sys.argv[1])\n"
+              "for split in ('train', 'val'):\n"
+              "    print(sum(len(labels) for _, labels in fastloader.build_loader(config, split=split)))\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision')[:3])\n")
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(config)], capture_output=True, text=True,
+                         timeout=120, env=cpu_only_env(tmp_path / "cache"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["4", "6", "[]"], run.stdout  # 6 images a split; train drops its short batch
 
 # -- the producer thread (torch_loader/ahead.py; issue 55) ------------------------------------------
 

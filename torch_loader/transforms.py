@@ -14,8 +14,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torchvision.transforms.v2 import InterpolationMode
-from torchvision.transforms.v2 import functional as F
 
 from fastloader.decoding.decode import allow_pixels, load_region
 from fastloader.draws import Augmenter
@@ -25,8 +23,8 @@ from fastloader.schema import BOMB_PIXELS
 
 from .augment import Context, apply_ops
 
-INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC,
-                 "nearest": InterpolationMode.NEAREST}
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+"""The transform's interpolation names (schema.py's), as torchvision's InterpolationMode values."""
 
 
 def _uint8_kernels() -> dict:
@@ -34,9 +32,9 @@ def _uint8_kernels() -> dict:
     torchvision's resize of CPU uint8 tensors: bilinear only where torch vectorizes it (elsewhere
     torchvision resizes through float32, and so do we, through torchvision); none that a torch
     release has renamed."""
-    kernels = {InterpolationMode.BICUBIC: getattr(torch._C._nn, "_upsample_bicubic2d_aa", None)}
+    kernels = {"bicubic": getattr(torch._C._nn, "_upsample_bicubic2d_aa", None)}
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64"):
-        kernels[InterpolationMode.BILINEAR] = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+        kernels["bilinear"] = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
     return {mode: kernel for mode, kernel in kernels.items() if kernel is not None}
 
 
@@ -63,7 +61,9 @@ class SampleTransform:
         transform's name of it (bilinear, bicubic, nearest...)."""
         self.train = augmenter is not None
         self.size, self.crop_pct = size, crop_pct
-        self.interpolation = INTERPOLATION[interpolation]
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation {interpolation!r}: one of {', '.join(INTERPOLATIONS)}")
+        self.interpolation = interpolation
         self.augmenter = augmenter
         self.context = Context(augmenter.fill, interpolation == "nearest") if self.train else None
         self.exif_orientation = exif_orientation
@@ -124,16 +124,23 @@ class SampleTransform:
         return image
 
 
-def resize_uint8(image: torch.Tensor, size: int, interpolation: InterpolationMode) -> torch.Tensor:
+def resize_uint8(image: torch.Tensor, size: int, interpolation: str) -> torch.Tensor:
     """uint8 [3, h, w] -> [3, size, size], pixel for pixel what torchvision.transforms.v2.functional.resize
     gives (antialiased but nearest), in the same memory format: the same kernel, called without
     torchvision's and torch.nn.functional's Python on the way, which cost about 0.05 ms per image
-    here, a sixth of the crop + resize stage (tests/test_torch_loader.py compares the two)."""
+    here, a sixth of the crop + resize stage (tests/test_torch_loader.py compares the two).
+    torchvision itself is imported only where no such kernel serves (nearest, or bilinear without
+    AVX2): importing it takes about 2 s (its models and ops import torch._dynamo), which every
+    process that builds a torch loader would pay."""
     kernel = UINT8_KERNELS.get(interpolation)
     height, width = image.shape[1:]
-    if kernel is None or (height, width) == (size, size):
-        return F.resize(image, [size, size], interpolation=interpolation,
-                        antialias=interpolation != InterpolationMode.NEAREST)
+    if (height, width) == (size, size):
+        return image  # torchvision's resize returns an image of the size asked as it is
+    if kernel is None:
+        from torchvision.transforms.v2 import InterpolationMode
+        from torchvision.transforms.v2 import functional as F
+        return F.resize(image, [size, size], interpolation=InterpolationMode(interpolation),
+                        antialias=interpolation != "nearest")
     batch = image.reshape(1, 3, height, width)
     if batch.is_contiguous(memory_format=torch.channels_last) and batch.stride(0) != batch.numel():
         # HWC memory: a batch stride of the whole image tells torch that the output is channels_last
