@@ -10,7 +10,7 @@ per 224 px crop here, against 0.45 ms for Pillow's resize of the same box. The r
 from __future__ import annotations
 
 import platform
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
 import numpy as np
 import torch
@@ -19,12 +19,12 @@ from fastloader.decoding.decode import allow_pixels, load_region
 from fastloader.draws import Augmenter
 from fastloader.imaging.geometry import Crop, center_crop
 from fastloader.locations import Location
-from fastloader.schema import BOMB_PIXELS
+from fastloader.schema import BOMB_PIXELS, Interpolation
 
 from .augment import Context, apply_ops
 
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
-"""The transform's interpolation names (schema.py's), as torchvision's InterpolationMode values."""
+INTERPOLATIONS = get_args(Interpolation)
+"""The transform's interpolation names, torchvision's InterpolationMode values."""
 
 
 def _uint8_kernels() -> dict:
