@@ -418,6 +418,40 @@ def test_a_torch_loader_runs_without_importing_torchvision(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["4", "6", "[]"], run.stdout  # 6 images a split; train drops its short batch
 
+
+def test_a_torchvision_that_does_not_import_stops_only_the_interpolations_that_need_it(tmp_path):
+    """A real broken package: a `torchvision` folder first on sys.path whose import fails as a
+    mismatched build's does. bicubic runs on torch's own kernel, without it; nearest resizes
+    through torchvision, so the build stops naming the key and the fix, not each worker failing
+    every file as undecodable (persistent workers: nothing is left for the exit to stop; CPU)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, cpu_only_env, write_solid_dataset
+    shadow = tmp_path / "shadow" / "torchvision"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('libtorchvision.so: undefined symbol: _ZN3c10')\n")
+    root = write_solid_dataset(tmp_path / "data", per_class=2, fmt="JPEG")
+    script = ("import json, sys\nimport fastloader\nconfig = json.loads(sys.argv[1])\n"
+              "print(sum(len(labels) for _, labels in fastloader.build_loader(config, split='val')))\n")
+    env = cpu_only_env(tmp_path / "cache", PYTHONPATH=f"{shadow.parent}{os.pathsep}{REPO}")
+    outcomes = {}
+    for interpolation in ("bicubic", "nearest"):
+        config = base_config(root, val={"transform": {"size": 16, "interpolation": interpolation}},
+                             workers={"num_workers": 2, "persistent": True})
+        outcomes[interpolation] = subprocess.run([sys.executable, "-c", script, json.dumps(config)],
+                                                 capture_output=True, text=True, timeout=120, env=env)
+    assert outcomes["bicubic"].returncode == 0 and outcomes["bicubic"].stdout.split() == ["6"], \
+        outcomes["bicubic"].stderr[-3000:]
+    nearest = outcomes["nearest"]
+    assert nearest.returncode == 1 and nearest.stdout == "", nearest.stdout
+    assert ("ConfigError: val.transform.interpolation: nearest resizes through torchvision on this machine (torch "
+            "has no uint8 kernel for it here), and torchvision does not import (libtorchvision.so: undefined symbol: "
+            "_ZN3c10): reinstall it (pip install --force-reinstall torchvision), or set interpolation: bicubic"
+            ) in nearest.stderr, nearest.stderr[-3000:]
+    assert "skipped" not in nearest.stderr and "at exit failed" not in nearest.stderr, nearest.stderr[-3000:]
+
 # -- the producer thread (torch_loader/ahead.py; issue 55) ------------------------------------------
 
 def producers(split: str = "train") -> list:

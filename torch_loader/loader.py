@@ -39,7 +39,7 @@ from .ahead import Ahead
 from .collate import BatchPool, NormalizingCollate, fast_collate
 from .dataset import ImageDataset
 from .prefetch import Normalizer, convert_on_stream, hand_over, prefetch_stream
-from .transforms import SampleTransform
+from .transforms import UINT8_KERNELS, SampleTransform, torchvision_resize
 from .views import ViewsCollate, ViewsTransform
 
 log = logging.getLogger("fastloader")
@@ -87,8 +87,6 @@ class TorchLoader(Loader):
         """The thread that receives, converts and finishes each loop's batches, one ahead (ahead.py);
         none without workers, where everything runs on the trainer's thread, as a DataLoader's would."""
         self._loop = None  # the loop that owns the live iterator
-        if self._persistent:
-            exits.stop_at_exit(self, _stop_at_exit)
         reads = {"exif_orientation": config.dataset.exif_orientation, "max_pixels": config.dataset.max_pixels}
         if self.views is not None:  # every view of a sample from one decode
             groups = [sample_transform(g.split, g.augmenter, use_draft=False, **reads) for g in self.views.groups]
@@ -130,6 +128,8 @@ class TorchLoader(Loader):
             multiprocessing_context=context if num_workers > 0 else None,  # never re-runs the script
             timeout=min(POLL_S, workers.timeout) if num_workers > 0 else 0,  # a wait is a loop (_next_batch)
         )
+        if self._persistent:  # once built: a loader whose build raised has nothing to stop, nor all it would stop
+            exits.stop_at_exit(self, _stop_at_exit)
         self._fresh = False  # the workers have just started: the next batch may take longer
         self._announce()
         if prepared.pixels is None:
@@ -418,6 +418,8 @@ def sample_transform(split: SplitConfig, augmenter: Augmenter | None = None,
         augmenter = None
     elif augmenter is None:
         augmenter = Augmenter(t, mean)
+    if t.interpolation not in UINT8_KERNELS:
+        torchvision_resize(t.interpolation, f"{split.name}.transform.interpolation")
     return SampleTransform(augmenter, t.size, t.crop_pct, t.interpolation, **options)
 
 

@@ -17,6 +17,7 @@ import torch
 
 from fastloader.decoding.decode import allow_pixels, load_region
 from fastloader.draws import Augmenter
+from fastloader.errors import ConfigError, error_text
 from fastloader.imaging.geometry import Crop, center_crop
 from fastloader.locations import Location
 from fastloader.schema import BOMB_PIXELS, Interpolation
@@ -124,6 +125,23 @@ class SampleTransform:
         return image
 
 
+def torchvision_resize(interpolation: str, key: str = "transform.interpolation"):
+    """torchvision's resize and its mode for `interpolation`, where torch has no uint8 kernel for
+    it here (nearest, or bilinear without AVX2). The loader asks at build (torch_loader.loader's
+    sample_transform), so that forked workers find it imported, and a torchvision that does not
+    import (a build that does not match torch's, a folder that shadows it) is said once with the
+    config `key` and the fix: met inside a worker it would look like a file that does not decode,
+    sample after sample."""
+    try:
+        from torchvision.transforms.v2 import InterpolationMode, functional
+    except Exception as error:  # a mismatched build raises ImportError, OSError or RuntimeError
+        raise ConfigError(
+            f"{key}: {interpolation} resizes through torchvision on this machine (torch has "
+            f"no uint8 kernel for it here), and torchvision does not import ({error_text(error)}): reinstall it "
+            f"(pip install --force-reinstall torchvision), or set interpolation: bicubic") from error
+    return functional.resize, InterpolationMode(interpolation)
+
+
 def resize_uint8(image: torch.Tensor, size: int, interpolation: str) -> torch.Tensor:
     """uint8 [3, h, w] -> [3, size, size], pixel for pixel what torchvision.transforms.v2.functional.resize
     gives (antialiased but nearest), in the same memory format: the same kernel, called without
@@ -137,10 +155,8 @@ def resize_uint8(image: torch.Tensor, size: int, interpolation: str) -> torch.Te
     if (height, width) == (size, size):
         return image  # torchvision's resize returns an image of the size asked as it is
     if kernel is None:
-        from torchvision.transforms.v2 import InterpolationMode
-        from torchvision.transforms.v2 import functional as F
-        return F.resize(image, [size, size], interpolation=InterpolationMode(interpolation),
-                        antialias=interpolation != "nearest")
+        resize, mode = torchvision_resize(interpolation)
+        return resize(image, [size, size], interpolation=mode, antialias=interpolation != "nearest")
     batch = image.reshape(1, 3, height, width)
     if batch.is_contiguous(memory_format=torch.channels_last) and batch.stride(0) != batch.numel():
         # HWC memory: a batch stride of the whole image tells torch that the output is channels_last
