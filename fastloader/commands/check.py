@@ -127,7 +127,8 @@ PACKAGES = {"torch": ("torch", "torch"), "torchvision": ("torchvision", "torchvi
             "nvidia.dali": ("DALI", None)}
 """Module -> (its name in messages, the pip package that installs it; DALI's: _dali_package)."""
 REQUIRED = ("torch", "torchvision")
-"""Modules without which no loader runs (DALI is optional: the torch backend serves without it)."""
+"""Modules the loaders need: torch always, torchvision for the uint8 cache's resize and for
+interpolations torch has no uint8 kernel for (DALI is optional: the torch backend serves without it)."""
 
 
 def environment_problems() -> list[str]:
