@@ -1,13 +1,16 @@
 """The torch backend against the contract: pixels, labels, orders, dtypes, layouts, epochs, edge cases."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import COLOURS, base_config, normalized
+from conftest import COLOURS, REPO, base_config, cpu_only_env, normalized, write_solid_dataset
 from PIL import Image
 
 from fastloader import build_loader
@@ -213,7 +216,6 @@ def test_a_file_failing_in_a_worker_is_named_under_raise(tmp_path, workers):
 
 
 def test_builtin_demo_dataset_is_generated_on_first_use(caplog):
-    from conftest import REPO
     with caplog.at_level(logging.WARNING, logger="fastloader"):
         loader = build_loader(REPO / "configs" / "sample.yaml", "val", {"workers.num_workers": 0})
     images, labels = collect(loader)
@@ -233,7 +235,6 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches_then_the_next_epo
                 state = interrupted.state_dict()
                 break
     assert (state["epoch"], state["position"], state["version"]) == (0, 12, 1)  # 3 batches of 4 consumed
-    import json
     state = json.loads(json.dumps(state))  # plain data: saveable as JSON or with torch.save
     with build_loader(config) as resumed:
         resumed.load_state_dict(state)
@@ -395,26 +396,29 @@ def test_resize_gives_torchvisions_pixels_and_memory_format(interpolation):
 
 
 
+FRESH_PROCESS_READS = ("import json, sys\nimport fastloader\nconfig, splits = json.loads(sys.argv[1])\n"
+                       "for split in splits:\n"
+                       "    print(sum(len(labels) for _, labels in fastloader.build_loader(config, split=split)))\n"
+                       "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision')[:3])\n")
+"""A script: the samples each split's loader gives, one line a split, then the torchvision modules
+the process imported (the first three)."""
+
+
+def read_in_a_fresh_process(config: dict, splits: tuple[str, ...], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", FRESH_PROCESS_READS, json.dumps([config, splits])],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
 def test_a_torch_loader_runs_without_importing_torchvision(tmp_path):
     """Importing torchvision takes about 2 s (its models and ops import torch._dynamo), a third of a
     CLI command's or a rank's start: a fresh process builds a torch loader, trains an epoch with
     colour jitter on 2 workers and evaluates, bicubic and bilinear, without it (CPU)."""
-    import json
-    import subprocess
-    import sys
-
-    from conftest import cpu_only_env, write_solid_dataset
     root = write_solid_dataset(tmp_path / "data", per_class=2, fmt="JPEG")
     config = base_config(root, train={"batch_size": 4, "transform": {"size": 16, "interpolation": "bicubic",
                                                                      "color_jitter": 0.4}},
                          val={"batch_size": 4, "transform": {"size": 16, "interpolation": "bilinear"}},
                          workers={"num_workers": 2})
-    script = ("import json, sys\nimport fastloader\nconfig = json.loads(sys.argv[1])\n"
-              "for split in ('train', 'val'):\n"
-              "    print(sum(len(labels) for _, labels in fastloader.build_loader(config, split=split)))\n"
-              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision')[:3])\n")
-    run = subprocess.run([sys.executable, "-c", script, json.dumps(config)], capture_output=True, text=True,
-                         timeout=120, env=cpu_only_env(tmp_path / "cache"))
+    run = read_in_a_fresh_process(config, ("train", "val"), cpu_only_env(tmp_path / "cache"))
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["4", "6", "[]"], run.stdout  # 6 images a split; train drops its short batch
 
@@ -424,25 +428,16 @@ def test_a_torchvision_that_does_not_import_stops_only_the_interpolations_that_n
     mismatched build's does. bicubic runs on torch's own kernel, without it; nearest resizes
     through torchvision, so the build stops naming the key and the fix, not each worker failing
     every file as undecodable (persistent workers: nothing is left for the exit to stop; CPU)."""
-    import json
-    import subprocess
-    import sys
-
-    from conftest import REPO, cpu_only_env, write_solid_dataset
     shadow = tmp_path / "shadow" / "torchvision"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('libtorchvision.so: undefined symbol: _ZN3c10')\n")
     root = write_solid_dataset(tmp_path / "data", per_class=2, fmt="JPEG")
-    script = ("import json, sys\nimport fastloader\nconfig = json.loads(sys.argv[1])\n"
-              "print(sum(len(labels) for _, labels in fastloader.build_loader(config, split='val')))\n")
     env = cpu_only_env(tmp_path / "cache", PYTHONPATH=f"{shadow.parent}{os.pathsep}{REPO}")
-    outcomes = {}
-    for interpolation in ("bicubic", "nearest"):
-        config = base_config(root, val={"transform": {"size": 16, "interpolation": interpolation}},
-                             workers={"num_workers": 2, "persistent": True})
-        outcomes[interpolation] = subprocess.run([sys.executable, "-c", script, json.dumps(config)],
-                                                 capture_output=True, text=True, timeout=120, env=env)
-    assert outcomes["bicubic"].returncode == 0 and outcomes["bicubic"].stdout.split() == ["6"], \
+    outcomes = {interpolation: read_in_a_fresh_process(
+        base_config(root, val={"transform": {"size": 16, "interpolation": interpolation}},
+                    workers={"num_workers": 2, "persistent": True}), ("val",), env)
+        for interpolation in ("bicubic", "nearest")}
+    assert outcomes["bicubic"].returncode == 0 and outcomes["bicubic"].stdout.split() == ["6", "[]"], \
         outcomes["bicubic"].stderr[-3000:]
     nearest = outcomes["nearest"]
     assert nearest.returncode == 1 and nearest.stdout == "", nearest.stdout
@@ -451,6 +446,7 @@ def test_a_torchvision_that_does_not_import_stops_only_the_interpolations_that_n
             "_ZN3c10): reinstall it (pip install --force-reinstall torchvision), or set interpolation: bicubic"
             ) in nearest.stderr, nearest.stderr[-3000:]
     assert "skipped" not in nearest.stderr and "at exit failed" not in nearest.stderr, nearest.stderr[-3000:]
+
 
 # -- the producer thread (torch_loader/ahead.py; issue 55) ------------------------------------------
 
