@@ -27,6 +27,7 @@ import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
 from fastloader.contract import Loader
+from fastloader.cuda_libraries import torch_cuda_major
 from fastloader.decoding.shared_reads import SharedReads, shareable
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
@@ -54,7 +55,7 @@ from .feed import Fed, Feed
 from .inputs import batch_inputs, input_plan
 from .pipeline import GraphSpec, Sizing, build_pipeline, decode_plan, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
-from .stack import GpuDecoding, cpu_decode_fix, dali_cuda_major, plan_nvjpeg, stack_problem, torch_cuda_major
+from .stack import GpuDecoding, cpu_decode_fix, dali_cuda_major, plan_nvjpeg, stack_problem
 from .transcode import transcoded_for_dali
 from .user_ops import PythonSampleHook, UserOps, graph_size_check, hook_inputs
 from .views import HostBuffers, join_views

@@ -18,13 +18,10 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
-from fastloader.cuda_libraries import Library, bind_nvjpeg, file_version, soname, wheel_nvjpegs
+from fastloader.cuda_libraries import ROI_FANCY_NVJPEG, Library, bind_nvjpeg, file_version, soname, wheel_nvjpegs
 
 log = logging.getLogger("fastloader")
 
-ROI_FANCY_NVJPEG = (13, 2)
-"""The first nvJPEG whose region decode upsamples chroma by interpolation (nvImageCodec's
-NVJPEG_WITH_FIXED_UPSAMPLING_VERSION)."""
 UNKNOWN = None
 
 
@@ -34,13 +31,6 @@ def dali_cuda_major() -> int | None:
 
     version = getattr(nvidia.dali, "__cuda_version__", None)
     return int(version) // 1000 if isinstance(version, int) and version > 0 else None
-
-
-def torch_cuda_major() -> int | None:
-    """The CUDA major of torch's build; None for a CPU-only build."""
-    import torch
-
-    return int(torch.version.cuda.split(".")[0]) if torch.version.cuda else None
 
 
 def nvjpeg_version(major: int | None) -> tuple[int, int, int] | None:
