@@ -1,5 +1,5 @@
-"""The CUDA stack DALI runs on, read without a GPU: DALI's CUDA major, the nvJPEG its decoders load,
-and what that nvJPEG can do on the GPU.
+"""The CUDA stack DALI runs on, read without a GPU: DALI's CUDA major, the nvJPEG its decoders bind,
+what that nvJPEG can do on the GPU, and what the GPU flavour's decoders leave to the CPU.
 
 Why it matters: nvImageCodec (DALI's decoders) refuses a region decode of a chroma-subsampled JPEG
 (4:2:0, 4:2:2, 4:4:0) with interpolated ("fancy") upsampling on nvJPEG older than 13.2, whose region
@@ -68,8 +68,8 @@ def binding_problem(bound: Library | None, wheel: Library | None, major: int | N
             "instead) rather than go to DALI's CPU decoder." if loses else "")
     return (f"DALI's decoders bind {version_words(bound.version)} ({bound.path}), loaded under {soname(major)} "
             f"before fastloader could bind nvidia-nvjpeg's {version_words(wheel.version)} ({wheel.path}): "
-            f"a by-soname open gets the copy loaded first, and torchvision's wheel bundles its own (import "
-            f"torchvision before fastloader loads it).{cost} The decode plan is made for the bound one. Fix: import "
+            f"a by-soname open gets the copy loaded first (torchvision's wheel bundles one, loaded by `import "
+            f"torchvision`).{cost} The decode plan is made for the bound one. Fix: import "
             f"fastloader before torchvision (or anything else that loads nvJPEG), or start Python with "
             f"LD_PRELOAD={wheel.path} (docs/performance.md#the-cuda-stack)")
 
@@ -82,8 +82,8 @@ def plan_nvjpeg() -> tuple[int, int, int] | None:
     path = wheel_nvjpegs().get(major) if major is not None else None
     problem = binding_problem(bound, Library(file_version(path), path) if path else None, major)
     if problem and problem not in _SAID:
-        _SAID.add(problem)
-        log.warning(problem)
+        _SAID.add(problem)  # a WARNING where the bound one costs the plan its interpolated regions
+        log.log(logging.INFO if region_fancy_on_gpu(bound.version) else logging.WARNING, problem)
     return None if bound is None else bound.version
 
 

@@ -57,8 +57,8 @@ def wheel_nvjpegs() -> dict[int, str]:
     for base in (spec.submodule_search_locations or []) if spec is not None else []:
         for path in sorted(glob.glob(os.path.join(base, "*", "lib", "libnvjpeg.so.[0-9]*"))):
             major = path.rsplit(".", 1)[-1]
-            if major.isdigit():
-                found.setdefault(int(major), path)
+            if major.isdigit():  # the real path, as dladdr names a loaded library's file
+                found.setdefault(int(major), os.path.realpath(path))
     return found
 
 
@@ -75,7 +75,7 @@ def torchvision_nvjpeg(major: int) -> str | None:
     for package in spec.submodule_search_locations:
         found = sorted(glob.glob(os.path.join(os.path.dirname(package), "torchvision.libs", f"libnvjpeg*.so.{major}")))
         if found:
-            return found[0]
+            return os.path.realpath(found[0])
     return None
 
 
