@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import sys
 from typing import NamedTuple
 
 ROI_FANCY_NVJPEG = (13, 2)
@@ -53,8 +54,14 @@ def wheel_nvjpegs() -> dict[int, str]:
         spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
         return {}
+    if spec is None:
+        return {}
+    # nvidia/__init__.py extends its path over every sys.path entry (pkgutil.extend_path) once imported:
+    # the same folders, in the same order, without importing it
+    bases = [*(spec.submodule_search_locations or []),
+             *(os.path.join(entry or ".", "nvidia") for entry in sys.path if isinstance(entry, str))]
     found: dict[int, str] = {}
-    for base in (spec.submodule_search_locations or []) if spec is not None else []:
+    for base in dict.fromkeys(base for base in bases if os.path.isdir(base)):
         for path in sorted(glob.glob(os.path.join(base, "*", "lib", "libnvjpeg.so.[0-9]*"))):
             major = path.rsplit(".", 1)[-1]
             if major.isdigit():  # the real path, as dladdr names a loaded library's file

@@ -83,3 +83,22 @@ def test_check_names_the_nvjpeg_dalis_decoders_bind_and_torchvisions_copy(capsys
     if bundled and bundled != bound.path:
         assert lines[1].startswith("  torchvision bundles nvJPEG ") and bundled in lines[1], lines
         assert "import fastloader first" in lines[1]
+
+
+def test_the_wheels_nvjpeg_is_found_in_every_nvidia_folder_on_the_path(tmp_path, monkeypatch):
+    """Device: none. nvidia/ is one package over several folders (its __init__ extends its path over
+    sys.path, as the GPU machine's staged DALI site beside the system's packages needs): a library in
+    a later folder is found, without importing the package."""
+    import shutil
+    import sys
+
+    from fastloader.cuda_libraries import wheel_nvjpegs
+    here = wheel_nvjpegs()
+    if not here:
+        pytest.skip("no NVIDIA nvJPEG wheel installed here")
+    later = tmp_path / "nvidia" / "cu99" / "lib"
+    later.mkdir(parents=True)
+    shutil.copy(next(iter(here.values())), later / "libnvjpeg.so.99")  # a real library, under another major
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path)])  # after the system's folders
+    found = wheel_nvjpegs()
+    assert found == {**here, 99: str(later / "libnvjpeg.so.99")}
