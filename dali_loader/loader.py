@@ -27,7 +27,7 @@ import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
 from fastloader.contract import Loader
-from fastloader.cuda_libraries import torch_cuda_major
+from fastloader.cuda_install import torch_cuda_major
 from fastloader.decoding.shared_reads import SharedReads, shareable
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from .contract import Loader
-from .cuda_libraries import (
+from .cuda_install import (
     dali_cuda_major_installed,
     driver_cuda_version,
     driver_gpu_count,

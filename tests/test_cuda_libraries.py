@@ -1,5 +1,5 @@
-"""The CUDA stack as a process finds it (fastloader/cuda_libraries.py), checked on the CPU: the driver
-rule for a given driver version, a CUDA 12 install's leftovers from real package metadata, and what
+"""The CUDA stack as a process finds it (fastloader/cuda_install.py, cuda_libraries.py), checked on
+the CPU: the driver rule for a given driver version, a CUDA 12 install's leftovers from real package metadata, and what
 `fastloader check` says of the nvJPEG DALI's decoders bind. Which copy a process binds, by import
 order: test_nvjpeg_binding.py (fresh processes)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import importlib.metadata
 
 import pytest
 
-from fastloader.cuda_libraries import (
+from fastloader.cuda_install import (
     cuda12_leftovers,
     driver_cuda_version,
     driver_gpu_count,
@@ -72,7 +72,8 @@ def test_check_names_the_nvjpeg_dalis_decoders_bind_and_torchvisions_copy(capsys
     where nothing bound one before: the test process may have imported torchvision first)."""
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
     from fastloader.commands.check import nvjpeg_lines
-    from fastloader.cuda_libraries import bound_nvjpeg, dali_cuda_major_installed, torchvision_nvjpeg
+    from fastloader.cuda_install import dali_cuda_major_installed
+    from fastloader.cuda_libraries import bound_nvjpeg, torchvision_nvjpeg
 
     major = dali_cuda_major_installed()
     bound = bound_nvjpeg(major)

@@ -133,7 +133,8 @@ def test_the_nvjpeg_version_is_read_from_the_bound_library_without_a_gpu():
     from conftest import REPO
 
     from dali_loader.stack import dali_cuda_major, nvjpeg_version, region_fancy_on_gpu, stack_problem
-    from fastloader.cuda_libraries import bound_nvjpeg, file_version, torch_cuda_major, wheel_nvjpegs
+    from fastloader.cuda_install import torch_cuda_major
+    from fastloader.cuda_libraries import bound_nvjpeg, file_version, wheel_nvjpegs
 
     major = dali_cuda_major()
     version = nvjpeg_version(major)

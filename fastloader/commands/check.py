@@ -150,7 +150,7 @@ def environment_problems() -> list[str]:
             fix = f"install it (pip install {package})" if version == "not installed" else \
                 f"reinstall it (pip install --force-reinstall {package}), or remove what shadows it on sys.path"
             found.append(f"{label}{where} {version}: {fix}")
-    from ..cuda_libraries import (
+    from ..cuda_install import (
         dali_cuda_major_installed,
         driver_cuda_version,
         driver_gpu_count,
@@ -200,14 +200,8 @@ def nvjpeg_lines() -> list[str]:
     """Which nvJPEG DALI's decoders bind (version and file), and the copy torchvision bundles, which
     they bind instead in a script that imports torchvision before fastloader; a CUDA 12 install's
     leftovers (fastloader.cuda_libraries). Nothing where DALI is not installed."""
-    from ..cuda_libraries import (
-        ROI_FANCY_NVJPEG,
-        bound_nvjpeg,
-        cuda12_leftovers,
-        dali_cuda_major_installed,
-        file_version,
-        torchvision_nvjpeg,
-    )
+    from ..cuda_install import cuda12_leftovers, dali_cuda_major_installed
+    from ..cuda_libraries import ROI_FANCY_NVJPEG, bound_nvjpeg, file_version, torchvision_nvjpeg
     major = dali_cuda_major_installed()
     if major is None:
         return []
