@@ -19,6 +19,7 @@ images/s per loader with the decode limits as lines.
     python benchmarks/peers.py --torch-decoder auto decode_jpeg --only torch limit   # region vs whole file
     python benchmarks/peers.py --only dali nvidia --device gpu   # the DALI backend against NVIDIA's example
     python benchmarks/peers.py --only dali nvidia --device gpu --reencode-420   # on ImageNet's chroma layout
+    python benchmarks/peers.py --only dali nvidia --fancy-upsampling false --nvjpeg-at-least 13.2   # issue 67
     python benchmarks/peers.py --split train --auto-augment rand-m9-mstd0.5-inc1 --only torch timm
 
 --auto-augment POLICY gives the same policy (train split) to fastloader's backends and to timm's
@@ -29,7 +30,10 @@ at least GPU_WARMUP warm-up and GPU_BATCHES timed batches. The table gives each 
 depth, the GPU's JPEG engines' utilization while it was timed, and what fastloader's DALI backend
 decoded on the CPU. --reencode-420 runs on a copy of the data whose JPEGs are re-encoded 4:2:0 at
 quality 90, as ImageNet's originals are (the real photos are 78% 4:4:4): made in a temporary folder,
-never kept.
+never kept. Where DALI is installed the run first prints which nvJPEG DALI's decoders bind in its
+own process (the plan is made for it); --nvjpeg-at-least 13.2 stops before timing where it is older.
+--fancy-upsampling sets dali.fancy_upsampling for fastloader's DALI lanes (NVIDIA's example repeats
+chroma, nvJPEG's default, whatever it says). .ci/gpu's `judged` parts run these for issue 67.
 """
 from __future__ import annotations
 
@@ -66,6 +70,9 @@ backend with the policy against itself without (0.9 on a GPU)."""
 GPU_WARMUP, GPU_BATCHES = 10, 100
 """The fewest warm-up and timed batches a GPU lane gets: a GPU loader's ready queue and its first
 batches' set-up would flatter or penalize a short count."""
+GPU_TARGETS = {(DALI, NVIDIA): {"train": 1.1, "val": 1.1}}
+"""On a GPU (issue 67): the DALI backend at least 1.1x NVIDIA's example, on the photos as they are and
+re-encoded 4:2:0 (--reencode-420)."""
 CPU_ONLY_TARGETS = {(TORCH, NVIDIA)}
 """Targets that compare CPU decoding with CPU decoding: the torch backend against NVIDIA's example
 holds only where that example runs DALI's CPU flavour, not against nvJPEG on a GPU."""
@@ -191,7 +198,8 @@ def dali_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path,
     gpu = args.device == "gpu"
     plain = harness.fastloader_overrides(
         split, split_dir, index, list_path, args, repeat, backend="dali",
-        **{"output.device": "cuda" if gpu else "cpu", "dali.threads": args.workers, "workers.prefetch_factor": 2})
+        **{"output.device": "cuda" if gpu else "cpu", "dali.threads": args.workers, "workers.prefetch_factor": 2,
+           "dali.fancy_upsampling": FANCY[args.fancy_upsampling]})
     overrides = {**plain, **policy}
     batch, threads = args.batch_size, args.workers
     peers = {DALI: harness.fastloader_factory(split, overrides)}
@@ -202,9 +210,29 @@ def dali_peers(split: str, split_dir: Path, index: SampleIndex, list_path: Path,
             READER: peer_loaders.reader_factory(paths, labels, split, gpu, overrides, batch, threads)}
 
 
+FANCY = {"auto": "auto", "true": True, "false": False}
+"""--fancy-upsampling's words as dali.fancy_upsampling's values."""
+
+
+def bound_nvjpeg_line(at_least: str | None) -> str:
+    """The nvJPEG DALI's decoders bind in this process (dali_loader.stack, as the loader plans for it),
+    checked before anything is timed: with --nvjpeg-at-least, a lower one stops the run (its figures
+    would measure regions sent to the CPU, issue 67)."""
+    from dali_loader.stack import dali_cuda_major, decoders_nvjpeg
+    bound = decoders_nvjpeg(dali_cuda_major())
+    version = bound.version if bound is not None else None
+    words = f"nvJPEG DALI's decoders bind in this process: {'.'.join(map(str, version or ())) or 'none'} " \
+            f"({bound.path if bound is not None else 'not found'})"
+    if at_least and (version is None or version[:2] < tuple(int(part) for part in at_least.split("."))):
+        sys.exit(f"{words}, below --nvjpeg-at-least {at_least}: stopped before timing")
+    return words
+
+
 def print_targets(results: dict, device: str, policy: bool = False) -> None:
     print("\ntargets (ratio of medians in this run):")
-    targets = {**TARGETS, **POLICY_TARGETS} if policy else TARGETS
+    targets = {**TARGETS, **POLICY_TARGETS} if policy else dict(TARGETS)
+    if device == "gpu":
+        targets.update(GPU_TARGETS)
     if policy and device == "gpu":
         targets[(DALI, DALI_PLAIN)] = {"train": 0.9}
     for split, result in results.items():
@@ -277,6 +305,11 @@ if __name__ == "__main__":
     parser.add_argument("--reencode-420", action="store_true",
                         help="run on the data's JPEGs re-encoded 4:2:0 at quality 90 (ImageNet's layout), in a "
                              "temporary copy")
+    parser.add_argument("--fancy-upsampling", choices=list(FANCY), default="auto",
+                        help="dali.fancy_upsampling of fastloader's DALI backend and our graph + DALI reader "
+                             "(default: auto, the config's default)")
+    parser.add_argument("--nvjpeg-at-least", metavar="MAJOR.MINOR",
+                        help="stop before timing where DALI's decoders bind an older nvJPEG, e.g. 13.2")
     arguments = harness.check_args(parser, parser.parse_args())
     if arguments.device == "gpu" and (arguments.warmup < GPU_WARMUP or arguments.batches < GPU_BATCHES):
         arguments.warmup, arguments.batches = max(arguments.warmup, GPU_WARMUP), max(arguments.batches, GPU_BATCHES)
@@ -293,8 +326,12 @@ if __name__ == "__main__":
             print(f"note: {timm_policy(arguments.auto_augment)[1]}")
     for peer, reason in SKIPPED.items():
         print(f"skipped {peer}: {reason}")
-    info = f", DALI {__import__('nvidia.dali').dali.__version__} ({arguments.device} flavour)" \
-        if DALI not in SKIPPED else ""
+    info = f", DALI {__import__('nvidia.dali').dali.__version__} ({arguments.device} flavour, dali.fancy_upsampling " \
+        f"{arguments.fancy_upsampling})" if DALI not in SKIPPED else ""
+    if DALI not in SKIPPED:
+        nvjpeg = bound_nvjpeg_line(arguments.nvjpeg_at_least)
+        print(nvjpeg, flush=True)
+        info += f"\n{nvjpeg}"
     if arguments.device == "gpu":
         info += f", GPU {torch.cuda.get_device_name(0)}"
     os.environ[DECODER_ENV] = arguments.torch_decoder[0]

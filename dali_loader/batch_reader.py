@@ -24,9 +24,10 @@ import numpy as np
 
 from fastloader.cache import CachedPixels
 from fastloader.decoding.screen import DALI_FORMATS, Screened, read_screened
-from fastloader.decoding.shared_reads import CODING, HEIGHT, TURNED, WIDTH, Read, Received, Slab
+from fastloader.decoding.shared_reads import CODING, HEIGHT, SAMPLING, TURNED, WIDTH, Read, Received, Slab
 from fastloader.decoding.sizes import upright
 from fastloader.errors import SourceError, error_text
+from fastloader.imaging.jpeg_header import SAMPLINGS
 from fastloader.locations import Location, ReadArena
 from fastloader.order import WeightedDraws, substitutes
 from fastloader.samples import SampleIndex
@@ -36,7 +37,7 @@ from .bad_samples import BadSamples
 from .batches_ahead import Sent
 from .doings import Doings
 from .sizes import SizeTable
-from .stack import CPU_JPEG_CODINGS, cpu_decode_reason
+from .stack import CPU_JPEG_CODINGS, GpuDecoding, cpu_decode_reason, region_refused
 from .transcode import transcoded_for_dali
 
 log = logging.getLogger("fastloader")
@@ -67,7 +68,7 @@ class BatchReader:
     def __init__(self, index: SampleIndex, png_copies: dict[int, str], bad: BadSamples, doings: Doings,
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
                  stored_sizes: np.ndarray | None = None, max_pixels: int = BOMB_PIXELS, refill: bool = False,
-                 draws: WeightedDraws | None = None, gpu: bool = False):
+                 draws: WeightedDraws | None = None, gpu: GpuDecoding | None = None):
         self.index = index
         self.png_copies = png_copies  # sample -> its PNG copy, which DALI can decode (transcode.py)
         self.bad, self.doings = bad, doings
@@ -77,7 +78,8 @@ class BatchReader:
         self.draws = draws
         """The split's weighted draws, if any: a refilled slot's substitutes are drawn by them."""
         self.gpu = gpu
-        """The GPU flavour decodes what it is fed: what its decoder leaves to the CPU is noted."""
+        """The GPU flavour's decoding (None: the CPU flavour's): what its decoders leave to the CPU is noted,
+        by stack.cpu_decode_reason."""
         self.failure: SourceError | None = None
         """A source that changed under the loader, found by a read (DALI passes on only its words)."""
 
@@ -121,9 +123,13 @@ class BatchReader:
         """A plain batch's upright sizes, kept, a file changed since screening named: what `take`
         does sample by sample, by whole columns."""
         sizes = upright(received.numbers[:, [HEIGHT, WIDTH, TURNED]], self.sizes.exif)  # plain rows: turned 0 or 1
-        if self.gpu:  # plain rows are JPEGs: only a frame nvJPEG does not decode goes to the CPU
-            for coding in received.numbers[np.isin(received.numbers[:, CODING], list(CPU_JPEG_CODINGS)), CODING]:
-                notes.on_cpu[cpu_decode_reason("JPEG", int(coding))] += 1
+        if self.gpu is not None:  # plain rows are JPEGs: a frame nvJPEG does not decode, or a region it refuses
+            numbers = received.numbers
+            to_cpu = np.isin(numbers[:, CODING], list(CPU_JPEG_CODINGS))
+            refused = [SAMPLINGS.index(s) for s in SAMPLINGS if region_refused(s, self.gpu)]
+            to_cpu |= np.isin(numbers[:, SAMPLING], refused)
+            for coding, sampling in numbers[to_cpu][:, [CODING, SAMPLING]].tolist():
+                notes.on_cpu[cpu_decode_reason("JPEG", coding, SAMPLINGS[max(sampling, 0)], self.gpu)] += 1
         for row, held in self.sizes.keep_all(planned[:, 0], sizes):
             _warn_resized(received.locations[row].name, held, tuple(sizes[row].tolist()))
         return sizes
@@ -171,7 +177,8 @@ class BatchReader:
         size = self.sizes.keep(sample, screened)
         if size.held is not None:
             _warn_resized(screened.path, size.held, size.now)
-        if self.gpu and (reason := cpu_decode_reason(screened.format, screened.coding)) is not None:
+        if self.gpu is not None and (reason := cpu_decode_reason(screened.format, screened.coding, screened.sampling,
+                                                                 self.gpu)) is not None:
             notes.on_cpu[reason] += 1
         return (data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)), size.now
 

@@ -27,6 +27,7 @@ import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
 from fastloader.contract import Loader
+from fastloader.cuda_install import torch_cuda_major
 from fastloader.decoding.shared_reads import SharedReads, shareable
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
@@ -54,7 +55,7 @@ from .feed import Fed, Feed
 from .inputs import batch_inputs, input_plan
 from .pipeline import GraphSpec, Sizing, build_pipeline, decode_plan, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
-from .stack import dali_cuda_major, nvjpeg_version, stack_problem, torch_cuda_major
+from .stack import GpuDecoding, cpu_decode_fix, dali_cuda_major, plan_nvjpeg, stack_problem
 from .transcode import transcoded_for_dali
 from .user_ops import PythonSampleHook, UserOps, graph_size_check, hook_inputs
 from .views import HostBuffers, join_views
@@ -153,10 +154,11 @@ class DaliLoader(Loader):
         gpu = self.flavour == "gpu"
         if gpu:
             _warn_once(stack_problem(dali_cuda_major(), torch_cuda_major()))
+        nvjpeg = plan_nvjpeg() if gpu else None
         self.decoding = decode_plan(config.dali.fancy_upsampling, gpu, split.mode == "train" and self.views is None,
-                                    nvjpeg_version(dali_cuda_major()) if gpu else None)
+                                    nvjpeg)
         """How the graph decodes JPEGs (pipeline.DecodePlan): chroma, and train's regions or whole images,
-        by what the nvJPEG the GPU flavour's decoders load does on the GPU."""
+        by what the nvJPEG the GPU flavour's decoders bind in this process does on the GPU."""
         self._bfloat16 = config.output.dtype == "bfloat16"
         self._bad = BadSamples()
         """Which samples the feed leaves out, and why (bad_samples.py): the probe's refusals, the reads' findings."""
@@ -166,7 +168,8 @@ class DaliLoader(Loader):
                                    self._bad, self._doings, prepared.pixels, config.dataset.exif_orientation,
                                    prepared.sizes, config.dataset.max_pixels,
                                    refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
-                                   draws=prepared.draws, gpu=gpu)
+                                   draws=prepared.draws,
+                                   gpu=GpuDecoding(self.decoding.region, self.decoding.fancy, nvjpeg) if gpu else None)
         self._graph = graph_spec(config, split, self.views)
         """What the graph is built from (pipeline.GraphSpec): the config read once for it."""
         self._inputs = input_plan(self._graph.train, self._graph.sizing, self.augmentation, self.views,
@@ -375,9 +378,9 @@ class DaliLoader(Loader):
             self.stats.cpu_decoded[reason] = self.stats.cpu_decoded.get(reason, 0) + count
             if reason not in self._cpu_said:
                 self._cpu_said.add(reason)
-                log.warning("split '%s': DALI decodes %s on the CPU, not with nvJPEG, which decodes baseline and "
-                            "progressive JPEGs (%d in this batch; loader.stats.cpu_decoded counts them per epoch); "
-                            "re-encoded as baseline JPEGs they would decode on the GPU", self.split.name, reason, count)
+                log.warning("split '%s': DALI decodes %s on the CPU, not with nvJPEG (%d in this batch; "
+                            "loader.stats.cpu_decoded counts them per epoch); %s", self.split.name, reason, count,
+                            cpu_decode_fix(reason))
 
     def _recover(self, error: RuntimeError, number: int) -> None:
         """After DALI failed: find the files that broke it, then go on without them in a new pipeline

@@ -114,7 +114,7 @@ class DecodePlan(NamedTuple):
 def decode_plan(setting: bool | str, gpu: bool, train: bool, nvjpeg: tuple[int, int, int] | None) -> DecodePlan:
     """The plan for dali.fancy_upsampling's `setting` (auto, true, false) on the GPU flavour with
     `nvjpeg`, or the CPU flavour. Every plan keeps every baseline JPEG on nvJPEG: a region with
-    interpolated chroma is asked only of an nvJPEG that decodes it on the GPU (stack.ROI_FANCY_NVJPEG);
+    interpolated chroma is asked only of an nvJPEG that decodes it on the GPU (cuda_libraries.ROI_FANCY_NVJPEG);
     below it, nvImageCodec leaves such a region of any subsampled JPEG to DALI's CPU decoder.
 
     - auto: interpolated wherever nvJPEG can on the GPU: whole images always, regions from 13.2;

@@ -12,6 +12,9 @@ would replay another epoch's order here).
 """
 from __future__ import annotations
 
+import fastloader  # noqa: F401  first, so DALI binds nvidia-nvjpeg's nvJPEG, not torchvision's (docs/install.md)
+
+# isort: split
 import argparse
 import logging
 import os

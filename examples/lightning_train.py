@@ -11,6 +11,9 @@ torch.distributed, Lightning's sampler injection does not touch it.
 """
 from __future__ import annotations
 
+import fastloader  # noqa: F401  first, so DALI binds nvidia-nvjpeg's nvJPEG, not torchvision's (docs/install.md)
+
+# isort: split
 import argparse
 import logging
 import sys

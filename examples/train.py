@@ -18,6 +18,9 @@ exits with status 2; Ctrl-C exits with 130.
 """
 from __future__ import annotations
 
+import fastloader  # noqa: F401  first, so DALI binds nvidia-nvjpeg's nvJPEG, not torchvision's (docs/install.md)
+
+# isort: split
 import argparse
 import logging
 import os

@@ -12,6 +12,9 @@ global crops into one [2B, 3, 224, 224] tensor: torch.cat(images[:2]) is exactly
 """
 from __future__ import annotations
 
+import fastloader  # noqa: F401  first, so DALI binds nvidia-nvjpeg's nvJPEG, not torchvision's (docs/install.md)
+
+# isort: split
 import argparse
 import copy
 import logging

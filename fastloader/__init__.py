@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .config import load_config
+from .cuda_libraries import bind_wheel_nvjpegs
 from .errors import (
     BadImageError,
     CacheError,
@@ -34,6 +35,8 @@ from .sources.protocol import Samples, Source, SourceReadError
 if TYPE_CHECKING:
     from .contract import Loader
     from .hooks import with_global_rng
+
+bind_wheel_nvjpegs()  # before anything (import torchvision) binds another nvJPEG under its soname: cuda_libraries.py
 
 __version__ = "0.1.0"
 __all__ = ["build_loader", "load_config", "Loader", "Samples", "Source", "with_global_rng", "__version__",

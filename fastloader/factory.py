@@ -16,6 +16,13 @@ import sys
 import torch
 
 from .contract import Loader
+from .cuda_install import (
+    dali_cuda_major_installed,
+    driver_cuda_version,
+    driver_gpu_count,
+    driver_problem,
+    torch_cuda_major,
+)
 from .distributed import RankInfo, detect_ranks, local_gpu
 from .errors import ConfigError, error_text
 from .hooks import split_hooks
@@ -96,6 +103,12 @@ def choose_device(config: Config, ranks: RankInfo) -> torch.device:
     """output.device as a torch device, the local rank's GPU by distributed.local_gpu (checked
     against the GPUs torch sees; an error names where the value came from), and why, logged."""
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible == 0 and config.output.device == "auto" and driver_gpu_count():
+        builds = {"torch": torch_cuda_major(), "DALI": dali_cuda_major_installed()}
+        problem = driver_problem(driver_cuda_version(), builds)
+        if problem:  # a GPU torch cannot use: not a quiet CPU run
+            raise ConfigError(f"{config.origin('output.device')}: output.device: auto, but {problem}; or set "
+                              f"output.device: cpu to run on the CPU on purpose")
     choice = local_gpu(ranks.local_rank, ranks.local_world_size, visible, config.output.device,
                        origin=config.origin("output.device"), ranks_from=ranks.source,
                        visible_env=os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -38,8 +38,10 @@ class LoaderStats:
     """Shards in an object store: bytes downloaded into the node cache during the loop (ahead or on demand)."""
     fetched_shards: int = 0
     cpu_decoded: dict[str, int] = field(default_factory=dict)
-    """The DALI backend's GPU flavour: images its decoder left to the CPU in the loop, by why (PNG
-    files, arithmetic-coded JPEGs ...); every JPEG nvJPEG decodes stays out of it."""
+    """The DALI backend's GPU flavour: images its decoders left to DALI's CPU decoder in the loop, by
+    why (PNG files, arithmetic-coded JPEGs, regions of 4:2:0 JPEGs with interpolated chroma below nvJPEG
+    13.2 ...: nvImageCodec's rule, dali_loader.stack.cpu_decode_reason); every JPEG nvJPEG decodes stays
+    out of it. The CPU flavour decodes everything on the CPU by design and counts nothing here."""
 
     def add(self, wait: float, at: float, images: int) -> None:
         if self.batches == 0:

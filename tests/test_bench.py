@@ -141,3 +141,40 @@ def test_the_parallelism_column_names_the_dali_feeds_worker_processes():
     assert parallelism({"flavour": "gpu", "threads": 8, "feed_processes": 4}) == "dali gpu, 8 threads, feed 4 processes"
     assert parallelism({"flavour": "cpu", "threads": 2, "feed_processes": 0}) == "dali cpu, 2 threads"
     assert parallelism({"workers": 3}) == "3 workers"
+
+
+def test_the_bench_counts_what_the_dali_gpu_flavours_decoders_leave_to_the_cpu_over_every_loop(tmp_path):
+    """Device: CPU (the CPU flavour's feed told it feeds GPU decoders, as test_gpu_flavour.py does).
+    cpu_decoded over a bench run: every finished loop's and the one under way, by reason; the line the
+    report prints for the GPU flavour."""
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    from conftest import base_config
+
+    from dali_loader.stack import GpuDecoding
+    from fastloader.commands.bench import Run, cpu_decoded_line
+
+    root = tmp_path / "mixed"
+    for c in ("a", "b"):
+        (root / "train" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (48, 40), (40 * i, 90, 20)).save(root / "train" / c / f"j{i}.jpg", subsampling=2)
+    Image.new("RGB", (48, 40), (1, 2, 3)).save(root / "train" / "a" / "p.png")
+    Image.new("RGB", (48, 40), (1, 2, 3)).save(root / "train" / "b" / "p.png")
+    config = base_config(root, backend="dali", train={"batch_size": 4, "transform": {"size": 32}})
+    with build_loader(config, "train") as loader:  # 8 images, 2 batches an epoch
+        loader._reader.gpu = GpuDecoding(True, True, (13, 0, 1))
+        bench_run = Run(loader, 0.0, 0.0)
+        bench_run.round(warmup=0, min_batches=5, min_seconds=0)  # drained first, then 5: 2 loops done, 1 under way
+        counted = bench_run.result()["cpu_decoded"]
+    batches = bench_run.rounds[0].drained + bench_run.rounds[0].batches
+    loops_done, under_way = divmod(batches, 2)
+    assert under_way == 1 and loops_done >= 2
+    # every image goes to the CPU here (a PNG, or a 4:2:0 region with interpolated chroma below nvJPEG 13.2):
+    # 2 PNG files and 6 regions a whole loop, and the batch the loop under way has delivered
+    regions = counted["regions of 4:2:0 JPEGs with interpolated chroma"]
+    assert sum(counted.values()) == 4 * batches and 2 * loops_done <= counted["PNG files"] <= 2 * loops_done + 2
+    line = cpu_decoded_line(counted)
+    assert line.startswith(f"dali: {4 * batches} images decoded on the CPU, not with nvJPEG, over the run")
+    assert f"regions of 4:2:0 JPEGs with interpolated chroma: {regions}" in line
+    assert cpu_decoded_line({}) == "dali: 0 images decoded on the CPU, not with nvJPEG, over the run " \
+                                   "(loader.stats.cpu_decoded)"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -46,7 +47,7 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
                    "--peers", "model,torch,dali-cache,nvidia", "--short-side", "36", *TINY, *ROUND],
     "epoch_gap": ["epoch_gap.py", "--split", "train", "--epochs", "2", "--step-ms", "1", *TINY],
     "peers": ["peers.py", "--device", "cpu", "--split", "both", "--plot", "{report}.png", "--reencode-420", *TINY,
-              *ROUND],
+              *ROUND, "--nvjpeg-at-least", "13.2", "--fancy-upsampling", "false"],
     "first_batch": ["first_batch.py", "--device", "cpu", "--tries", "1", "--batch-size", "4", "--threads", "1"],
     "screening": ["screening.py", "--split", "train", "--workers", "1", "--batch-size", "4"],
     "trainer_thread": ["trainer_thread.py", "--device", "cpu", "--batch-size", "4", "--size", "32", "--workers", "1",
@@ -119,6 +120,8 @@ def command_line_cases(data: Path, empty: Path, pngs: Path) -> list[list]:
         cases += [[f"{script} help", script, [*part, "--help"]]]
         cases += [[f"{script} no data", script, [*part, "--data", str(empty)]]] if script not in SYNTHETIC else []
     return cases + [["unknown peer", "train_step.py", ["--device", "cpu", "--peers", "model,tpu", "--data", str(data)]],
+                    ["nvjpeg too old", "peers.py", ["--device", "cpu", "--nvjpeg-at-least", "99.0",
+                                                    "--data", str(data)]],
                     ["stages on PNGs", "stages.py", ["--split", "val", "--batch-size", "4", "--size", "32",
                                                      "--rounds", "1", "--data", str(pngs)]]]
 
@@ -216,6 +219,9 @@ def test_peers_measures_every_peer_on_both_splits_and_prints_targets_stages_and_
         assert summary["NVIDIA RN50 example"]["prefetch_depth"] == 2
         assert summary["fastloader dali"]["cpu_decoded"] == 0  # the CPU flavour: nothing to count
     assert "prefetch JPG engines CPU decodes" in out
+    if HAS_DALI:  # checked in the process that times, before timing (issue 67)
+        assert re.search(r"^nvJPEG DALI's decoders bind in this process: 13\.\d+\.\d+ \(\S+\)$", out, re.M), out
+        assert "cpu flavour, dali.fancy_upsampling false)" in out
     assert "note: 24 JPEGs of " in out and "re-encoded 4:2:0 at quality 90" in out  # 12 train, 12 val
     if not HAS_TIMM:
         assert "skipped timm prefetcher: timm is not installed" in out
@@ -433,6 +439,17 @@ def test_train_step_names_the_peer_it_does_not_know(run):
     refused = answers["unknown peer"]
     assert refused["status"] == 2 and "unknown peer or model: tpu" in refused["err"]
     assert "peers are model" in refused["err"]
+
+
+@runs_for("command_line")
+def test_peers_stops_before_timing_where_dalis_decoders_bind_an_older_nvjpeg_than_asked(run):
+    """Issue 67: the bound nvJPEG is checked in the process that times, before any lane runs."""
+    if not HAS_DALI:
+        pytest.skip("NVIDIA DALI is not installed")
+    _, answers = run
+    refused = answers["nvjpeg too old"]
+    assert refused["status"] == 1 and "below --nvjpeg-at-least 99.0: stopped before timing" in refused["err"]
+    assert "nvJPEG DALI's decoders bind in this process: 13." in refused["err"] and "round 1" not in refused["out"]
 
 
 @runs_for("command_line")

@@ -121,27 +121,33 @@ def test_no_plan_asks_a_region_with_interpolated_chroma_of_an_nvjpeg_that_leaves
     assert cpu.fancy and cpu.region == train  # the CPU flavour: libjpeg-turbo's pixels, regions for train
 
 
-def test_the_nvjpeg_version_is_read_from_the_installed_library_without_a_gpu():
-    """The nvJPEG of the DALI installed here, by its own nvjpegGetProperty. Where that DALI is the one
-    pyproject.toml asks for (a fresh set-up, CI), it is torch's CUDA major with nvJPEG 13.2 or later,
-    so the stack check says nothing (a machine staged by hand may carry another DALI)."""
+def test_the_nvjpeg_version_is_read_from_the_bound_library_without_a_gpu():
+    """The nvJPEG DALI's decoders bind in this process, by its own nvjpegGetProperty: the one a
+    by-soname open gets (which copy depends on what this test process imported first:
+    test_nvjpeg_binding.py checks each order in a fresh process). Where the DALI installed is the one
+    pyproject.toml asks for (a fresh set-up, CI), it is torch's CUDA major, and the nvidia-nvjpeg
+    wheel beside it is 13.2 or later, so the stack check says nothing."""
     import importlib.metadata
     import re
 
     from conftest import REPO
 
-    from dali_loader.stack import dali_cuda_major, nvjpeg_version, region_fancy_on_gpu, stack_problem, torch_cuda_major
+    from dali_loader.stack import dali_cuda_major, nvjpeg_version, region_fancy_on_gpu, stack_problem
+    from fastloader.cuda_install import torch_cuda_major
+    from fastloader.cuda_libraries import bound_nvjpeg, file_version, wheel_nvjpegs
 
     major = dali_cuda_major()
     version = nvjpeg_version(major)
     assert major in (12, 13) and version is not None and version[0] == major, (major, version)
+    assert bound_nvjpeg(major).version == version  # what a by-soname open gets, not a file's
     wanted = re.search(r'"(nvidia-dali-cuda\d+)>=', (REPO / "pyproject.toml").read_text()).group(1)
     try:
         importlib.metadata.version(wanted)
     except importlib.metadata.PackageNotFoundError:
         pytest.skip(f"the DALI installed here is not pyproject.toml's {wanted}")
     assert wanted == "nvidia-dali-cuda130" and major == 13
-    assert region_fancy_on_gpu(version), version  # nvJPEG 13.3: 4:2:0 regions interpolated on the GPU
+    wheel = file_version(wheel_nvjpegs()[major])
+    assert region_fancy_on_gpu(wheel), wheel  # nvJPEG 13.3: 4:2:0 regions interpolated on the GPU
     if torch_cuda_major() is not None:
         assert stack_problem(major, torch_cuda_major()) is None, stack_problem(major, torch_cuda_major())
 
@@ -294,52 +300,94 @@ def test_the_mirror_in_the_normalize_flips_exactly(tmp_path):
     assert torch.equal(always, never.flip(-1))
 
 
-def test_what_the_gpu_flavour_decodes_on_the_cpu_is_counted_and_said_once(tmp_path, caplog):
-    """PNG files reach DALI's CPU decoder in the GPU flavour: counted in loader.stats per epoch and
-    said once, read on the driver thread or by the feed's worker processes; baseline and progressive
-    JPEGs (nvJPEG's) are not counted. The count is the feed's, so the CPU flavour's feed, told it
-    feeds a GPU decoder, counts as the GPU flavour's does."""
-    from conftest import base_config
+def kinds_of_jpegs(root, per_class: int = 4):
+    """subsampled_jpegs (4:2:0) plus, in class a, real JPEGs of each other kind Pillow writes: 4:2:2,
+    4:4:4, progressive 4:2:0, greyscale; and 3 PNG files. -> {file name: (chroma sampling, coding)}."""
     from PIL import Image
 
+    root = subsampled_jpegs(root, per_class=per_class)
+    source = Image.open(root / "train" / "b" / "j_0.jpg")
+    folder = root / "train" / "a"
+    source.save(folder / "s422.jpg", subsampling=1, quality=90)
+    source.save(folder / "s444.jpg", subsampling=0, quality=90)
+    source.save(folder / "prog.jpg", progressive=True, subsampling=2, quality=90)
+    source.convert("L").save(folder / "grey.jpg", quality=90)
+    for i in range(3):
+        Image.new("RGB", (50, 40), (10 * i, 90, 200)).save(folder / f"p_{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("nvjpeg", [(13, 0, 1), NEW])
+def test_what_the_gpu_flavour_decodes_on_the_cpu_is_counted_jpeg_by_jpeg_and_said_once(tmp_path, caplog, nvjpeg):
+    """The GPU flavour's decoders leave PNG files, and (below nvJPEG 13.2) regions of subsampled JPEGs
+    with interpolated chroma, to DALI's CPU decoder: counted in loader.stats per epoch and reason, said
+    once, read on the driver thread or by the feed's worker processes (whole columns), JPEG by JPEG as
+    the rule sends them (4:2:0, 4:2:2 and progressive 4:2:0 below 13.2; never 4:4:4, grey, or a whole
+    image). The count is the feed's, so the CPU flavour's feed, told it feeds the GPU decoders of a
+    plan and nvJPEG (stack.GpuDecoding), counts as the GPU flavour's does."""
+    from conftest import base_config
+
+    from dali_loader.stack import GpuDecoding
     from fastloader import build_loader
 
-    root = subsampled_jpegs(tmp_path / "c", per_class=4)
-    for i in range(3):
-        Image.new("RGB", (50, 40), (10 * i, 90, 200)).save(root / "train" / "a" / f"p_{i}.png")
-    Image.open(root / "train" / "b" / "j_0.jpg").save(root / "train" / "b" / "prog.jpg", progressive=True)
+    root = kinds_of_jpegs(tmp_path / "c")
     caplog.set_level(logging.WARNING, logger="fastloader")
-    for processes in (0, 2):
+    old = nvjpeg < (13, 2)
+    for processes, region in ((0, True), (2, True), (2, False)):
         caplog.clear()
-        config = base_config(root, backend="dali", train={"batch_size": 4, "transform": {"size": 32}},
+        config = base_config(root, backend="dali", train={"batch_size": 5, "transform": {"size": 32}},
                              dali={"feed_processes": processes})
         with build_loader(config, "train") as loader:
-            loader._reader.gpu = True
+            loader._reader.gpu = GpuDecoding(region, True, nvjpeg)
             for epoch in range(2):
-                assert sum(len(labels) for _, labels in loader) == 12
-                assert loader.stats.cpu_decoded == {"PNG files": 3}, processes
+                assert sum(len(labels) for _, labels in loader) == 15
+                expected = {"PNG files": 3}
+                if old and region:  # 4 + 4 subsampled_jpegs and prog.jpg at 4:2:0, s422.jpg at 4:2:2
+                    expected |= {"regions of 4:2:0 JPEGs with interpolated chroma": 9,
+                                 "regions of 4:2:2 JPEGs with interpolated chroma": 1}
+                assert loader.stats.cpu_decoded == expected, (processes, region)
         said = [r.message for r in caplog.records if "on the CPU, not with nvJPEG" in r.message]
-        assert len(said) == 1 and "split 'train': DALI decodes PNG files on the CPU, not with nvJPEG" in said[0]
-        assert "3 decoded on the CPU, not with nvJPEG" in loader.stats.summary()
+        assert len(said) == len(expected), said
+        assert any("split 'train': DALI decodes PNG files on the CPU, not with nvJPEG" in m for m in said)
+        assert f"{sum(expected.values())} decoded on the CPU, not with nvJPEG" in loader.stats.summary()
 
 
-def test_a_jpeg_frame_nvjpeg_does_not_decode_is_known_from_its_marker():
+@pytest.mark.parametrize("nvjpeg", [(13, 0, 1), (13, 1, 9), (13, 2, 0), NEW, None])
+def test_the_cpu_decode_rule_reads_the_jpegs_sampling_and_coding_from_screening(tmp_path, nvjpeg):
+    """nvImageCodec's rule applied to real JPEGs as screening reads them: a region with interpolated
+    chroma of a 4:2:0, 4:2:2 or 4:4:0 JPEG (baseline or progressive) goes to the CPU below nvJPEG 13.2
+    (an unknown version counts as below); 4:4:4 and grey never; nor a whole image, nor plain chroma."""
     import io
 
     from PIL import Image
 
-    from dali_loader.stack import cpu_decode_reason
+    from dali_loader.stack import GpuDecoding, cpu_decode_reason
     from fastloader.decoding.screen import screen_read
-    from fastloader.imaging.jpeg_header import read_header
-    buffer = io.BytesIO()
-    Image.new("RGB", (40, 30), (1, 2, 3)).save(buffer, "JPEG")
-    baseline = buffer.getvalue()
-    arithmetic = baseline.replace(b"\xff\xc0", b"\xff\xc9", 1)  # the frame marker of an arithmetic-coded JPEG
-    assert read_header(baseline).coding == 0xC0 and read_header(arithmetic).coding == 0xC9
-    assert screen_read("a.jpg", arithmetic).coding == 0xC9
-    assert cpu_decode_reason("JPEG", 0xC9) == "arithmetic-coded JPEGs"
-    assert cpu_decode_reason("JPEG", 0xC0) is None and cpu_decode_reason("JPEG", 0xC2) is None
-    assert cpu_decode_reason("JPEG2000", 0) is None and cpu_decode_reason("PNG", 0) is not None
+
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 255, (40, 56, 3), dtype=np.uint8))
+
+    def screened(**options):
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", **options)
+        return screen_read("x.jpg", buffer.getvalue())
+
+    kinds = {"4:2:0": screened(subsampling=2), "4:2:2": screened(subsampling=1), "4:4:4": screened(subsampling=0),
+             "progressive 4:2:0": screened(subsampling=2, progressive=True), "grey": None}
+    grey = io.BytesIO()
+    image.convert("L").save(grey, "JPEG")
+    kinds["grey"] = screen_read("g.jpg", grey.getvalue())
+    tall = io.BytesIO()  # 4:4:0: luma sampled twice vertically (Pillow writes no such JPEG): the frame patched
+    image.save(tall, "JPEG", subsampling=0)
+    kinds["4:4:0"] = screen_read("t.jpg", tall.getvalue().replace(b"\x01\x11", b"\x01\x12", 1))
+    codings = {name: (s.sampling, s.coding) for name, s in kinds.items()}
+    assert codings == {"4:2:0": ("4:2:0", 0xC0), "4:2:2": ("4:2:2", 0xC0), "4:4:4": ("4:4:4", 0xC0),
+                       "progressive 4:2:0": ("4:2:0", 0xC2), "grey": ("grey", 0xC0), "4:4:0": ("4:4:0", 0xC0)}
+    old = nvjpeg is None or nvjpeg < (13, 2)
+    for name, s in kinds.items():
+        for region, fancy in ((True, True), (True, False), (False, True)):
+            reason = cpu_decode_reason("JPEG", s.coding, s.sampling, GpuDecoding(region, fancy, nvjpeg))
+            refused = old and region and fancy and s.sampling not in ("4:4:4", "grey")
+            assert reason == (f"regions of {s.sampling} JPEGs with interpolated chroma" if refused else None), name
 
 
 # -- views: a group's ops on its views at once (dali_loader/view_ops.py; issue 58) ------------------

@@ -176,6 +176,25 @@ def test_every_real_photo_is_read_as_pillow_reads_it():
         assert walk_reads(data) == pillow_reads(data), path  # and none is left to Pillow
 
 
+@requires_realphotos
+def test_every_real_photos_chroma_sampling_is_the_one_pillow_reads():
+    """The chroma subsampling the walk reads (the DALI feed's rule of what nvJPEG refuses), against
+    Pillow's own reading of the frame (JpegImagePlugin.get_sampling: 0 4:4:4, 1 4:2:2, 2 4:2:0)."""
+    from PIL import JpegImagePlugin
+    pillow_names = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}
+    seen = set()
+    for path in sorted(REALPHOTOS.rglob("*.JPEG")):
+        sampling = read_header(path.read_bytes()).sampling
+        with Image.open(path) as image:
+            expected = "grey" if image.mode == "L" else pillow_names.get(JpegImagePlugin.get_sampling(image))
+            factors = [(h, v) for _, h, v, _ in image.layer]
+        if expected is None:  # a layout Pillow does not name: luma sampled twice vertically is 4:4:0
+            assert factors == [(1, 2), (1, 1), (1, 1)] and sampling == "4:4:0", (path, factors)
+        assert sampling == (expected or "4:4:0"), path
+        seen.add(sampling)
+    assert "4:2:0" in seen  # most of ImageNet
+
+
 def cropped_or_error(path, choice: str, monkeypatch) -> tuple:
     """load_region's crop of the image with FASTLOADER_JPEG_DECODER=choice, or its error; and the decoder."""
     monkeypatch.setenv(DECODER_ENV, choice)

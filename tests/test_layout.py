@@ -76,6 +76,7 @@ FLOORS = (
                 "fastloader.stats", "fastloader.parallel", "fastloader.transfer", "fastloader.config_words",
                 "fastloader.order", "fastloader.read_ahead", "fastloader.dotted", "fastloader.locations",
                 "fastloader.exits", "fastloader.distributed", "fastloader.augment", "fastloader.augment.*",
+                "fastloader.cuda_libraries", "fastloader.cuda_install",
                 "fastloader.imaging", "fastloader.imaging.*")),
     ("config", ("fastloader.schema", "fastloader.samples", "fastloader.cache_format", "fastloader.config_dump",
                 "fastloader.demo", "fastloader.bad_input", "fastloader.resolution",

@@ -24,6 +24,7 @@ from PIL import Image
 from fastloader.decoding import shared_reads
 from fastloader.decoding.screen import read_screened
 from fastloader.decoding.shared_reads import SharedReads, shareable, worker_reads
+from fastloader.imaging.jpeg_header import SAMPLINGS
 from fastloader.locations import TAR_BLOCK, Identity, Location, header_digest
 from fastloader.sources import reading
 
@@ -71,9 +72,10 @@ def _same_as_here(reads, locations) -> None:
     for (data, screened), location in zip(reads, locations):
         here, expected = read_screened(location)
         assert screened == expected, location.name
-        assert (screened.coding, screened.warning) == (expected.coding, None), location.name  # not compared by ==
+        assert (screened.coding, screened.sampling, screened.warning) == (expected.coding, expected.sampling, None), \
+            location.name  # not compared by ==
         if expected.format == "JPEG" and expected.problem is None:
-            assert expected.coding == 0xC0, location.name  # the frame marker of the baseline JPEGs written here
+            assert (expected.coding, expected.sampling) == (0xC0, "4:2:0"), location.name  # the JPEGs written here
         if expected.problem is None:
             assert isinstance(data, np.ndarray) and data.tobytes() == bytes(here), location.name
 
@@ -319,7 +321,8 @@ def test_members_side_by_side_are_read_together_and_each_checked_as_if_alone(tmp
             assert screened.problem is None and screened.format == "JPEG"
             offset, length = numbers[row, 0], numbers[row, 1]
             assert slab.array[offset:offset + length].tobytes() == bytes(data), batch[row].name
-            assert tuple(numbers[row, 2:]) == (screened.width, screened.height, screened.turned, screened.coding)
+            assert tuple(numbers[row, 2:]) == (screened.width, screened.height, screened.turned, screened.coding,
+                                               SAMPLINGS.index(screened.sampling))
     assert sorted(odd) == [4, 5, 6, 8, 13, 14]
     assert "the tar header before" in odd[8][2] and "is not the one indexed" in odd[8][2]
     assert re.search(r"cut\.tar ends \d+ bytes into .*cut\.tar:0002\.jpg", odd[13][2]), odd[13]

@@ -13,6 +13,7 @@ batches prepared after it started, for at least --seconds and --batches, across 
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import time
@@ -145,11 +146,19 @@ class Run:
         self.rounds: list[Round] = []
         self.batch_wait_s, self.batch_done_s = array("d"), array("d")  # timed batches, for the plot
         self.peak_memory = 0  # bytes, the largest of the samples taken after each round
+        self.cpu_decoded: collections.Counter = collections.Counter()
+        """The DALI GPU flavour's images left to the CPU decoder in the loops finished (loader.stats.cpu_decoded)."""
 
     def _batches(self):
         while True:
             for batch in self.loader:
                 yield batch
+            self.cpu_decoded.update(self.loader.stats.cpu_decoded)
+
+    def all_cpu_decoded(self) -> dict[str, int]:
+        """cpu_decoded over the whole run: the loops finished and the one under way (the stream is
+        paused inside it)."""
+        return dict(self.cpu_decoded + collections.Counter(self.loader.stats.cpu_decoded))
 
     def round(self, warmup: int, min_batches: int, min_seconds: float) -> Round:
         """Drain max(warmup, prefetch depth) batches, then time until both floors are met."""
@@ -205,8 +214,17 @@ class Run:
                 "peak_memory_bytes": self.peak_memory, "peak_gpu_bytes": peak_gpu_bytes(self.loader.device),
                 "images": images, "batches": batches, "seconds": seconds,
                 "batch_shape": self.shape, "dtype": self.dtype, "rounds": [r.as_dict() for r in self.rounds],
+                "cpu_decoded": self.all_cpu_decoded(),
                 "per_batch": {"wait_s": list(self.batch_wait_s), "done_s": list(self.batch_done_s)},
                 "config": config_to_dict(self.loader.config)}
+
+
+def cpu_decoded_line(cpu_decoded: dict[str, int]) -> str:
+    """The DALI GPU flavour's images its decoders left to DALI's CPU decoder over the run, by reason
+    (dali_loader.stack.cpu_decode_reason): 0 where nvJPEG decoded every one."""
+    reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(cpu_decoded.items()))
+    return (f"dali: {sum(cpu_decoded.values())} images decoded on the CPU, not with nvJPEG, over the run "
+            f"(loader.stats.cpu_decoded){f' ({reasons})' if reasons else ''}")
 
 
 def report(runs: list[Run], args) -> None:
@@ -230,6 +248,8 @@ def report(runs: list[Run], args) -> None:
         print("  ".join(str(cell).ljust(width) if i < 3 else str(cell).rjust(width)
                         for i, (cell, width) in enumerate(zip(row, widths))))
     for result in results:
+        if result["backend"] == "dali" and result["device"].startswith("cuda"):
+            print(cpu_decoded_line(result["cpu_decoded"]))
         fewest = min(r["batches"] for r in result["rounds"])
         if result["prefetch_depth"] > SHARE_NOTE * fewest:
             print(f"note: the {result['backend']} loader holds up to {result['prefetch_depth']} batches prepared "

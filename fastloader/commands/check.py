@@ -102,6 +102,8 @@ def print_environment() -> None:
     devices = cuda_devices()
     for backend, line in decoders(bool(devices)).items():
         print(f"decoders, {backend} backend: {line}")
+    for line in nvjpeg_lines():
+        print(line)
     if not devices:
         print("CUDA devices: none (the dali backend would run its CPU flavour, the torch backend decodes on the CPU)")
         return
@@ -133,7 +135,8 @@ interpolations torch has no uint8 kernel for (DALI is optional: the torch backen
 
 def environment_problems() -> list[str]:
     """A package the loaders need that is missing, or one that is installed and does not import (a
-    broken install, a library of the wrong version, a folder that shadows it): each with the fix."""
+    broken install, a library of the wrong version, a folder that shadows it), or a driver too old
+    for torch's or DALI's CUDA: each with the fix."""
     found = []
     for module, (label, package) in PACKAGES.items():
         version = _module_version(module)
@@ -147,6 +150,21 @@ def environment_problems() -> list[str]:
             fix = f"install it (pip install {package})" if version == "not installed" else \
                 f"reinstall it (pip install --force-reinstall {package}), or remove what shadows it on sys.path"
             found.append(f"{label}{where} {version}: {fix}")
+    from ..cuda_install import (
+        dali_cuda_major_installed,
+        driver_cuda_version,
+        driver_gpu_count,
+        driver_problem,
+        torch_cuda_major,
+    )
+    if driver_gpu_count():  # a GPU the driver sees, that torch and DALI may not run on
+        try:
+            builds = {"torch": torch_cuda_major(), "DALI": dali_cuda_major_installed()}
+        except Exception:  # noqa: BLE001 - torch itself broken: reported above
+            builds = {"DALI": dali_cuda_major_installed()}
+        problem = driver_problem(driver_cuda_version(), builds)
+        if problem:
+            found.append(problem)
     return found
 
 
@@ -176,6 +194,36 @@ def decoders(cuda: bool) -> dict[str, str]:
     else:
         dali_line = "its CPU flavour (libjpeg-turbo); train crops decode only their region"
     return {"torch": torch_line, "dali": dali_line}
+
+
+def nvjpeg_lines() -> list[str]:
+    """Which nvJPEG DALI's decoders bind (version and file), and the copy torchvision bundles, which
+    they bind instead in a script that imports torchvision before fastloader; a CUDA 12 install's
+    leftovers (fastloader.cuda_libraries). Nothing where DALI is not installed."""
+    from ..cuda_install import cuda12_leftovers, dali_cuda_major_installed
+    from ..cuda_libraries import ROI_FANCY_NVJPEG, bound_nvjpeg, file_version, torchvision_nvjpeg
+    major = dali_cuda_major_installed()
+    if major is None:
+        return []
+    lines = []
+    bound = bound_nvjpeg(major)  # `import fastloader` bound the wheel's, where one is installed
+    if bound is None:
+        lines.append(f"nvJPEG, dali backend: none loads as libnvjpeg.so.{major}: DALI's GPU decoders cannot start; "
+                     f"pip install 'nvidia-nvjpeg>=13.2' (docs/install.md)")
+    else:
+        words = ".".join(map(str, bound.version)) if bound.version else "of unknown version"
+        regions = "" if bound.version and bound.version[:2] >= ROI_FANCY_NVJPEG else \
+            " (below 13.2: train's regions repeat chroma on the GPU; pip install 'nvidia-nvjpeg>=13.2')"
+        lines.append(f"nvJPEG, dali backend: DALI's decoders bind nvJPEG {words} ({bound.path}){regions}")
+    bundled = torchvision_nvjpeg(major)
+    if bundled and bound is not None and bundled != bound.path:
+        version = file_version(bundled)
+        words = ".".join(map(str, version)) if version else "of unknown version"
+        lines.append(f"  torchvision bundles nvJPEG {words} ({bundled}) under the same soname: a script that "
+                     f"imports torchvision before fastloader makes DALI's decoders bind that one; import fastloader "
+                     f"first (docs/install.md#which-nvjpeg-dali-binds)")
+    lines += [f"warning: {leftover}" for leftover in cuda12_leftovers()]
+    return lines
 
 
 def _module_version(name: str) -> str:

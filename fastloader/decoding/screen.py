@@ -86,6 +86,8 @@ class Screened:
     coding: int = field(default=0, compare=False)
     """A JPEG's frame marker where the marker walk read it (jpeg_header.JpegHeader.coding), else 0
     (not compared: two reads of one file agree whether or not the walk read its frame)."""
+    sampling: str = field(default="", compare=False)
+    """A JPEG's chroma subsampling (jpeg_header.SAMPLINGS: "4:2:0", "grey" ...), "" where not read."""
 
     @property
     def suffix_mismatch(self) -> bool:
@@ -151,7 +153,7 @@ def screen_read(name: str, data: bytes | bytearray | memoryview, max_pixels: int
     problem = bomb_problem(width, height, max_pixels) if width * height > max_pixels else None
     if problem is None and data[-2:] != b"\xff\xd9":  # nearly every JPEG ends with its EOI marker: no search
         problem = _tail_problem("JPEG", bytes(data[-TAIL_BYTES:]))
-    return Screened(name, "JPEG", width, height, problem, turned, coding=header.coding)
+    return Screened(name, "JPEG", width, height, problem, turned, coding=header.coding, sampling=header.sampling)
 
 
 def unreadable(location: Location, error: OSError) -> str:

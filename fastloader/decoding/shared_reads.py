@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import exits
 from ..errors import error_text
+from ..imaging.jpeg_header import SAMPLINGS
 from ..locations import Location, as_location
 from ..parallel import die_with, script_safe_forkserver
 from ..sources.reading import read_run, run_bytes, runs
@@ -165,10 +166,10 @@ class Pending:
 Read = tuple[np.ndarray | None, Screened]
 """What read_screened gives: the bytes (None where they could not be read) and their check."""
 
-OFFSET, LENGTH, WIDTH, HEIGHT, TURNED, CODING = range(6)
+OFFSET, LENGTH, WIDTH, HEIGHT, TURNED, CODING, SAMPLING = range(7)
 """The columns of a reply's numbers: where a sample's bytes lie in the slab (-1: not there), how many,
-its header's size and EXIF turn (-1 where the check found no size), and a JPEG's frame marker
-(Screened.coding)."""
+its header's size and EXIF turn (-1 where the check found no size), a JPEG's frame marker
+(Screened.coding) and chroma subsampling (Screened.sampling, by its place in jpeg_header.SAMPLINGS)."""
 
 
 class Received(NamedTuple):
@@ -188,7 +189,7 @@ class Received(NamedTuple):
     def reads(self) -> list[Read]:
         """Each sample's bytes and check, as read_screened gives them."""
         reads = []
-        for row, (offset, length, width, height, turned, coding) in enumerate(self.numbers.tolist()):
+        for row, (offset, length, width, height, turned, coding, sampling) in enumerate(self.numbers.tolist()):
             inline, fmt, problem = self.odd.get(row, (None, "JPEG", None))
             if inline is not None:
                 data = np.frombuffer(inline, dtype=np.uint8)
@@ -196,7 +197,7 @@ class Received(NamedTuple):
                 data = None if offset < 0 else self.slab.array[offset:offset + length]
             size = (None, None) if width < 0 else (width, height)
             reads.append((data, Screened(self.locations[row].name, fmt, *size, problem, turned > 0,
-                                         coding=max(coding, 0))))
+                                         coding=max(coding, 0), sampling=SAMPLINGS[max(sampling, 0)])))
         return reads
 
 
@@ -420,7 +421,7 @@ def read_share(owner: int, number: int, fd: int, capacity: int, start: int, end:
     found no room in the slab (or grew while read), which come back in the reply. Ranges that lie
     side by side in a container (reading.runs) are read together, with what lies between them."""
     arena = _SlabArena(_mapped(owner, number, fd, capacity), start, end)
-    numbers = np.full((len(locations), CODING + 1), -1, dtype=np.int64)
+    numbers = np.full((len(locations), SAMPLING + 1), -1, dtype=np.int64)
     odd = {}
     locations = [as_location(location) for location in locations]
     for begin, stop in runs(locations):
@@ -453,7 +454,8 @@ def _note(numbers: np.ndarray, odd: dict, row: int, data, screened: Screened, of
     else:
         numbers[row, LENGTH] = 0
     if screened.width is not None:
-        numbers[row, WIDTH:] = screened.width, screened.height, screened.turned, screened.coding
+        numbers[row, WIDTH:] = (screened.width, screened.height, screened.turned, screened.coding,
+                                SAMPLINGS.index(screened.sampling))
     if inline is not None or screened.problem is not None or screened.format != "JPEG":
         odd[row] = inline, screened.format, screened.problem
 

@@ -48,6 +48,8 @@ class JpegHeader(NamedTuple):
     coding: int = 0xC0
     """The frame's marker, which says how it is coded: 0xC0 baseline, 0xC1 extended and 0xC2
     progressive (Huffman), 0xC3 lossless, 0xC5-0xC7 hierarchical, 0xC9-0xCF arithmetic."""
+    sampling: str = ""
+    """The chroma subsampling its components' factors make (SAMPLINGS: "4:2:0", "grey" ...)."""
 
     @property
     def orientation(self) -> int:
@@ -67,6 +69,31 @@ class _Short(Exception):
     def __init__(self, needed: int):
         super().__init__(needed)
         self.needed = needed
+
+
+SAMPLINGS = ("", "4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1", "4:1:0", "4:1:0 vertical", "grey", "other")
+"""Every chroma subsampling a JPEG's frame can name, as nvImageCodec's JPEG parser tells them apart
+("" where it was not read, "other": any layout outside its list, CMYK's four components among them).
+Decoders treat them differently: nvJPEG below 13.2 decodes no region of one other than 4:4:4 and
+grey with interpolated chroma (dali_loader.stack.cpu_decode_reason)."""
+_LUMA_FACTORS = {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (1, 2): "4:4:0", (4, 1): "4:1:1",
+                 (4, 2): "4:1:0", (2, 4): "4:1:0 vertical"}
+
+
+def chroma_sampling(factors: list[tuple[int, int]]) -> str:
+    """The subsampling of a frame's components' (horizontal, vertical) sampling factors: luma's over
+    the chroma's, which must share theirs and divide luma's."""
+    if len(factors) == 1:
+        return "grey"
+    if len(factors) != 3:
+        return "other"
+    low_h, low_v = min(h for h, _ in factors), min(v for _, v in factors)
+    if not low_h or not low_v or any(h % low_h or v % low_v for h, v in factors):
+        return "other"
+    (luma_h, luma_v), chroma_b, chroma_r = [(h // low_h, v // low_v) for h, v in factors]
+    if chroma_b != chroma_r or chroma_b != (1, 1):
+        return "other"
+    return _LUMA_FACTORS.get((luma_h, luma_v), "other")
 
 
 _MARKER = struct.Struct(">BBH")
@@ -145,23 +172,24 @@ def _segments(view: memoryview, size: int) -> JpegHeader | None:
         position = end
     if frame is None:
         raise _NotSure
-    width, height, components = frame
+    width, height, components, sampling = frame
     exif_orientation = None if exif is None else _exif_orientation(exif[6:])
     xmp_orientation = None
     if xmp is not None and (match := _XMP_ORIENTATION.search(xmp)):
         xmp_orientation = int(match[2])
-    return JpegHeader(width, height, components, exif_orientation, xmp_orientation, coding)
+    return JpegHeader(width, height, components, exif_orientation, xmp_orientation, coding, sampling)
 
 
-def _frame(body) -> tuple[int, int, int]:
-    """(width, height, components) of a frame header Pillow accepts."""
+def _frame(body) -> tuple[int, int, int, str]:
+    """(width, height, components, chroma sampling) of a frame header Pillow accepts."""
     if len(body) < 6 or body[0] != 8:
         raise _NotSure  # Pillow refuses samples other than 8 bits
     height, width = struct.unpack_from(">HH", body, 1)
     components = body[5]
-    if components not in (1, 3, 4) or not height or not width:
+    if components not in (1, 3, 4) or not height or not width or len(body) < 6 + 3 * components:
         raise _NotSure  # other layer counts Pillow refuses; height 0 comes later in a DNL marker
-    return width, height, components
+    factors = [(body[7 + 3 * c] >> 4, body[7 + 3 * c] & 15) for c in range(components)]
+    return width, height, components, chroma_sampling(factors)
 
 
 def _check_tables(body) -> None:
