@@ -99,10 +99,11 @@ class Loader(abc.ABC):
         self._reads_shards = prepared.pixels is None and index.ranges is not None
         self._plan = None  # the shards the running loop reads, fetched ahead (shards in an object store)
         if self.order.num_batches == 0:
+            key = f"{split.name}.batch_size{'s (their smallest)' if split.batch_sizes else ''}"
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
-                        "world_size %d with drop_last: true; lower %s.batch_size or set %s.drop_last: false",
-                        config.source, split.name, ranks.rank, len(index), split.batch_size,
-                        ranks.world_size, split.name, split.name)
+                        "world_size %d with drop_last: true; lower %s or set %s.drop_last: false",
+                        config.source, split.name, ranks.rank, len(index),
+                        min(split.batch_sizes or [split.batch_size]), ranks.world_size, key, split.name)
         if self.order.padded:
             log.info("split '%s': %s repeated per epoch so that %d ranks yield equal batches",
                      split.name, plural(self.order.padded, "sample"), ranks.world_size)
