@@ -173,3 +173,26 @@ def test_a_resume_with_a_batch_size_whose_whole_batches_leave_samples_out_says_s
     seen = [image for batch in batches for image in batch]
     assert [len(batch) for batch in batches] == [2, 4, 4]
     assert len(seen) == len(set(seen)) == 10
+
+
+class EpochMarks(pl.Callback):
+    """Notes each epoch's start among the batches the model records."""
+
+    def on_train_epoch_start(self, trainer, module):
+        module.seen.append(("epoch", trainer.current_epoch))
+
+
+def test_a_resume_whose_batch_size_leaves_nothing_of_the_epoch_goes_on_with_the_next_one(numbered, tmp_path):
+    """Device: CPU. Batch 2 for 5 steps (10 of 12 samples), resumed at batch 4: the 2 left fill no
+    batch (drop_last; warned), so the loader resumes at epoch 1, while the fit loop still finishes
+    epoch 0, whose set_epoch(0) started it again from its first batch: 12 samples trained twice."""
+    saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    first, rest = Recorder(), Recorder()
+    trainer(str(tmp_path / "b"), max_steps=5, callbacks=[saving], num_sanity_val_steps=0).fit(
+        first, datamodule=datamodule(config(numbered)))
+    trainer(str(tmp_path / "b"), max_epochs=2, num_sanity_val_steps=0, callbacks=[EpochMarks()]).fit(
+        rest, datamodule=datamodule(config(numbered, batch_size=4)),
+        ckpt_path=str(next((tmp_path / "ckpt").glob("*step=5.ckpt"))))
+    assert rest.seen[0] == ("epoch", 1) and [len(batch) for batch in rest.seen[1:]] == [4, 4, 4]
+    epoch_1 = [image for batch in rest.seen[1:] for image in batch]
+    assert len(epoch_1) == len(set(epoch_1)) == 12
