@@ -99,10 +99,11 @@ class Loader(abc.ABC):
         self._reads_shards = prepared.pixels is None and index.ranges is not None
         self._plan = None  # the shards the running loop reads, fetched ahead (shards in an object store)
         if self.order.num_batches == 0:
+            key = f"{split.name}.batch_size{'s (their smallest)' if split.batch_sizes else ''}"
             log.warning("%s: split '%s' yields no batch per epoch on rank %d: %d samples, batch_size %d x "
-                        "world_size %d with drop_last: true; lower %s.batch_size or set %s.drop_last: false",
-                        config.source, split.name, ranks.rank, len(index), split.batch_size,
-                        ranks.world_size, split.name, split.name)
+                        "world_size %d with drop_last: true; lower %s or set %s.drop_last: false",
+                        config.source, split.name, ranks.rank, len(index),
+                        min(split.batch_sizes or [split.batch_size]), ranks.world_size, key, split.name)
         if self.order.padded:
             log.info("split '%s': %s repeated per epoch so that %d ranks yield equal batches",
                      split.name, plural(self.order.padded, "sample"), ranks.world_size)
@@ -365,15 +366,35 @@ class Loader(abc.ABC):
                      "flips and ops (drawn from each sample's seed), with pixels within the backends' tolerance "
                      "(docs/semantics.md)", self.split.name, state["backend"], self.backend)
         epoch, position = int(state["epoch"]), int(state["position"])
+        resharded = (state["world_size"], state["batch_size"]) != (self.ranks.world_size, self.batch_size)
+        if resharded:
+            self._warn_left_out(state, epoch, position)
         if self.order.shared_after(position, epoch) == 0:  # saved at the end of an epoch: go on with the next
             epoch, position = epoch + 1, 0
-        elif (state["world_size"], state["batch_size"]) != (self.ranks.world_size, self.batch_size):
+        elif resharded:
             log.info("split '%s': resuming epoch %d at sample %d of %d with %s x batch %d; the state was "
                      "saved by %s x batch %d, so the rest of the epoch is re-sharded", self.split.name, epoch,
                      position, self.order.epoch_length, plural(self.ranks.world_size, "rank"), self.batch_size,
                      plural(state["world_size"], "rank"), state["batch_size"])
         self._epoch, self._epoch_set = epoch, True
         self._resume_position = self._position = position
+
+    def _warn_left_out(self, state: dict, epoch: int, position: int) -> None:
+        """A resume on other ranks or another batch size that leaves out samples the saved run would
+        have read (drop_last takes whole steps only, and the rest of the epoch no longer makes them):
+        said, naming the keys, since no whole step can read them."""
+        then = self.order.shared_after(position, epoch, state["world_size"], state["batch_size"])
+        now = self.order.shared_after(position, epoch)
+        if now >= then:
+            return
+        name, left = self.split.name, self.order.epoch_length - position
+        log.warning("split '%s': resuming epoch %d at sample %d of %d with %s x batch %d leaves out %s that the "
+                    "state's %s x batch %d would read: %s.drop_last: true takes whole steps only (a batch on every "
+                    "rank), and the %d samples left do not fill them. To read them, finish the epoch with "
+                    "%s.batch_size: %d on %s, or set %s.drop_last: false (a last, smaller batch)", name, epoch,
+                    position, self.order.epoch_length, plural(self.ranks.world_size, "rank"), self.batch_size,
+                    plural(then - now, "sample"), plural(state["world_size"], "rank"), state["batch_size"], name,
+                    left, name, state["batch_size"], plural(state["world_size"], "rank"), name)
 
     def _refuse_other(self, state: dict) -> None:
         """A state of another split, dataset, seed or order cannot replay this run's batches. Another

@@ -51,11 +51,18 @@ class LightningLoader:
         self._start = (0, 0)
         """(the loop's first sample, the fit loop's processed batches then): batches processed since
         count at this run's batch size, those before at the one the resumed state was saved with."""
+        self._ended: int | None = None
+        """A loaded state's epoch that has nothing left at this run's batch size (its last samples
+        fill no whole batch): the loader resumes at the next epoch, the fit loop still finishes it."""
+        self._nothing_left = False
 
     def __iter__(self) -> Iterator:
         """A loop of the loader that starts at its first batch: Lightning calls iter() before it
         calls set_epoch (and once more only to check that the loader iterates), so the loader's own
         loop, whose epoch is fixed when it starts, is started lazily."""
+        if self._nothing_left:  # the fit loop's rest of an epoch the loader has finished: no batch
+            self._nothing_left = False
+            return
         self._start = (self.loader.resume_position, self._processed())
         yield from self.loader
 
@@ -70,8 +77,11 @@ class LightningLoader:
         return getattr(self.loader, name)
 
     def set_epoch(self, epoch: int) -> None:
-        """The trainer's epoch; a resumed epoch keeps the position its state gave."""
-        if epoch == self.loader.epoch and self.loader.resume_position:
+        """The trainer's epoch; a resumed epoch keeps the position its state gave, and one the state
+        left nothing of gets an empty loop (set_epoch would start it again from its first batch)."""
+        ended, self._ended = self._ended, None
+        self._nothing_left = epoch == ended
+        if self._nothing_left or (epoch == self.loader.epoch and self.loader.resume_position):
             return
         self.loader.set_epoch(epoch)
 
@@ -96,6 +106,8 @@ class LightningLoader:
         run's batches: Lightning ends an epoch when its count reaches len(loader), so the batches
         counted at the old size would end it short of the epoch's last samples (or past them)."""
         self.loader.load_state_dict(state)
+        saved_epoch = state.get("epoch")
+        self._ended = saved_epoch if self.loader.next_epoch != saved_epoch else None
         trainer = self.module.trainer
         position = self.loader.resume_position
         same = (state.get("batch_size"), state.get("world_size")) == (self.loader.batch_size,

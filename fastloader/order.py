@@ -412,9 +412,7 @@ class EpochOrder:
         """A batch size per output size (`<split>.batch_sizes`): the steps' sizes come from the
         resolution's make-up of each rank's share (Resolution.steps), not from batch_size."""
         if self.paired:
-            share = (self.epoch_length // world_size if drop_last else math.ceil(self.epoch_length / world_size))
-            self._share = share
-            counts = resolution.steps(0, share, drop_last)[1]
+            counts = self.planned_steps(0, world_size)[1]
             self.num_batches, self.samples_per_rank = len(counts), int(counts.sum())
         self._last: tuple[int, int, list[np.ndarray]] | None = None
         """The last epoch's batches asked for, (epoch, position, batches): the DALI feed reads ahead
@@ -454,32 +452,53 @@ class EpochOrder:
         """The whole epoch's order, before sharding (int64 [length]: the split's size, or epoch_size)."""
         return self._permute(self.seed, epoch, self.num_samples)
 
-    def shared_after(self, position: int, epoch: int = 0) -> int:
+    def shared_after(self, position: int, epoch: int = 0, world_size: int | None = None,
+                     batch_size: int | None = None) -> int:
         """How many positions of the epoch's global order the ranks share once the first `position`
         are consumed: what is left, cut to whole global batches (drop_last) or padded to equal shares
-        (with batch sizes per size: the rest of the epoch's steps, `epoch`'s)."""
+        (with batch sizes per size: the rest of the epoch's steps, `epoch`'s). On this loader's ranks
+        and batch size, or on others' (`world_size`, `batch_size`: what a saved run would read)."""
+        world, batch = world_size or self.world_size, batch_size or self.batch_size
         if self.paired:
-            return self.world_size * int(self.steps_after(epoch, position)[1].sum())
+            return world * int(self.steps_after(epoch, position, world)[1].sum())
         left = max(0, self.epoch_length - position)
         if self.mode == "eval":
             return left
         if self.drop_last:
-            return left // (self.world_size * self.batch_size) * self.world_size * self.batch_size
-        return math.ceil(left / self.world_size) * self.world_size
+            return left // (world * batch) * world * batch
+        return math.ceil(left / world) * world
 
-    def steps_after(self, epoch: int, position: int) -> tuple[np.ndarray, np.ndarray]:
+    def planned_steps(self, epoch: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """With batch sizes per size: the epoch's steps on `world_size` ranks, as (output size, batch
+        size) per step: each rank's share made into steps (Resolution.steps)."""
+        length = self.epoch_length
+        share = length // world_size if self.drop_last else math.ceil(length / world_size)
+        return self.resolution.steps(epoch, share, self.drop_last)
+
+    def steps_after(self, epoch: int, position: int, world_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """With batch sizes per size: the epoch's steps after global position `position`, as (output
-        size, batch size) per step. A position the epoch's steps reach on this world size (a state
-        saved by the same ranks) continues them; another (saved by other ranks or batch sizes) plans
-        the rest of the epoch afresh, drawn from (seed, epoch, position)."""
-        sizes, counts = self.resolution.steps(epoch, self._share, self.drop_last)
-        reached = self.world_size * np.concatenate([[0], np.cumsum(counts)])
-        step = int(np.searchsorted(reached, position))
-        if step < len(reached) and reached[step] == position:
-            return sizes[step:], counts[step:]
-        left = max(0, self.epoch_length - position)
-        share = left // self.world_size if self.drop_last else math.ceil(left / self.world_size)
-        return self.resolution.steps(epoch, share, self.drop_last, salt=position)
+        size, batch size) per step, on this loader's ranks (or `world_size`).
+
+        A position the epoch's steps reach (a state saved by the same ranks) continues them. Another
+        (saved by other ranks) falls inside a step: the rest of that step comes first, as many
+        positions as it has left cut to whole rows of ranks (drop_last: the fewer than `world_size`
+        over are left out; else rounded up, positions past the epoch's end wrap around as padding
+        does), then the epoch's later steps. So the rest never has more steps than len(loader), and
+        a state saved after it lands at an offset of fewer than `world_size` positions from the
+        steps' ends, where the same rule continues it exactly (no rest of a step then)."""
+        world = world_size or self.world_size
+        empty = np.zeros(0, dtype=np.int64)
+        if position >= self.epoch_length:
+            return empty, empty
+        sizes, counts = self.planned_steps(epoch, world)
+        reached = world * np.concatenate([[0], np.cumsum(counts)])
+        step = int(np.searchsorted(reached, position, side="right")) - 1  # the step `position` is in
+        if step >= len(counts):  # past the last step: what drop_last leaves out
+            return empty, empty
+        sizes, counts = sizes[step:], counts[step:].copy()
+        gap = int(reached[step + 1]) - position  # the positions of that step not yet consumed
+        counts[0] = gap // world if self.drop_last else -(-gap // world)
+        return (sizes[1:], counts[1:]) if counts[0] == 0 else (sizes, counts)
 
     def advance(self, epoch: int, position: int, steps: int) -> int:
         """The global position `steps` batches (of every rank) after `position` in the epoch."""

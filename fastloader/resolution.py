@@ -71,7 +71,7 @@ class Resolution:
         choice = np.minimum(np.floor(u * len(self.choices)), len(self.choices) - 1).astype(np.int64)
         return np.asarray(self.choices, dtype=np.int64)[choice]
 
-    def steps(self, epoch: int, budget: int, drop_last: bool, salt: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def steps(self, epoch: int, budget: int, drop_last: bool) -> tuple[np.ndarray, np.ndarray]:
         """With batch sizes paired with the sizes: the steps that take `budget` samples of each rank,
         as (output size, batch size) per step, int64 arrays in the order the epoch takes them.
 
@@ -80,7 +80,7 @@ class Resolution:
         still fit, drawn from the seed; fewer samples than the smallest batch size are left out
         (drop_last), or, without drop_last, make one last, smaller step at the smallest batch's size.
         The make-up depends on (seed, budget) only, so every epoch has as many steps; their order is
-        a permutation drawn from (seed, epoch, salt), the same on every rank (the budget is)."""
+        a permutation drawn from (seed, epoch), the same on every rank (the budget is)."""
         sizes, batch = np.asarray(self.choices, dtype=np.int64), np.asarray(self.batch_sizes, dtype=np.int64)
         counts = np.full(len(batch), budget // int(batch.sum()), dtype=np.int64)
         left = budget - int((counts * batch).sum())
@@ -90,7 +90,7 @@ class Resolution:
             counts[pick] += 1
             left -= int(batch[pick])
         pairs = np.repeat(np.arange(len(batch)), counts)
-        order = np.random.default_rng([self.seed, int(epoch), int(salt), _STEP_ORDER_SALT])
+        order = np.random.default_rng([self.seed, int(epoch), 0, _STEP_ORDER_SALT])  # 0: the orders drawn so far
         pairs = pairs[order.permutation(pairs.size)]
         step_sizes, step_batches = sizes[pairs], batch[pairs]
         if left and not drop_last:

@@ -6,10 +6,12 @@ of the epoch exactly, and one on another number of ranks reads the rest once. Bo
 same batches and labels. Device: CPU (DALI's CPU flavour; the GPU flavour is the same graph)."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
-from conftest import base_config, write_textured_dataset
+from conftest import base_config, identities, write_numbered_dataset, write_textured_dataset
 
 from fastloader import build_loader, load_config
 from fastloader.errors import ConfigError
@@ -24,9 +26,10 @@ PAIRED = {"batch_size": 6, "batch_sizes": list(PAIRS.values()), "transform": {"s
 """The train section of the loaders here."""
 
 
-def paired_order(n: int, world: int = 1, rank: int = 0, drop_last: bool = True) -> EpochOrder:
+def paired_order(n: int, world: int = 1, rank: int = 0, drop_last: bool = True, pairs=None) -> EpochOrder:
+    pairs = pairs or PAIRS
     split = load_config({"dataset": {"root": "x"}, "train": {
-        "batch_sizes": list(PAIRS.values()), "transform": {"size": 32, "sizes": list(PAIRS)}}}).split("train")
+        "batch_sizes": list(pairs.values()), "transform": {"size": max(pairs), "sizes": list(pairs)}}}).split("train")
     return EpochOrder(n, split.batch_size, mode="train", shuffle=True, drop_last=drop_last, seed=7, rank=rank,
                       world_size=world, resolution=Resolution(split.transform, 7, split.batch_sizes))
 
@@ -84,6 +87,51 @@ def test_a_resume_on_the_same_ranks_continues_the_steps_and_on_other_ranks_reads
     assert three[0].shared_after(position, 3) == len(taken)
 
 
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_resume_of_a_re_sharded_resume_continues_it_exactly(drop_last):
+    """Issue 68.4: an epoch begun on 2 ranks, resumed on 1 from their state, and that run's state
+    resumed again on 1: the second resume yields exactly what the first resumed run had left, at
+    every pair of stopping points (it planned the rest afresh: 5 steps / 24 samples where 4 / 22
+    were left)."""
+    for n in (40, 60, 61):
+        two, one = paired_order(n, world=2, drop_last=drop_last), paired_order(n, drop_last=drop_last)
+        for k in range(1, len(two)):
+            first = two.advance(0, 0, k)
+            rest = one.batches(0, first)
+            for j in range(1, len(rest)):
+                again = one.batches(0, one.advance(0, first, j))
+                assert [b.tolist() for b in again] == [b.tolist() for b in rest[j:]], (n, k, j)
+
+
+WIDE = {16: 12, 24: 8, 32: 4}
+"""The issue's pairs: the rest of a step is rows of 4, 8 or 12 positions on 3 ranks."""
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_re_sharded_resume_never_yields_more_batches_than_len_and_reads_the_rest_once(drop_last):
+    """Issue 68.5: 2 ranks to 3 with [12, 8, 4] yielded 7 batches where len(loader) was 5 (Lightning
+    ends the epoch at len: 16 samples a rank never trained). At every stopping point, for 45 to
+    150 samples: every rank's rest has the same steps, no more than len(loader); the samples of the
+    two runs are each read once, and what is left out (drop_last) is fewer than a row of 3 ranks
+    past what the 3 ranks' own plan leaves out; without drop_last every sample is read."""
+    for n in range(45, 151, 7):
+        two = [paired_order(n, world=2, rank=rank, drop_last=drop_last, pairs=WIDE) for rank in range(2)]
+        three = [paired_order(n, world=3, rank=rank, drop_last=drop_last, pairs=WIDE) for rank in range(3)]
+        for k in range(1, len(two[0])):
+            position = two[0].advance(0, 0, k)
+            before = [int(s) for order in two for b in order.batches(0)[:k] for s in b[:, 0]]
+            rests = [order.batches(0, position) for order in three]
+            assert steps(rests[0]) == steps(rests[1]) == steps(rests[2]), (n, k)
+            assert len(rests[0]) <= len(three[0]), (n, k, len(rests[0]), len(three[0]))
+            after = [int(s) for rest in rests for b in rest for s in b[:, 0]]
+            if drop_last:
+                assert len(before + after) == len(set(before + after)), (n, k)
+                assert n - len(before + after) < three[0].dropped + 3, (n, k)
+            else:
+                assert set(before + after) == set(range(n)), (n, k)
+                assert len(before + after) < n + three[0].padded + 3, (n, k)
+
+
 # -- both backends -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -122,6 +170,39 @@ def test_a_resume_mid_epoch_replays_the_rest_exactly(root, backend):
         rest = [x for x, _ in resumed]
     assert [x.shape for x in rest] == [x.shape for x in reference[3:]]
     assert all(torch.equal(a, b) for a, b in zip(rest, reference[3:], strict=True))
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+    return write_numbered_dataset(tmp_path_factory.mktemp("numbered"), per_class=26, splits=("train",))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_re_sharded_resume_and_its_resume_yield_at_most_len_batches_each_image_once(numbered, backend):
+    """Issues 68.4 and 68.5 on real loaders: 78 images begun on 2 ranks (a step each), resumed on 3
+    (a step each), resumed again on 3 to the epoch's end. Each rank's rest fits in len(loader) (it
+    yielded 4 where len was 3); every image is read once, fewer than a step of the smallest batch
+    on every rank (and a row of ranks) left out."""
+    config = base_config(numbered, backend=backend, train={"batch_size": 12, "batch_sizes": list(WIDE.values()),
+                                                                "transform": {"size": 32, "sizes": list(WIDE)}})
+
+    def ranked(rank: int, world: int):
+        return build_loader({**config, "distributed": {"rank": rank, "world_size": world}}, "train")
+
+    seen, state = [], None
+    for world, take in ((2, 1), (3, 1), (3, None)):
+        for rank in range(world):
+            with ranked(rank, world) as loader:
+                if state is not None:
+                    loader.load_state_dict(state)
+                rest = len(loader.order.batches(loader.next_epoch, loader.resume_position))
+                assert rest <= len(loader)
+                got = [images for images, _ in itertools.islice(loader, take)]
+                assert len(got) == (take or rest)
+                seen += [colour for images in got for colour in identities(images)]
+                saved = loader.state_dict()
+        state = saved
+    assert len(seen) == len(set(seen)) > 78 - 3 * min(WIDE.values()) - 3
 
 
 # -- the keys ------------------------------------------------------------------------------------

@@ -290,6 +290,38 @@ def test_check_finds_what_bench_and_show_refuse_about_the_splits_size(tmp_path, 
     assert words in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("batch_sizes, batches", [([300, 100], 2), ([300, 250], 0), ([250], 0)])
+def test_check_counts_a_batch_size_per_size_as_the_loader_does_and_suggests_what_the_config_check_takes(
+        tmp_path, capsys, caplog, batch_sizes, batches):
+    """Issue 68.20: with batch_sizes [16, 4] on 10 images check said the split "yields no batch" (its
+    batch_size, the largest, is 16) and suggested --set train.batch_size=10, which the config check
+    refuses; the loader yields 2 batches. Here on the 240 samples of builtin:sample: check agrees
+    with len(loader), and where there is no batch, its suggestion passes the config check and makes
+    one; the loader's own warning names batch_sizes too."""
+    from fastloader import build_loader
+    from fastloader.cli import main
+    config = tmp_path / "c.yaml"
+    sizes = [16, 32][:len(batch_sizes)]
+    config.write_text(f"dataset: {{root: builtin:sample}}\nbackend: torch\noutput: {{device: cpu}}\n"
+                      f"workers: {{num_workers: 0}}\ntrain: {{batch_sizes: {batch_sizes}, transform: {{size: 32, "
+                      f"sizes: {sizes}}}}}\n")
+    with build_loader(str(config), "train") as loader:
+        assert len(loader) == batches
+    assert (f"batch_size {min(batch_sizes)} x world_size 1 with drop_last: true; lower train.batch_sizes (their "
+            f"smallest) or set train.drop_last: false" in caplog.text) == (batches == 0)  # the loader's own warning
+    assert main(["check", str(config)]) == (1 if batches == 0 else 0)
+    out = capsys.readouterr().out
+    if batches:
+        assert "problem:" not in out
+        return
+    assert ("problem: split 'train' yields no batch per epoch: 240 samples, 240 a rank over world_size 1, fewer "
+            f"than the smallest of train.batch_sizes ({min(batch_sizes)}), with drop_last: true; lower it (e.g. "
+            "--set 'train.batch_sizes=[") in out
+    fix = re.findall(r"--set '?([^' )]+(?: \d+\])?)'?", out.split("lower it (e.g. ")[1].split(") or set")[0])
+    assert main(["check", str(config), *[word for value in fix for word in ("--set", value)]]) == 0
+    assert "problem:" not in capsys.readouterr().out
+
+
 def test_check_says_colour_jitter_is_on_with_deit3s_3a_policy(tmp_path, capsys):
     from fastloader.cli import main
     config = tmp_path / "c.yaml"

@@ -2,6 +2,7 @@
 exactly the batches the uninterrupted run would have; another job size re-shards the rest."""
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -93,3 +94,38 @@ def test_a_restart_with_more_ranks_and_another_batch_size_re_shards_the_rest_of_
     else:  # 20 left, padded to 7 per rank so that DDP stays in step; every file delivered
         assert [[len(b) for b in batches] for batches in after] == [[5, 2]] * 3
         assert sorted(set(before + rest)) == all_files and len(before + rest) == 36 + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_resume_whose_batch_size_leaves_samples_out_under_drop_last_says_so_naming_the_keys(tmp_path, backend,
+                                                                                             caplog):
+    """Issue 68.6: 40 images, 3 batches of 4, resumed with batch 8 (drop_last, the train default): the
+    28 left make 3 whole batches, and 4 samples no whole batch can read (the saved run would have).
+    Silent before; now a warning names the count, the keys and both fixes. drop_last: false reads
+    every sample once."""
+    import logging
+    root = write_numbered_dataset(tmp_path / "d", per_class=14, splits=("train",))
+    for path in sorted((root / "train").rglob("*.png"))[:2]:
+        path.unlink()  # 40 images
+    config = base_config(root, backend=backend, train={"batch_size": 4})
+
+    def consumed(drop_last: bool) -> tuple[list, list]:
+        with build_loader({**config, "train": {**config["train"], "drop_last": drop_last}}, "train") as loader:
+            before = [i for images, _ in itertools.islice(loader, 3) for i in identities(images)]
+            state = loader.state_dict()
+        resumed = {**config, "train": {**config["train"], "batch_size": 8, "drop_last": drop_last}}
+        with build_loader(resumed, "train") as loader:
+            loader.load_state_dict(state)
+            return before, [i for images, _ in loader for i in identities(images)]
+
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        before, rest = consumed(drop_last=True)
+    assert len(before) == 12 and len(rest) == 24 and len(set(before + rest)) == 36
+    assert ("split 'train': resuming epoch 0 at sample 12 of 40 with 1 rank x batch 8 leaves out 4 samples that the "
+            "state's 1 rank x batch 4 would read: train.drop_last: true takes whole steps only (a batch on every "
+            "rank), and the 28 samples left do not fill them. To read them, finish the epoch with train.batch_size: 4 "
+            "on 1 rank, or set train.drop_last: false (a last, smaller batch)") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        before, rest = consumed(drop_last=False)
+    assert len(before + rest) == len(set(before + rest)) == 40 and "leaves out" not in caplog.text

@@ -372,9 +372,19 @@ def batch_problems(config: Config, split: SplitConfig, usable: int) -> list[str]
     except ConfigError as error:
         return [str(error)]
     size = split.epoch_size or usable
-    if split.drop_last and size < split.batch_size * ranks.world_size:  # a training loop would run 0 steps
-        return [no_batch_words(split.name, size, split.batch_size, ranks.world_size)]
+    if split.drop_last and planned_batches(config, split, size, ranks.world_size) == 0:  # a loop would run 0 steps
+        return [no_batch_words(split, size, ranks.world_size)]
     return []
+
+
+def planned_batches(config: Config, split: SplitConfig, size: int, world_size: int) -> int:
+    """The batches a rank of the split's loader yields an epoch over `size` positions: the loader's
+    own count (fastloader.order), a batch size per output size's steps included."""
+    from ..order import EpochOrder
+    from ..resolution import Resolution
+    resolution = Resolution(split.transform, config.seed, split.batch_sizes) if split.batch_sizes else None
+    return len(EpochOrder(size, split.batch_size, mode=split.mode, shuffle=False, drop_last=split.drop_last,
+                          seed=config.seed, world_size=world_size, repeats=split.aug_repeats, resolution=resolution))
 
 
 def draws_summary(config: Config, split: SplitConfig, index) -> str | None:
