@@ -27,7 +27,6 @@ thread from there (the feed logs it). What a worker finds is what read_screened 
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import mmap
 import os
@@ -262,6 +261,7 @@ class SharedReads:
         sent = [location.file if location.whole_file and location.name == location.file else tuple(location)
                 for location in locations]  # a path pickles in a thirtieth of a Location's time, a tuple in a quarter
         shares = []
+        live = tuple(mine.number for mine in self.slabs)  # the worker unmaps the slabs replaced since
         try:
             for worker, first in zip(self.workers, range(0, len(locations), share)):
                 part = sent[first:first + share]
@@ -272,7 +272,7 @@ class SharedReads:
                     part = len(listed)
                 number = next(self.tasks)
                 worker.send(number, (self.owner, slab.number, slab.fd, slab.capacity, start, end, part,
-                                     self.max_pixels))
+                                     self.max_pixels, live))
                 shares.append((worker, number))
         except (OSError, ValueError):  # the worker's end of the pipe closed: it died
             self.fail(WorkerFailed(worker.ended()))
@@ -399,18 +399,20 @@ def serve(conn, owner: int) -> None:
 
 
 def read_task(owner: int, number: int, fd: int, capacity: int, start: int, end: int, listed: int | list,
-              max_pixels: int) -> tuple[np.ndarray, dict]:
+              max_pixels: int, live: tuple[int, ...] = ()) -> tuple[np.ndarray, dict]:
     """A task: the locations pickled at `start` in the slab (`listed` bytes; or the list itself, where
-    it did not fit), read into [start, end)."""
+    it did not fit), read into [start, end). `live`: the caller's slabs now; any other this worker
+    mapped was replaced (grown, renewed) and is unmapped."""
+    for old in [mapped for mapped in _MAPPED if mapped not in live and mapped != number]:
+        del _MAPPED[old]  # unmapped once no view of it is left (none outlives a task)
     if isinstance(listed, int):
         listed = pickle.loads(_mapped(owner, number, fd, capacity)[start:start + listed])
     locations = [item if isinstance(item, str) else Location._make(item) for item in listed]
     return read_share(owner, number, fd, capacity, start, end, locations, max_pixels)
 
 
-_MAPPED: collections.OrderedDict[int, mmap.mmap] = collections.OrderedDict()
-"""The slabs this worker has mapped, by number, the most recent last (a few batches' worth kept)."""
-MAPPED_KEPT = 16
+_MAPPED: dict[int, mmap.mmap] = {}
+"""The slabs this worker has mapped, by number: the caller's live ones (each task names them)."""
 
 
 def read_share(owner: int, number: int, fd: int, capacity: int, start: int, end: int,
@@ -467,9 +469,6 @@ def _mapped(owner: int, number: int, fd: int, capacity: int) -> mmap.mmap:
         finally:
             os.close(handle)
         _MAPPED[number] = memory
-        while len(_MAPPED) > MAPPED_KEPT:
-            _MAPPED.popitem(last=False)
-    _MAPPED.move_to_end(number)
     return memory
 
 
