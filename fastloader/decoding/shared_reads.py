@@ -79,9 +79,12 @@ class Slab:
         """The bytes the last batch read into it took, in it and beside it."""
 
     def close(self) -> None:
+        """Its descriptor closed and its array let go: the mapping (which holds a descriptor of its
+        own) goes as soon as no array made from it is referenced any more."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        self.array = None
 
 
 class WorkerFailed(Exception):
@@ -150,6 +153,14 @@ class _Worker:
         else:
             how = "still running" if code is None else f"exit code {code}"
         return f"the feed's worker process {self.process.pid} ended ({how})"
+
+    def let_go(self) -> None:
+        """This end of the pipe closed and the ended process reaped, with its descriptors; only where
+        no thread reads the pipe any more (a read under way would find its descriptor reused)."""
+        self.conn.close()
+        self.process.join(1.0)  # killed: it ends at once, unless the kernel finishes a read first
+        if self.process.exitcode is not None:
+            self.process.close()
 
 
 @dataclass(eq=False)
@@ -338,13 +349,21 @@ class SharedReads:
             if worker.process.exitcode is None:
                 worker.process.kill()
 
-    def close(self) -> None:
-        """Stop the workers and close the slabs (their arrays stay valid while referenced)."""
+    def close(self, settled: bool = False) -> None:
+        """Stop the workers and close the slabs (their arrays stay valid while referenced).
+        `settled`: nothing calls this object any more and no other thread is in a call of it now
+        (the loader closed, its driver thread ended), so the workers' pipes are closed and the
+        processes reaped here, not when this object is collected (a closed loader that is kept would
+        hold their descriptors); else a read under way would find its descriptor reused."""
+        workers = list(self.workers)
         self.stop_workers()
         exits.forget(self)
+        if settled and os.getpid() == self.owner:
+            for worker in workers:
+                worker.let_go()
         for slab in self.slabs:
             slab.close()
-        self.free, self.pending = [], set()
+        self.slabs, self.free, self.pending = [], [], set()
 
     def _grown(self, slab: Slab) -> Slab:
         """The slab, or a larger one in its place where its last batch needed more room than it had."""
