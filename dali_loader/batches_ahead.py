@@ -167,8 +167,9 @@ class BatchesAhead:
         """The planned batches taken from `batches` and not yet handed on, in order."""
         return [planned for planned, _ in self.ahead]
 
-    def close(self) -> None:
-        """Stop the worker processes (the arrays DALI was given stay valid while it holds them)."""
+    def close(self, settled: bool = False) -> None:
+        """Stop the worker processes (the arrays DALI was given stay valid while it holds them);
+        `settled`: for good, with no thread in the feed (SharedReads.close)."""
         if self.reads is not None:
             self.failed = True  # what fails from now on is the closing, not worth a warning
-            self.reads.close()
+            self.reads.close(settled)

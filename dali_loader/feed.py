@@ -93,8 +93,12 @@ class Feed:
         return [*itertools.chain.from_iterable((*fed.empty, fed.plan) for fed in self.fed), *self.empty,
                 *self.ahead.taken_ahead()]
 
-    def close(self) -> None:
-        self.ahead.close()
+    def close(self, settled: bool = False) -> None:
+        """Stop the worker processes. `settled`: the pipeline is gone and no thread calls the feed
+        any more, so the batches it was given are let go too, and with them the slabs' memory."""
+        self.ahead.close(settled)
+        if settled:
+            self.held.clear()
 
     def __call__(self) -> tuple:
         if len(self.held) > self.in_flight:  # fed `in_flight + 1` calls ago: out of the pipeline

@@ -149,6 +149,19 @@ class DaliLoader(Loader):
     def __init__(self, config: Config, split: SplitConfig, prepared: PreparedSplit, ranks: RankInfo,
                  device: torch.device):
         super().__init__(config, split, prepared, ranks, device)
+        self._run, self._driver, self._epoch_open, self._feed = 0, None, False, None  # what closing reads
+        try:
+            self._set_up(config, split, prepared)
+        except BaseException:
+            self._closed = True  # create_loader lets go of the split's store and source
+            if self._feed is not None:
+                self._feed.close(settled=True)  # no pipeline ran: the worker processes and slabs go now
+            raise
+
+    def _set_up(self, config: Config, split: SplitConfig, prepared: PreparedSplit) -> None:
+        """The backend's part of the build; where it fails (a graph hook's error, no memory for the
+        pipeline), the feed's worker processes and slabs are given back before the error goes on."""
+        device = self.device
         self.flavour = "gpu" if device.type == "cuda" else "cpu"
         self.num_threads = prepared.workers
         gpu = self.flavour == "gpu"
@@ -464,4 +477,6 @@ class DaliLoader(Loader):
         driver, self._driver, self._pipe = self._driver, None, None
         if driver is not None:
             driver.close(wait)
-        self._feed.close()
+        # no thread runs the pipeline any more (none stuck in it): the feed's processes and memory go now
+        settled = driver.join(0) if driver is not None and wait else driver is None and not self._broken
+        self._feed.close(settled)

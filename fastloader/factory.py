@@ -28,6 +28,7 @@ from .errors import ConfigError, error_text
 from .hooks import split_hooks
 from .prepared import prepare_split, worker_count
 from .schema import Config
+from .sources.protocol import forget_source
 from .sources.stores import release_store
 
 log = logging.getLogger("fastloader")
@@ -152,6 +153,7 @@ def create_loader(config: Config, split_name: str, source: object | None = None,
         return loader_class(config, split, prepared, ranks, device)
     except BaseException:
         release_store(prepared.index.store)  # the loader that would have released its node cache
+        forget_source(prepared.index.reader)  # and the user's source
         raise
 
 

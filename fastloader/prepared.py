@@ -29,6 +29,7 @@ from .samples import SampleIndex
 from .schema import Config, SplitConfig
 from .screening import screen_index
 from .sources.formats import build_index, input_key
+from .sources.protocol import forget_source
 from .sources.stores import cache_limit, release_store
 from .sources.urls import is_url
 from .views import ViewFinisher, ViewPlan
@@ -135,7 +136,7 @@ def prepare_split(config: Config, split: SplitConfig, workers: int, ranks: RankI
     blocks = BlockPlan(config, split)  # a `shuffle: block` without a budget, an epoch too small for the ranks,
     weights = WeightPlan(config, split, ranks)  # or a bad weights file fails at once, before the split is indexed
     index = build_index(config, split, source)  # dataset.remote's node cache opened where the split names a store
-    store = index.store
+    store, reader = index.store, index.reader
     try:
         stored = index.ranges is not None and len(index.ranges.files) and is_url(index.ranges.files[0])
         limit = cache_limit(index.store) if stored else None  # the node cache's, for the block budget and the costs
@@ -160,4 +161,5 @@ def prepare_split(config: Config, split: SplitConfig, workers: int, ranks: RankI
                              batches=plan_batches(config, split, index, ranks, order, draws, hooks))
     except BaseException:
         release_store(store)
+        forget_source(reader)  # the user's source, which no loader will close
         raise

@@ -373,3 +373,29 @@ def test_no_descriptor_left_for_slabs_is_a_failure_the_caller_reads_past(files, 
         assert "Too many open files" in reads.failure and reads.free == reads.slabs
     finally:
         reads.close()
+
+
+def _mapped_slabs(pid: int) -> set[str]:
+    """The feed's memfds a process has mapped now (their inodes, from /proc/<pid>/maps)."""
+    lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {line.split()[4] for line in lines if "memfd:fastloader-feed" in line}
+
+
+def test_a_worker_unmaps_the_slabs_the_caller_replaced(files):
+    """Slabs replaced as batches grow (and renewed after a failed pipeline) are unmapped in the
+    workers at their next task: a worker kept up to 16 of them mapped, tens of MiB each at batch 256,
+    that nothing would read again (issue 68.13)."""
+    reads = SharedReads(processes=1, slabs=2, batch_size=1, max_pixels=10**8)
+    try:
+        for _ in range(4):
+            reads.capacity = 4096  # room for a file or two: the next batch grows its slab
+            reads.renew()
+            for _ in range(3):
+                pending = reads.submit(files[:5])
+                _same_as_here(reads.take(pending).reads(), files[:5])
+                reads.release(pending.slab)
+        worker = reads.pids[0]
+        live = {str(os.fstat(slab.fd).st_ino) for slab in reads.slabs}
+        assert _mapped_slabs(worker) <= live and len(_mapped_slabs(worker)) >= 1
+    finally:
+        reads.close()

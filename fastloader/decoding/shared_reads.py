@@ -27,7 +27,6 @@ thread from there (the feed logs it). What a worker finds is what read_screened 
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import mmap
 import os
@@ -81,9 +80,12 @@ class Slab:
         """The bytes the last batch read into it took, in it and beside it."""
 
     def close(self) -> None:
+        """Its descriptor closed and its array let go: the mapping (which holds a descriptor of its
+        own) goes as soon as no array made from it is referenced any more."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        self.array = None
 
 
 class WorkerFailed(Exception):
@@ -152,6 +154,14 @@ class _Worker:
         else:
             how = "still running" if code is None else f"exit code {code}"
         return f"the feed's worker process {self.process.pid} ended ({how})"
+
+    def let_go(self) -> None:
+        """This end of the pipe closed and the ended process reaped, with its descriptors; only where
+        no thread reads the pipe any more (a read under way would find its descriptor reused)."""
+        self.conn.close()
+        self.process.join(1.0)  # killed: it ends at once, unless the kernel finishes a read first
+        if self.process.exitcode is not None:
+            self.process.close()
 
 
 @dataclass(eq=False)
@@ -263,6 +273,7 @@ class SharedReads:
         sent = [location.file if location.whole_file and location.name == location.file else tuple(location)
                 for location in locations]  # a path pickles in a thirtieth of a Location's time, a tuple in a quarter
         shares = []
+        live = tuple(mine.number for mine in self.slabs)  # the worker unmaps the slabs replaced since
         try:
             for worker, first in zip(self.workers, range(0, len(locations), share)):
                 part = sent[first:first + share]
@@ -273,7 +284,7 @@ class SharedReads:
                     part = len(listed)
                 number = next(self.tasks)
                 worker.send(number, (self.owner, slab.number, slab.fd, slab.capacity, start, end, part,
-                                     self.max_pixels))
+                                     self.max_pixels, live))
                 shares.append((worker, number))
         except (OSError, ValueError):  # the worker's end of the pipe closed: it died
             self.fail(WorkerFailed(worker.ended()))
@@ -339,13 +350,21 @@ class SharedReads:
             if worker.process.exitcode is None:
                 worker.process.kill()
 
-    def close(self) -> None:
-        """Stop the workers and close the slabs (their arrays stay valid while referenced)."""
+    def close(self, settled: bool = False) -> None:
+        """Stop the workers and close the slabs (their arrays stay valid while referenced).
+        `settled`: nothing calls this object any more and no other thread is in a call of it now
+        (the loader closed, its driver thread ended), so the workers' pipes are closed and the
+        processes reaped here, not when this object is collected (a closed loader that is kept would
+        hold their descriptors); else a read under way would find its descriptor reused."""
+        workers = list(self.workers)
         self.stop_workers()
         exits.forget(self)
+        if settled and os.getpid() == self.owner:
+            for worker in workers:
+                worker.let_go()
         for slab in self.slabs:
             slab.close()
-        self.free, self.pending = [], set()
+        self.slabs, self.free, self.pending = [], [], set()
 
     def _grown(self, slab: Slab) -> Slab:
         """The slab, or a larger one in its place where its last batch needed more room than it had."""
@@ -400,18 +419,20 @@ def serve(conn, owner: int) -> None:
 
 
 def read_task(owner: int, number: int, fd: int, capacity: int, start: int, end: int, listed: int | list,
-              max_pixels: int) -> tuple[np.ndarray, dict]:
+              max_pixels: int, live: tuple[int, ...] = ()) -> tuple[np.ndarray, dict]:
     """A task: the locations pickled at `start` in the slab (`listed` bytes; or the list itself, where
-    it did not fit), read into [start, end)."""
+    it did not fit), read into [start, end). `live`: the caller's slabs now; any other this worker
+    mapped was replaced (grown, renewed) and is unmapped."""
+    for old in [mapped for mapped in _MAPPED if mapped not in live and mapped != number]:
+        del _MAPPED[old]  # unmapped once no view of it is left (none outlives a task)
     if isinstance(listed, int):
         listed = pickle.loads(_mapped(owner, number, fd, capacity)[start:start + listed])
     locations = [item if isinstance(item, str) else Location._make(item) for item in listed]
     return read_share(owner, number, fd, capacity, start, end, locations, max_pixels)
 
 
-_MAPPED: collections.OrderedDict[int, mmap.mmap] = collections.OrderedDict()
-"""The slabs this worker has mapped, by number, the most recent last (a few batches' worth kept)."""
-MAPPED_KEPT = 16
+_MAPPED: dict[int, mmap.mmap] = {}
+"""The slabs this worker has mapped, by number: the caller's live ones (each task names them)."""
 
 
 def read_share(owner: int, number: int, fd: int, capacity: int, start: int, end: int,
@@ -469,9 +490,6 @@ def _mapped(owner: int, number: int, fd: int, capacity: int) -> mmap.mmap:
         finally:
             os.close(handle)
         _MAPPED[number] = memory
-        while len(_MAPPED) > MAPPED_KEPT:
-            _MAPPED.popitem(last=False)
-    _MAPPED.move_to_end(number)
     return memory
 
 

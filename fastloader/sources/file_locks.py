@@ -91,16 +91,30 @@ def locked(path: Path, shared: bool, patience: float, what: str,
 
 
 def holders(path: Path) -> list[int]:
-    """The processes that hold a lock on this file, as /proc/locks says (empty where it cannot be read)."""
+    """The processes that hold a lock on this file, as /proc/locks says (empty where it cannot be read).
+    A lock is this file's where its device and inode both match (/proc/locks writes them as
+    MAJOR:MINOR:INODE, the device numbers in hex): an inode number alone recurs on every file
+    system, and a lock this process holds on another one would pass for this file's."""
     try:
-        inode = os.stat(path).st_ino
+        info = os.stat(path)
         with open("/proc/locks") as table:
             pids = [int(fields[4]) for fields in (line.split() for line in table)
-                    if len(fields) > 5 and fields[1] in ("FLOCK", "POSIX", "OFDLCK") and fields[5].endswith(
-                        f":{inode}") and fields[4].lstrip("-").isdigit() and int(fields[4]) > 0]
+                    if len(fields) > 5 and fields[1] in ("FLOCK", "POSIX", "OFDLCK") and _same_file(fields[5], info)
+                    and fields[4].lstrip("-").isdigit() and int(fields[4]) > 0]
     except OSError:
         return []
     return list(dict.fromkeys(pids))
+
+
+def _same_file(where: str, info: os.stat_result) -> bool:
+    """Whether /proc/locks' 'MAJOR:MINOR:INODE' (hex device numbers) is the file stat'ed as `info`."""
+    major, _, rest = where.partition(":")
+    minor, _, inode = rest.partition(":")
+    try:
+        return (int(inode), int(major, 16), int(minor, 16)) == (info.st_ino, os.major(info.st_dev),
+                                                                os.minor(info.st_dev))
+    except ValueError:
+        return False
 
 
 def holder(path: Path) -> str:

@@ -75,33 +75,62 @@ def read_bytes(where: str | Location, into: ReadArena | None = None, max_pixels:
 def _from_node_cache(location: Location) -> bytearray:
     """A shard's bytes from its node-cache copy. The copy was fetched under the indexed ETag, so a
     member header that is not the one indexed means the local copy is damaged (a power cut after an
-    unsynced write leaves zeros of the right size): it is removed and fetched again, once. Labels
-    taken from the `.idx` beside the shard are checked against the copy first (_labels_checked)."""
-
+    unsynced write leaves zeros of the right size): it is removed and fetched again, once a shard
+    and process (_FETCHED_AGAIN). Where a copy fetched again still disagrees, the index is what is
+    wrong: a `.idx` beside the shard is named (SourceChanged), set aside for the next loader.
+    Labels taken from the `.idx` are checked against the copy first (_labels_checked)."""
     cache = node_cache.cache_of(location.store)
-    for attempt in range(2):
+    shard = _shard_key(location)
+    while True:
         with cache.opened(location) as fd:
             try:
-                _labels_checked(location, fd)
+                _labels_checked(location, fd, fetched_again=shard in _FETCHED_AGAIN)
                 return _whole(fd, os.fstat(fd).st_size) if location.whole_file else _range(fd, location)
             except ContainerChanged as error:
-                if attempt:
-                    raise
+                if shard in _FETCHED_AGAIN:
+                    raise _index_lies(location, error) from None
                 damaged, why = os.fstat(fd).st_ino, (error.strerror if error.errno == errno.EIO else None)
         cache.discard(location, damaged, why)
-    raise AssertionError("unreachable")
+        _FETCHED_AGAIN.add(shard)
+
+
+_FETCHED_AGAIN: set[tuple[str, str]] = set()
+"""(shard URL, ETag) whose node-cache copy this process removed as damaged, to be fetched again:
+once a shard. A member that fails in the new copy fails for itself (or for its index): removing
+copy after copy would fetch the shard again at every read of it."""
+
+
+def _shard_key(location: Location) -> tuple[str, str]:
+    return location.file, location.identity.etag if location.identity is not None else ""
+
+
+def _index_lies(location: Location, error: ContainerChanged) -> OSError:
+    """What a member's check that fails in a copy fetched again says: where the shard's `.idx` gave
+    its byte ranges (unread then), the index is wrong (its offsets are not the shard's), named, and
+    marked stale so that a new loader checks it against the shard's own headers; else the error."""
+    identity = location.identity
+    if error.errno != errno.ESTALE or identity is None or not identity.labels:
+        return error
+    marker = mark_stale_index(location.file, identity.etag)
+    return SourceChanged(f"{location.file}{INDEX_SUFFIX} does not describe the shard {location.file}: the tar header "
+                         f"before {location.name} is not the one it lists, in a copy of the shard fetched again (the "
+                         f"index's byte ranges are not the shard's); rewrite the index (`fastloader pack` writes a "
+                         f"true one) or delete it. A new loader checks it against the shard's own headers ({marker} "
+                         f"remembers it)")
 
 
 _LABELS_CHECKED: set[tuple[str, str]] = set()
 """(shard URL, ETag) whose copy this process found to hold the labels its `.idx` gave."""
 
 
-def _labels_checked(location: Location, fd: int) -> None:
+def _labels_checked(location: Location, fd: int, fetched_again: bool = False) -> None:
     """Where the labels of a shard in an object store came from the `.idx` beside it, unread then (a
     request a label member), the copy's own label members must be those (once a shard and process):
     an index kept beside a shard rewritten with other labels would label the run with the old ones.
-    SourceChanged where they differ (the labels are already the run's), and the index is marked
-    stale, so that a new loader checks it; ContainerChanged where the copy itself is damaged."""
+    SourceChanged where they differ in a copy `fetched_again` (the labels are already the run's), and
+    the index is marked stale, so that a new loader checks it; ContainerChanged where the copy itself
+    is damaged, or may be: a first copy that differs (zeros where a crash cut a write end the walk of
+    its headers early) is fetched again before the index is blamed."""
     identity = location.identity
     if identity is None or not identity.labels or (location.file, identity.etag) in _LABELS_CHECKED:
         return
@@ -109,6 +138,9 @@ def _labels_checked(location: Location, fd: int) -> None:
     if problems:
         raise ContainerChanged(errno.EIO, f"the node cache's copy of {location.file} is damaged: {problems[0][1]}",
                                location.file)
+    if digest != identity.labels and not fetched_again:
+        raise ContainerChanged(errno.EIO, f"its label members are not the ones {location.file}{INDEX_SUFFIX} lists, "
+                                          f"which a damaged copy or a stale index would give", location.file)
     if digest != identity.labels:
         marker = mark_stale_index(location.file, identity.etag)
         raise SourceChanged(f"{location.file}{INDEX_SUFFIX} is stale: the label members it lists are not the ones "
@@ -118,28 +150,22 @@ def _labels_checked(location: Location, fd: int) -> None:
     _LABELS_CHECKED.add((location.file, identity.etag))
 
 
-_CHECKED_COPIES: set[tuple[str, tuple[int, int]]] = set()
-"""(shard URL, copy stamp) of the node-cache copies this process fetched again (fetch_again): a
-member that fails in such a copy is what it is."""
-
-
 def fetch_again(location: Location, why: str) -> bool:
     """Where a shard member in an object store fails a check of its bytes (not an image, cut short, a
     decoder's error), the node cache's copy may be what is damaged (zeros where a crash cut a write),
-    not the image: the copy is removed, to be fetched again by the next read; once a copy (a member
-    that fails in a copy fetched again fails for itself). Whether it was (then read the member again
-    before calling it bad)."""
+    not the image: the copy is removed, to be fetched again by the next read; once a shard and
+    process (_FETCHED_AGAIN: a member that fails in a copy fetched again fails for itself). Whether
+    it was (then read the member again before calling it bad)."""
     if not is_url(location.file) or location.reader:
         return False
     cache = node_cache.cache_of(location.store)
     stamp = cache.copy_stamp(location)
-    if stamp is None or (location.file, stamp) in _CHECKED_COPIES:
+    if stamp is None or _shard_key(location) in _FETCHED_AGAIN:
         return False
     cache.discard(location, stamp[0], f"{location.name}: {why}")
-    with cache.opened(location):  # fetched again now, and marked: its members fail for themselves
-        fresh = cache.copy_stamp(location)
-    if fresh is not None:
-        _CHECKED_COPIES.add((location.file, fresh))
+    _FETCHED_AGAIN.add(_shard_key(location))
+    with cache.opened(location):  # fetched again now
+        pass
     return True
 
 

@@ -135,19 +135,21 @@ def scan_shard(path: str, image_extensions: tuple[str, ...]) -> ShardScan:
 
 
 def scan_file(handle, pread: Callable[[int, int], bytes], scan: ShardScan, image_extensions: tuple[str, ...],
-              name: str, beside: bytes | None = None, check_labels: bool = True) -> None:
+              name: str, beside: bytes | None = None, check_labels: bool = True, check_headers: bool = False) -> None:
     """Fill `scan` (its size and digest set) from the index file beside the shard where it is the
     shard's (`beside`: its text), else from the shard's own headers, read through `handle` (a file
     object tarfile walks) and `pread(length, offset)`. `check_labels`: each label member the index
     names is read and compared (a local shard: a small pread each); without it (a request each over
-    a network) the index's labels_digest is kept, for the shard's whole copy to be checked against."""
+    a network) the index's labels_digest is kept, for the shard's whole copy to be checked against.
+    `check_headers`: every member's tar header is read where the index says it is (an index found
+    stale before, whose byte ranges may lie)."""
     problem = compression_problem(pread(8, 0), name)
     if problem:
         scan.problems.append(("", problem))
         return
     members = read_index_file(beside, scan) if beside is not None else None
     if members is not None and check_labels:
-        wrong = index_file_lies(members, pread)
+        wrong = index_file_lies(members, pread, check_headers)
         if wrong:
             log.warning("%s%s does not describe the shard it stands beside: %s; the shard's own headers are read "
                         "instead (`fastloader pack` writes a true one)", name, INDEX_SUFFIX, wrong)
@@ -285,12 +287,15 @@ def read_index_file(text: bytes, scan: ShardScan) -> list[Member] | None:
     return members
 
 
-def index_file_lies(members: list[Member], pread: Callable[[int, int], bytes]) -> str | None:
+def index_file_lies(members: list[Member], pread: Callable[[int, int], bytes], headers: bool = False) -> str | None:
     """Why an index file's label members are not the shard's (their header or their text), or None.
     The labels decide what a model learns: an index kept after a `.cls` member was rewritten in place,
-    or written by anyone else, is never believed on its size and edge bytes alone."""
+    or written by anyone else, is never believed on its size and edge bytes alone. `headers`: every
+    other member's header is checked too (its byte range: an index whose offsets were found to lie)."""
     for member in members:
         if member.text is None:
+            if headers and header_digest(pread(TAR_BLOCK, member.start - TAR_BLOCK)) != member.header:
+                return f"the tar header of {member.name} is not the one it lists"
             continue
         block = pread(TAR_BLOCK + member.length, member.start - TAR_BLOCK)
         if len(block) != TAR_BLOCK + member.length or header_digest(block[:TAR_BLOCK]) != member.header:

@@ -491,7 +491,8 @@ def _scan_remote(info: remote.ObjectInfo, extensions: tuple[str, ...], client: r
     """A shard in an object store, scanned without downloading it: the index beside it (`.idx`)
     where there is one that matches it, else its tar headers, by ranged requests (a few a member).
     The index's labels are checked against the shard's whole copy when it is first read (its
-    labels digest); where that found it stale, its label members are read here first."""
+    labels digest); where that found it stale (its labels, or its byte ranges), its label members
+    and every member's header are read here first."""
     scan = ShardScan(info.size, info.mtime_ns, etag=info.etag)
     reader = remote.RangeFile(info, client)
     check_labels = stale_index_marker(info.url, info.etag).exists()  # a request a label member, this once
@@ -501,7 +502,8 @@ def _scan_remote(info: remote.ObjectInfo, extensions: tuple[str, ...], client: r
             beside = client.read_object(info.url + INDEX_SUFFIX)
         except FileNotFoundError:
             beside = None
-        scan_file(reader, reader.pread, scan, extensions, info.url, beside, check_labels=check_labels)
+        scan_file(reader, reader.pread, scan, extensions, info.url, beside, check_labels=check_labels,
+                  check_headers=check_labels)
     except FileNotFoundError:
         return ShardScan(0, 0, problems=[("", "missing (no such object)")])
     except remote.Changed:
