@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, help="output size (default: the config's)")
     parser.add_argument("--workers", type=int, default=2, help="torch workers / DALI threads")
     parser.add_argument("--backends", nargs="+", default=list(harness.BACKENDS), choices=harness.BACKENDS)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
+                        help="the cases to time (default: all; 'no hook' is always timed, as the ratios' base)")
     args = parser.parse_args()
     data = harness.check_data(parser, args.data, ["train"])
     backends = harness.usable_backends(parser, args.backends)
@@ -66,7 +68,8 @@ def main() -> None:
     for backend in backends:
         config = shard_benchmark.config_for("folder", backend, data, {}, args.batch_size, args.size)
         config["workers"] = {**config.get("workers", {}), "num_workers": args.workers}
-        rows: dict[str, list[dict]] = {case: [] for case in cases_for(backend)}
+        rows: dict[str, list[dict]] = {case: [] for case in cases_for(backend)
+                                       if case in args.cases or case == "no hook"}
         for _ in range(args.rounds):
             for case in rows:  # interleaved: the machine's drift falls on all
                 hooks, transform = CASES[case]

@@ -40,6 +40,8 @@ from fastloader.errors import (
     error_text,
     refused_file,
 )
+from fastloader.hooks import Hook
+from fastloader.parallel import available_cores
 from fastloader.prepared import PreparedSplit
 from fastloader.read_ahead import epochs_after
 from fastloader.schema import Config, SplitConfig
@@ -52,6 +54,7 @@ from .batches_ahead import READS_AHEAD, BatchesAhead
 from .doings import Doings
 from .driver import Driver, Ended
 from .feed import Fed, Feed
+from .hook_processes import HookProcesses, hook_context
 from .inputs import batch_inputs, input_plan
 from .pipeline import GraphSpec, Sizing, build_pipeline, decode_plan, decoder_words
 from .probe import DecodeProbe, dali_reason, out_of_memory
@@ -150,12 +153,15 @@ class DaliLoader(Loader):
                  device: torch.device):
         super().__init__(config, split, prepared, ranks, device)
         self._run, self._driver, self._epoch_open, self._feed = 0, None, False, None  # what closing reads
+        self._hook_processes: HookProcesses | None = None
         try:
             self._set_up(config, split, prepared)
         except BaseException:
             self._closed = True  # create_loader lets go of the split's store and source
             if self._feed is not None:
                 self._feed.close(settled=True)  # no pipeline ran: the worker processes and slabs go now
+            if self._hook_processes is not None:
+                self._hook_processes.close()
             raise
 
     def _set_up(self, config: Config, split: SplitConfig, prepared: PreparedSplit) -> None:
@@ -191,8 +197,10 @@ class DaliLoader(Loader):
                              self._doings.during)
         self._feed = Feed(ahead, self._reader, self._inputs, in_flight=config.workers.prefetch_factor)
         hook = prepared.hooks.sample
-        self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._doings) if hook is not None else None
-        if hook is not None:
+        self._hook_processes = self._processes_for(hook, prepared)
+        self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._doings, self._hook_processes
+                                             ) if hook is not None else None
+        if hook is not None and self._hook_processes is None:
             log.warning("split '%s': %s runs through DALI's Python-function operator, one Python call per sample on "
                         "a DALI thread holding the GIL%s: an identity function cost 4-7%% of the images/s on 2 CPU "
                         "cores, torchvision's RandAugment half of fastloader's rand-m9's "
@@ -216,6 +224,20 @@ class DaliLoader(Loader):
             log.info("split '%s': DALI decodes with %s", split.name,
                      decoder_words(self._graph.hw_decoder_load, self.flavour == "gpu", self.decoding,
                                    self._graph.train))
+
+    def _processes_for(self, hook: Hook | None, prepared: PreparedSplit) -> HookProcesses | None:
+        """The processes that run a sample hook drawing from the global generators (with_global_rng),
+        one for each DALI thread up to the cores: on DALI's threads it would reseed the trainer's
+        generators under it (hook_processes.py). None for any other hook."""
+        if hook is None or not hook.draws_globally:
+            return None
+        if hook_context().get_start_method() != "fork":
+            hook.check_picklable("on DALI a hook that draws from the global generators runs in processes of its "
+                                 "own, started clean here")
+        processes = max(1, min(self.num_threads, available_cores()))
+        log.info("split '%s': %s draws from the global generators: it runs in %d processes of its own, a batch at a "
+                 "time, never on DALI's threads beside the trainer's", self.split.name, hook.label, processes)
+        return HookProcesses(hook, processes, prepared.index.path)
 
     def _shared_reads(self, prepared: PreparedSplit) -> SharedReads | None:
         """The worker processes that read the feed's next batches (dali.feed_processes), if any."""
@@ -480,3 +502,5 @@ class DaliLoader(Loader):
         # no thread runs the pipeline any more (none stuck in it): the feed's processes and memory go now
         settled = driver.join(0) if driver is not None and wait else driver is None and not self._broken
         self._feed.close(settled)
+        if self._hook_processes is not None:
+            self._hook_processes.close()

@@ -3,9 +3,11 @@ them: after the crop, resize, flips and ops, before normalizing.
 
 - The sample hook runs through DALI's Python-function operator (fn.python_function), one call per
   sample on DALI's CPU thread, holding the GIL; in the GPU flavour the images go to the host for
-  it and back (the dynamic executor allows the GPU->CPU step). The images are HWC uint8 there, as
-  the torch workers' crops are in memory: the hook sees the same [3, H, W] view, of a copy (DALI's
-  operator must not modify its input; a hook may).
+  it and back (the dynamic executor allows the GPU->CPU step). A hook that draws from the global
+  generators (with_global_rng) is called once a batch there, and hooks the batch in processes of
+  its own (hook_processes.py): on DALI's threads it would reseed the trainer's generators. The
+  images are HWC uint8 there, as the torch workers' crops are in memory: the hook sees the same
+  [3, H, W] view, of a copy (DALI's operator must not modify its input; a hook may).
 - The graph function (dali.graph_hook) is called once while the graph is built, with the images'
   DataNode and the samples' seeds' DataNode, and adds its operators where the graph runs.
 
@@ -26,6 +28,8 @@ from fastloader.errors import HookError
 from fastloader.hooks import Hook, SplitHooks
 from fastloader.order import output_size
 from fastloader.views import ViewPlan
+
+from .hook_processes import HookProcesses
 
 HOOK_INPUTS = [("sample_seed", types.INT64)]
 """Per-sample input of a graph with a hook: int64 [2], the sample's number in the index and its seed."""
@@ -48,12 +52,27 @@ NO_USER_OPS = UserOps(SplitHooks(), None)
 class PythonSampleHook:
     """The function fn.python_function calls per sample: (HWC uint8 image, [sample, seed]) -> the
     hook's image, HWC uint8. `name_of` names a sample by its number (the index's path); `doings`
-    (the feed's, feed.Doings) notes the sample being hooked, for a stalled pipeline."""
+    (the feed's, feed.Doings) notes the sample being hooked, for a stalled pipeline. `apart`: the
+    processes that run a hook drawing from the global generators (hook_processes.py), called a
+    batch at a time (`batch`); None for any other hook."""
 
-    def __init__(self, hook: Hook, name_of: Callable[[int], str], doings: Any):
-        self.hook, self.name_of, self.doings = hook, name_of, doings
+    def __init__(self, hook: Hook, name_of: Callable[[int], str], doings: Any, apart: HookProcesses | None = None):
+        self.hook, self.name_of, self.doings, self.apart = hook, name_of, doings, apart
         self.failure: HookError | None = None
         """The hook's error, kept for the loader: DALI's own carries only its text."""
+
+    def batch(self, images: list[np.ndarray], sample_seeds: list[np.ndarray]) -> list[np.ndarray]:
+        """The batch's images (HWC uint8) hooked in the processes (`apart`), in order."""
+        samples, seeds = ([int(row[column]) for row in sample_seeds] for column in (0, 1))
+        self.doings.begin(f"running {self.hook.label} (in its processes) on a batch of {len(images)} from sample",
+                          self.name_of(samples[0]))
+        try:
+            return self.apart.batch(images, samples, seeds)
+        except HookError as error:
+            self.failure = error
+            raise
+        finally:
+            self.doings.end()
 
     def __call__(self, image: np.ndarray, sample_seed: np.ndarray) -> np.ndarray:
         sample, seed = (int(value) for value in sample_seed)
@@ -75,8 +94,9 @@ def apply_user_ops(images: DataNode, inputs: dict[str, DataNode], user: UserOps,
     hooks, sample_hook = user
     if sample_hook is not None:
         host = images.cpu() if gpu else images
-        images = fn.python_function(host, inputs["sample_seed"], function=sample_hook, batch_processing=False,
-                                    num_outputs=1, output_layouts="HWC")
+        apart = sample_hook.apart is not None
+        images = fn.python_function(host, inputs["sample_seed"], function=sample_hook.batch if apart else sample_hook,
+                                    batch_processing=apart, num_outputs=1, output_layouts="HWC")
         images = images.gpu() if gpu else images
     if hooks.graph is not None:
         images = _graph_function(images, inputs["sample_seed"][1], hooks)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from .config import load_config
 from .cuda_libraries import bind_wheel_nvjpegs
 from .errors import (
+    AugmentError,
     BadImageError,
     CacheError,
     ConfigError,
@@ -42,7 +43,8 @@ __version__ = "0.1.0"
 __all__ = ["build_loader", "load_config", "Loader", "Samples", "Source", "with_global_rng", "__version__",
            "Batch", "Images", "SampleHook", "BatchHook", "GraphHook",
            "FastloaderError", "ConfigError", "CacheError", "StoreError", "LockTimeout", "SourceError", "SourceChanged",
-           "SourceReadError", "BadImageError", "HookError", "StateError", "LoaderError", "DiskFullError"]
+           "SourceReadError", "BadImageError", "HookError", "AugmentError", "StateError", "LoaderError",
+           "DiskFullError"]
 _TORCH_NAMES = {"Loader": "contract", "with_global_rng": "hooks"}
 """Names whose modules import torch, imported when first asked for: a worker process that only reads
 files (decoding/shared_reads.py) starts in a fraction of the 1.3 s that torch takes."""

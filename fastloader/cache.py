@@ -82,10 +82,25 @@ def rebuild_command(config: Config, split: str, short_side: int, cache_dir: str)
 
 
 def required_short_side(split: SplitConfig) -> int:
-    """The smallest cached shorter side that this split's transform never has to enlarge: eval
-    resizes the shorter side to floor(size / crop_pct); train crops at most the whole image."""
+    """The smallest cached shorter side that this split's transform never has to enlarge."""
+    return _largest_asked(split)[0]
+
+
+def _largest_asked(split: SplitConfig) -> tuple[int, str]:
+    """The smallest cached shorter side that none of the split's output sizes enlarges, and what
+    asks for it, in words. Eval resizes the shorter side to floor(size / crop_pct); train crops at
+    most the whole image, at every size it may ask for: its size (a progressive ramp ends at it),
+    each of `sizes` and each view group's (a 40 px cache served 96 px batches of
+    `sizes: [32, 96]` and 96 px views, enlarged: issue 68)."""
     t = split.transform
-    return int(t.size // t.crop_pct) if split.mode == "eval" else t.size
+    if split.mode == "eval":
+        return int(t.size // t.crop_pct), f"size {t.size}"
+    asked = [(t.size, f"size {t.size}")]
+    if t.sizes:
+        asked.append((max(t.sizes), f"sizes {list(t.sizes)}"))
+    for k, view in enumerate(split.views or ()):
+        asked.append((view.transform.size, f"view group {view.name or f'view{k}'} of size {view.transform.size}"))
+    return max(asked, key=lambda pair: pair[0])
 
 
 def suggested_short_side(split: SplitConfig) -> int:
@@ -207,7 +222,7 @@ def _check_and_open(config: Config, split: SplitConfig, index: SampleIndex, fold
     if data["short_side"] < needed:
         command = rebuild_command(config, split.name, suggested_short_side(split), cache_dir)
         raise stale(f"it was built with --short-side {data['short_side']}, and split '{split.name}' "
-                    f"({split.mode}, size {split.transform.size}) needs at least {needed} not to enlarge images")
+                    f"({split.mode}, {_largest_asked(split)[1]}) needs at least {needed} not to enlarge images")
     files, offsets, shapes = _checked_arrays(folder, data, damaged)
     cached = SampleIndex(root=data["source_root"], classes=index.classes, path_bytes=files["path_bytes"],
                          offsets=files["path_offsets"], labels=files["labels"])

@@ -14,7 +14,10 @@ count and aspect ratio (height / width) log-uniform in erase_ratio, placed unifo
 (10 tries, else that box is skipped); a box is filled with zeros, one normal colour, or normal noise
 per pixel. timm loops over the images of a batch in Python; here the box parameters of the whole
 batch come from the samples' seeds in one vectorized draw (so they replay exactly, whatever the
-backend or the number of workers), and the boxes become one mask per box slot.
+backend or the number of workers), and the boxes become one mask per box slot. A box's colour or
+noise is a counter-based function of its sample's seed (box_noise): one generator for the batch,
+seeded with its first sample's, gave a sample other noise in another batch (a resume at another
+batch, another batch size) and on another device (issue 68).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import torch
 
 from .hooks import Hook
 from .mixing import BatchMixer
-from .order import seeded_uniform
+from .order import derived_seeds, seeded_uniform
 from .schema import SplitConfig, TransformConfig
 from .transfer import to_device
 
@@ -67,7 +70,8 @@ def erase_boxes(seeds: np.ndarray, height: int, width: int, transform: Transform
 def random_erasing(images: torch.Tensor, seeds: np.ndarray, transform: TransformConfig) -> torch.Tensor:
     """Erase boxes in a normalized batch [B, C, H, W] in place (any dtype, memory format, device)."""
     _, channels, height, width = images.shape
-    boxes = erase_boxes(np.asarray(seeds, dtype=np.int64), height, width, transform)
+    seeds = np.asarray(seeds, dtype=np.int64)
+    boxes = erase_boxes(seeds, height, width, transform)
     if not boxes[..., 2].any():
         return images
     device = images.device
@@ -76,17 +80,68 @@ def random_erasing(images: torch.Tensor, seeds: np.ndarray, transform: Transform
     cols = torch.arange(width, device=device).view(1, 1, 1, width)
     top, left, box_h, box_w = (box[..., i].view(*box.shape[:2], 1, 1) for i in range(4))
     inside = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)  # [B, K, H, W]
-    generator = torch.Generator(device=device)
-    generator.manual_seed(int(seeds[0]) ^ _ERASE_SALT)
+    if transform.erase_mode == "const":
+        for slot in range(boxes.shape[1]):
+            images.masked_fill_(inside[:, slot:slot + 1], 0)
+        return images
+    per_box = channels if transform.erase_mode == "rand" else channels * boxes[..., 2] * boxes[..., 3]  # [B, K]
+    keys = derived_seeds(seeds, _ERASE_SALT, boxes.shape[1]).T & _LOW_32  # [B, K]: each box's own
     for slot in range(boxes.shape[1]):
-        mask = inside[:, slot:slot + 1]
-        if transform.erase_mode == "const":
-            images.masked_fill_(mask, 0)
+        erased = np.flatnonzero(boxes[:, slot, 2])
+        if not len(erased):
             continue
-        shape = (len(images), channels, 1, 1) if transform.erase_mode == "rand" else images.shape
-        noise = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(images.dtype)
-        torch.where(mask, noise, images, out=images)
+        sizes = np.broadcast_to(per_box, boxes.shape[:2])[erased, slot]
+        fill = box_noise(keys[erased, slot], sizes, device).to(images.dtype)
+        mask = inside[:, slot:slot + 1]
+        if transform.erase_mode == "rand":  # one colour a box
+            colours = torch.zeros(len(images), channels, 1, 1, dtype=images.dtype, device=device)
+            colours[to_device(torch.from_numpy(erased), device)] = fill.view(len(erased), channels, 1, 1)
+            torch.where(mask, colours, images, out=images)
+        else:  # the boxes' pixels, in the order masked_scatter_ visits the mask's: sample by sample, (C, H, W)
+            images.masked_scatter_(mask, fill)
     return images
+
+
+_LOW_32 = 0xFFFFFFFF
+_NORMAL_LEVELS = 1 << 16
+_NORMAL_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def box_noise(keys: np.ndarray, sizes: np.ndarray, device: torch.device) -> torch.Tensor:
+    """float32 [sum(sizes)]: `sizes[i]` normal(0, 1) values for box i, a pure function of its key
+    (from its sample's seed and its slot) and the value's place in the box, counter-based: the same
+    integer arithmetic on any device and in any batch, so a sample's noise is its own, after a
+    resume, on the CPU or a GPU (one generator for the batch, seeded with its first sample's, gave
+    a sample other noise in another batch and on another device: issue 68). The 32-bit hash of
+    (key, place) picks one of 65,536 normal quantiles from a table (exact on every device; finer
+    than bfloat16 or float16 output tells apart). Only the boxes' values are made, on the device."""
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    counts, starts, keys = (to_device(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)), device)
+                            for a in (sizes, np.cumsum(sizes) - sizes, keys))
+    box = torch.repeat_interleave(torch.arange(len(sizes), device=device), counts, output_size=total)
+    place = torch.arange(total, device=device) - starts[box]
+    bits = _hash32((keys[box] + _hash32(place & _LOW_32)) & _LOW_32)
+    return _normal_table(device)[bits >> 16]
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Mueller's) of int64 values in [0, 2**32): no product leaves int64."""
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _LOW_32
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _LOW_32
+    return x ^ (x >> 16)
+
+
+def _normal_table(device: torch.device) -> torch.Tensor:
+    """The normal distribution's quantiles at (i + 1/2) / 65,536, float32, made on the CPU once and
+    kept on each device."""
+    table = _NORMAL_TABLES.get(device)
+    if table is None:
+        levels = (torch.arange(_NORMAL_LEVELS, dtype=torch.float64) + 0.5) / _NORMAL_LEVELS
+        table = _NORMAL_TABLES[device] = (torch.erfinv(levels * 2 - 1) * math.sqrt(2)).float().to(device)
+    return table
 
 
 class BatchFinisher:

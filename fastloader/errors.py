@@ -44,6 +44,13 @@ class HookError(FastloaderError, RuntimeError):
     its key, the sample or batch, what was expected, and the hook's traceback."""
 
 
+class AugmentError(FastloaderError, RuntimeError):
+    """One of fastloader's own augmentation ops failed on a decoded crop: fastloader's bug, never the
+    file's (a reflect pad wider than a tiny crop once listed good JPEGs as undecodable), so no
+    backend skips a sample for it (NOT_A_SAMPLES_FAULT). The message names the ops, the crop's size
+    and the sample."""
+
+
 class SourceError(FastloaderError, RuntimeError):
     """A source's failure that is not one sample's (its database locked for good, its read() that
     tried to end the process): the run stops, naming the source and what to do, on either backend."""
@@ -73,9 +80,9 @@ class DiskFullError(FastloaderError, OSError):
     the folder, the space needed and free, and nothing half-written is left."""
 
 
-NOT_A_SAMPLES_FAULT = (CacheError, StoreError, SourceError)
-"""Failures of the cache, the store or a source, not of the sample being read: a backend that skips
-bad samples re-raises these, since skipping would blame sample after sample."""
+NOT_A_SAMPLES_FAULT = (CacheError, StoreError, SourceError, AugmentError)
+"""Failures of the cache, the store, a source or an op, not of the sample being read: a backend that
+skips bad samples re-raises these, since skipping would blame sample after sample."""
 
 
 def error_text(error: BaseException) -> str:

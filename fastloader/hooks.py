@@ -8,7 +8,11 @@ function of the config's seed, the epoch and the sample: fastloader.order), so i
 same with any number of workers, on any rank, on either backend and after a resume; a batch hook
 gets the batch's sample seeds, a graph function their DataNode. torchvision's v2 transforms take no
 generator (pytorch/vision#7027) and draw from torch's global one: `with_global_rng` runs such a
-transform with the global generators seeded from the sample's, and puts them back after.
+transform with the global generators seeded from the sample's, and puts them back after. Those
+generators are the process's, the trainer's too: such a hook runs only where nothing else draws
+meanwhile, in the torch backend's workers (or on the training thread, between the trainer's own
+draws) and, on DALI, in processes of its own (dali_loader/hook_processes.py), never on a thread
+beside the trainer's.
 
 A hook's failure is the user's bug, never a bad file's: a HookError, which no backend skips.
 """
@@ -21,7 +25,6 @@ import logging
 import pickle
 import random
 import re
-import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -59,6 +62,12 @@ class Hook:
     version: str = ""
     spec: str | None = None
     """The `package.module:function` it was imported from; None for a function given in code."""
+
+    @property
+    def draws_globally(self) -> bool:
+        """Whether the hook reseeds the global generators (with_global_rng): never on a thread
+        beside the trainer's."""
+        return isinstance(self.function, with_global_rng)
 
     @property
     def label(self) -> str:
@@ -108,6 +117,15 @@ class Hook:
             return out
         raise HookError(f"{self.label} returned {_what(out)} for {_batch_words(seeds)}; a batch hook returns "
                         f"(images, labels) as it is given them: images {_what(images)}, labels {_what(labels)}")
+
+    def check_picklable(self, why: str) -> None:
+        """A ConfigError naming the hook where it cannot be pickled, and `why` it must be."""
+        try:
+            pickle.dumps(self)
+        except Exception as error:  # PicklingError, AttributeError (a local object), TypeError
+            raise ConfigError(f"{self.label} cannot be pickled ({type(error).__name__}: {error_text(error)}), "
+                              f"and {why}; define it at the top level of a module (not a lambda or a nested "
+                              f"function), or name it in the config as 'package.module:function'") from None
 
     def failure_words(self, error: BaseException, where: str) -> str:
         frames = traceback.format_exception(type(error), error, error.__traceback__.tb_next)
@@ -212,14 +230,8 @@ class SplitHooks:
     def check_picklable(self, why: str) -> None:
         """Where workers start by spawn (not fork), each hook they run must pickle: named if not."""
         for hook in (self.sample, self.batch):
-            if hook is None:
-                continue
-            try:
-                pickle.dumps(hook)
-            except Exception as error:  # PicklingError, AttributeError (a local object), TypeError
-                raise ConfigError(f"{hook.label} cannot be pickled ({type(error).__name__}: {error_text(error)}), "
-                                  f"and {why}; define it at the top level of a module (not a lambda or a nested "
-                                  f"function), or name it in the config as 'package.module:function'") from None
+            if hook is not None:
+                hook.check_picklable(why)
 
 
 def split_hooks(configured: Mapping[str, tuple[str | None, str, str]], graph_args: Mapping[str, Any],
@@ -241,15 +253,16 @@ def split_hooks(configured: Mapping[str, tuple[str | None, str, str]], graph_arg
                       dict(graph_args or {}))
 
 
-_GLOBAL_RNG = threading.Lock()
-
-
 class with_global_rng:  # noqa: N801 - used as a function: `sample_hook=with_global_rng(transform)`
     """A sample hook that runs `transform(image)` (a torchvision.transforms.v2 Compose, say) with
     torch's, Python's and numpy's global generators seeded from the sample's generator, and puts
-    them back after: its draws are the sample's, whichever process or thread runs it. A class, so
-    that it pickles where workers are spawned. One sample at a time per process: two threads
-    seeding the global generators at once would mix their draws."""
+    them back after: its draws are the sample's, whichever process runs it. A class, so that it
+    pickles where workers are spawned and into the DALI backend's hook processes.
+
+    The global generators are the whole process's: run it only where nothing else draws meanwhile
+    (a worker process; the training thread, between the trainer's draws). A thread beside the
+    trainer's would reseed the trainer's generators under it, and a lock cannot stop the trainer
+    drawing (issue 68): the DALI backend runs it in processes of its own (Hook.draws_globally)."""
 
     def __init__(self, transform: Callable):
         self.transform = transform
@@ -258,10 +271,6 @@ class with_global_rng:  # noqa: N801 - used as a function: `sample_hook=with_glo
 
     def __call__(self, image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         seed = generator.initial_seed()
-        with _GLOBAL_RNG:  # DALI's threads may run two samples at once; the generators are the process's
-            return self._seeded(image, seed)
-
-    def _seeded(self, image: torch.Tensor, seed: int) -> torch.Tensor:
         saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
         torch.default_generator.manual_seed(seed)  # the CPU's only: CUDA's is left alone
         random.seed(seed)

@@ -98,6 +98,33 @@ def die_with(owner: int, *_, forked_by_main_thread: bool = True) -> None:
         os._exit(1)
 
 
+def piped_process(context, target: Callable, args: tuple, name: str):
+    """(this end of a pipe, a started process given the other end first among its `args`). Not a
+    daemon: multiprocessing's exit hook in a fork of this process would kill it."""
+    conn, theirs = context.Pipe()
+    try:
+        process = context.Process(target=target, args=(theirs, *args), name=name)
+        process.start()
+    except BaseException:
+        conn.close()
+        raise
+    finally:
+        theirs.close()
+    return conn, process
+
+
+def how_it_ended(process: multiprocessing.process.BaseProcess) -> str:
+    """How a process whose pipe just closed ended, in words: its signal or exit code."""
+    process.join(1.0)  # its pipe closed as it died: the exit status follows at once
+    code = process.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return "still running" if code is None else f"exit code {code}"
+
+
 def in_main_thread() -> bool:
     """Whether this is the main thread, which ends only with the process (see die_with)."""
     return threading.current_thread() is threading.main_thread()

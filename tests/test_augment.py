@@ -268,3 +268,48 @@ def test_the_loader_names_its_policy_in_repr_and_its_start_up_line(solid_root, c
     assert any("augmentation: v0: AutoAugment, 1 of 25 sub-policies of 2 ops" in m for m in messages)
     assert any("train.transform.color_jitter is off because train.transform.auto_augment is set" in m
                for m in messages)
+
+
+TINY = [(6, {"gaussian_blur_prob": 1.0}), (3, {"auto_augment": "3a"}), (1, {"auto_augment": "rand-m9-mstd0.5-inc1"}),
+        (1, {"auto_augment": "ta_wide"})]
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+@pytest.mark.parametrize("size, transform", TINY, ids=lambda v: str(v))
+def test_tiny_sizes_deliver_every_good_file_on_both_backends(textured_root, backend, size, transform):
+    """At sizes below an op's window the torch backend's reflect pad raised, and the error was
+    taken for the file's: good files listed as "cannot be decoded" and skipped (issue 68; DALI
+    delivered them all). The DALI backend's CPU flavour."""
+    from conftest import base_config
+
+    from fastloader import build_loader
+    config = base_config(textured_root, backend=backend, dataset={"on_bad_image": "skip"},
+                         train={"batch_size": 5, "transform": {"size": size, **transform}})
+    loader = build_loader(config, "train")
+    shapes = [tuple(images.shape) for images, _ in loader]
+    assert loader.bad_samples == [] and shapes == [(5, 3, size, size)] * (len(loader.index) // 5)
+
+
+def test_an_ops_failure_stops_the_run_naming_the_op_never_the_file(textured_root, monkeypatch):
+    """An op's exception is fastloader's bug, never the file's: not skipped under on_bad_image:
+    skip, and named with the op, the crop's size and the sample. torch backend, CPU, no workers
+    (the op replaced in this process by one that raises)."""
+    from conftest import base_config
+
+    from fastloader import build_loader
+    from fastloader.errors import AugmentError
+    from torch_loader import augment
+
+    def broken(images, sigma):
+        raise RuntimeError("an op's own bug")
+    stacked = list(augment._STACKED_BY_ID)
+    stacked[KIND_IDS["gaussian_blur"]] = broken
+    monkeypatch.setattr(augment, "_STACKED_BY_ID", stacked)
+    config = base_config(textured_root, dataset={"on_bad_image": "skip"},
+                         train={"batch_size": 5, "transform": {"size": 24, "gaussian_blur_prob": 1.0}})
+    loader = build_loader(config, "train")
+    with pytest.raises(AugmentError, match=r"sample '\S+\.png': fastloader's augmentation ops \(gaussian_blur \S+\) "
+                                           r"failed on a 24x24 crop: RuntimeError: an op's own bug\. This is "
+                                           r"fastloader's bug, not the file's"):
+        next(iter(loader))
+    assert loader.bad_samples == []

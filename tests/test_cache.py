@@ -146,6 +146,24 @@ def test_a_cache_too_small_for_the_transform_is_refused(tmp_path):
     assert f"Rebuild it with `fastloader cache CONFIG --split val --out {tmp_path / 'cache'}`" in message  # 256 serves
 
 
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+@pytest.mark.parametrize("train, asks", [
+    ({"transform": {"size": 32, "sizes": [32, 96]}}, r"sizes \[32, 96\]"),
+    ({"transform": {"size": 32}, "views": [{"count": 1, "size": 32}, {"count": 2, "size": 96, "name": "big"}]},
+     r"view group big of size 96")])
+def test_a_cache_too_small_for_any_size_the_split_asks_is_refused(numbered, backend, train, asks):
+    """Each size a train split may ask for is checked, not only transform.size: a 40 px cache served
+    96 px batches of `sizes: [32, 96]` and 96 px views, enlarged (issue 68). A progressive ramp never
+    passes transform.size (min_size above it is refused at load)."""
+    root, cache = numbered
+    config = cached_config(root, cache, backend=backend, train=train)
+    with pytest.raises(CacheError, match=rf"built with --short-side {SHORT}, and split 'train' \(train, {asks}\) "
+                                         rf"needs at least 96 not to enlarge images"):
+        build_loader(config, "train")
+    fits = cached_config(root, cache, backend=backend, train={"transform": {"size": 32, "sizes": [24, 40]}})
+    assert sum(len(labels) for _, labels in build_loader(fits, "train")) == 16  # 18, in whole batches of 4
+
+
 def test_an_unfinished_build_is_never_read(tmp_path, caplog):
     root = write_numbered_dataset(tmp_path / "data", per_class=2, splits=("train", "val"))
     cache = tmp_path / "cache"

@@ -6,7 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from conftest import base_config, identities, requires_cuda, write_numbered_dataset
 
+from fastloader import build_loader
 from fastloader.device_ops import erase_boxes, erasing_enabled, random_erasing
 from fastloader.schema import TransformConfig
 
@@ -72,3 +74,48 @@ def test_dtype_and_channels_last_are_kept(dtype):
 def test_erasing_is_for_train_mode_only():
     assert erasing_enabled(ERASE, "train") and not erasing_enabled(ERASE, "eval")
     assert not erasing_enabled(TransformConfig(), "train")  # off by default
+
+
+@pytest.mark.parametrize("mode", ["rand", "pixel"])
+def test_a_samples_colour_or_noise_is_its_own_in_any_batch_at_any_place(mode):
+    """One generator a batch, seeded with its first sample's seed, gave a sample other noise in
+    another batch (a resume at another batch, another batch size: issue 68). On the CPU."""
+    config = dataclasses.replace(ERASE, erase_prob=1.0, erase_mode=mode)
+    seeds = np.array([11, 12, 13, 14, 15, 16], dtype=np.int64)
+    whole = random_erasing(torch.full((6, 3, 40, 40), 5.0), seeds, config)
+    for rows in ([3, 0], [5, 1, 4, 2], [2]):
+        part = random_erasing(torch.full((len(rows), 3, 40, 40), 5.0), seeds[rows], config)
+        assert torch.equal(part, whole[rows])
+    assert not torch.equal(whole[0], whole[1])
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("mode", ["rand", "pixel"])
+@pytest.mark.parametrize("dtype, channels_last", [(torch.float32, False), (torch.bfloat16, True)])
+def test_erasing_on_the_gpu_fills_each_box_as_on_the_cpu(mode, dtype, channels_last):
+    """The same boxes, colours and noise on either device. The GPU against the CPU."""
+    config = dataclasses.replace(ERASE, erase_prob=0.6, erase_mode=mode)
+    seeds = np.arange(32, dtype=np.int64) * 7919
+    images = torch.randn(32, 3, 56, 56).to(dtype)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    on_cpu = random_erasing(images.clone(), seeds, config)
+    on_gpu = random_erasing(images.cuda(), seeds, config)
+    assert not torch.equal(on_cpu, images) and torch.equal(on_gpu.cpu(), on_cpu)
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_a_samples_erasing_noise_stays_with_another_batch_size(tmp_path, backend):
+    """Each sample erased with its own noise whatever batch it lands in: batches of 4 and of 3
+    give every sample the same pixels. The DALI backend's CPU flavour."""
+    root = write_numbered_dataset(tmp_path, per_class=4)
+
+    def epoch(batch_size, erase):
+        transform = {"size": 24, "erase_prob": 1.0 if erase else 0.0, "erase_mode": "pixel"}
+        cfg = base_config(root, backend=backend, workers={"num_workers": 1},
+                          train={"batch_size": batch_size, "transform": transform})
+        return torch.cat([images for images, _ in build_loader(cfg, "train")])
+    assert identities(epoch(4, False)) == identities(epoch(3, False))  # the same samples in the same order
+    fours, threes = epoch(4, True), epoch(3, True)
+    assert len(fours) == 12 and torch.equal(fours, threes)

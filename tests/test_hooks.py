@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import user_hooks
-from conftest import REPO, base_config, cpu_only_env, identities, write_numbered_dataset, write_textured_dataset
+from conftest import (
+    REPO,
+    base_config,
+    cpu_only_env,
+    identities,
+    processes_end,
+    write_numbered_dataset,
+    write_textured_dataset,
+)
 
 from fastloader import build_loader, with_global_rng
 from fastloader.errors import ConfigError, HookError
@@ -130,6 +140,99 @@ def test_with_global_rng_seeds_the_global_generators_from_the_samples_and_restor
     compose = with_global_rng(user_hooks.RAND_AUGMENT)  # a class, so that spawned workers can unpickle it
     unpickled = pickle.loads(pickle.dumps(compose))
     assert unpickled.hook_name == "with_global_rng(torchvision.transforms.v2._container:Compose)"
+
+
+@pytest.fixture
+def two_busy_loops():
+    """Two processes spinning beside the test, as a loaded machine: thread faults show under load."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
+    yield
+    for loop in loops:
+        loop.kill()
+        loop.wait()
+
+
+def trainers_draws(batches, per_batch: int = 300) -> list[tuple]:
+    """A trainer's own seeded draws from Python's, numpy's and torch's global generators, `per_batch`
+    of each after each batch (or item) `batches` yields."""
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    drawn = []
+    for _ in batches:
+        drawn += [(random.random(), float(np.random.rand()), float(torch.rand(1))) for _ in range(per_batch)]
+    return drawn
+
+
+@pytest.mark.parametrize("backend,workers", [("torch", 0), ("torch", 2), ("dali", 2)])
+def test_a_hook_drawing_from_the_global_generators_leaves_the_trainers_draws_alone(numbered, backend, workers,
+                                                                                   two_busy_loops):
+    """with_global_rng reseeds the global generators per sample: on DALI's threads it did so under
+    the trainer's draws on the main thread (issue 68: ~11k of 14,400 draws differed). Its draws are
+    still the sample's, the same on both backends. The DALI backend's CPU flavour."""
+    loader = build_loader(config(numbered, backend, workers), "train", sample_hook=user_hooks.GLOBAL_STAMP)
+    epochs = 3
+    stamps = []
+
+    def batches():
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for images, _ in loader:
+                stamps.extend(stamped_values(images))
+                yield
+    drawn = trainers_draws(batches())
+    assert len(drawn) == 300 * epochs * len(loader)
+    assert drawn == trainers_draws(range(epochs * len(loader)))  # as without a loader beside it
+    assert stamps == [value for epoch in range(epochs) for value in expected_stamps(loader, epoch)]
+    pids = loader._hook_processes.pids if backend == "dali" else []
+    loader.close()
+    assert processes_end(pids)
+
+
+def test_a_torch_loaders_workers_fork_while_a_dali_loader_runs_a_global_rng_hook(numbered, two_busy_loops):
+    """A lock that with_global_rng held on DALI's threads was copied held into a torch loader's
+    forked workers, which then hung on it until 3 x workers.timeout and were blamed as stuck
+    decoders (issue 68). The DALI backend's CPU flavour beside the torch backend."""
+    import threading
+
+    dali = build_loader(config(numbered, "dali", 2), "train", sample_hook=user_hooks.GLOBAL_STAMP)
+    stop, dali_batches = threading.Event(), []
+
+    def run_dali():
+        while not stop.is_set():
+            for images, _ in dali:
+                dali_batches.append(len(images))
+                if stop.is_set():
+                    break
+    running = threading.Thread(target=run_dali)
+    running.start()
+    try:
+        while len(dali_batches) < 2:
+            time.sleep(0.05)
+        cfg = config(numbered, "torch", 2)
+        cfg["workers"].update(timeout=2, persistent=False)
+        torch_loader = build_loader(cfg, "train", sample_hook=user_hooks.GLOBAL_STAMP)
+        for epoch in range(3):  # each loop forks its workers anew, while DALI's threads run the hook
+            torch_loader.set_epoch(epoch)
+            stamps = [value for images, _ in torch_loader for value in stamped_values(images)]
+            assert stamps == expected_stamps(torch_loader, epoch)
+    finally:
+        stop.set()
+        running.join(60)
+        dali.close()
+    assert not running.is_alive()
+
+
+@pytest.mark.parametrize("hook, said", [
+    ("GLOBAL_FAILS", r" raised KeyError: 'the global key' on sample '\S+/n_\d\d\.png' \(seed \d+\)\. A hook's error "
+                     r"stops the run.*global_fails"),
+    ("GLOBAL_DIES", r": its process \d+ ended \(killed by SIGKILL\) while it ran on sample '\S+/n_\d\d\.png'")])
+def test_a_global_rng_hook_that_fails_or_dies_in_its_dali_process_is_named(numbered, hook, said):
+    """On DALI such a hook runs in processes of its own: what it raises there, or its process's
+    end, stops the run naming it and the sample. The DALI backend's CPU flavour."""
+    loader = build_loader(config(numbered, "dali", 2), "train", sample_hook=getattr(user_hooks, hook))
+    with pytest.raises(HookError, match=re.compile(r"build_loader\(sample_hook=\.\.\.\) with_global_rng\(user_hooks:"
+                                                   r"global_\w+\)" + said, re.S)):
+        next(iter(loader))
+    loader.close()
 
 
 @pytest.mark.parametrize("split", ["train", "val"])

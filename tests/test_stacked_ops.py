@@ -80,3 +80,26 @@ def test_each_colour_op_in_a_stack_is_its_own_formula():
     assert abs(float((0.299 * out[2, 0] + 0.587 * out[2, 1] + 0.114 * out[2, 2]).mean()) - float(grey_mean)) < 0.6
     assert torch.equal(out[3], x[3]) and torch.equal(out[4], x[4]) and torch.equal(out[6], x[6])
     assert torch.equal(out[5], torch.where(x[5] >= 128, 255 - x[5], x[5]))
+
+
+@pytest.mark.parametrize("side", [1, 2, 3, 6])
+def test_blur_and_sharpness_work_on_crops_smaller_than_their_window(side):
+    """torch's reflect pad refuses a pad as wide as the image: a 13-pixel blur window on a 6 px crop,
+    sharpness on 1 px, which the torch backend then took for undecodable files (issue 68). Reflected
+    as often as the window needs, as DALI's reflect_101 border; a flat image stays flat. The CPU."""
+    flat = torch.full((1, 3, side, side), 77, dtype=torch.uint8)
+    image = photos(1)[:, :, :side, :side].contiguous()
+    for kind, param in (("gaussian_blur", 2.0), ("gaussian_blur", 0.3), ("sharpness", 1.8)):
+        op, value, ctx = np.array([[KIND_IDS[kind]]]), np.array([[param]], np.float32), Context((0, 0, 0), False)
+        assert torch.equal(apply_ops(flat[0], op[0].tolist(), value[0].tolist(), ctx), flat[0])
+        out = apply_ops(image[0], op[0].tolist(), value[0].tolist(), ctx)
+        assert out.shape == image[0].shape and out.dtype == torch.uint8
+
+
+def test_the_reflected_border_is_torchs_where_torch_pads_and_keeps_reflecting_past_it():
+    from torch_loader.stacked_ops import reflect_padded
+    x = torch.arange(2 * 3 * 5 * 4, dtype=torch.float32).view(2, 3, 5, 4)
+    for pad in (1, 2, 3):
+        assert torch.equal(reflect_padded(x, pad), torch.nn.functional.pad(x, (pad,) * 4, mode="reflect"))
+    assert reflect_padded(x[..., :1, :3], 4)[0, 0].tolist() == [[0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2]] * 9
+    assert reflect_padded(x[..., :2, :1], 2)[0, 0, :, 0].tolist() == [0, 4, 0, 4, 0, 4]

@@ -143,11 +143,13 @@ def test_a_resumed_epoch_replays_the_rest_of_the_views(textured, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_the_sample_hook_runs_on_every_view_with_the_views_seed(textured, backend):
+@pytest.mark.parametrize("hook", ["stamp", "GLOBAL_STAMP"])
+def test_the_sample_hook_runs_on_every_view_with_the_views_seed(textured, backend, hook):
     """Device: CPU. user_hooks.stamp writes a grey value drawn from its generator: each view's is
-    the draw of Generator(the view's seed)."""
+    the draw of Generator(the view's seed); GLOBAL_STAMP draws it from torch's global generator
+    (with_global_rng: on DALI in processes of its own, each view's graph branch calling them)."""
     backend_or_skip(backend)
-    raw = views_config(textured, backend, transform={"sample_hook": "user_hooks:stamp"})
+    raw = views_config(textured, backend, transform={"sample_hook": f"user_hooks:{hook}"})
     with build_loader(raw, "train") as loader:
         plan = loader.order.batches(0)[0]
         images, _ = next(iter(loader))

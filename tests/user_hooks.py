@@ -2,11 +2,17 @@
 path, imported where the loader is built and in every worker."""
 from __future__ import annotations
 
+import os
+import random
+import signal
 import sys
 import time
 
+import numpy as np
 import torch
 from torchvision.transforms import v2
+
+from fastloader import with_global_rng
 
 
 def stamp(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -81,6 +87,32 @@ def graph_resizes(images, seeds):
 
 RAND_AUGMENT = v2.Compose([v2.RandAugment(num_ops=2, magnitude=9), v2.RandomGrayscale(p=0.3)])
 """A torchvision v2 pipeline, named in a config as `user_hooks:RAND_AUGMENT`."""
+
+
+def global_stamp(image: torch.Tensor) -> torch.Tensor:
+    """The first row becomes one grey value drawn from torch's global generator (what `stamp` draws
+    from the sample's), then draws from Python's, numpy's and torch's global generators for some
+    milliseconds, letting go of the GIL between them as a torchvision op on a large image does."""
+    out = image.clone()
+    out[:, 0, :] = int(torch.randint(0, 256, (1,)))
+    for _ in range(10):
+        random.random(), np.random.rand(), torch.rand(1)
+        time.sleep(0.001)
+    return out
+
+
+GLOBAL_STAMP = with_global_rng(global_stamp)
+
+
+def global_fails(image: torch.Tensor) -> torch.Tensor:
+    return {"no such key": 1}["the global key"]
+
+
+def global_dies(image: torch.Tensor) -> torch.Tensor:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+GLOBAL_FAILS, GLOBAL_DIES = with_global_rng(global_fails), with_global_rng(global_dies)
 
 
 class versioned:  # noqa: N801 - a hook function with a version

@@ -23,7 +23,7 @@ import torch.nn.functional as functional
 
 from fastloader.augment.ops import IDENTITY, KINDS
 
-from .stacked_ops import COLOURS, STACKED, colour, rounded
+from .stacked_ops import COLOURS, STACKED, colour, reflect_padded, rounded
 
 Image = torch.Tensor
 """uint8 [3, H, W]: any memory layout (the resize leaves HWC memory)."""
@@ -99,7 +99,7 @@ def sharpness(image: Image, param: float, ctx: Context) -> Image:
     """Blend with Pillow's smoothing filter (3x3, centre 5, the rest 1, over 13); the border
     reflects (DALI's filter default) where Pillow leaves the outer pixels as they were."""
     x = image.float()
-    padded = functional.pad(x[None], (1, 1, 1, 1), mode="reflect")[0]
+    padded = reflect_padded(x, 1)
     height, width = x.shape[1:]
     total = x * 4
     for dy in range(3):

@@ -22,7 +22,7 @@ import numpy as np
 import torch.utils.data
 
 from fastloader.cache import CachedPixels
-from fastloader.errors import NOT_A_SAMPLES_FAULT, BadImageError, decoder_reason, refused_file
+from fastloader.errors import NOT_A_SAMPLES_FAULT, AugmentError, BadImageError, decoder_reason, refused_file
 from fastloader.hooks import Hook
 from fastloader.order import WeightedDraws, output_size, substitutes
 from fastloader.samples import SampleIndex
@@ -101,6 +101,8 @@ class ImageDataset(torch.utils.data.Dataset):
                 image = self.transform(self.index.location(sample), seed, ops, size)
             else:
                 image = self.transform.from_pixels(self.pixels.image(sample), seed, ops, size)
+        except AugmentError as error:  # an op's, not the file's: named with the sample, never skipped
+            raise AugmentError(f"sample {self.index.path(sample)!r}: {error}") from error
         except NOT_A_SAMPLES_FAULT:
             raise  # the cache or the source, not this sample's file: skipping would blame sample after sample
         except Exception as error:  # any decoder's failure; the decoder's own message rarely names the file

@@ -127,6 +127,8 @@ class TorchLoader(Loader):
             prefetch_factor=workers.prefetch_factor if num_workers > 0 else None,
             multiprocessing_context=context if num_workers > 0 else None,  # never re-runs the script
             timeout=min(POLL_S, workers.timeout) if num_workers > 0 else 0,  # a wait is a loop (_next_batch)
+            # each loop's workers' base seed drawn from a generator of the loader's own, not the trainer's global one
+            generator=torch.Generator().manual_seed(config.seed),
         )
         if self._persistent:  # once built: a loader whose build raised has nothing to stop, nor all it would stop
             exits.stop_at_exit(self, _stop_at_exit)

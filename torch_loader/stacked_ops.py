@@ -113,6 +113,26 @@ def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= threshold, 255 - x, x)
 
 
+def reflect_padded(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """x [..., H, W] padded by `pad` pixels on each side, the border reflected without repeating the
+    edge (torch's `reflect`, DALI's `reflect_101`) as many times as the pad needs: torch's own pad
+    refuses a pad as wide as the image (a 13-pixel blur window on a 6 px crop, sharpness on 1 px),
+    which took good files for bad ones at small sizes (issue 68); a 1 px side repeats its pixel."""
+    height, width = x.shape[-2:]
+    if pad < min(height, width):
+        return functional.pad(x, (pad, pad, pad, pad), mode="reflect")
+    return x.index_select(-2, _reflected(height, pad)).index_select(-1, _reflected(width, pad))
+
+
+def _reflected(length: int, pad: int) -> torch.Tensor:
+    """The source index of each of the length + 2 pad positions, reflected back into [0, length)."""
+    index = torch.arange(-pad, length + pad)
+    if length == 1:
+        return torch.zeros_like(index)
+    index = index.remainder(2 * (length - 1))
+    return torch.where(index >= length, 2 * (length - 1) - index, index)
+
+
 def blur_window(sigma: float) -> int:
     """The Gaussian kernel's width for a sigma: 2 ceil(3 sigma) + 1, DALI's default window."""
     return 2 * math.ceil(3 * sigma) + 1
@@ -142,7 +162,7 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     window = windows[0]
     weights = gaussian_kernels(window, sigma).view(len(x), window, 1, 1, 1).unbind(1)
     half, (height, width) = window // 2, x.shape[2:]
-    padded = functional.pad(x, (half, half, half, half), mode="reflect")
+    padded = reflect_padded(x, half)
     rows = padded[..., :width] * weights[0]
     for tap in range(1, window):
         rows.addcmul_(padded[..., tap:tap + width], weights[tap])

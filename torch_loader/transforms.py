@@ -15,9 +15,10 @@ from typing import NamedTuple, get_args
 import numpy as np
 import torch
 
+from fastloader.augment.ops import KINDS
 from fastloader.decoding.decode import allow_pixels, load_region
 from fastloader.draws import Augmenter
-from fastloader.errors import ConfigError, error_text
+from fastloader.errors import AugmentError, ConfigError, error_text
 from fastloader.imaging.geometry import Crop, center_crop
 from fastloader.locations import Location
 from fastloader.schema import BOMB_PIXELS, Interpolation
@@ -121,8 +122,19 @@ class SampleTransform:
         if ops.vflip:
             image = image.flip(-2)
         if any(ops.op):
-            image = apply_ops(image.contiguous(), ops.op, ops.param, self.context)
+            try:
+                image = apply_ops(image.contiguous(), ops.op, ops.param, self.context)
+            except Exception as error:  # the op's failure, never the file's: not taken for a bad file
+                raise AugmentError(op_failure(ops, image.shape, error)) from error
         return image
+
+
+def op_failure(ops: SampleOps, shape: tuple, error: BaseException) -> str:
+    """Words for ops that failed on a crop: which ops, what size, the error; fastloader's bug."""
+    names = ", ".join(f"{KINDS[kind].name} {param:g}" for kind, param in zip(ops.op, ops.param) if kind)
+    return (f"fastloader's augmentation ops ({names}) failed on a {shape[-2]}x{shape[-1]} crop: "
+            f"{type(error).__name__}: {error_text(error)}. This is fastloader's bug, not the file's (nothing is "
+            f"skipped for it): report it with the config's transform")
 
 
 def torchvision_resize(interpolation: str, key: str = "transform.interpolation"):

@@ -31,7 +31,6 @@ import itertools
 import mmap
 import os
 import pickle
-import signal
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -42,7 +41,7 @@ from .. import exits
 from ..errors import error_text
 from ..imaging.jpeg_header import SAMPLINGS
 from ..locations import Location, as_location
-from ..parallel import die_with, script_safe_forkserver
+from ..parallel import die_with, how_it_ended, piped_process, script_safe_forkserver
 from ..sources.reading import read_run, run_bytes, runs
 from ..sources.urls import is_url
 from .screen import Screened, read_screened, screen_read
@@ -98,16 +97,7 @@ class _Worker:
     come back in the tasks' order; a reply read while waiting for another one is kept."""
 
     def __init__(self, context, owner: int):
-        self.conn, theirs = context.Pipe()
-        try:
-            self.process = context.Process(target=serve, args=(theirs, owner), name="fastloader-feed-reads")
-            # not a daemon: multiprocessing's exit hook in a fork of this process would kill those
-            self.process.start()
-        except BaseException:
-            self.conn.close()
-            raise
-        finally:
-            theirs.close()
+        self.conn, self.process = piped_process(context, serve, (owner,), "fastloader-feed-reads")
         self.replies: dict[int, tuple] = {}
         self.outstanding: set[int] = set()
         """The tasks sent whose replies have not come back yet."""
@@ -144,16 +134,7 @@ class _Worker:
 
     def ended(self) -> str:
         """How the process ended, in words: its signal or exit code."""
-        self.process.join(1.0)  # its pipe closed as it died: the exit status follows at once
-        code = self.process.exitcode
-        if code is not None and code < 0:
-            try:
-                how = f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"killed by signal {-code}"
-        else:
-            how = "still running" if code is None else f"exit code {code}"
-        return f"the feed's worker process {self.process.pid} ended ({how})"
+        return f"the feed's worker process {self.process.pid} ended ({how_it_ended(self.process)})"
 
     def let_go(self) -> None:
         """This end of the pipe closed and the ended process reaped, with its descriptors; only where
