@@ -15,6 +15,7 @@ import time
 import pytest
 from conftest import REPO, alive, base_config, cpu_only_env, write_solid_dataset
 
+import torch_loader.loader
 from fastloader import LoaderError, build_loader
 
 
@@ -216,6 +217,40 @@ def test_a_stopped_worker_is_named_within_workers_timeout_and_the_next_loop_reco
         if alive(stopped):
             os.kill(stopped, signal.SIGKILL)
         loader.close()
+
+
+SLOW_HOOK = """
+import os, time
+
+def slow(image, generator):
+    time.sleep(float(os.environ["SLOW_HOOK_S"]))  # a decode, a hook or a file system this slow
+    return image
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_new_loop_after_a_break_waits_for_a_slow_worker_instead_of_killing_it(tmp_path, monkeypatch, caplog):
+    """Torch backend, CPU. A sample hook that sleeps makes each batch take 1.2 s, more than the wait
+    the new loop gave the last one's producer (POLL_S, 0.5 s here instead of 5): that loop killed the
+    workers and started new ones, with nothing logged. workers.timeout is what marks a batch stuck."""
+    (tmp_path / "slow_hook.py").write_text(SLOW_HOOK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SLOW_HOOK_S", "0.6")
+    monkeypatch.setattr(torch_loader.loader, "POLL_S", 0.5)
+    root = write_solid_dataset(tmp_path / "data", per_class=4, splits=("val",))
+    before = children(os.getpid())
+    config = base_config(root, workers={"num_workers": 1, "timeout": 30},
+                         val={"batch_size": 2, "transform": {"size": 32, "sample_hook": "slow_hook:slow"}})
+    with build_loader(config, "val") as loader, caplog.at_level(logging.WARNING, logger="fastloader"):
+        for _ in loader:
+            break  # the worker is decoding the next batch
+        workers = _worker_pids(before)
+        assert len(workers) == 1
+        loader.set_epoch(0)
+        images, labels = next(iter(loader))
+        assert labels.tolist() == loader.index.labels[loader.order.batches(0)[0][:, 0]].tolist()
+        assert _worker_pids(before) == workers  # the same worker, alive
+    assert "fastloader" not in caplog.text, caplog.text
 
 
 @pytest.mark.timeout(90)

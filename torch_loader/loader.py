@@ -193,15 +193,27 @@ class TorchLoader(Loader):
         for _ in batches:
             if self._loop is not loop:
                 raise self._superseded()
-            yield self._receive(1)
+            try:
+                received = self._receive(1)
+            except LoaderError as error:
+                if self._loop is not loop:  # the loop was left while it waited: nobody else hears of it
+                    log.warning("%s", error)
+                raise
+            yield received
 
     def _stop_producer(self) -> None:
-        """The current loop's producer ended. One stuck receiving from a silent worker is let go of
-        by killing the workers, which ends the wait within POLL_S."""
-        if self._ahead.stop(timeout=POLL_S):
+        """The current loop's producer ended. One receiving a slow batch (a `break`, then a new loop)
+        gets it: the wait is the producer's own, which names and kills a worker silent for
+        workers.timeout. One stuck past that elsewhere is let go of by killing the workers (logged),
+        which ends its wait within POLL_S."""
+        self._loop = None  # the loop is left: an error of its last batch is logged (_received)
+        patience = self.config.workers.timeout * (FIRST_BATCH_TIMES if self._fresh else 1) + 2 * POLL_S
+        if self._ahead.stop(timeout=patience):
             return
         live = self._live
         if live is not None:
+            log.warning("the last loop of the torch loader for split '%s' did not end within %.0f s of a new "
+                        "loop (or close): its workers are stopped, and new ones start", self.split.name, patience)
             live_iterator.stop_unreaped(live_iterator.workers(live), os.getpid())
         self._ahead.stop()
 
