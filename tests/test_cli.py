@@ -126,6 +126,20 @@ def test_every_command_exits_0_when_done_and_2_on_each_error_the_user_can_fix(co
         assert message in capsys.readouterr().err
 
 
+def test_check_reads_a_config_from_a_pipe_with_relative_paths_from_the_working_directory(tmp_path):
+    """bash's `<(cat job.yaml)` is a pipe (/dev/fd/63), not a regular file: it used to be "not found".
+    It has no folder, so its relative dataset.root is the working directory's."""
+    write_solid_dataset(tmp_path / "data")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "job.yaml").write_text("dataset: {root: data}\noutput: {device: cpu}\n"
+                                                "train: {batch_size: 4, transform: {size: 32}}\n")
+    command = f"{shlex.join(FASTLOADER)} check <(cat jobs/job.yaml)"
+    result = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                            env=cpu_only_env(tmp_path / "cache", PYTHONPATH=str(REPO)))
+    assert result.returncode == 0, result.stderr
+    assert "no problems in 15 files" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("command", ["bench", "show"])
 def test_a_split_that_yields_no_batch_exits_2_naming_the_batch_size_and_the_fixes(command, small_config, tmp_path,
                                                                                     capsys):
