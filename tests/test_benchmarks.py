@@ -78,8 +78,8 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
-    ("memory_workers", "memory_index", "cache", "soak", "stages", "train_step", "shards", "block_order", "sampler", "feed",
-     "views", "call_path"),
+    ("memory_workers", "memory_index", "cache", "soak", "stages", "train_step", "shards", "block_order", "sampler",
+     "feed", "views", "call_path"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "trainer_thread",
      "sizes", "hooks", "frameworks", "screening"),
 )
