@@ -68,8 +68,11 @@ def _stop_at_exit(driver: "Driver") -> None:
 
 
 def _wait_at_exit(driver: "Driver", seconds: float) -> None:
-    """...and all drivers together get at most exits.WAIT_S to return from DALI."""
-    if not driver.join(seconds):
+    """...and all drivers together get exits.WAIT_S to return from DALI. One still inside a batch
+    (256 photos decoded on a loaded machine take seconds) is waited for until workers.timeout says
+    that batch is stuck: a pipeline left off DALI's exit hook while its executor still decodes
+    aborts the process as it exits ("terminate called without an active exception")."""
+    if not (driver.join(seconds) or driver.join(driver.patience_at_exit())):
         driver.leave_pipeline()
 
 
@@ -91,6 +94,7 @@ class Driver:
         self._stall_s = stall_s  # workers.timeout: the longest wait for a batch (the first: FIRST_BATCH_TIMES x)
         self._stuck = stuck  # what the feed is doing, for the message of a stall
         self._first = True
+        self._batch_started = time.monotonic()  # when the thread last called into DALI
         self._stuck_for_good = False  # a stall was reported: nothing waits for the thread any more
         self.device = device
         self._stop = stop
@@ -111,6 +115,7 @@ class Driver:
             if stream is not None:
                 torch.cuda.set_device(self.device)
             while not self._abandoned:
+                self._batch_started = time.monotonic()
                 try:
                     outputs = pipe.run()
                 except StopIteration:
@@ -236,6 +241,13 @@ class Driver:
             return False
         exits.forget(self)
         return True
+
+    def patience_at_exit(self) -> float:
+        """How much longer the exit hook waits for the thread's current DALI call: until it has run
+        for workers.timeout (the stall limit), none once a stall was reported."""
+        if self._stuck_for_good or self._stall_s is None:
+            return 0.0
+        return max(0.0, self._batch_started + self._limit() - time.monotonic())
 
     def leave_pipeline(self) -> None:
         """At exit, for a thread that did not return from DALI: its pipeline off DALI's list of those

@@ -54,8 +54,9 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
                 *, origin: str | None = None, source_given: bool = False) -> Config:
     """Read a config from a YAML path, a dict or a Config, apply overrides and validate it all.
 
-    Relative paths in a file are relative to the file's folder; in a dict, and in overrides, to the
-    current directory. `$FASTLOADER_BACKEND` replaces `backend` when set. `origin` names where the
+    Relative paths in a file are relative to the file's folder; in a dict, in overrides, and in a
+    config read from a pipe (`fastloader check <(cat job.yaml)`, /dev/stdin), to the current
+    directory. `$FASTLOADER_BACKEND` replaces `backend` when set. `origin` names where the
     overrides come from in messages and logs (a command's option, say), instead of "override 'KEY'".
     `source_given`: the split is read from a source given in code (build_loader(source=...)), so
     the config needs no dataset section, as where every split names its own source.
@@ -80,7 +81,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         _check_size(raw, str(path))
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
-        source, base_dir = str(path), path.resolve().parent
+        source, base_dir = str(path), path.resolve().parent if path.is_file() else Path.cwd()  # a pipe: no folder
         raw = resolve_paths(raw, base_dir)
 
     for key, value in _parse_overrides(overrides):
@@ -142,7 +143,8 @@ BINARY_SIGNATURES = ((b"\x1f\x8b", "a gzip archive"), (b"PK\x03\x04", "a zip arc
 
 def _read_config_text(path: Path) -> str:
     """The config file's text, or an error that names the file, what it is instead and the fix:
-    a folder, a missing path, an image or other binary file, a file that cannot be read."""
+    a folder, a missing path, an image or other binary file, a file that cannot be read. A pipe
+    (bash's `<(cat job.yaml)`, /dev/stdin) is read as a file is."""
     fix = "Pass the path of a YAML file such as configs/sample.yaml."
     if path.is_dir():
         try:
@@ -152,7 +154,7 @@ def _read_config_text(path: Path) -> str:
         hint = f"Pass a YAML file in it, such as {str(path / inside[0])!r}." if inside else \
             f"It holds no .yaml file. {fix}"
         raise ConfigError(f"config file {str(path)!r} is a folder, not a YAML file. {hint}")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {str(path)!r} not found (working directory: {Path.cwd()}). {fix}")
     try:
         with open(path, "rb") as handle:

@@ -503,7 +503,9 @@ class Loader(abc.ABC):
 
     def _superseded(self) -> LoaderError:
         """What a paused loop says when it is resumed after a newer loop took the loader over (two
-        loops never take batches in turn: each would get the other's)."""
+        loops never take batches in turn: each would get the other's); the loader's close ended it."""
+        if self._closed:
+            return self._closed_error()
         return LoaderError(f"a newer loop over the {self.backend} loader for split '{self.split.name}' started while "
                            f"this one was paused; finish or drop a loop before starting the next")
 

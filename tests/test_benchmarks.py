@@ -72,13 +72,15 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "views": ["views.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--sizes", "32", "16",
               "--workers", "1"],
     "call_path": ["call_path.py", "--backends", "torch,dali"],
+    "soak": ["soak.py", "--copies", "3", "--per-shard", "9", "--epochs", "4", "--warmup", "1", "--batch-size", "4",
+             "--size", "32", "--workers", "1", "--tracemalloc", "--top", "3"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
                "--rounds", "1", "--batch-size", "4", "--size", "32", "--workers", "1", "--latency-ms", "5"],
 }
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
-    ("memory_workers", "memory_index", "cache", "stages", "train_step", "shards", "block_order", "sampler", "feed",
-     "views", "call_path"),
+    ("memory_workers", "memory_index", "cache", "soak", "stages", "train_step", "shards", "block_order", "sampler",
+     "feed", "views", "call_path"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "trainer_thread",
      "sizes", "hooks", "frameworks", "screening"),
 )
@@ -389,6 +391,25 @@ def test_remote_reads_the_same_shards_locally_and_from_a_local_s3_server_with_an
     assert "skipped LitData: --litdata-python not given" in out
 
 
+@runs_for("soak")
+def test_soak_samples_memory_and_resources_after_each_epoch_of_each_backend_and_way(run):
+    out, report = run
+    backends = ["torch"] + (["dali"] if HAS_DALI else [])
+    assert list(report["runs"]) == [f"{backend} {way}" for backend in backends for way in ("local", "s3")]
+    for name, result in report["runs"].items():
+        assert [row["images"] for row in result["epochs"]] == [36] * 4, name
+        assert all(row["rss_mb"] > 0 and row["fds"] > 0 and row["threads"] > 0 for row in result["epochs"]), name
+        assert [row["py_mb"] is not None for row in result["epochs"]] == [False, True, True, True]  # traced after 1
+        assert set(result["slopes_per_100_epochs"]) == {"rss_mb", "workers_mb", "fds", "threads", "memfds",
+                                                        "children", "py_mb"}
+        assert isinstance(result["slopes_per_100_epochs"]["rss_mb"]["all"], float), name  # over 3 epochs
+        assert result["after_close"]["children"] == 0 and len(result["grew_most"]) == 3, name
+        assert 0 < result["rss_after_trim_mb"] <= result["epochs"][-1]["rss_mb"] + 50, name
+        assert f"{name.split()[0]:5} {name.split()[1]:5}  4 epochs" in out
+    assert report["epochs"] == 4 and report["warmup"] == 1 and "cpu" in report["machine"]
+    assert "36 photos; batch 4 at 32 px; 1 workers; 4 epochs a way, slopes after epoch 1" in out
+
+
 @runs_for("sampler")
 def test_sampler_times_each_order_against_the_permutation_at_each_size(run):
     out, report = run
@@ -421,7 +442,7 @@ def test_call_path_counts_the_files_and_steps_from_build_loader_to_the_first_bat
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 22
+    assert len(SCRIPTS) == 23
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)

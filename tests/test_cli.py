@@ -126,6 +126,41 @@ def test_every_command_exits_0_when_done_and_2_on_each_error_the_user_can_fix(co
         assert message in capsys.readouterr().err
 
 
+def test_options_out_of_range_or_naming_a_folder_for_a_file_are_refused_in_one_line(small_config, tmp_path, capsys):
+    """bench --step-ms -5 used to run; check --exclude-list DIR checked every file, then printed
+    "[Errno 21] Is a directory". Each is refused before any work, naming the option and the fix."""
+    folder = tmp_path / "lists"
+    folder.mkdir()
+    cases = [(["bench", "--step-ms", "-5"], "fastloader: error: --step-ms must be >= 0, got -5\n"),
+             (["check", "--exclude-list", str(folder)],
+              f"fastloader: error: --exclude-list {folder}: is a folder; name the file to write the problem files "
+              f"to, e.g. --exclude-list {folder / 'bad-files.txt'}\n"),
+             (["bench", "--json", str(folder)],
+              f"fastloader: error: --json {folder}: is a folder; name the file to write, e.g. --json "
+              f"{folder / 'bench.json'}\n")]
+    for (command, *extra), message in cases:
+        assert main([command, str(small_config), *extra]) == 2, (command, extra)
+        captured = capsys.readouterr()
+        assert captured.err.endswith(message) and "Traceback" not in captured.err, captured.err
+        assert "files" not in captured.out and "round" not in captured.out, captured.out  # nothing ran
+    assert main(["check", str(small_config), "--exclude-list", str(tmp_path / "new" / "bad.txt")]) == 0
+    assert (tmp_path / "new" / "bad.txt").read_text().startswith("# written by fastloader check")
+
+
+def test_check_reads_a_config_from_a_pipe_with_relative_paths_from_the_working_directory(tmp_path):
+    """bash's `<(cat job.yaml)` is a pipe (/dev/fd/63), not a regular file: it used to be "not found".
+    It has no folder, so its relative dataset.root is the working directory's."""
+    write_solid_dataset(tmp_path / "data")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "job.yaml").write_text("dataset: {root: data}\noutput: {device: cpu}\n"
+                                                "train: {batch_size: 4, transform: {size: 32}}\n")
+    command = f"{shlex.join(FASTLOADER)} check <(cat jobs/job.yaml)"
+    result = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                            env=cpu_only_env(tmp_path / "cache", PYTHONPATH=str(REPO)))
+    assert result.returncode == 0, result.stderr
+    assert "no problems in 15 files" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("command", ["bench", "show"])
 def test_a_split_that_yields_no_batch_exits_2_naming_the_batch_size_and_the_fixes(command, small_config, tmp_path,
                                                                                     capsys):

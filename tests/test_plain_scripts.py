@@ -15,7 +15,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import env_without
+from conftest import REALPHOTOS, cpu_only_env, env_without, requires_realphotos
 from PIL import Image
 from test_resume import BACKENDS
 
@@ -135,3 +135,57 @@ def test_a_script_that_ends_mid_epoch_exits_with_its_own_status(many_files, tmp_
     assert tracebacks == (1 if ending == "raises" else 0), err[-3000:]
     if ending == "raises":
         assert err.rstrip().endswith("ValueError: the trainer broke"), err[-3000:]
+
+
+@requires_realphotos
+@pytest.mark.timeout(180)
+def test_a_dali_script_that_ends_mid_epoch_beside_two_busy_loops_exits_cleanly(tmp_path):
+    """Device: CPU (DALI's CPU flavour). The real photos linked twice (800 files), batches of 256:
+    the script returns after one batch, while DALI decodes the next ones, on a machine whose two
+    busy loops (started once the loader is built) make that take seconds. The exit hook used to give
+    DALI one second, then take the pipeline off DALI's own exit hook: its executor still decoded as
+    the process ended, and it aborted ('terminate called without an active exception', rc -6; 3 of 3
+    runs here). The exit now waits for the batch in progress, up to workers.timeout."""
+    root = tmp_path / "photos"
+    for photo in sorted((REALPHOTOS / "train").glob("*/*")):
+        folder = root / "train" / photo.parent.name
+        folder.mkdir(parents=True, exist_ok=True)
+        for copy in range(2):
+            (folder / f"{copy}_{photo.name}").symlink_to(photo)
+    config = {"backend": "dali", "dataset": {"root": str(root)}, "output": {"device": "cpu"},
+              "workers": {"num_workers": 2}, "train": {"batch_size": 256, "transform": {"size": 224}}}
+    script = textwrap.dedent(f"""
+        import sys, time
+        import fastloader
+
+        def main():
+            batches = iter(fastloader.build_loader({config!r}, "train"))
+            print("built", flush=True)
+            sys.stdin.readline()  # the busy loops run
+            next(batches)
+            time.sleep(0.6)  # the model step
+            print("returns", flush=True)
+
+        main()
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=cpu_only_env(tmp_path / "cache"),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    busy = []
+    try:
+        assert process.stdout.readline() == "built\n", process.communicate(timeout=60)[1][-3000:]
+        busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        out, err = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"the script hung at its end (killed after 120 s); stderr: {err[-2000:]}")
+    finally:
+        for loop in busy:
+            loop.kill()
+            loop.wait()
+    assert out == "returns\n", err[-3000:]
+    assert "terminate called" not in err, err[-3000:]
+    assert process.returncode == 0, (process.returncode, err[-3000:])

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import COLOURS, REPO, base_config, cpu_only_env, normalized, write_solid_dataset
 from PIL import Image
+from test_resume import BACKENDS
 
 from fastloader import build_loader
 from fastloader.errors import BadImageError
@@ -95,6 +96,18 @@ def test_break_then_new_epoch_and_close(textured_root):
     with pytest.raises(RuntimeError, match="loader for split 'train' is closed; build a new one"):
         iter(loader)
     assert len(full_epoch_2[1]) == 24
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_next_on_a_loop_after_close_says_the_loader_is_closed(textured_root, backend, workers):
+    """Device: CPU. The torch loader's loop used to say "a newer loop ... started" (DALI's: closed)."""
+    loader = build_loader(base_config(textured_root, backend=backend, workers={"num_workers": workers}))
+    batches = iter(loader)
+    next(batches)
+    loader.close()
+    with pytest.raises(RuntimeError, match=rf"this {backend} loader for split 'train' is closed; build a new one"):
+        next(batches)
 
 
 def test_dataset_smaller_than_one_batch(solid_root, caplog):

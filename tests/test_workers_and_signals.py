@@ -15,6 +15,7 @@ import time
 import pytest
 from conftest import REPO, alive, base_config, cpu_only_env, write_solid_dataset
 
+import torch_loader.loader
 from fastloader import LoaderError, build_loader
 
 
@@ -216,6 +217,75 @@ def test_a_stopped_worker_is_named_within_workers_timeout_and_the_next_loop_reco
         if alive(stopped):
             os.kill(stopped, signal.SIGKILL)
         loader.close()
+
+
+SLOW_HOOK = """
+import os, time
+
+def slow(image, generator):
+    time.sleep(float(os.environ["SLOW_HOOK_S"]))  # a decode, a hook or a file system this slow
+    return image
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_new_loop_after_a_break_waits_for_a_slow_worker_instead_of_killing_it(tmp_path, monkeypatch, caplog):
+    """Torch backend, CPU. A sample hook that sleeps makes each batch take 1.2 s, more than the wait
+    the new loop gave the last one's producer (POLL_S, 0.5 s here instead of 5): that loop killed the
+    workers and started new ones, with nothing logged. workers.timeout is what marks a batch stuck."""
+    (tmp_path / "slow_hook.py").write_text(SLOW_HOOK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SLOW_HOOK_S", "0.6")
+    monkeypatch.setattr(torch_loader.loader, "POLL_S", 0.5)
+    root = write_solid_dataset(tmp_path / "data", per_class=4, splits=("val",))
+    before = children(os.getpid())
+    config = base_config(root, workers={"num_workers": 1, "timeout": 30},
+                         val={"batch_size": 2, "transform": {"size": 32, "sample_hook": "slow_hook:slow"}})
+    with build_loader(config, "val") as loader, caplog.at_level(logging.WARNING, logger="fastloader"):
+        for _ in loader:
+            break  # the worker is decoding the next batch
+        workers = _worker_pids(before)
+        assert len(workers) == 1
+        loader.set_epoch(0)
+        images, labels = next(iter(loader))
+        assert labels.tolist() == loader.index.labels[loader.order.batches(0)[0][:, 0]].tolist()
+        assert _worker_pids(before) == workers  # the same worker, alive
+    assert "fastloader" not in caplog.text, caplog.text
+
+
+GREEN_HANGS = """
+import time
+
+def green_hangs(image, generator):
+    if image[1].float().mean() > image[0].float().mean() + 50:  # b_green (20, 180, 60)
+        time.sleep(30)
+    return image
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_batch_stuck_past_workers_timeout_after_a_break_is_logged_when_the_new_loop_starts(tmp_path, monkeypatch,
+                                                                                              caplog):
+    """Torch backend, CPU. After a `break`, the left loop's next batch has a hook that hangs: its
+    producer, or the new loop's start dropping it, waits workers.timeout, which names and kills the
+    worker; as no loop wants that batch, the error is logged (it was lost, or raised by the new
+    loop), and the new loop reads from new workers."""
+    (tmp_path / "green_hook.py").write_text(GREEN_HANGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(torch_loader.loader, "POLL_S", 0.5)
+    root = write_solid_dataset(tmp_path / "data", per_class=2, splits=("val",))
+    config = base_config(root, workers={"num_workers": 1, "timeout": 1},
+                         val={"batch_size": 2, "transform": {"size": 32, "sample_hook": "green_hook:green_hangs"}})
+    with build_loader(config, "val") as loader, caplog.at_level(logging.WARNING, logger="fastloader"):
+        assert [b[:, 0].tolist() for b in loader.order.batches(0)] == [[0, 1], [2, 3], [4, 5]]  # red, green, blue
+        for _ in loader:
+            break  # the producer waits for the green batch
+        loader.set_epoch(0)
+        _, labels = next(iter(loader))
+        assert labels.tolist() == [0, 0]
+    assert re.search(r"WARNING .*the torch loader for split 'val' waited \d s for a batch from its decoding worker "
+                     r"\(pid \d+\), which is alive but silent.*The workers run your val\.transform\.sample_hook",
+                     caplog.text), caplog.text
 
 
 @pytest.mark.timeout(90)

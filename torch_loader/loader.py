@@ -50,6 +50,8 @@ interval. Each look costs the training thread some 0.4 ms, while it waits for a 
 FIRST_BATCH_TIMES = 3
 """The first batch after the workers start may take this many times workers.timeout: they fork,
 open their decoders and read files no cache holds yet, on a machine whose other ranks do the same."""
+_LEFT_FOR_A_NEW_LOOP = object()
+"""TorchLoader._loop while a new loop waits for the last one's producer to end (_stop_producer)."""
 
 
 class _BatchFeed(torch.utils.data.Sampler):
@@ -169,7 +171,7 @@ class TorchLoader(Loader):
         received, converted and finished on the producer's, one ahead; the trainer only takes it."""
         if not batches:
             return iter(())
-        self._stop_producer()  # an older loop's, paused or left: the workers answer one thread at a time
+        self._stop_producer(new_loop=True)  # an older loop's, paused or left: the workers answer one thread at a time
         self._begin(batches)
         self._loop = loop = object()
         on_cuda = self.device.type == "cuda"
@@ -195,15 +197,28 @@ class TorchLoader(Loader):
         for _ in batches:
             if self._loop is not loop:
                 raise self._superseded()
-            yield self._receive(1)
+            try:
+                received = self._receive(1)
+            except LoaderError as error:
+                if self._loop is _LEFT_FOR_A_NEW_LOOP:  # nobody else hears of it
+                    log.warning("%s", error)
+                raise
+            yield received
 
-    def _stop_producer(self) -> None:
-        """The current loop's producer ended. One stuck receiving from a silent worker is let go of
-        by killing the workers, which ends the wait within POLL_S."""
-        if self._ahead.stop(timeout=POLL_S):
+    def _stop_producer(self, new_loop: bool = False) -> None:
+        """The current loop's producer ended. For a `new_loop`, one receiving a slow batch gets it: the
+        wait is the producer's own, which names and kills a worker silent for workers.timeout, and a
+        producer stuck past that elsewhere is let go of by killing the workers (logged). On close and
+        at exit, nothing waits for a batch: the workers are killed after POLL_S, ending the wait."""
+        self._loop = _LEFT_FOR_A_NEW_LOOP if new_loop else None  # then an error of its last batch is logged
+        patience = self.config.workers.timeout * (FIRST_BATCH_TIMES if self._fresh else 1) + 2 * POLL_S
+        if self._ahead.stop(timeout=patience if new_loop else POLL_S):
             return
         live = self._live
         if live is not None:
+            if new_loop:
+                log.warning("the last loop of the torch loader for split '%s' did not end within %.0f s of a new "
+                            "loop: its workers are stopped, and new ones start", self.split.name, patience)
             live_iterator.stop_unreaped(live_iterator.workers(live), os.getpid())
         self._ahead.stop()
 
@@ -274,7 +289,11 @@ class TorchLoader(Loader):
             feed.upcoming = itertools.chain(batches[matched:], self._next_epochs())
         elif matched < len(batches):  # in flight for another loop: drop it, feed this one
             feed.upcoming = itertools.chain(batches, self._next_epochs())
-            self._receive(len(feed.sent))
+            try:
+                self._receive(len(feed.sent))
+            except LoaderError as error:  # a left loop's batch stuck past workers.timeout, or its worker died
+                log.warning("%s", error)
+                self._start_workers(batches)
         # else this whole loop is in flight, and the feed already goes on after it
 
     def _receive(self, count: int) -> tuple | None:

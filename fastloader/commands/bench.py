@@ -63,12 +63,16 @@ def run(args) -> int:
     if len(backends) == 2 and forced:  # it would run the same backend twice under two names
         raise ConfigError(f"--backend both compares the two backends, but {BACKEND_ENV}={forced} forces every "
                          f"loader onto one; unset {BACKEND_ENV} (or use --backend {forced})")
-    for name, value in (("--batches", args.batches), ("--warmup", args.warmup), ("--seconds", args.seconds)):
-        if value < 0:
-            raise ConfigError(f"{name} must be >= 0, got {value}")
+    for name, value in (("--batches", args.batches), ("--warmup", args.warmup), ("--seconds", args.seconds),
+                        ("--step-ms", args.step_ms)):
+        if not value >= 0:  # NaN too
+            raise ConfigError(f"{name} must be >= 0, got {value:g}")
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
-    for path in (args.json, args.plot):  # fail before a long run, not after it
+    for option, path in (("--json", args.json), ("--plot", args.plot)):  # fail before a long run, not after it
+        if path and os.path.isdir(path):
+            raise ConfigError(f"{option} {path}: is a folder; name the file to write, e.g. {option} "
+                              f"{os.path.join(path, 'bench' + ('.json' if option == '--json' else '.png'))}")
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     runs = []

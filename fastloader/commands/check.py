@@ -66,6 +66,8 @@ def run(args) -> int:
         raise ConfigError(f"{config.source}: no split sections to check; add one, e.g. 'train: {{}}'")
     if args.workers is not None and args.workers < 0:
         raise ConfigError(f"--workers: must be 0 or more, got {args.workers}")
+    if args.exclude_list:  # refused before the check, which may take minutes, not after it
+        _check_exclude_list_path(args.exclude_list)
     quiet_pillow()
     print_environment()
     root = dataset_root(config)
@@ -489,6 +491,16 @@ def write_exclude_list(path: str, problems: dict[str, Screened], excluded: froze
     target = os.path.abspath(path)
     print(f"wrote {_count(len(problems) + len(carried), 'path')} to {path}. To leave them out of every split, set "
           f"dataset.exclude in the config\n  dataset: {{exclude: {target}}}\nor pass --set dataset.exclude={target}")
+
+
+def _check_exclude_list_path(path: str) -> None:
+    """--exclude-list names a file to write: a folder is refused with the fix; the file's folder is
+    made (as bench's --json)."""
+    from ..errors import ConfigError
+    if os.path.isdir(path):
+        raise ConfigError(f"--exclude-list {path}: is a folder; name the file to write the problem files to, e.g. "
+                          f"--exclude-list {os.path.join(path, 'bad-files.txt')}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
 
 def _count(number: int, noun: str) -> str:
