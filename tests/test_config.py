@@ -197,6 +197,17 @@ def test_invalid_yaml_and_missing_file(tmp_path):
     assert "config file 'nope.yaml' not found" in error_of("nope.yaml")
 
 
+def test_a_yaml_syntax_error_is_one_line_with_the_file_line_column_and_what_was_expected(tmp_path):
+    unclosed, tab = tmp_path / "unclosed.yaml", tmp_path / "tab.yaml"
+    unclosed.write_text("train:\n  batch_size: [1, 2\n  folder: x\n")
+    tab.write_text("train:\n\tfolder: x\n")
+    assert error_of(unclosed) == (f"{unclosed}: not valid YAML at line 3, column 9: expected ',' or ']', but got ':' "
+                                  f"(while parsing a flow sequence that starts on line 2, column 15)")
+    assert error_of(tab) == (f"{tab}: not valid YAML at line 2, column 1: found character '\\t' that cannot start "
+                             f"any token (while scanning for the next token); indent with spaces: YAML does not "
+                             f"allow tabs there")
+
+
 def test_a_config_path_that_is_no_text_file_names_the_file_and_what_it_is(tmp_path):
     import gzip
 
