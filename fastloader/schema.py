@@ -288,7 +288,8 @@ class SourceConfig:
     folder: str | None = None
     """A folder of class folders (<folder>/<class>/<image>), relative to dataset.root or absolute."""
     file_list: str | None = None
-    """A text file of `relative/path label` lines, the paths relative to dataset.root."""
+    """A text file of `relative/path label` lines (the label an integer or a class name), the paths
+    relative to dataset.root."""
     shards: str | tuple[str, ...] | None = None
     """Tar shards: a path, glob or brace range, or a list of them (relative as the split's shards)."""
     files: str | tuple[str, ...] | None = None
@@ -382,8 +383,9 @@ class SplitConfig:
     folder: str | None = None
     """Sub-folder of dataset.root holding this split. Default: the split's name."""
     file_list: str | None = None
-    """A text file of `relative/path label` lines to read instead of scanning folders (each path
-    normalized, one relative to dataset.root where it is under it; a file named twice is refused)."""
+    """A text file of `relative/path label` lines to read instead of scanning folders (the label an
+    integer or a class name; each path normalized, one relative to dataset.root where it is under it;
+    a file named twice is refused)."""
     shards: str | tuple[str, ...] | None = None
     """dataset.format: webdataset: the split's tar shards: a path, glob or brace range
     (`train-{000000..000146}.tar`), or a list of them, relative to dataset.root when it is set, else to

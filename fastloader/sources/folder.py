@@ -39,7 +39,8 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     excluded = read_exclude_list(config.dataset.exclude, root) if config.dataset.exclude else frozenset()
     if split.file_list:
         return read_file_list(split.file_list, root, config.dataset.classes, excluded, key=f"{split.name}.file_list",
-                              weights_key=f"{order_split(split).name}.weights")
+                              weights_key=f"{order_split(split).name}.weights",
+                              other_lists=() if config.dataset.classes else _other_file_lists(config, split))
     folder = os.path.normpath(split.folder or split.name)
     skip = frozenset(path[len(folder) + 1:] for path in excluded if path.startswith(folder + os.sep))
     # the folders' problems are blamed on what set dataset.root: the file, or an override
@@ -49,6 +50,13 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
                         announced=together is not None)
     config.on_bad_image.refuse(index.unusable)  # a FIFO named .JPEG: raised, or logged (then listed)
     return index
+
+
+def _other_file_lists(config: Config, split: SplitConfig) -> list[str]:
+    """The config's file lists but `split`'s own: the class names they give join those of its list."""
+    lists = [other.file_list for other in config.splits.values()]
+    lists += [source.file_list for other in config.splits.values() for source in other.sources or ()]
+    return [path for path in dict.fromkeys(lists) if path and path != split.file_list]
 
 
 def _class_folders(folder: str) -> list[str]:
