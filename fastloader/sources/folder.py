@@ -75,7 +75,8 @@ def _classes_of_the_splits(config: Config, root: str, split: SplitConfig) -> lis
     own = _class_folders(own_folder)
     others = {}
     for other in config.splits.values():
-        if other.name == split.name or other.file_list or other.shards or other.files or other.sources:
+        if other.name == split.name or other.file_list or other.shards or other.files or other.sources \
+                or other.held_out:
             continue
         folder = os.path.join(root, os.path.normpath(other.folder or other.name))
         if os.path.isdir(folder) and folder != own_folder:
