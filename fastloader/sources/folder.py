@@ -143,10 +143,12 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
                               f"and {split!r} is beside it; set dataset.root to {above!r} (--set "
                               f"dataset.root={above}), the folder that holds the split folders")
         split_name = key.split(".")[0]
+        hold = f", hold it out of train ({split_name}.held_out: {{of: train, fraction: 0.1}})" \
+            if split_name != "train" and os.path.isdir(os.path.join(parent, "train")) else ""
         raise ConfigError(f"{source}: split folder {split_dir!r} does not exist (folders in dataset.root: "
                           f"{', '.join(present) or 'none'}): make it ({split_dir}/<class>/<images>), set {key} to the "
-                          f"folder that holds the split's own images, or remove the split '{split_name}' from the "
-                          f"config")
+                          f"folder that holds the split's own images{hold}, or remove the split '{split_name}' from "
+                          f"the config")
     found = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
     if classes is None:
         classes = found
