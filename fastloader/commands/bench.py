@@ -74,9 +74,9 @@ def run(args) -> int:
     try:
         for backend in backends:  # each loader's first batch right after its build: what a trainer waits at start
             runs.append(Run(*build(args, backend), args.step_ms))
+            if len(runs[-1].loader) == 0:
+                raise no_batch_error(runs[-1].loader)
             runs[-1].first_batch()
-        if len(runs[0].loader) == 0:
-            raise no_batch_error(runs[0].loader)
         progress = Progress(len(runs) * args.rounds, unit="rounds")
         for number in range(args.rounds):
             order = runs if number % 2 == 0 else runs[::-1]  # alternate, so neither gets a quieter machine
