@@ -152,3 +152,20 @@ def test_the_config_pages_example_runs_as_written(tmp_path):
     with build_loader(example, "train") as train, build_loader(example, "val") as val:
         assert (train.num_samples, val.num_samples) == (27, 3) and val.split.mode == "eval"
         assert sum(len(labels) for _, labels in val) == 3
+
+
+def test_a_weights_file_for_the_whole_folder_names_the_held_out_samples_too(tmp_path):
+    """train.weights written for every file of the folder (as `fastloader check` lists them) still fits
+    a train split that val holds samples out of; a name that is in neither is refused as before."""
+    root = write_numbered_dataset(tmp_path / "data", per_class=4, splits=("train",))
+    weights = tmp_path / "weights.txt"
+    names = sorted(str(path.relative_to(root)) for path in (root / "train").rglob("*.png"))
+    weights.write_text("".join(f"{name} 1\n" for name in names))
+    config = held_out_config(root, {"of": "train", "count": 1})
+    config["train"]["weights"] = str(weights)
+    with build_loader(config, "train") as loader:
+        assert loader.num_samples == 9
+    weights.write_text("".join(f"{name} 1\n" for name in [*names, "train/a_red/nowhere.png"]))
+    with pytest.raises(ConfigError, match=r"weights.txt:13 names 'train/a_red/nowhere.png', which split 'train' "
+                                          r"lacks \(1 name such\)"):
+        build_loader(config, "train")

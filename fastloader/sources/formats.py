@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..samples import SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
@@ -68,6 +70,19 @@ def build_index(config: Config, split: SplitConfig, given: object | None = None)
     except BaseException:
         release_store(whole.store)
         raise
+
+
+def held_out_of(config: Config, split: SplitConfig) -> SampleIndex | None:
+    """The samples other splits hold out of `split` (None where none does): what a file written for
+    the split's whole folder (its weights) may name beside the split's own samples."""
+    if not holdout.holdouts_of(config, split):
+        return None
+    whole = _whole_index(config, split)
+    try:
+        chosen = holdout.held_out(config, split, whole)
+        return whole.take(np.sort(np.concatenate(list(chosen.values()))))
+    finally:
+        release_store(whole.store)
 
 
 def _whole_index(config: Config, split: SplitConfig, given: object | None = None) -> SampleIndex:
