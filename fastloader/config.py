@@ -77,7 +77,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         except yaml_text.DuplicateKeyError as error:
             raise ConfigError(f"{path}: {error}") from None
         except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML: {error}") from None
+            raise ConfigError(f"{path}: not valid YAML at {yaml_text.one_line(error)}") from None
         _check_size(raw, str(path))
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")

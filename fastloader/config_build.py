@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping, Union
 from .config_rules import (
     block_order_needs_shards,
     check_batch_sizes,
+    check_holdouts,
     check_sizes,
     check_sources,
     check_views,
@@ -37,6 +38,7 @@ from .schema import (
     TRAIN_TRANSFORM_KEYS,
     VIEW_TRANSFORM_KEYS,
     Config,
+    HeldOutConfig,
     MixupConfig,
     SourceConfig,
     SplitConfig,
@@ -70,6 +72,8 @@ def all_dotted_keys() -> list[str]:
             keys += [f"<split>.{f.name}.{t.name}" for t in dataclasses.fields(SPLIT_SECTIONS[f.name])]
         elif f.name == "sources":
             keys += ["<split>.sources", *(f"<split>.sources.{t.name}" for t in dataclasses.fields(SourceConfig))]
+        elif f.name == "held_out":
+            keys += ["<split>.held_out", *(f"<split>.held_out.{t.name}" for t in dataclasses.fields(HeldOutConfig))]
         elif f.name == "views":
             keys += ["<split>.views", "<split>.views.count", "<split>.views.name"]  # and transform keys
         else:
@@ -168,6 +172,7 @@ class ConfigBuilder:
         split_format(self.fail, values["dataset"], splits)
         block_order_needs_shards(self.fail, values["dataset"], splits)
         draws_need_a_uniform_order(self.fail, splits)
+        check_holdouts(self.fail, splits)
         graph_args_need_a_graph_hook(self.fail, values.get("dali"))
         self.raise_unknowns()
         return Config(**values, splits=splits, source=self.source, origins=dict(self.origins))

@@ -38,6 +38,8 @@ def config_to_raw(config: Config) -> dict:
                         section.pop(key)
                 if section["sources"] is None:
                     section.pop("sources")
+                if section["held_out"] is None:
+                    section.pop("held_out")
                 if section["views"] is None:
                     section.pop("views")
                 else:  # a group as a file gives it: its count and name over its whole transform

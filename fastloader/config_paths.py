@@ -114,13 +114,15 @@ def _format_names_its_files(name: object) -> bool:
 
 def _containers_only(raw: dict) -> bool:
     """Whether every split reads shards, parquet/Arrow files or a source of its own (its own keys, or
-    each of its sources'): then no split needs dataset.root, whatever dataset.format says."""
+    each of its sources'), or is held out of another: then no split needs dataset.root, whatever
+    dataset.format says."""
     def containers(item: object) -> bool:
         return isinstance(item, dict) and ("shards" in item or "files" in item or "source" in item)
     splits = [section for name, section in raw.items() if name not in SECTIONS and isinstance(section, dict)]
-    return bool(splits) and all(containers(split) or (isinstance(split.get("sources"), list) and split["sources"] and
-                                                      all(containers(source) for source in split["sources"]))
-                                for split in splits)
+    return bool(splits) and all(containers(split) or "held_out" in split or (  # it reads another split's
+        isinstance(split.get("sources"), list) and split["sources"] and all(containers(source)
+                                                                             for source in split["sources"]))
+        for split in splits)
 
 
 def resolve_override_path(key: str, value: Any) -> Any:

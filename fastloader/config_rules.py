@@ -51,6 +51,35 @@ def source_keys(fail: Fail, name: str, values: dict) -> None:
                                       f"or remove {name}.source")
 
 
+def check_holdouts(fail: Fail, splits: Mapping[str, SplitConfig]) -> None:
+    """A split held out of another reads that split's samples, so it names no samples of its own; the
+    other split is one of the config's, not held out itself (its samples are the ones chosen from); a
+    share or a count per class, one of them."""
+    for name, split in splits.items():
+        holdout = split.held_out
+        if holdout is None:
+            continue
+        key = f"{name}.held_out"
+        for own in (*SOURCE_KINDS, "source", "sources"):
+            if getattr(split, own) is not None:
+                fail(f"{name}.{own}", f"split '{name}' is held out of split '{holdout.of}' ({key}.of), whose "
+                                      f"samples it reads; remove {name}.{own}, or remove {key}")
+        if holdout.of == name or holdout.of not in splits:
+            others = [other for other in splits if other != name]
+            close = difflib.get_close_matches(holdout.of, others, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            what = "this split itself" if holdout.of == name else "no split of the config"
+            fail(f"{key}.of", f"names {what} ({holdout.of!r}){hint}; name the split whose samples are held out: "
+                              f"one of {', '.join(others) or 'none (add a train section)'}")
+        if splits[holdout.of].held_out is not None:
+            first = splits[holdout.of].held_out.of
+            fail(f"{key}.of", f"names split '{holdout.of}', which is itself held out of split '{first}'; hold both "
+                              f"out of '{first}'")
+        if (holdout.fraction is None) == (holdout.count is None):
+            fail(key, f"takes a share of each class ({key}.fraction: 0.1) or a count of each class ({key}.count: "
+                      f"50), one of the two; {'both are' if holdout.count is not None else 'neither is'} set")
+
+
 def draws_need_a_uniform_order(fail: Fail, splits: Mapping[str, SplitConfig]) -> None:
     """Weights draw at random: `shuffle: false` cannot keep the index order, and the block order is
     refused with them (docs/semantics.md, the block order: grouped by block, the draws of a rare

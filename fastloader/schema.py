@@ -288,7 +288,8 @@ class SourceConfig:
     folder: str | None = None
     """A folder of class folders (<folder>/<class>/<image>), relative to dataset.root or absolute."""
     file_list: str | None = None
-    """A text file of `relative/path label` lines, the paths relative to dataset.root."""
+    """A text file of `relative/path label` lines (the label an integer or a class name), the paths
+    relative to dataset.root."""
     shards: str | tuple[str, ...] | None = None
     """Tar shards: a path, glob or brace range, or a list of them (relative as the split's shards)."""
     files: str | tuple[str, ...] | None = None
@@ -353,6 +354,23 @@ class ViewConfig:
 
 
 @dataclass(frozen=True)
+class HeldOutConfig:
+    """A split made of samples held out of another split (docs/config.md#a-split-held-out-of-another):
+    class by class, a seeded choice of the other split's samples, which that split then leaves out."""
+    of: str
+    """The split whose samples are held out (train): it reads the rest, this split the held-out ones."""
+    fraction: float | None = field(default=None, metadata=_check(lambda v: v is None or 0 < v < 1,
+                                                                 "a fraction in (0, 1), or null"))
+    """This share of each class, rounded (at least one sample of a class of two or more)."""
+    count: int | None = field(default=None, metadata=_check(lambda v: v is None or 1 <= v <= MAX_EPOCH_SIZE,
+                                                            f"an integer in [1, {MAX_EPOCH_SIZE}], or null"))
+    """This many samples of each class (fraction or count, not both)."""
+    seed: int | None = field(default=None, metadata=_check(lambda v: v is None or 0 <= v <= INT64_MAX,
+                                                           "an integer in [0, 2**63 - 1], or null"))
+    """Seeds the choice. null: the config's seed."""
+
+
+@dataclass(frozen=True)
 class SplitConfig:
     name: str
     mode: Literal["train", "eval"]
@@ -382,8 +400,9 @@ class SplitConfig:
     folder: str | None = None
     """Sub-folder of dataset.root holding this split. Default: the split's name."""
     file_list: str | None = None
-    """A text file of `relative/path label` lines to read instead of scanning folders (each path
-    normalized, one relative to dataset.root where it is under it; a file named twice is refused)."""
+    """A text file of `relative/path label` lines to read instead of scanning folders (the label an
+    integer or a class name; each path normalized, one relative to dataset.root where it is under it;
+    a file named twice is refused)."""
     shards: str | tuple[str, ...] | None = None
     """dataset.format: webdataset: the split's tar shards: a path, glob or brace range
     (`train-{000000..000146}.tar`), or a list of them, relative to dataset.root when it is set, else to
@@ -404,6 +423,9 @@ class SplitConfig:
         lambda v: v is None or 1 <= len(v) <= MAX_SOURCES, f"a list of 1 to {MAX_SOURCES} sources"))
     """Several sources in one split, instead of folder / file_list / shards: each a folder, file_list or
     shards, with its weight (the share of each epoch's draws) and its classes (shared or own)."""
+    held_out: HeldOutConfig | None = None
+    """The split's samples held out of another split, class by class (instead of folder, file_list,
+    shards, files, source or sources): `val: {held_out: {of: train, fraction: 0.1}}`. null: none."""
     weights: str | None = None
     """train: a text file of `name weight` lines (names as `fastloader check` and dataset.exclude write
     them, one line per sample): samples are drawn with replacement in proportion to their weights."""

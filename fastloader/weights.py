@@ -27,6 +27,7 @@ from .samples import SampleIndex
 from .schema import Config, SplitConfig, draws_from
 from .sources.exclude import read_exclude_list
 from .sources.folder import dataset_root
+from .sources.formats import held_out_of
 from .words import plural
 
 log = logging.getLogger("fastloader")
@@ -182,7 +183,8 @@ def sample_weights(config: Config, split: SplitConfig, index: SampleIndex, table
 def _file_weights(config: Config, split: SplitConfig, index: SampleIndex, table: WeightsFile,
                   left_out: Iterable[str]) -> np.ndarray:
     """Each sample's weight from the file, by name; a name the split lacks, or a sample without a line,
-    refused (a name of a file the split left out, as bad or by dataset.exclude, is fine)."""
+    refused (a name of a file the split left out, as bad or by dataset.exclude, or held out into
+    another split, is fine)."""
     key = f"{split.name}.weights"
     root = dataset_root(config)
     lines = dict(table.weights)
@@ -204,6 +206,10 @@ def _file_weights(config: Config, split: SplitConfig, index: SampleIndex, table:
         if config.dataset.exclude:
             known |= read_exclude_list(config.dataset.exclude, root)
         unknown = sorted(((line, name) for name, (_, line) in lines.items() if name not in known))
+        if unknown:  # a file for the whole folder names the samples held out into another split too
+            taken = held_out_of(config, split)
+            held = set(sample_names(taken, root)) if taken is not None else set()
+            unknown = [(line, name) for line, name in unknown if name not in held]
         if unknown:
             line, name = unknown[0]
             raise ConfigError(f"{config.origin(key)}: {key}: {table.path}:{line} names {name!r}, which split "

@@ -37,6 +37,29 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def one_line(error: yaml.YAMLError) -> str:
+    """PyYAML's message on one line: "line 3, column 9: expected ',' or ']', but got ':' (while parsing a
+    flow sequence that starts on line 2, column 15)". Why: PyYAML writes four lines, each repeating
+    the file's name, where every other config error is one line that names the file once."""
+    problem = getattr(error, "problem", None)
+    if not problem:
+        return " ".join(str(error).split())
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+    text = f"{where}{problem}"
+    if context:
+        started = ""
+        if context_mark is not None and (mark is None or (context_mark.line, context_mark.column)
+                                          != (mark.line, mark.column)):
+            started = f" that starts on line {context_mark.line + 1}, column {context_mark.column + 1}"
+        text += f" ({context}{started})"
+    if "'\\t'" in problem:
+        text += "; indent with spaces: YAML does not allow tabs there"
+    note = getattr(error, "note", None)
+    return " ".join((f"{text}; {note}" if note else text).split())
+
+
 def load(text: str) -> Any:
     """The value of a YAML document, or DuplicateKeyError / yaml.YAMLError (with its line)."""
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)

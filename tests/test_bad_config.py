@@ -298,7 +298,8 @@ def test_a_missing_val_folder_is_not_told_to_read_trains_folder(tmp_path):
         build_loader(base_config(root), "val")
     message = str(raised.value)
     assert f"split folder {str(root / 'val')!r} does not exist (folders in dataset.root: train): make it (" in message
-    assert "set val.folder to the folder that holds the split's own images, or remove the split 'val'" in message
+    assert ("set val.folder to the folder that holds the split's own images, hold it out of train (val.held_out: "
+            "{of: train, fraction: 0.1}), or remove the split 'val'") in message  # docs/config.md, held out
     assert "one of them" not in message
 
 

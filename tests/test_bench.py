@@ -136,11 +136,34 @@ def test_both_backends_refuse_a_backend_forced_by_the_environment(tmp_path):
             "unset FASTLOADER_BACKEND (or use --backend torch)") in result.stderr
 
 
+def test_the_summary_gives_the_build_beside_the_first_batch_one_worker_and_each_batch_shape(tmp_path):
+    """Torch backend, CPU. A trainer waits for build_loader and then for the first batch: the torch
+    workers start in the build, so the first batch alone read 0.00 s where a fresh process waited
+    0.5-0.8 s. With transform.sizes each batch has one of several shapes, not the first one's."""
+    path = tmp_path / "sizes.json"
+    result = run("bench", "configs/sample.yaml", "--backend", "torch", "--rounds", "1", "--seconds", "0",
+                 "--batches", "4", "--json", str(path), *SMALL, "--set", "workers.num_workers=1",
+                 "--set", "train.transform.sizes=[32,48]", cache_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(path.read_text())
+    assert summary["batch_shapes"] in ([[16, 3, 32, 32], [16, 3, 48, 48]], [[16, 3, 48, 48], [16, 3, 32, 32]])
+    assert ("split train: 240 samples, 15 batches/epoch of 16, batches of 2 shapes: [16, 3, 32, 32], "
+            "[16, 3, 48, 48] float32") in result.stdout
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("backend "))
+    row = lines[lines.index(header) + 1]
+    assert "  build + first batch  " in header
+    assert re.match(r"torch +cpu +1 worker +\d+ +1 round ", row), row
+    build, first = re.search(r" (\d+\.\d\d) \+ (\d+\.\d\d) s ", row).groups()
+    assert (build, first) == (f"{summary['build_s']:.2f}", f"{summary['time_to_first_batch_s']:.2f}")
+    assert summary["build_s"] > 0.01 and summary["time_to_first_batch_s"] > 0
+
+
 def test_the_parallelism_column_names_the_dali_feeds_worker_processes():
     from fastloader.commands.bench import parallelism
     assert parallelism({"flavour": "gpu", "threads": 8, "feed_processes": 4}) == "dali gpu, 8 threads, feed 4 processes"
     assert parallelism({"flavour": "cpu", "threads": 2, "feed_processes": 0}) == "dali cpu, 2 threads"
-    assert parallelism({"workers": 3}) == "3 workers"
+    assert parallelism({"workers": 3}) == "3 workers" and parallelism({"workers": 1}) == "1 worker"
 
 
 def test_the_bench_counts_what_the_dali_gpu_flavours_decoders_leave_to_the_cpu_over_every_loop(tmp_path):

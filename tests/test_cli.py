@@ -33,8 +33,8 @@ def test_bench_runs_the_embedded_demo_on_a_fresh_cache(tmp_path):
             "cross, square, stripes, triangle") in result.stdout
     assert ("3 rounds per backend, each timing at least 0.2 s and 3 batches after draining the prefetched ones; "
             "model step 0 ms; the table gives the median round") in result.stdout
-    assert re.search(r"torch +cpu +2 workers +\d+ +\d+-\d+ +\d+\.\d +\d+\.\d% +\d\.\d\d s +\d+\.\d [MG]iB",
-                     result.stdout)
+    assert re.search(r"torch +cpu +2 workers +\d+ +\d+-\d+ +\d+\.\d +\d+\.\d% +\d+\.\d\d \+ \d+\.\d\d s "
+                     r"+\d+\.\d [MG]iB", result.stdout)
     assert "3/3 rounds" in result.stderr
     again = run("bench", "configs/sample.yaml", "--split", "val", "--batches", "1", "--seconds", "0",
                 "--rounds", "1", cache_dir=tmp_path)

@@ -197,6 +197,17 @@ def test_invalid_yaml_and_missing_file(tmp_path):
     assert "config file 'nope.yaml' not found" in error_of("nope.yaml")
 
 
+def test_a_yaml_syntax_error_is_one_line_with_the_file_line_column_and_what_was_expected(tmp_path):
+    unclosed, tab = tmp_path / "unclosed.yaml", tmp_path / "tab.yaml"
+    unclosed.write_text("train:\n  batch_size: [1, 2\n  folder: x\n")
+    tab.write_text("train:\n\tfolder: x\n")
+    assert error_of(unclosed) == (f"{unclosed}: not valid YAML at line 3, column 9: expected ',' or ']', but got ':' "
+                                  f"(while parsing a flow sequence that starts on line 2, column 15)")
+    assert error_of(tab) == (f"{tab}: not valid YAML at line 2, column 1: found character '\\t' that cannot start "
+                             f"any token (while scanning for the next token); indent with spaces: YAML does not "
+                             f"allow tabs there")
+
+
 def test_a_config_path_that_is_no_text_file_names_the_file_and_what_it_is(tmp_path):
     import gzip
 
@@ -235,7 +246,7 @@ def test_output_device_refuses_anything_else_naming_the_forms_it_takes(device):
 SPLIT_VALUES = {  # a value of each split key other than its default, as a file would set it
     "batch_size": 3, "batch_sizes": None, "shuffle": None, "drop_last": False, "block_size": None,
     "folder": "elsewhere", "file_list": None, "shards": None, "files": None, "source": None, "source_args": None,
-    "sources": None, "weights": None, "class_weights": "sqrt", "epoch_size": 77, "aug_repeats": 3,
+    "sources": None, "held_out": None, "weights": None, "class_weights": "sqrt", "epoch_size": 77, "aug_repeats": 3,
     "label_smoothing": 0.25,
 }
 """Keys set to None here are set by the test below with the keys they need beside them."""
@@ -257,18 +268,21 @@ def test_every_split_key_a_file_sets_is_kept_none_takes_its_default_silently(tmp
              {"shards": "s-{0..1}.tar", "shuffle": "block", "block_size": "1GB"}, {"shuffle": False},
              {"files": "t.parquet"},
              {"source": "fastloader.sources.sqlite_table:SQLiteSource", "source_args": {"path": "db.sqlite"}},
-             {"sources": [{"folder": "a"}]},
+             {"sources": [{"folder": "a"}]}, {"held_out": {"of": "val", "count": 2}},
              {"batch_size": 4, "batch_sizes": (4, 2), "transform": {"sizes": [16, 32]}}]
     set_keys = set()
     for case in cases:
         dataset = {"root": str(tmp_path), "format": "webdataset" if "shards" in case else "folder"}
-        split = load_config({"dataset": dataset, "train": case}).split("train")
+        other = {"val": {}} if "held_out" in case else {}  # the split it is held out of
+        split = load_config({"dataset": dataset, "train": case, **other}).split("train")
         for key, value in case.items():
             if key == "transform":  # beside batch_sizes, which pairs with its sizes
                 continue
             kept = getattr(split, key)
             if key == "sources":
                 kept = [{"folder": kept[0].folder}]
+            if key == "held_out":
+                kept = {"of": kept.of, "count": kept.count}
             if key in ("shards", "files", "file_list", "weights"):  # made absolute
                 kept = [Path(path).name for path in ((kept,) if isinstance(kept, str) else kept)]
                 value = [Path(value).name]

@@ -242,3 +242,18 @@ def test_the_five_line_imagefolder_config_and_its_loop_run_as_written(tmp_path):
     result = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, env=cpu_only_env(tmp_path / "cache"),
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_no_command_in_the_docs_writes_into_the_clone():
+    """A command copied from a page leaves the clone as it was: a `--json`, `--plot` or `--out` file
+    goes to an absolute path (/tmp, a scratch disk) or to bench-results/, which git ignores, never over
+    a tracked file such as docs/bench.png nor as a stray bench.json in the tree."""
+    assert "/bench-results/" in (REPO / ".gitignore").read_text().split()
+    writes = []
+    for page in PAGES:
+        text = page.read_text()
+        for match in re.finditer(r"--(?:json|plot|out)[ =]([^\s`)]+)", text):
+            path = match.group(1)
+            if not (path.startswith(("/", "$", "~", "bench-results/")) or re.fullmatch(r"[A-Z_]+", path)):
+                writes.append(f"{page.name}:{text[:match.start()].count(chr(10)) + 1}: {match.group(0)}")
+    assert not writes, f"commands that write into the clone: {writes}"

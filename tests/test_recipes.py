@@ -8,6 +8,7 @@ import runpy
 import sys
 
 import pytest
+import torch
 from conftest import REPO, write_solid_dataset
 
 from fastloader.config import load_config
@@ -107,11 +108,16 @@ def test_the_dinov2_recipe_names_its_source_and_the_views_example_trains_on_it(m
     assert all(v.transform.color_jitter == (0.4, 0.4, 0.2, 0.1) and v.transform.color_jitter_prob == 0.8
                and v.transform.grayscale_prob == 0.2 and v.transform.interpolation == "bicubic"
                and v.transform.hflip == 0.5 for v in groups.values())
-    args = ["views.py", "--steps", "2", "--out-dim", "32", "--set", "backend=torch", "--set", "output.device=cpu",
-            "--set", "workers.num_workers=0", "--set", "train.batch_size=4"]
+    # --quick, the docs' way to see it work on a CPU: 4 images a batch (not the demo's 16), a small CNN
+    args = ["views.py", "--quick", "--steps", "2", "--out-dim", "32", "--set", "backend=torch", "--set",
+            "output.device=cpu", "--set", "workers.num_workers=0"]
     monkeypatch.setattr(sys, "argv", args)
-    with pytest.raises(SystemExit) as stopped:
-        runpy.run_path(str(REPO / "examples" / "views.py"), run_name="__main__")
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            runpy.run_path(str(REPO / "examples" / "views.py"), run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)  # --quick's one thread, not the rest of the session's
     assert stopped.value.code == 0
     out = capsys.readouterr().out
     losses = re.findall(r"step \d: loss (\d+\.\d+), 10 views of 4 images \(1x224px, 1x224px, 8x96px\)", out)

@@ -98,12 +98,52 @@ def test_file_list_with_spaces_comments_and_labels(tmp_path):
 
 def test_file_list_errors_name_file_and_line(tmp_path):
     listing = tmp_path / "list.txt"
+    listing.write_text("a.jpg 0\nb.jpg\n")
+    with pytest.raises(ConfigError, match=r"list.txt:2: expected 'relative/path label' \(the label an integer or a "
+                                          r"class name\), got 'b.jpg'$"):
+        read_file_list(str(listing), str(tmp_path))
     listing.write_text("a.jpg 0\nb.jpg cat\n")
-    with pytest.raises(ConfigError, match=r"list.txt:2: expected 'relative/path label', got 'b.jpg cat'"):
+    with pytest.raises(ConfigError, match=r"list.txt:2: line 1 gives an integer label and line 2 a class name: "
+                                          r"without dataset.classes a list gives one kind; write every label as a "
+                                          r"class name, or set dataset.classes"):
         read_file_list(str(listing), str(tmp_path))
     listing.write_text("a.jpg 5\n")
     with pytest.raises(ConfigError, match=r"list.txt:1: label 5 out of range \(dataset.classes has 2 names\)"):
         read_file_list(str(listing), str(tmp_path), classes=["x", "y"])
+    listing.write_text("a.jpg cat\nb.jpg dgo\n")
+    with pytest.raises(ConfigError, match=r"list.txt:2: class 'dgo' is not in dataset.classes \(closest: 'dog'\); "
+                                          r"fix the label, or add the class to dataset.classes"):
+        read_file_list(str(listing), str(tmp_path), classes=["cat", "dog"])
+    listing.write_text("my photo.jpg\n")  # no label, a space in the name: never the class 'photo.jpg'
+    with pytest.raises(ConfigError, match=r"list.txt:1: expected 'relative/path label' \(.*\), got 'my photo.jpg', "
+                                          r"whose last word is a file, not a label: add the label after the path"):
+        read_file_list(str(listing), str(tmp_path))
+
+
+def test_a_file_list_of_class_names_takes_them_from_dataset_classes_or_from_the_lists(tmp_path):
+    """The ImageNet way of writing a list (`n04243546/x.JPEG n04243546`): names are labels."""
+    listing = tmp_path / "list.txt"
+    listing.write_text("n04243546/x.JPEG n04243546\nn01440764/y.JPEG n01440764\nn04243546/z.JPEG n04243546\n")
+    index = read_file_list(str(listing), str(tmp_path), classes=["n01440764", "n02102040", "n04243546"])
+    assert index.labels.tolist() == [2, 0, 2] and index.classes == ("n01440764", "n02102040", "n04243546")
+    index = read_file_list(str(listing), str(tmp_path))  # the list names the classes: sorted, as class folders
+    assert index.labels.tolist() == [1, 0, 1] and index.classes == ("n01440764", "n04243546")
+    other = tmp_path / "train.txt"  # another split's list has a class this one lacks: the labels stay aligned
+    other.write_text("# path label\nn02102040/w.JPEG n02102040\nn01440764/v.JPEG n01440764\n")
+    index = read_file_list(str(listing), str(tmp_path), other_lists=[str(other)])
+    assert index.labels.tolist() == [2, 0, 2] and index.classes == ("n01440764", "n02102040", "n04243546")
+
+
+def test_a_config_whose_file_lists_name_classes_labels_each_split_alike(tmp_path):
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "train.txt").write_text("a/1.jpg cat\nb/2.jpg dog\nc/3.jpg emu\n")
+    (tmp_path / "val.txt").write_text("c/4.jpg emu\na/5.jpg cat\n")
+    config = load_config({"dataset": {"root": str(tmp_path)}, "train": {"file_list": str(tmp_path / "train.txt")},
+                          "val": {"file_list": str(tmp_path / "val.txt")}})
+    train, val = build_index(config, config.splits["train"]), build_index(config, config.splits["val"])
+    assert train.classes == val.classes == ("cat", "dog", "emu")
+    assert train.labels.tolist() == [0, 1, 2] and val.labels.tolist() == [2, 0]
 
 
 def test_file_list_paths_are_normalized_to_one_name_per_file(tmp_path):

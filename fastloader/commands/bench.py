@@ -28,7 +28,7 @@ from . import no_batch_error
 
 HELP = "iterate a split and report images/s, stall, time to first batch and memory"
 EXAMPLES = """  fastloader bench configs/sample.yaml
-  fastloader bench configs/sample.yaml --backend both --step-ms 20 --json bench.json --plot bench.png
+  fastloader bench configs/sample.yaml --backend both --step-ms 20 --json /tmp/bench.json --plot /tmp/bench.png
   fastloader bench configs/imagenette.yaml --split val --set dataset.root=/data/imagenette2-320 --seconds 10
 """
 
@@ -77,11 +77,11 @@ def run(args) -> int:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     runs = []
     try:
-        for backend in backends:
-            started = time.perf_counter()
-            runs.append(Run(build(args, backend), time.perf_counter() - started, args.step_ms))
-        if len(runs[0].loader) == 0:
-            raise no_batch_error(runs[0].loader)
+        for backend in backends:  # each loader's first batch right after its build: what a trainer waits at start
+            runs.append(Run(*build(args, backend), args.step_ms))
+            if len(runs[-1].loader) == 0:
+                raise no_batch_error(runs[-1].loader)
+            runs[-1].first_batch()
         progress = Progress(len(runs) * args.rounds, unit="rounds")
         for number in range(args.rounds):
             order = runs if number % 2 == 0 else runs[::-1]  # alternate, so neither gets a quieter machine
@@ -97,17 +97,20 @@ def run(args) -> int:
     return 0
 
 
-def build(args, backend: str | None):
-    """The loader under test. The loaders' own per-epoch lines are off: an epoch that a round boundary
-    cuts (the other backend's turn, or the next round's drain) would count time it did not run; the
-    bench prints one line per round instead, and its table adds those rounds up."""
+def build(args, backend: str | None) -> tuple:
+    """The loader under test and the seconds build_loader took (torch imported before: a trainer
+    has imported it before it builds). The loaders' own per-epoch lines are off: an epoch
+    that a round boundary cuts (the other backend's turn, or the next round's drain) would count time
+    it did not run; the bench prints one line per round instead, and its table adds those rounds up."""
     from .. import build_loader
     from ..config import load_config
     config = load_config(args.config, args.overrides)
     if backend:
         config = load_config(config, {"backend": backend}, origin=f"the command's --backend {args.backend}")
     config = load_config(config, {"stats.log_level": "none"}, origin="fastloader bench (it reports per round)")
-    return build_loader(config, split=args.split)
+    import torch  # noqa: F401  (seconds on a busy machine, which a trainer spends before its build too)
+    started = time.perf_counter()
+    return build_loader(config, split=args.split), time.perf_counter() - started
 
 
 class Round:
@@ -147,6 +150,7 @@ class Run:
         self.stream = self._batches()
         self.first_batch_s = float("nan")
         self.shape = self.dtype = None
+        self.shapes: dict[tuple[int, ...], None] = {}  # every batch shape seen, in order (transform.sizes: several)
         self.rounds: list[Round] = []
         self.batch_wait_s, self.batch_done_s = array("d"), array("d")  # timed batches, for the plot
         self.peak_memory = 0  # bytes, the largest of the samples taken after each round
@@ -191,12 +195,18 @@ class Run:
         self.peak_memory = max(self.peak_memory, tree_memory().pss)
         return timed
 
+    def first_batch(self) -> None:
+        """Take the loader's first batch, timed from asking for it: with the build's time, how long a
+        trainer waits from build_loader to its first step (the torch workers start in the build)."""
+        self._next(time.perf_counter)
+
     def _next(self, clock):
         asked = clock()
         images, _ = next(self.stream)
         if self.shape is None:
             self.first_batch_s = clock() - asked
             self.shape, self.dtype = list(images.shape), str(images.dtype).removeprefix("torch.")
+        self.shapes[tuple(images.shape)] = None
         return images
 
     def result(self) -> dict:
@@ -217,8 +227,8 @@ class Run:
                 "time_to_first_batch_s": self.first_batch_s, "build_s": self.build_s,
                 "peak_memory_bytes": self.peak_memory, "peak_gpu_bytes": peak_gpu_bytes(self.loader.device),
                 "images": images, "batches": batches, "seconds": seconds,
-                "batch_shape": self.shape, "dtype": self.dtype, "rounds": [r.as_dict() for r in self.rounds],
-                "cpu_decoded": self.all_cpu_decoded(),
+                "batch_shape": self.shape, "batch_shapes": [list(shape) for shape in self.shapes], "dtype": self.dtype,
+                "rounds": [r.as_dict() for r in self.rounds], "cpu_decoded": self.all_cpu_decoded(),
                 "per_batch": {"wait_s": list(self.batch_wait_s), "done_s": list(self.batch_done_s)},
                 "config": config_to_dict(self.loader.config)}
 
@@ -236,17 +246,18 @@ def report(runs: list[Run], args) -> None:
     first = runs[0].loader
     print(f"split {args.split}: {plural(first.num_samples, 'sample')}, {len(first)} "
           f"{'batch' if len(first) == 1 else 'batches'}/epoch of {first.batch_size}, "
-          f"batches {results[0]['batch_shape']} {results[0]['dtype']}, classes: {', '.join(first.classes[:8])}"
+          f"{shapes_words(results[0]['batch_shapes'])} {results[0]['dtype']}, classes: {', '.join(first.classes[:8])}"
           f"{' ...' if len(first.classes) > 8 else ''}")
     print(f"{plural(args.rounds, 'round')} per backend, each timing at least {args.seconds:g} s and "
           f"{plural(args.batches, 'batch') if args.batches else '10 x prefetch depth batches'} after draining the "
           f"prefetched ones; "
           f"model step {args.step_ms:g} ms; the table gives the median round")
-    header = ("backend", "device", "parallelism", "images/s", "rounds", "batches/s", "stall", "first batch",
+    header = ("backend", "device", "parallelism", "images/s", "rounds", "batches/s", "stall", "build + first batch",
               "peak memory")
     rows = [(r["backend"], r["device"], r["parallelism"], f"{r['images_per_second']:.0f}", _spread(r),
-             f"{r['batches_per_second']:.1f}", f"{r['stall_fraction']:.1%}", f"{r['time_to_first_batch_s']:.2f} s",
-             human_bytes(r["peak_memory_bytes"])) for r in results]
+             f"{r['batches_per_second']:.1f}", f"{r['stall_fraction']:.1%}",
+             f"{r['build_s']:.2f} + {r['time_to_first_batch_s']:.2f} s", human_bytes(r["peak_memory_bytes"]))
+            for r in results]
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
         print("  ".join(str(cell).ljust(width) if i < 3 else str(cell).rjust(width)
@@ -276,6 +287,16 @@ def report(runs: list[Run], args) -> None:
     if args.plot:
         plot(results, args, args.plot)
         print(f"wrote {args.plot}")
+
+
+def shapes_words(shapes: list[list[int]]) -> str:
+    """'batches [32, 3, 128, 128]', or where batches differ (transform.sizes, batch_sizes, a short last
+    batch) each shape the run met: 'batches of 3 shapes: [16, 3, 96, 96], [12, 3, 128, 128], ...'."""
+    if len(shapes) == 1:
+        return f"batches {shapes[0]}"
+    ordered = sorted(shapes, key=lambda shape: (shape[2:], shape[0]))
+    listed = ", ".join(str(shape) for shape in ordered[:6])
+    return f"batches of {len(shapes)} shapes: {listed}{', ...' if len(shapes) > 6 else ''}"
 
 
 def _spread(result: dict) -> str:
@@ -375,4 +396,4 @@ def parallelism(info: dict) -> str:
     if "flavour" in info:
         feed = f", feed {info['feed_processes']} processes" if info.get("feed_processes") else ""
         return f"dali {info['flavour']}, {info['threads']} threads{feed}"
-    return f"{info['workers']} workers"
+    return plural(info["workers"], "worker")

@@ -39,7 +39,8 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
     excluded = read_exclude_list(config.dataset.exclude, root) if config.dataset.exclude else frozenset()
     if split.file_list:
         return read_file_list(split.file_list, root, config.dataset.classes, excluded, key=f"{split.name}.file_list",
-                              weights_key=f"{order_split(split).name}.weights")
+                              weights_key=f"{order_split(split).name}.weights",
+                              other_lists=() if config.dataset.classes else _other_file_lists(config, split))
     folder = os.path.normpath(split.folder or split.name)
     skip = frozenset(path[len(folder) + 1:] for path in excluded if path.startswith(folder + os.sep))
     # the folders' problems are blamed on what set dataset.root: the file, or an override
@@ -49,6 +50,13 @@ def index_split(config: Config, split: SplitConfig) -> SampleIndex:
                         announced=together is not None)
     config.on_bad_image.refuse(index.unusable)  # a FIFO named .JPEG: raised, or logged (then listed)
     return index
+
+
+def _other_file_lists(config: Config, split: SplitConfig) -> list[str]:
+    """The config's file lists but `split`'s own: the class names they give join those of its list."""
+    lists = [other.file_list for other in config.splits.values()]
+    lists += [source.file_list for other in config.splits.values() for source in other.sources or ()]
+    return [path for path in dict.fromkeys(lists) if path and path != split.file_list]
 
 
 def _class_folders(folder: str) -> list[str]:
@@ -67,7 +75,8 @@ def _classes_of_the_splits(config: Config, root: str, split: SplitConfig) -> lis
     own = _class_folders(own_folder)
     others = {}
     for other in config.splits.values():
-        if other.name == split.name or other.file_list or other.shards or other.files or other.sources:
+        if other.name == split.name or other.file_list or other.shards or other.files or other.sources \
+                or other.held_out:
             continue
         folder = os.path.join(root, os.path.normpath(other.folder or other.name))
         if os.path.isdir(folder) and folder != own_folder:
@@ -134,10 +143,12 @@ def scan_folder(split_dir: str, extensions: Sequence[str], classes: Sequence[str
                               f"and {split!r} is beside it; set dataset.root to {above!r} (--set "
                               f"dataset.root={above}), the folder that holds the split folders")
         split_name = key.split(".")[0]
+        hold = f", hold it out of train ({split_name}.held_out: {{of: train, fraction: 0.1}})" \
+            if split_name != "train" and os.path.isdir(os.path.join(parent, "train")) else ""
         raise ConfigError(f"{source}: split folder {split_dir!r} does not exist (folders in dataset.root: "
                           f"{', '.join(present) or 'none'}): make it ({split_dir}/<class>/<images>), set {key} to the "
-                          f"folder that holds the split's own images, or remove the split '{split_name}' from the "
-                          f"config")
+                          f"folder that holds the split's own images{hold}, or remove the split '{split_name}' from "
+                          f"the config")
     found = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
     if classes is None:
         classes = found

@@ -4,7 +4,8 @@ A split reads one of: the source object a caller gives (`build_loader(..., sourc
 `source: package.module:factory`, its `sources` (several, joined), or dataset.format's registered
 format. Whichever it is, it is a Source (protocol.py); a built-in format's (registry.IndexedSource)
 hands over its index with its byte ranges, any other is indexed from its `samples()`
-and read through its `read()` (user_source.py).
+and read through its `read()` (user_source.py). A split held out of another (`held_out`) reads a
+seeded share of that split's samples, which the other split leaves out (holdout.py).
 
 Importing this module registers the built-in formats (their modules register themselves).
 """
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
+from ..errors import ConfigError
 from ..samples import SampleIndex
 from ..schema import Config, SourceConfig, SplitConfig
-from . import folder, multi, parquet, webdataset  # noqa: F401  (each registers its formats)
+from . import folder, holdout, multi, parquet, webdataset  # noqa: F401  (each registers its formats)
 from .registry import FORMATS, Format, IndexedSource, reads_a_store, store_settings
 from .stores import release_store
 from .user_source import from_factory, index_of, named_source
@@ -49,7 +53,40 @@ def build_index(config: Config, split: SplitConfig, given: object | None = None)
     """The split's samples, names, labels and where their bytes are (split_source's, indexed). A
     split that names objects in a store opens its node cache first, with the config's
     dataset.remote: the index carries the cache's token (`store`), which the loader releases when
-    it closes."""
+    it closes. A split held out of another (`held_out`) is its share of that split's samples, and a
+    split others are held out of reads the rest (holdout.py)."""
+    if split.held_out is not None:
+        if given is not None:
+            raise ConfigError(f"{config.origin(f'{split.name}.held_out')}: split '{split.name}' is held out of split "
+                              f"'{split.held_out.of}' ({split.name}.held_out), so it reads no source of its own; "
+                              f"build it without source=, or remove {split.name}.held_out")
+        whole = _whole_index(config, config.split(split.held_out.of))
+        chosen = holdout.part_of
+    else:
+        whole = _whole_index(config, split, given)
+        chosen = holdout.rest_of
+    try:
+        return chosen(config, split, whole)
+    except BaseException:
+        release_store(whole.store)
+        raise
+
+
+def held_out_of(config: Config, split: SplitConfig) -> SampleIndex | None:
+    """The samples other splits hold out of `split` (None where none does): what a file written for
+    the split's whole folder (its weights) may name beside the split's own samples."""
+    if not holdout.holdouts_of(config, split):
+        return None
+    whole = _whole_index(config, split)
+    try:
+        chosen = holdout.held_out(config, split, whole)
+        return whole.take(np.sort(np.concatenate(list(chosen.values()))))
+    finally:
+        release_store(whole.store)
+
+
+def _whole_index(config: Config, split: SplitConfig, given: object | None = None) -> SampleIndex:
+    """build_index's index before any held-out split is taken out of it."""
     token = ""
     if given is None and reads_a_store(config, split):
         token = store_settings(config).open().token
@@ -78,6 +115,8 @@ def split_format(config: Config) -> Format:
 def input_key(split: SplitConfig) -> str:
     """What to check where none of a split's samples can be read: the key that lists them (its sources,
     its source, or the key of a registered format that it sets), or the folder that holds them."""
+    if split.held_out is not None:
+        return f"{split.name}.held_out (the samples of split '{split.held_out.of}')"
     keys = ("sources", "source", *(key for fmt in FORMATS.values() for key in fmt.keys if key != "folder"))
     key = next((key for key in keys if getattr(split, key, None) is not None), None)
     return f"{split.name}.{key}" if key else f"dataset.root and {split.name}.folder"
