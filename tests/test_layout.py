@@ -231,7 +231,7 @@ CONFIG_READERS = (
     "fastloader.device_ops", "fastloader.mixing",  # each turns its keys into a plan (prepared.plan_batches)
     "fastloader.sources.formats", "fastloader.sources.registry", "fastloader.sources.folder",
     "fastloader.sources.webdataset", "fastloader.sources.parquet", "fastloader.sources.arrow_file",
-    "fastloader.sources.hf_columns", "fastloader.sources.multi", "fastloader.sources.holdout",
+    "fastloader.sources.hf_columns", "fastloader.sources.multi",
     "fastloader.sources.user_source",  # a format reads its own keys
     "fastloader.cache", "fastloader.cache_write", "fastloader.packing", "fastloader.commands.check",
     "dali_loader.loader", "torch_loader.loader")  # in a backend only its loader: its graph, transforms take values

@@ -66,7 +66,7 @@ def build_index(config: Config, split: SplitConfig, given: object | None = None)
         whole = _whole_index(config, split, given)
         chosen = holdout.rest_of
     try:
-        return chosen(config, split, whole)
+        return chosen(holdouts(config), split.name, whole)
     except BaseException:
         release_store(whole.store)
         raise
@@ -75,14 +75,22 @@ def build_index(config: Config, split: SplitConfig, given: object | None = None)
 def held_out_of(config: Config, split: SplitConfig) -> SampleIndex | None:
     """The samples other splits hold out of `split` (None where none does): what a file written for
     the split's whole folder (its weights) may name beside the split's own samples."""
-    if not holdout.holdouts_of(config, split):
+    if not any(other.of == split.name for other in holdouts(config)):
         return None
     whole = _whole_index(config, split)
     try:
-        chosen = holdout.held_out(config, split, whole)
+        chosen = holdout.held_out(holdouts(config), split.name, whole)
         return whole.take(np.sort(np.concatenate(list(chosen.values()))))
     finally:
         release_store(whole.store)
+
+
+def holdouts(config: Config) -> list[holdout.Holdout]:
+    """The config's held-out splits (`<split>.held_out`) as values, in its order (the order they choose in)."""
+    return [holdout.Holdout(split.name, split.held_out.of, split.held_out.fraction, split.held_out.count,
+                            config.seed if split.held_out.seed is None else split.held_out.seed,
+                            split.held_out.seed is not None)
+            for split in config.splits.values() if split.held_out is not None]
 
 
 def _whole_index(config: Config, split: SplitConfig, given: object | None = None) -> SampleIndex:

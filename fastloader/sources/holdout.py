@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
 from ..order import seeded_uniform
 from ..samples import SampleIndex
-from ..schema import Config, HeldOutConfig, SplitConfig
 from ..words import plural
 
 log = logging.getLogger("fastloader")
@@ -26,21 +26,30 @@ _HOLDOUT_SALT = 0x401D0
 """The holdout's own stream of seeded_uniform, apart from every draw of the samples' augmentations."""
 
 
-def holdouts_of(config: Config, split: SplitConfig) -> list[SplitConfig]:
-    """The splits held out of `split`, in the config's order (the order they choose in)."""
-    return [other for other in config.splits.values() if other.held_out is not None and other.held_out.of == split.name]
+class Holdout(NamedTuple):
+    """One split's `held_out`, as values (the config is read where it is made, sources/formats.py)."""
+    name: str
+    """The split held out."""
+    of: str
+    """The split it is held out of."""
+    fraction: float | None
+    count: int | None
+    seed: int
+    """Its own seed, else the config's."""
+    own_seed: bool
+    """Whether `seed` is the holdout's own (`held_out.seed`) rather than the config's."""
 
 
-def held_out(config: Config, of: SplitConfig, index: SampleIndex, announce: str = "") -> dict[str, np.ndarray]:
-    """Each split held out of `of` -> the positions in `of`'s whole index it takes (sorted). `announce`:
-    the split whose choice is logged (the holdout being built; its train split says nothing)."""
+def held_out(holdouts: list[Holdout], of: str, index: SampleIndex, announce: str = "") -> dict[str, np.ndarray]:
+    """Each split held out of split `of` (`holdouts`: those of the config, in its order, the order
+    they choose in) -> the positions in `of`'s whole index it takes (sorted). `announce`: the split
+    whose choice is logged (the holdout being built; its train split says nothing)."""
     taken = np.zeros(len(index), dtype=bool)
     sizes = index.class_counts()
     chosen: dict[str, np.ndarray] = {}
     names = _name_hashes(index)
-    for split in holdouts_of(config, of):
-        holdout = split.held_out
-        seed = config.seed if holdout.seed is None else holdout.seed
+    for holdout in (holdout for holdout in holdouts if holdout.of == of):
+        seed = holdout.seed
         left = np.bincount(index.labels[~taken], minlength=len(sizes))
         wanted = _wanted(holdout, sizes)
         share = np.minimum(wanted, np.maximum(left - 1, 0))  # a class keeps one sample in `of`
@@ -52,9 +61,9 @@ def held_out(config: Config, of: SplitConfig, index: SampleIndex, announce: str 
         rank_in_class = np.arange(len(ranked)) - starts[labels]
         positions = np.sort(ranked[rank_in_class < share[labels]])
         taken[positions] = True
-        chosen[split.name] = positions
-        if split.name == announce:
-            _announce(split, of, index, wanted, share, len(positions), seed)
+        chosen[holdout.name] = positions
+        if holdout.name == announce:
+            _announce(holdout, index, wanted, share, len(positions))
     return chosen
 
 
@@ -65,7 +74,7 @@ def _name_hashes(index: SampleIndex) -> np.ndarray:
     return np.array([zlib.crc32(raw[start:end]) for start, end in zip(offsets[:-1], offsets[1:])], dtype=np.uint64)
 
 
-def _wanted(holdout: HeldOutConfig, sizes: np.ndarray) -> np.ndarray:
+def _wanted(holdout: Holdout, sizes: np.ndarray) -> np.ndarray:
     """Samples of each class the holdout asks for: its count, or its fraction of the class rounded
     (at least one of a class of two or more, so that a small class is not left out of it)."""
     if holdout.count is not None:
@@ -74,34 +83,32 @@ def _wanted(holdout: HeldOutConfig, sizes: np.ndarray) -> np.ndarray:
     return np.where(sizes >= 2, np.maximum(rounded, 1), 0)
 
 
-def _announce(split: SplitConfig, of: SplitConfig, index: SampleIndex, wanted: np.ndarray, share: np.ndarray,
-              total: int, seed: int) -> None:
+def _announce(holdout: Holdout, index: SampleIndex, wanted: np.ndarray, share: np.ndarray, total: int) -> None:
     """The log's word on the choice, and a WARNING where a class could not give what was asked."""
-    holdout = split.held_out
     asked = f"{holdout.fraction:g}" if holdout.fraction is not None else plural(holdout.count, "sample")
-    whose = ", the config's" if holdout.seed is None else ""
+    whose = "" if holdout.own_seed else ", the config's"
     log.info("split '%s': %s held out of split '%s' (%s of each class, seed %d%s), which reads the other %d",
-             split.name, plural(total, "sample"), of.name, asked, seed, whose, len(index) - total)
+             holdout.name, plural(total, "sample"), holdout.of, asked, holdout.seed, whose, len(index) - total)
     short = np.flatnonzero((share < wanted) & (index.class_counts() > 0))
     if len(short):
         named = ", ".join(f"{index.classes[c]!r} ({share[c]} of {wanted[c]})" for c in short[:5])
         log.warning("split '%s': %s of split '%s' %s too few samples to hold out what %s.held_out asks and keep one "
-                    "in '%s': %s%s", split.name, plural(len(short), "class"), of.name,
-                    "has" if len(short) == 1 else "have", split.name, of.name, named,
+                    "in '%s': %s%s", holdout.name, plural(len(short), "class"), holdout.of,
+                    "has" if len(short) == 1 else "have", holdout.name, holdout.of, named,
                     " ..." if len(short) > 5 else "")
 
 
-def part_of(config: Config, split: SplitConfig, whole: SampleIndex) -> SampleIndex:
-    """The samples of a held-out split: its share of its `of` split's whole index."""
-    of = config.split(split.held_out.of)
-    return whole.take(held_out(config, of, whole, announce=split.name)[split.name])
+def part_of(holdouts: list[Holdout], split: str, whole: SampleIndex) -> SampleIndex:
+    """The samples of held-out split `split`: its share of its `of` split's whole index."""
+    [holdout] = [holdout for holdout in holdouts if holdout.name == split]
+    return whole.take(held_out(holdouts, holdout.of, whole, announce=split)[split])
 
 
-def rest_of(config: Config, split: SplitConfig, whole: SampleIndex) -> SampleIndex:
-    """A split's samples less those held out of it (itself where no split is held out of it)."""
-    if not holdouts_of(config, split):
+def rest_of(holdouts: list[Holdout], split: str, whole: SampleIndex) -> SampleIndex:
+    """Split `split`'s samples less those held out of it (itself where no split is held out of it)."""
+    if not any(holdout.of == split for holdout in holdouts):
         return whole
-    chosen = held_out(config, split, whole)
+    chosen = held_out(holdouts, split, whole)
     keep = np.ones(len(whole), dtype=bool)
     for positions in chosen.values():
         keep[positions] = False
