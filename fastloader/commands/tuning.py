@@ -34,8 +34,9 @@ from .bench import Run, peak_gpu_bytes, synchronize
 
 MIN_GAIN = 0.03
 """A hill-climbing move is kept where it gains more than this share (below it: noise, rolled back)."""
-CLOSE = 0.06
-"""Settings within this share of the best are measured again before one is chosen."""
+CLOSE = 0.10
+"""Settings within this share of the best are measured again before one is chosen, and each backend
+whose start is within it of the best start is climbed (on a busy machine, rounds differ by 5-10%)."""
 PICK = 0.02
 """The cheapest setting within this share of the best rate is chosen."""
 CLIMB_SHARE = 0.75
@@ -155,6 +156,11 @@ class Tuner:
     def measure(self, setting: Setting, again: bool = False) -> Trial:
         """One timed round of the setting (a fresh loader, its prefetched batches drained untimed first);
         a setting measured before is measured again only when `again`."""
+        with warnings.catch_warnings():  # torch's advice against more workers than cores: trying them is the point
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            return self._measure(setting, again)
+
+    def _measure(self, setting: Setting, again: bool) -> Trial:
         trial = self.trials.get(setting)
         if trial is not None and not again:
             return trial
@@ -169,7 +175,7 @@ class Tuner:
             run = Run(loader, time.perf_counter() - started, 0.0)
             depth = loader.prefetch_depth
             _reset_gpu_peak(loader.device)
-            timed = run.round(warmup=1, min_batches=max(3, depth), min_seconds=self.seconds)
+            timed = run.round(warmup=1, min_batches=max(2, depth), min_seconds=self.seconds)
             synchronize(loader.device)
             trial = self.trials.setdefault(setting, Trial(setting, _label(loader, setting)))
             trial.rates.append(timed.images_per_second)
@@ -389,9 +395,7 @@ def tune(config, split: str = "train", seconds: float = 2.0, ranks_per_node: int
     affinity = _narrow_to(budget.cores)
     try:
         tuner = Tuner(loaded, split, seconds, budget, say)
-        with warnings.catch_warnings():  # torch's advice against more workers than cores: trying them is the point
-            warnings.filterwarnings("ignore", message="This DataLoader will create")
-            given, chosen, profile = tuner.tune(time_limit)
+        given, chosen, profile = tuner.tune(time_limit)
     finally:
         _restore(affinity)
     return Result(given, chosen, list(tuner.trials.values()), profile, budget, measured_on, seconds, step_ms,
