@@ -86,6 +86,24 @@ def test_a_config_names_its_tuned_file_and_overrides_still_win(numbered, tmp_pat
     assert (as_overrides.workers.num_workers, as_overrides.workers.max_workers) == (2, 5)
 
 
+@pytest.mark.parametrize("backend, tuned", [("torch", "workers: {num_workers: 2, prefetch_factor: 3}"),
+                                            ("dali", "dali: {threads: 2}\nworkers: {prefetch_factor: 1}")])
+def test_within_a_backend_a_tuned_file_keeps_every_pixel(numbered, tmp_path, backend, tuned):
+    """The hand settings (no workers; DALI: one thread) against a tuned file's wider, shallower or deeper loader."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    path = tmp_path / "tuned.yaml"
+    path.write_text(f"backend: {backend}\n{tuned}\n")
+    given = {"backend": backend}  # the config: no workers
+    with build_loader(numbered, "train", given) as plain, \
+            build_loader(numbered, "train", {**given, "tuned": str(path)}) as faster:
+        assert faster.prefetch_depth != plain.prefetch_depth  # the tuned file did change the loader
+        labels, images = everything(plain)
+        tuned_labels, tuned_images = everything(faster)
+        assert tuned_labels == labels and len(tuned_images) == len(images) > 0
+        assert all(torch.equal(a, b) for a, b in zip(images, tuned_images))
+
+
 @pytest.mark.parametrize("key, text", [("train.batch_size", "train: {batch_size: 8}\n"),
                                        ("seed", "seed: 3\nbackend: torch\n"),
                                        ("workers.persistent", "workers: {persistent: false}\n")])

@@ -30,16 +30,22 @@ from ..config_tuned import MEASURED_ON, data_format, machine_key, nested
 from ..errors import ConfigError
 from ..machine import available_memory, human_bytes, usable_cores
 from ..words import plural
+from . import no_batch_error
 from .bench import Run, peak_gpu_bytes, synchronize
 
 MIN_GAIN = 0.03
 """A hill-climbing move is kept where it gains more than this share (below it: noise, rolled back)."""
-CLOSE = 0.10
+CLOSE = 0.15
 """Settings within this share of the best are measured again before one is chosen, and each backend
-whose start is within it of the best start is climbed (on a busy machine, rounds differ by 5-10%)."""
+whose start is within it of the best start is climbed (on a busy shared machine, one setting's rounds
+differ by 10-15%)."""
+FINALISTS = 4
+"""The most settings measured again, the fastest first."""
+REPEATS = 2
+"""Rounds more for each finalist: the choice is on the median of three."""
 PICK = 0.02
 """The cheapest setting within this share of the best rate is chosen."""
-CLIMB_SHARE = 0.75
+CLIMB_SHARE = 0.55
 """The share of the time limit the hill-climbing may take; the rest is left to measure the close ones again."""
 MEMORY_SHARE = 0.8
 """A setting may hold at most this share of the memory available to the rank (its share of the node's)."""
@@ -172,6 +178,8 @@ class Tuner:
             self.say(f"  {setting.label():<52} not built: {error}")
             return trial
         try:
+            if len(loader) == 0:
+                raise no_batch_error(loader)
             run = Run(loader, time.perf_counter() - started, 0.0)
             depth = loader.prefetch_depth
             _reset_gpu_peak(loader.device)
@@ -286,24 +294,25 @@ class Tuner:
         started = time.perf_counter()
         deadline = started + time_limit
         given = self.given()
-        self.say("measuring one core's work per image in each stage (torch backend, no workers) ...")
-        profile = self.profile()
         self.say("trials (images/s of one round each, its prefetched batches drained first):")
         self.measure(given)
+        self.say("measuring one core's work per image in each stage (torch backend, no workers) ...")
+        profile = self.profile()
         starts = [self.measure(start) for start in self.starts(given, profile)]
         ranked = sorted((t for t in starts if not t.refused and t.rates), key=lambda t: -t.rate)
         for start in ranked[:1] + [t for t in ranked[1:] if t.rate > ranked[0].rate * (1 - CLOSE)]:
             self.climb(start.setting, started + CLIMB_SHARE * time_limit)  # the rest: measuring the close ones again
         usable = [t for t in self.trials.values() if not t.refused and t.rates]
         best = max(t.rate for t in usable)
-        close = [t for t in usable if t.rate >= best * (1 - CLOSE)]
+        close = sorted((t for t in usable if t.rate >= best * (1 - CLOSE)), key=lambda t: -t.rate)[:FINALISTS]
         if len(close) > 1:
-            self.say(f"measuring the {len(close)} settings within {CLOSE:.0%} of the best again:")
-            for trial in close:
-                if time.perf_counter() < deadline:
-                    self.measure(trial.setting, again=True)
-        best = max(t.rate for t in usable)
-        chosen = min((t for t in usable if t.rate >= best * (1 - PICK)), key=lambda t: t.setting.cost())
+            self.say(f"measuring the {len(close)} settings within {CLOSE:.0%} of the best again, in turns:")
+            for number in range(REPEATS):  # the order reversed each turn, so that a noisy spell hits them alike
+                for trial in close if number % 2 == 0 else close[::-1]:
+                    if time.perf_counter() < deadline:
+                        self.measure(trial.setting, again=True)
+        best = max(t.rate for t in close)
+        chosen = min((t for t in close if t.rate >= best * (1 - PICK)), key=lambda t: t.setting.cost())
         return self.trials[given], chosen, profile
 
     def given(self) -> Setting:
@@ -385,7 +394,7 @@ def budget_for(ranks_per_node: int, device_index: int | None = None) -> Budget:
     return Budget(max(1, usable_cores() // share), int(available_memory() * MEMORY_SHARE / share), gpu)
 
 
-def tune(config, split: str = "train", seconds: float = 2.0, ranks_per_node: int = 1, time_limit: float = 120.0,
+def tune(config, split: str = "train", seconds: float = 2.0, ranks_per_node: int = 1, time_limit: float = 110.0,
          step_ms: float | None = None, say: Callable[[str], None] = print) -> Result:
     """Measure and choose the loader settings for `config`'s split on this machine (the search above),
     within this rank's share of the node (its cores by affinity, so that the trials use no more)."""
