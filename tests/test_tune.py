@@ -16,7 +16,7 @@ from conftest import base_config, everything, identities, write_numbered_dataset
 from test_cli import run
 
 from fastloader import build_loader, load_config
-from fastloader.commands.tuning import data_bound
+from fastloader.commands.tuning import data_bound, step_ms_of
 from fastloader.config_tuned import TUNABLE_KEYS, flat, machine_key
 from fastloader.errors import ConfigError
 
@@ -165,3 +165,10 @@ def test_data_bound_says_whether_tuning_matters():
     assert "no longer data-bound" in data_bound(100, 50, 120, 320)
     assert "the model waits 50% of the time" in data_bound(100, 50, 120, 320)
     assert "data-bound: tuned the loader delivers 80, so the model still waits 20%" in data_bound(100, 50, 80, 320)
+
+
+def test_a_model_step_from_python_is_timed_on_real_batches(numbered):
+    def step(images):  # a model of 30 ms a batch
+        assert images.shape == (4, 3, 32, 32)
+        time.sleep(0.03)
+    assert 30 <= step_ms_of(step, numbered, batches=3) < 1000

@@ -27,9 +27,9 @@ def add_arguments(parser) -> None:
                         help="the tuned file to write (default: <config>.tuned.yaml beside the config)")
     parser.add_argument("--seconds", type=float, default=2.0,
                         help="each trial times at least this long, after its prefetched batches (default: 2)")
-    parser.add_argument("--time-limit", type=float, default=110.0,
+    parser.add_argument("--time-limit", type=float, default=125.0,
                         help="the search's seconds: hill-climbing takes about half, measuring the close ones again "
-                             "the rest (default: 110)")
+                             "the rest (default: 125)")
     parser.add_argument("--step-ms", type=float, default=0.0,
                         help="your model's step in ms per batch: says whether the job waits for data at all")
     parser.add_argument("--ranks-per-node", type=int, default=0,

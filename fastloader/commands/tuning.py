@@ -6,8 +6,8 @@ point and most points are far off. So the search first measures what one core do
 each stage (the torch backend in-process, once unprofiled for the rate, once under cProfile for the
 shares), and starts each backend where that says its parallelism pays; then it hill-climbs one knob
 at a time, keeping a move only where it gains more than the noise (MIN_GAIN) and rolling it back
-otherwise. The settings within CLOSE of the best are measured again, and the cheapest of those within
-PICK of the best is chosen: fewer processes and threads, less memory, for the same rate.
+otherwise. The fastest few (FINALISTS) are measured again, in turns, and the cheapest of those within
+PICK of the best median is chosen: fewer processes and threads, less memory, for the same rate.
 
 Only keys that change how fast batches come are searched (config_tuned.TUNABLE_KEYS); DALI's
 fancy_upsampling is left as the config gives it, since it changes the pixels nvJPEG delivers.
@@ -36,13 +36,14 @@ from .bench import Run, peak_gpu_bytes, synchronize
 MIN_GAIN = 0.03
 """A hill-climbing move is kept where it gains more than this share (below it: noise, rolled back)."""
 CLOSE = 0.15
-"""Settings within this share of the best are measured again before one is chosen, and each backend
-whose start is within it of the best start is climbed (on a busy shared machine, one setting's rounds
-differ by 10-15%)."""
+"""Each backend whose start is within this share of the best start is climbed (on a busy shared
+machine, one setting's rounds differ by 10-15%)."""
 FINALISTS = 4
-"""The most settings measured again, the fastest first."""
-REPEATS = 2
-"""Rounds more for each finalist: the choice is on the median of three."""
+"""The settings measured again, the fastest first..."""
+FINALIST_FLOOR = 0.4
+"""... of those at this share of the best rate or more (a busy neighbour can halve a round's rate)."""
+REPEATS = 3
+"""Rounds more for each finalist: the choice is on the median of four."""
 PICK = 0.02
 """The cheapest setting within this share of the best rate is chosen."""
 CLIMB_SHARE = 0.55
@@ -304,9 +305,10 @@ class Tuner:
             self.climb(start.setting, started + CLIMB_SHARE * time_limit)  # the rest: measuring the close ones again
         usable = [t for t in self.trials.values() if not t.refused and t.rates]
         best = max(t.rate for t in usable)
-        close = sorted((t for t in usable if t.rate >= best * (1 - CLOSE)), key=lambda t: -t.rate)[:FINALISTS]
+        # the fastest few, not only those within CLOSE: a best that one lucky round put far ahead is checked too
+        close = sorted((t for t in usable if t.rate >= best * FINALIST_FLOOR), key=lambda t: -t.rate)[:FINALISTS]
         if len(close) > 1:
-            self.say(f"measuring the {len(close)} settings within {CLOSE:.0%} of the best again, in turns:")
+            self.say(f"measuring the {len(close)} fastest settings again, in turns:")
             for number in range(REPEATS):  # the order reversed each turn, so that a noisy spell hits them alike
                 for trial in close if number % 2 == 0 else close[::-1]:
                     if time.perf_counter() < deadline:
@@ -394,7 +396,7 @@ def budget_for(ranks_per_node: int, device_index: int | None = None) -> Budget:
     return Budget(max(1, usable_cores() // share), int(available_memory() * MEMORY_SHARE / share), gpu)
 
 
-def tune(config, split: str = "train", seconds: float = 2.0, ranks_per_node: int = 1, time_limit: float = 110.0,
+def tune(config, split: str = "train", seconds: float = 2.0, ranks_per_node: int = 1, time_limit: float = 125.0,
          step_ms: float | None = None, say: Callable[[str], None] = print) -> Result:
     """Measure and choose the loader settings for `config`'s split on this machine (the search above),
     within this rank's share of the node (its cores by affinity, so that the trials use no more)."""
