@@ -35,21 +35,20 @@ from .bench import Run, peak_gpu_bytes, synchronize
 
 MIN_GAIN = 0.03
 """A hill-climbing move is kept where it gains more than this share (below it: noise, rolled back)."""
-CLOSE = 0.15
-"""Each backend whose start is within this share of the best start is climbed (on a busy shared
-machine, one setting's rounds differ by 10-15%)."""
 FINALISTS = 4
 """The settings measured again, the fastest first..."""
 FINALIST_FLOOR = 0.4
 """... of those at this share of the best rate or more (a busy neighbour can halve a round's rate)."""
-REPEATS = 3
-"""Rounds more for each finalist: the choice is on the median of four."""
+REPEATS = 2
+"""Rounds more for each finalist: the choice is on the median of three."""
 PICK = 0.02
 """The cheapest setting within this share of the best rate is chosen."""
 CLIMB_SHARE = 0.55
 """The share of the time limit the hill-climbing may take; the rest is left to measure the close ones again."""
 MEMORY_SHARE = 0.8
 """A setting may hold at most this share of the memory available to the rank (its share of the node's)."""
+GPU_SHARE = 0.25
+"""A setting may hold at most this share of the rank's GPU's memory: the rest is the model's."""
 MAX_FEED_PROCESSES = 4
 """The most DALI feed processes tried (past the reading stage's need they only take cores)."""
 STAGES = ("read", "decode", "ops", "collate", "feed + copy")
@@ -301,12 +300,17 @@ class Tuner:
         profile = self.profile()
         starts = [self.measure(start) for start in self.starts(given, profile)]
         ranked = sorted((t for t in starts if not t.refused and t.rates), key=lambda t: -t.rate)
-        for start in ranked[:1] + [t for t in ranked[1:] if t.rate > ranked[0].rate * (1 - CLOSE)]:
+        for start in ranked:  # the best start first; one round apart in time, a backend's start may be unlucky
             self.climb(start.setting, started + CLIMB_SHARE * time_limit)  # the rest: measuring the close ones again
         usable = [t for t in self.trials.values() if not t.refused and t.rates]
         best = max(t.rate for t in usable)
-        # the fastest few, not only those within CLOSE: a best that one lucky round put far ahead is checked too
-        close = sorted((t for t in usable if t.rate >= best * FINALIST_FLOOR), key=lambda t: -t.rate)[:FINALISTS]
+        # the fastest few, not only the close ones: a best that one lucky round put far ahead is checked
+        # too; and each backend's best, so that the backends are compared in the same turns, not minutes apart
+        fastest = sorted((t for t in usable if t.rate >= best * FINALIST_FLOOR), key=lambda t: -t.rate)
+        each = [next(t for t in fastest if t.setting.backend == name) for name in
+                dict.fromkeys(t.setting.backend for t in fastest)]
+        close = [self.trials[setting] for setting in dict.fromkeys(t.setting for t in each + fastest)]
+        close = close[:max(FINALISTS, len(each))]
         if len(close) > 1:
             self.say(f"measuring the {len(close)} fastest settings again, in turns:")
             for number in range(REPEATS):  # the order reversed each turn, so that a noisy spell hits them alike
@@ -392,7 +396,7 @@ def budget_for(ranks_per_node: int, device_index: int | None = None) -> Budget:
     gpu = None
     if device_index is not None:
         import torch
-        gpu = torch.cuda.get_device_properties(device_index).total_memory  # a rank has its own GPU
+        gpu = int(torch.cuda.get_device_properties(device_index).total_memory * GPU_SHARE)  # a rank has its own GPU
     return Budget(max(1, usable_cores() // share), int(available_memory() * MEMORY_SHARE / share), gpu)
 
 
@@ -400,9 +404,11 @@ def tune(config, split: str = "train", seconds: float = 2.0, ranks_per_node: int
          step_ms: float | None = None, say: Callable[[str], None] = print) -> Result:
     """Measure and choose the loader settings for `config`'s split on this machine (the search above),
     within this rank's share of the node (its cores by affinity, so that the trials use no more)."""
+    from ..distributed import detect_ranks
+    from ..factory import choose_device
     loaded = load_config(config)
     measured_on = machine_key(ranks_per_node, data_format(loaded.dataset))
-    budget = budget_for(ranks_per_node)
+    budget = budget_for(ranks_per_node, choose_device(loaded, detect_ranks(*loaded.distributed.given())).index)
     affinity = _narrow_to(budget.cores)
     try:
         tuner = Tuner(loaded, split, seconds, budget, say)
