@@ -1,4 +1,4 @@
-"""`fastloader bench | show | check | cache | pack`: the command line. This module parses and dispatches; each
+"""`fastloader bench | show | check | cache | pack | tune`: the command line. This module parses and dispatches; each
 command lives in its own module, named after it (fastloader/commands/), which adds its options and runs it.
 
 One rule for the exit status, whatever the command, so that scripts and schedulers can tell what
@@ -27,7 +27,7 @@ import traceback
 from . import __version__
 from .errors import BadImageError, ConfigError, DiskFullError
 
-COMMANDS = ("bench", "show", "check", "cache", "pack")
+COMMANDS = ("bench", "show", "check", "cache", "pack", "tune")
 """Subcommands; fastloader.commands.<name> provides HELP, EXAMPLES, add_arguments(parser), run(args),
 and may provide FINDINGS: {exit status: meaning} for results that are not errors (check's 1)."""
 

@@ -20,6 +20,7 @@ from . import yaml_text
 from .config_build import ConfigBuilder
 from .config_dump import OVERRIDE, config_to_raw, plain_copy
 from .config_paths import default_shard_root, read_classes_file, resolve_override_path, resolve_paths, resolve_shards
+from .config_tuned import apply_tuned, tuned_as_section
 from .errors import ConfigError
 from .schema import (  # noqa: F401  (the schema's names are re-exported for users who read them here)
     BACKEND_ENV,
@@ -60,6 +61,8 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
     overrides come from in messages and logs (a command's option, say), instead of "override 'KEY'".
     `source_given`: the split is read from a source given in code (build_loader(source=...)), so
     the config needs no dataset section, as where every split names its own source.
+    A file named by `tuned` (fastloader tune's) applies over the config's values, the overrides over it;
+    a loaded Config has it applied already, unless an override names another.
     """
     origins: dict[str, str] = {}
     if isinstance(config, Config):
@@ -84,10 +87,13 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | Config,
         source, base_dir = str(path), path.resolve().parent if path.is_file() else Path.cwd()  # a pipe: no folder
         raw = resolve_paths(raw, base_dir)
 
+    tuned_as_section(raw)
     for key, value in _parse_overrides(overrides):
         origins[key] = origin or OVERRIDE.format(key=key)
         _check_size(value, origins[key])
         _set_dotted(raw, key, resolve_override_path(key, value), origins[key], source)
+    if not isinstance(config, Config) or any(key.startswith("tuned") for key, _ in _parse_overrides(overrides)):
+        apply_tuned(raw, base_dir if not isinstance(config, Config) else Path.cwd(), origins)
     resolve_shards(raw, base_dir, origins)
     default_shard_root(raw, base_dir, origins, source_given)
     read_classes_file(raw, origins, source)
@@ -189,7 +195,7 @@ def _parse_overrides(overrides) -> list[tuple[str, Any]]:
         raise ConfigError(f"overrides {overrides!r}: a string, where a list of 'dotted.key=value' strings or a dict is "
                           f"wanted: overrides=[{str(overrides)!r}], or {{'train.batch_size': 32}}")
     if isinstance(overrides, Mapping):
-        return [(str(k), v) for k, v in overrides.items()]
+        return [pair for k, v in overrides.items() for pair in _section_keys(str(k), v)]
     pairs = []
     for item in overrides:
         if not isinstance(item, str) or "=" not in item:
@@ -203,6 +209,14 @@ def _parse_overrides(overrides) -> list[tuple[str, Any]]:
             value = text
         pairs.append((key.strip(), value))
     return pairs
+
+
+def _section_keys(key: str, value: Any) -> list[tuple[str, Any]]:
+    """A mapping given for a section, as a config nests it ({"workers": {"num_workers": 2}}, a tuned
+    file's layout), as one override per key, so that it changes those keys and keeps the section's others."""
+    if isinstance(value, Mapping) and (key in SECTIONS or key == "dataset.remote"):
+        return [pair for k, v in value.items() for pair in _section_keys(f"{key}.{k}", v)]
+    return [(key, value)]
 
 
 def _set_dotted(raw: dict, key: str, value: Any, origin: str, source: str) -> None:

@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from .config_tuned import data_format, warn_if_measured_elsewhere
 from .contract import Loader
 from .cuda_install import (
     dali_cuda_major_installed,
@@ -126,6 +127,8 @@ def create_loader(config: Config, split_name: str, source: object | None = None,
     split = config.split(split_name)
     user_hooks = split_hooks(config.hook_settings(split), config.dali.graph_hook_args, **(hooks or {}))
     ranks = detect_ranks(*config.distributed.given())
+    warn_if_measured_elsewhere(config.tuned.measured_on, config.tuned.file or config.origin("tuned.measured_on"),
+                               ranks.local_world_size, data_format(config.dataset))
     device = choose_device(config, ranks)
     backend, reason = choose_backend(config, device)
     # auto on a GPU with the output there, yet torch: DALI does not import, which the user would not expect

@@ -562,6 +562,17 @@ class StatsConfig:
 
 
 @dataclass(frozen=True)
+class TunedConfig:
+    """Settings `fastloader tune` measured on this kind of machine (docs/config.md#tuned-settings)."""
+    file: str | None = None
+    """A file `fastloader tune` wrote: its settings (backend, workers, DALI threads ...; never a key that
+    changes what is delivered) apply over the config's, an override over them. `tuned: FILE` is short for it."""
+    measured_on: Mapping[str, Any] | None = None
+    """What the settings were measured on (cores, ranks per node, GPU, torch and DALI versions, data format),
+    as the tuned file says; build_loader warns where it differs from the machine it runs on."""
+
+
+@dataclass(frozen=True)
 class Config:
     dataset: DatasetConfig
     backend: Literal["auto", "dali", "torch"] = "auto"
@@ -574,6 +585,7 @@ class Config:
     dali: DaliConfig = DaliConfig()
     distributed: DistributedConfig = DistributedConfig()
     stats: StatsConfig = StatsConfig()
+    tuned: TunedConfig = TunedConfig()
     splits: Mapping[str, SplitConfig] = field(default_factory=dict)
     """One top-level section per split, named after it (train, val, ...)."""
     source: str = "<dict>"
@@ -620,7 +632,8 @@ class Config:
 
 
 SECTIONS = {"dataset": DatasetConfig, "normalize": NormalizeConfig, "output": OutputConfig,
-            "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig, "stats": StatsConfig}
+            "workers": WorkersConfig, "dali": DaliConfig, "distributed": DistributedConfig, "stats": StatsConfig,
+            "tuned": TunedConfig}
 """Top-level key -> the dataclass of its section."""
 SCALARS = ("backend", "seed")
 """Top-level keys that hold a value, not a section."""

@@ -442,7 +442,7 @@ def test_call_path_counts_the_files_and_steps_from_build_loader_to_the_first_bat
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 23
+    assert len(SCRIPTS) == 24
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)

@@ -76,13 +76,15 @@ def test_version_and_help(tmp_path):
 
 COMMAND_ARGS = {"bench": ["--batches", "1", "--seconds", "0", "--rounds", "1"], "show": ["--out", "{tmp}/grid.png"],
                 "check": ["--workers", "0"], "cache": ["--out", "{tmp}/cache", "--workers", "0"],
-                "pack": ["--split", "val", "--out", "{tmp}/shards"]}
+                "pack": ["--split", "val", "--out", "{tmp}/shards"],
+                "tune": ["--out", "{tmp}/tuned.yaml", "--seconds", "0.1", "--time-limit", "1"]}
 """What each command needs besides its config, to run quickly on the small dataset."""
 BAD_OPTION = {"bench": (["--rounds", "0"], "--rounds must be >= 1, got 0"),
               "show": (["--n", "0"], "argument --n: must be a positive integer, got 0"),
               "check": (["--workers", "-1"], "--workers: must be 0 or more, got -1"),
               "cache": (["--short-side", "0"], "--short-side: must be a positive number of pixels, got 0"),
-              "pack": (["--per-shard", "0"], "--per-shard: must be 1 or more, got 0")}
+              "pack": (["--per-shard", "0"], "--per-shard: must be 1 or more, got 0"),
+              "tune": (["--seconds", "0"], "--seconds must be > 0, got 0.0")}
 """Per command, an option value it refuses (argparse's check or the command's own) and the message."""
 
 
@@ -109,7 +111,7 @@ def test_every_command_exits_0_when_done_and_2_on_each_error_the_user_can_fix(co
     assert call(command, small_config, tmp_path=tmp_path) == 0
     done = {"bench": "round 1/1 torch: 4 images in 1 batch ", "show": "wrote {tmp}/grid.png: 12 samples",
             "check": "no problems in 30 files", "cache": "split val: 15 images",
-            "pack": "split val: 15 samples"}[command]
+            "pack": "split val: 15 samples", "tune": "wrote {tmp}/tuned.yaml"}[command]
     assert done.format(tmp=tmp_path) in capsys.readouterr().out
     cases = {"an unknown key": (["--set", "train.bach_size=3"], "override 'train.bach_size': unknown key "
                                                                "'train.bach_size'; did you mean 'train.batch_size'?"),
@@ -161,7 +163,7 @@ def test_check_reads_a_config_from_a_pipe_with_relative_paths_from_the_working_d
     assert "no problems in 15 files" in result.stdout, result.stdout
 
 
-@pytest.mark.parametrize("command", ["bench", "show"])
+@pytest.mark.parametrize("command", ["bench", "show", "tune"])
 def test_a_split_that_yields_no_batch_exits_2_naming_the_batch_size_and_the_fixes(command, small_config, tmp_path,
                                                                                     capsys):
     assert call(command, small_config, "--set", "train.batch_size=16", tmp_path=tmp_path) == 2
