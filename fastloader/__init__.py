@@ -23,15 +23,16 @@ from .errors import (
     FastloaderError,
     HookError,
     LoaderError,
+    LockTimeout,
     SourceChanged,
     SourceError,
+    SourceReadError,
     StateError,
     StoreError,
 )
 from .interfaces import Batch, BatchHook, GraphHook, Images, SampleHook
 from .schema import Config
-from .sources.file_locks import LockTimeout
-from .sources.protocol import Samples, Source, SourceReadError
+from .sources.protocol import Samples, Source
 
 if TYPE_CHECKING:
     from .contract import Loader
@@ -48,6 +49,11 @@ __all__ = ["build_loader", "load_config", "Loader", "Samples", "Source", "with_g
 _TORCH_NAMES = {"Loader": "contract", "with_global_rng": "hooks"}
 """Names whose modules import torch, imported when first asked for: a worker process that only reads
 files (decoding/shared_reads.py) starts in a fraction of the 1.3 s that torch takes."""
+
+
+def __dir__() -> list[str]:
+    """The public names only: the submodules and helpers imported here are not the library's surface."""
+    return sorted(__all__)
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ from .device_ops import BatchFinisher
 from .distributed import RankInfo
 from .draws import Augmenter
 from .errors import BadImageError, LoaderError, StateError
+from .interfaces import Batch
 from .machine import human_bytes
 from .order import EpochOrder
 from .prepared import PreparedSplit
@@ -186,7 +187,7 @@ class Loader(abc.ABC):
         self._epoch, self._epoch_set = int(epoch), True
         self._resume_position = self._position = 0
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         if self._closed:
             raise self._closed_error()
         check_unchanged(self.index)  # a user's source that grew, shrank or changed since it was indexed

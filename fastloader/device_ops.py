@@ -4,9 +4,9 @@ BatchFinisher.
 
 Where they run is the backend's choice, off the training thread where it can be: the DALI backend's
 driver thread (dali_loader/driver.py), the torch backend's workers for CPU output (in the collate,
-right after the normalize); for GPU output, its CUDA prefetcher launches it from the training
-thread onto a side stream. Every draw comes from the samples' seeds, so the place does not change
-a pixel.
+right after the normalize); for GPU output, its CUDA prefetcher launches it onto a side stream from
+the loader's producer thread (torch_loader/ahead.py), not the training thread. Every draw comes
+from the samples' seeds, so the place does not change a pixel.
 
 Random erasing follows timm's RandomErasing (Zhong et al.): with probability `erase_prob` an image
 gets between erase_count[0] and erase_count[1] boxes, each of area uniform(erase_area) x image area /

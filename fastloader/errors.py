@@ -34,6 +34,10 @@ class StoreError(FastloaderError, RuntimeError):
     ValueError: nothing in the config is wrong, and a retry later may pass."""
 
 
+class LockTimeout(StoreError):
+    """A node-cache lock held past its patience by a process that made no progress: named, with its holder."""
+
+
 class BadImageError(FastloaderError, RuntimeError):
     """A file that cannot be decoded, under dataset.on_bad_image: raise."""
 
@@ -54,6 +58,14 @@ class AugmentError(FastloaderError, RuntimeError):
 class SourceError(FastloaderError, RuntimeError):
     """A source's failure that is not one sample's (its database locked for good, its read() that
     tried to end the process): the run stops, naming the source and what to do, on either backend."""
+
+
+class SourceReadError(FastloaderError, OSError):
+    """A source's read() raised, or gave something that is not an image's bytes: the sample is
+    unreadable (dataset.on_bad_image decides), and the message names the source and the sample."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class SourceChanged(SourceError):

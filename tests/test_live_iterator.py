@@ -54,3 +54,33 @@ def test_a_dead_worker_is_abandoned_without_waiting_on_its_locks():
     live_iterator.shut_down(live)  # not torch's shutdown: a worker is dead
     assert live._shutdown is True
     assert not any(process.is_alive() for process in processes)
+
+
+def test_torchs_private_api_is_used_only_through_the_adapter():
+    """torch's private names and the wording of its errors appear in live_iterator.py alone, so a torch
+    release is checked against one file (issue 71)."""
+    import re
+    from pathlib import Path
+    repo = Path(live_iterator.__file__).resolve().parent.parent
+    private = re.compile(r"torch\._(?!_|dynamo)|\._new_shared\b|\"DataLoader worker \(pid\" in|DataLoader timed out"
+                         r"|in DataLoader worker process")  # names, and torch's error wordings parsed
+    users = sorted(str(path.relative_to(repo)) for package in ("fastloader", "dali_loader", "torch_loader")
+                   for path in (repo / package).rglob("*.py")
+                   if path.name != "live_iterator.py" and any(
+                       private.search(line) for line in path.read_text().splitlines()
+                       if not line.lstrip().startswith("#")))
+    assert users == []
+
+
+def test_the_adapters_kernels_storage_and_wordings_work_on_the_installed_torch():
+    kernels = live_iterator.uint8_resize_kernels()
+    assert "bicubic" in kernels
+    image = torch.arange(3 * 8 * 8, dtype=torch.uint8).reshape(1, 3, 8, 8)
+    assert tuple(kernels["bicubic"](image, [4, 4], False).shape) == (1, 3, 4, 4)
+    storage = live_iterator.shared_storage(64)
+    assert storage.nbytes() == 64 and storage.is_shared()
+    assert live_iterator.reports_dead_worker(RuntimeError("DataLoader worker (pid 12) exited unexpectedly"))
+    assert live_iterator.is_poll_timeout(RuntimeError("DataLoader timed out after 1 seconds"))
+    wrapped = RuntimeError("Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+                           "call last):\n  File ...\nbuiltins.RuntimeError: the hook said no\n")
+    assert live_iterator.worker_error_message(wrapped) == "the hook said no"

@@ -67,6 +67,7 @@ def test_the_wheel_holds_every_module_of_the_three_packages(tmp_path):
     modules = {path.relative_to(REPO).as_posix() for package in ("fastloader", "dali_loader", "torch_loader")
                for path in (REPO / package).rglob("*.py")}
     assert len(modules) > 40 and not modules - packed, sorted(modules - packed)
+    assert "fastloader/py.typed" in packed  # type checkers ignore an installed package without it
 
 
 def test_the_dali_floor_is_the_version_whose_api_the_backend_uses_and_older_ones_are_told_so():

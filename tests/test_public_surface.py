@@ -25,8 +25,30 @@ def test_every_error_type_of_the_errors_module_is_a_fastloader_error_and_exporte
     assert len(defined) >= 10
     assert [error.__name__ for error in defined if not issubclass(error, fastloader.FastloaderError)] == []
     assert [error.__name__ for error in defined if getattr(fastloader, error.__name__, None) is not error] == []
-    for name in ("LockTimeout", "SourceReadError"):  # defined beside what raises them, exported too
-        assert issubclass(getattr(fastloader, name), fastloader.FastloaderError) and name in fastloader.__all__
+    assert {"LockTimeout", "SourceReadError"} <= {error.__name__ for error in defined}
+
+
+def test_every_exported_error_is_defined_in_the_errors_module():
+    exported = [getattr(fastloader, name) for name in fastloader.__all__]
+    stray = [value.__name__ for value in exported
+             if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ != errors.__name__]
+    assert stray == []
+
+
+def test_dir_of_the_package_is_its_public_surface():
+    """dir(fastloader) less Python's dunders is __all__: no submodule, no typing helper, nothing missing
+    (Loader and with_global_rng are imported lazily, and listed all the same)."""
+    shown = [name for name in dir(fastloader) if not (name.startswith("__") and name.endswith("__"))]
+    assert sorted(shown) == sorted(name for name in fastloader.__all__ if name != "__version__")
+    assert {"Loader", "with_global_rng", "build_loader", "AugmentError"} <= set(shown)
+    assert not {"os", "Any", "Mapping", "config", "errors", "sources"} & set(shown)
+    assert all(getattr(fastloader, name) is not None for name in fastloader.__all__)
+
+
+def test_the_package_ships_its_type_marker():
+    """py.typed (PEP 561): type checkers read the annotations of an installed fastloader."""
+    from importlib.resources import files
+    assert files("fastloader").joinpath("py.typed").is_file()
 
 
 def test_a_store_that_fails_is_no_config_mistake_and_each_error_keeps_the_base_callers_caught():

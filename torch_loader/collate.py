@@ -27,6 +27,7 @@ import torch.utils.data
 from fastloader.device_ops import BatchFinisher
 
 from .dataset import Decoded, Missed, Skipped
+from .live_iterator import shared_storage
 from .prefetch import Normalizer
 
 
@@ -41,7 +42,7 @@ def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_l
     if torch.utils.data.get_worker_info() is None:
         memory_format = torch.channels_last if channels_last else torch.contiguous_format
         return torch.empty(shape, dtype=dtype, memory_format=memory_format)
-    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    storage = shared_storage(math.prod(shape) * dtype.itemsize)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape, channels_last))
 
 

@@ -1,12 +1,14 @@
-"""What the torch backend needs of a DataLoader's multiprocess iterator beyond its public surface,
-in one place: its worker processes, the worker a batch was sent to, torch's SIGCHLD bookkeeping and
-its shutdown. These are private attributes of `torch.utils.data.dataloader`; each is read with a
-fallback, so a torch that renames one loses a better message, never a run. `CHECKED_AGAINST` names
-the torch versions whose iterator was read for them (tests/test_live_iterator.py holds it).
+"""torch's private API that the torch backend uses, in one place: above all what it needs of a
+DataLoader's multiprocess iterator beyond its public surface (its worker processes, the worker a
+batch was sent to, torch's SIGCHLD bookkeeping and its shutdown); then the uint8 resize kernels,
+shared-memory storage for a worker's batch, and the wording of DataLoader's own errors. Each is read
+with a fallback, so a torch that renames one loses a better message or a faster path, never a run.
+`CHECKED_AGAINST` names the torch versions read for them (tests/test_live_iterator.py holds it).
 """
 from __future__ import annotations
 
 import os
+import platform
 
 import torch
 import torch.utils.data
@@ -100,3 +102,47 @@ def quiet_half_built(error: BaseException) -> None:
                     worker.kill()
             it._shutdown = True
         traceback = traceback.tb_next
+
+
+def uint8_resize_kernels() -> dict:
+    """torch's antialiased uint8 kernels, the ones torch.nn.functional.interpolate calls for
+    torchvision's resize of CPU uint8 tensors (without interpolate's checks and float detour):
+    bilinear only where torch vectorizes it (elsewhere torchvision resizes through float32, and so do
+    we, through torchvision); none that a torch release has renamed."""
+    kernels = {"bicubic": getattr(torch._C._nn, "_upsample_bicubic2d_aa", None)}
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64"):
+        kernels["bilinear"] = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+    return {mode: kernel for mode, kernel in kernels.items() if kernel is not None}
+
+
+def shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """`nbytes` of shared memory, as DataLoader's collate allocates a worker's batch: handed to the
+    main process as a file descriptor, not copied (the public `share_memory_()` copies a tensor made first)."""
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if new_shared is None:
+        return torch.UntypedStorage(nbytes).share_memory_()
+    return new_shared(nbytes)
+
+
+def reports_dead_worker(error: BaseException) -> bool:
+    """DataLoader's own words for a worker that exited ("DataLoader worker (pid N) exited unexpectedly")."""
+    return isinstance(error, RuntimeError) and "DataLoader worker (pid" in str(error)
+
+
+def is_poll_timeout(error: BaseException) -> bool:
+    """DataLoader's RuntimeError when no batch came within its `timeout`: the loader polls with it."""
+    return isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out")
+
+
+def worker_error_message(error: BaseException) -> str | None:
+    """The message a worker's error had, from torch's re-raised one ("Caught HookError in DataLoader
+    worker process 0.\nOriginal Traceback (most recent call last): ... fastloader.errors.HookError:
+    <message>"); None where it is not such a wrapper."""
+    text = str(error)
+    if not text.startswith(f"Caught {type(error).__name__} in DataLoader worker process"):
+        return None
+    marker = f"{type(error).__module__}.{type(error).__qualname__}: "
+    for line_start in (0, *(i + 1 for i, c in enumerate(text) if c == "\n")):
+        if text.startswith(marker, line_start):
+            return text[line_start + len(marker):].rstrip("\n")
+    return None

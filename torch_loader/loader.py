@@ -162,7 +162,10 @@ class TorchLoader(Loader):
         return workers * config.workers.prefetch_factor + (1 if workers else 0)
 
     def _parallelism(self) -> str:
-        normalize = "on the device" if self.device.type == "cuda" else "in the workers"
+        if self.device.type == "cuda":
+            normalize = "on the device"
+        else:  # the collate normalizes where it runs: no workers, no producer thread (ahead.py)
+            normalize = "in the workers" if self.num_workers else "on the training thread"
         return f"workers={self.num_workers} (normalizing {normalize})"
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -319,13 +322,12 @@ class TorchLoader(Loader):
             # check says "exited unexpectedly", the worker's exit status says how.
             died = None
             if isinstance(error, (EOFError, ConnectionError)) or (
-                    isinstance(error, RuntimeError) and not isinstance(error, BadImageError) and
-                    "DataLoader worker (pid" in str(error)):
+                    not isinstance(error, BadImageError) and live_iterator.reports_dead_worker(error)):
                 died = self._dead_worker() or error
             self._shutdown()
             if died is not None:
                 raise self._worker_died(died) from error
-            if isinstance(error, USER_ERRORS) and (own := _unwrapped(error)) is not None:
+            if isinstance(error, USER_ERRORS) and (own := live_iterator.worker_error_message(error)) is not None:
                 raise type(error)(own) from None  # the sentence, not torch's frames of its worker
             own_words = isinstance(error, FastloaderError)  # a store's full disk is not /dev/shm's
             if isinstance(error, (OSError, RuntimeError)) and not own_words and (problem := resource_problem(
@@ -343,7 +345,7 @@ class TorchLoader(Loader):
             try:
                 batch = next(self._live)
             except RuntimeError as error:
-                if not str(error).startswith("DataLoader timed out"):
+                if not live_iterator.is_poll_timeout(error):
                     raise
                 if time.monotonic() - started >= timeout:
                     raise self._silent_worker(time.monotonic() - started) from None
@@ -461,20 +463,6 @@ def _stop_at_exit(loader: TorchLoader) -> None:
 USER_ERRORS = (HookError, SourceError, BadImageError)
 """Errors a worker raises with words of their own (the user's hook, source, or a file under
 on_bad_image: raise): the trainer gets those words, not torch's wrapper."""
-
-
-def _unwrapped(error: BaseException) -> str | None:
-    """The message a worker's error had, from torch's re-raised one ("Caught HookError in DataLoader
-    worker process 0.\nOriginal Traceback (most recent call last): ... fastloader.errors.HookError:
-    <message>"); None where it is not such a wrapper."""
-    text = str(error)
-    if not text.startswith(f"Caught {type(error).__name__} in DataLoader worker process"):
-        return None
-    marker = f"{type(error).__module__}.{type(error).__qualname__}: "
-    for line_start in (0, *(i + 1 for i, c in enumerate(text) if c == "\n")):
-        if text.startswith(marker, line_start):
-            return text[line_start + len(marker):].rstrip("\n")
-    return None
 
 
 def check_source_picklable(index, why: str) -> None:

@@ -9,7 +9,6 @@ per 224 px crop here, against 0.45 ms for Pillow's resize of the same box. The r
 """
 from __future__ import annotations
 
-import platform
 from typing import NamedTuple, get_args
 
 import numpy as np
@@ -24,23 +23,13 @@ from fastloader.locations import Location
 from fastloader.schema import BOMB_PIXELS, Interpolation
 
 from .augment import Context, apply_ops
+from .live_iterator import uint8_resize_kernels
 
 INTERPOLATIONS = get_args(Interpolation)
 """The transform's interpolation names, torchvision's InterpolationMode values."""
 
 
-def _uint8_kernels() -> dict:
-    """torch's antialiased uint8 kernels, the ones torch.nn.functional.interpolate calls for
-    torchvision's resize of CPU uint8 tensors: bilinear only where torch vectorizes it (elsewhere
-    torchvision resizes through float32, and so do we, through torchvision); none that a torch
-    release has renamed."""
-    kernels = {"bicubic": getattr(torch._C._nn, "_upsample_bicubic2d_aa", None)}
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64"):
-        kernels["bilinear"] = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
-    return {mode: kernel for mode, kernel in kernels.items() if kernel is not None}
-
-
-UINT8_KERNELS = _uint8_kernels()
+UINT8_KERNELS = uint8_resize_kernels()
 
 
 class SampleOps(NamedTuple):

@@ -20,17 +20,13 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import StoreError
+from ..errors import LockTimeout
 from ..locations import NotRegularFile, not_regular
 
 POLL_S = 0.02
 """How often a waiter tries the lock again."""
 PROGRESS_EVERY_S = 0.5
 """How often a waiter looks for the holder's progress."""
-
-
-class LockTimeout(StoreError):
-    """A lock held past its patience by a process that made no progress: named, with its holder."""
 
 
 def open_lock_file(path: Path) -> int:

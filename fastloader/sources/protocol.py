@@ -35,7 +35,7 @@ import itertools
 import threading
 from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
-from ..errors import FastloaderError
+from ..errors import SourceReadError
 
 REQUIRED = ("name", "samples", "read", "identity")
 """What a source must have (`name` an attribute, the others methods)."""
@@ -65,14 +65,6 @@ def missing_parts(source: object) -> list[str]:
     """What a would-be source lacks of the protocol: attribute names, `name` first ([] for a source)."""
     missing = [] if isinstance(getattr(source, "name", None), str) else ["name (a str)"]
     return missing + [f"{method}()" for method in REQUIRED[1:] if not callable(getattr(source, method, None))]
-
-
-class SourceReadError(FastloaderError, OSError):
-    """A source's read() raised, or gave something that is not an image's bytes: the sample is
-    unreadable (dataset.on_bad_image decides), and the message names the source and the sample."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
 
 
 _opened: dict[str, object] = {}

@@ -17,11 +17,11 @@ import hashlib
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import SourceError, SourceReadError
 from ..imaging.rgb import to_8_bits
 from ..locations import Location, ReadArena
 from ..schema import BOMB_PIXELS
-from .protocol import SourceReadError, opened
+from .protocol import opened
 
 _BYTES = (bytes, bytearray, memoryview)
 
