@@ -79,11 +79,16 @@ class Slab:
         """The bytes the last batch read into it took, in it and beside it."""
 
     def close(self) -> None:
-        """Its descriptor closed and its array let go: the mapping (which holds a descriptor of its
-        own) goes as soon as no array made from it is referenced any more."""
+        """Its descriptor closed; its array stays readable (a batch taken from it may still be read
+        on the driver thread, as after a worker died)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def let_go(self) -> None:
+        """Closed, and its array let go: the mapping (which holds a descriptor of its own) goes as
+        soon as no array made from it is referenced any more. Only where nothing reads it again."""
+        self.close()
         self.array = None
 
 
@@ -344,7 +349,10 @@ class SharedReads:
             for worker in workers:
                 worker.let_go()
         for slab in self.slabs:
-            slab.close()
+            if settled:
+                slab.let_go()
+            else:
+                slab.close()
         self.slabs, self.free, self.pending = [], [], set()
 
     def _grown(self, slab: Slab) -> Slab:
