@@ -45,9 +45,10 @@ def machine_key(ranks_per_node: int, data_format: str) -> dict[str, Any]:
             "torch": str(torch.__version__), "dali": dali, "data_format": data_format}
 
 
-def data_format(dataset) -> str:
-    """The data's format as a measurement depends on it (dataset.format, and whether pixels come from a cache)."""
-    return f"{dataset.format}{' (uint8 cache)' if dataset.cache else ''}"
+def data_format(fmt: str, cached: bool) -> str:
+    """The data's format as a measurement depends on it: dataset.format, and whether the pixels come
+    from the uint8 cache (dataset.cache)."""
+    return f"{fmt}{' (uint8 cache)' if cached else ''}"
 
 
 def nested(flat: Mapping[str, Any]) -> dict[str, Any]:

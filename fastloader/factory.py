@@ -128,7 +128,7 @@ def create_loader(config: Config, split_name: str, source: object | None = None,
     user_hooks = split_hooks(config.hook_settings(split), config.dali.graph_hook_args, **(hooks or {}))
     ranks = detect_ranks(*config.distributed.given())
     warn_if_measured_elsewhere(config.tuned.measured_on, config.tuned.file or config.origin("tuned.measured_on"),
-                               ranks.local_world_size, data_format(config.dataset))
+                               ranks.local_world_size, data_format(config.dataset.format, bool(config.dataset.cache)))
     device = choose_device(config, ranks)
     backend, reason = choose_backend(config, device)
     # auto on a GPU with the output there, yet torch: DALI does not import, which the user would not expect

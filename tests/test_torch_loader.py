@@ -353,7 +353,7 @@ def test_workers_reuse_dropped_batches_and_never_overwrite_kept_ones(textured_ro
 
 def test_repr_names_backend_workers_device_samples_batches_and_pixels(solid_root):
     loader = build_loader(base_config(solid_root, output={"device": "cpu"}), "val")
-    assert repr(loader) == ("TorchLoader(split='val', backend='torch', workers=0 (normalizing in the workers), "
+    assert repr(loader) == ("TorchLoader(split='val', backend='torch', workers=0 (normalizing on the training thread), "
                             "device='cpu', size=32, samples=15, batches=4 of 4, rank=0/1, pixels from the image files)")
     assert loader.prefetch_depth == 0  # no workers: nothing is prepared ahead
     loader.close()

@@ -409,7 +409,7 @@ def tune(config, split: str = "train", seconds: float = 2.0, ranks_per_node: int
     from ..distributed import detect_ranks
     from ..factory import choose_device
     loaded = load_config(config)
-    measured_on = machine_key(ranks_per_node, data_format(loaded.dataset))
+    measured_on = machine_key(ranks_per_node, data_format(loaded.dataset.format, bool(loaded.dataset.cache)))
     budget = budget_for(ranks_per_node, choose_device(loaded, detect_ranks(*loaded.distributed.given())).index)
     affinity = _narrow_to(budget.cores)
     try:
