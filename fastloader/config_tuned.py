@@ -55,12 +55,19 @@ def nested(flat: Mapping[str, Any]) -> dict[str, Any]:
     """{"workers.num_workers": 2} as {"workers": {"num_workers": 2}}: a config's own layout."""
     tree: dict[str, Any] = {}
     for key, value in flat.items():
-        node = tree
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+        put(tree, key, value)
     return tree
+
+
+def put(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted `key` in a nested mapping, making (or replacing with) a section where a part is not one."""
+    node = tree
+    *parents, last = key.split(".")
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
 
 
 def flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -119,13 +126,7 @@ def apply_tuned(raw: dict, base_dir: Path, origins: dict[str, str]) -> None:
     for key, value in read_tuned(path).items():
         if key in origins and key != MEASURED_ON:
             continue
-        node = raw
-        *parents, last = key.split(".")
-        for part in parents:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[last] = value
+        put(raw, key, value)
         origins[key] = f"tuned file {path}"
 
 

@@ -70,8 +70,7 @@ def dali_package() -> str:
     """The DALI wheel of torch's CUDA major: nvidia-dali-cuda130 beside PyPI's torch (CUDA 13), what
     pyproject.toml installs; nvidia-dali-cuda120 beside a CUDA 12 build of torch
     (docs/performance.md#the-cuda-stack)."""
-    major = torch.version.cuda.split(".")[0] if torch.version.cuda else "13"
-    return f"nvidia-dali-cuda{major}0"
+    return f"nvidia-dali-cuda{torch_cuda_major() or 13}0"
 
 
 def _dali_problem() -> str | None:
