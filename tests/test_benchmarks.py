@@ -72,6 +72,7 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
     "views": ["views.py", "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--sizes", "32", "16",
               "--workers", "1"],
     "call_path": ["call_path.py", "--backends", "torch,dali"],
+    "same_batches": ["same_batches.py", "--recipes", "imagenette", "--epochs", "2", "--batch-size", "4"],
     "soak": ["soak.py", "--copies", "3", "--per-shard", "9", "--epochs", "4", "--warmup", "1", "--batch-size", "4",
              "--size", "32", "--workers", "1", "--tracemalloc", "--top", "3"],
     "remote": ["remote.py", "--copies", "3", "--per-shard", "9", "--cache-fraction", "0.5", "--epochs", "2",
@@ -80,7 +81,7 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "soak", "stages", "train_step", "shards", "block_order", "sampler",
-     "feed", "views", "call_path"),
+     "feed", "views", "call_path", "same_batches"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "trainer_thread",
      "sizes", "hooks", "frameworks", "screening"),
 )
@@ -439,10 +440,28 @@ def test_call_path_counts_the_files_and_steps_from_build_loader_to_the_first_bat
         assert 3 < found["config"] == len(reached) <= 15 < found["files"]  # issue 59's bar: at most 15 files
 
 
+@runs_for("same_batches")
+def test_same_batches_digests_each_backend_split_and_epoch_and_names_a_changed_one(run):
+    out, rows = run
+    backends = ("torch", "dali") if HAS_DALI else ("torch",)
+    by_key = {(r["backend"], r["split"], r["epoch"]): r for r in rows}
+    assert sorted(by_key) == sorted((b, s, e) for b in backends for s in ("train", "val") for e in (0, 1))
+    for backend in backends:  # the solid dataset: 3 classes x 4 files per split; train drops the last batch
+        assert [by_key[backend, "train", e]["samples"] for e in (0, 1)] == [12, 12]
+        assert by_key[backend, "val", 0]["sha256"] == by_key[backend, "val", 1]["sha256"]  # eval: one order
+        assert by_key[backend, "train", 0]["sha256"] != by_key[backend, "train", 1]["sha256"]  # a new epoch's draws
+    sys.path.insert(0, str(BENCHMARKS))
+    import same_batches
+    assert same_batches.changed(rows, rows) == ([], [])
+    tampered = [dict(row, sha256="0" * 64) if row["split"] == "val" and row["epoch"] == 1 else row for row in rows]
+    assert same_batches.changed(rows, tampered + [dict(rows[0], recipe="gone")]) == (
+        [f"imagenette/{b}/val/epoch 1" for b in backends], [f"gone/{rows[0]['backend']}/train/epoch 0"])
+
+
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 24
+    assert len(SCRIPTS) == 25
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
