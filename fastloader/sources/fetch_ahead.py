@@ -62,13 +62,7 @@ class Plan:
 
     def _release(self, container: int) -> None:
         self.held.pop(container, None)
-        name = self.names[container]
-        with self.cache.lock:
-            count = self.cache.protected.get(name, 0) - 1
-            if count > 0:
-                self.cache.protected[name] = count
-            else:
-                self.cache.protected.pop(name, None)
+        self.cache.space.protected.release(self.names[container])
 
     def _take(self) -> int | None:
         with self.condition:
@@ -83,9 +77,7 @@ class Plan:
                 if not self.held or sum(self.held.values()) + size <= self.cache.limit:
                     self.next += 1
                     self.held[container] = size
-                    name = self.names[container]
-                    with self.cache.lock:
-                        self.cache.protected[name] = self.cache.protected.get(name, 0) + 1
+                    self.cache.space.protected.hold(self.names[container])
                     return container
                 self.condition.wait(1.0)
 
