@@ -28,7 +28,8 @@ class Plan:
     The first shard goes first: the first batch waits for its own shard, not for the others."""
 
     def __init__(self, cache: NodeCache, infos: list[remote.ObjectInfo], last: np.ndarray, label: str):
-        self.cache, self.infos, self.last = cache, infos, last.tolist()
+        self.cache: NodeCache | None = cache
+        self.infos, self.last = infos, last.tolist()
         self.position = 0
         self.next = 0
         self.held: dict[int, int] = {}  # container (in first-read order) -> its size, while it is still to be read
@@ -82,12 +83,13 @@ class Plan:
                 self.condition.wait(1.0)
 
     def _work(self) -> None:
-        while True:
+        cache = self.cache  # this thread's, while it fetches: a cancelled plan lets go of its own
+        while cache is not None:
             container = self._take()
             if container is None:
                 return
             try:  # not once cancelled, though taken before (a thread may run late): a closed loader fetches nothing
-                self.cache.ensure(self.infos[container], reader=False, wanted=lambda: not self.cancelled)
+                cache.ensure(self.infos[container], reader=False, wanted=lambda: not self.cancelled)
             except Exception as error:  # noqa: BLE001 - the reader that needs it meets it, named
                 self.failures.append(str(error))
                 log.debug("fetching %s ahead failed: %s", self.infos[container].url, error)
@@ -97,6 +99,7 @@ class Plan:
             self.cancelled = True
             for container in list(self.held):
                 self._release(container)
+            self.cache = None  # a closed loader keeps its last plan: not the cache, which goes at its last release
             self.condition.notify_all()
 
 

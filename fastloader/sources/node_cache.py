@@ -86,6 +86,10 @@ class NodeCache:
         self.owner = os.getpid()
         self.tally = Tally()
         self.space = CacheSpace(self.files, limit, self.client.settings.retry_timeout, self.tally)
+        self.fetched_again: set[tuple[str, str]] = set()
+        """(shard URL, ETag) whose copy this cache removed as damaged, to be fetched again: once a
+        shard (reading.py: a member that fails in the new copy fails for itself, or for its index;
+        removing copy after copy would fetch the shard again at every read of it)."""
         self.repair()
 
     @property
