@@ -83,7 +83,7 @@ def test_a_stopped_process_holding_a_shards_fetch_lock_is_named_at_the_first_bat
     store_split = {**store_split, "backend": backend, "workers": {"num_workers": 2}}
     cache = node_cache.NodeCache(store_split["dataset"]["remote"]["cache_dir"], None, 2)
     info = cache.client.stat(store_split["val"]["shards"].replace("*", "000000"))
-    holder = stopped_holder(cache._slot(cache.entry(info)))  # before the loader could fetch it ahead
+    holder = stopped_holder(cache.files.slot(cache.entry(info)))  # before the loader could fetch it ahead
     try:
         started = time.monotonic()
         with pytest.raises((StoreError, BadImageError)) as raised:

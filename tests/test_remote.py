@@ -453,4 +453,4 @@ def test_locations_made_outside_a_loader_read_through_one_default_cache_opened_o
     default node cache: opened once for the process, not once more at every read."""
     first = node_cache.cache_of("")
     assert node_cache.cache_of("") is first and node_cache.cache_of("") is first
-    assert node_cache._state.holders[first.token] == 1
+    assert node_cache._open.holders[first.token] == 1

@@ -206,7 +206,7 @@ def test_a_download_completing_while_the_cache_counts_its_bytes_is_counted_once_
     shards, then its partial downloads; a download renamed complete between the two counts was in
     neither, so one more shard was let in over the limit (CI: 3 shards held under a limit of 2). The
     rename now waits for the count: here it is started while the count is between its two scans."""
-    from fastloader.sources import node_cache
+    from fastloader.sources import cache_folder, node_cache
 
     size = 1000
     cache = node_cache.NodeCache(tmp_path / "node", limit=2 * size, concurrency=1)
@@ -217,19 +217,19 @@ def test_a_download_completing_while_the_cache_counts_its_bytes_is_counted_once_
     renamed = threading.Event()
 
     def commit():
-        cache._commit(partial, tmp_path / "node" / f"{'b' * 16}-{size}-new.tar")
+        cache.space.commit(partial, tmp_path / "node" / f"{'b' * 16}-{size}-new.tar")
         renamed.set()
 
-    class Counting(node_cache.NodeCache):
-        def _entries(self):
-            found = super()._entries()  # the complete shards: `old`, not yet `new`
+    class Counting(cache_folder.CacheFolder):
+        def entries(self):
+            found = super().entries()  # the complete shards: `old`, not yet `new`
             threading.Thread(target=commit).start()
             renamed.wait(0.5)  # before the fix, the rename lands here, before the partials are counted
             return found
 
-    cache.__class__ = Counting
-    with cache._locked(cache.folder / ".account.lock"):  # as _reserve holds it around _evict
-        fits = cache._evict(size)
+    cache.files.__class__ = Counting
+    with cache.space.account():  # as reserve holds it around evict
+        fits = cache.space.evict(size)
     renamed.wait(5)
     held = sum(p.stat().st_size for p in (tmp_path / "node").iterdir() if p.name.endswith(".tar"))
     assert fits and held == size, (fits, held)  # `old` evicted to make room: the new shard was counted

@@ -26,7 +26,11 @@ and the user's, and the one way to read a sample's bytes (reading.py).
   stores.py         dataset.remote as one value, opened where a split is prepared, released with its loader
   remote.py         the object store (s3://, gs://, az://, https://): listing, sizes and ETags, ranges, downloads
   file_locks.py     the node cache's flocks, waited for while their holder gets on
-  node_cache.py     shards of a store on a local disk, fetched once per node, bounded, fetched ahead
+  cache_folder.py   a node cache's folder: the names of its shards, downloads and locks; what a killed run left
+  cache_space.py    a node cache's limit: eviction (never while read), room reserved before a download, its counts
+  cache_requests.py forked readers ask the process that opened a node cache to fetch for them
+  node_cache.py     shards of a store on a local disk, fetched once per node; the open caches, held by loaders
+  fetch_ahead.py    the shards an epoch will read, fetched ahead in its order
 
 A new format is one module that calls `register_format(Format(name, open))` (docs/sources.md).
 """

@@ -28,7 +28,8 @@ class Plan:
     The first shard goes first: the first batch waits for its own shard, not for the others."""
 
     def __init__(self, cache: NodeCache, infos: list[remote.ObjectInfo], last: np.ndarray, label: str):
-        self.cache, self.infos, self.last = cache, infos, last.tolist()
+        self.cache: NodeCache | None = cache
+        self.infos, self.last = infos, last.tolist()
         self.position = 0
         self.next = 0
         self.held: dict[int, int] = {}  # container (in first-read order) -> its size, while it is still to be read
@@ -62,13 +63,7 @@ class Plan:
 
     def _release(self, container: int) -> None:
         self.held.pop(container, None)
-        name = self.names[container]
-        with self.cache.lock:
-            count = self.cache.protected.get(name, 0) - 1
-            if count > 0:
-                self.cache.protected[name] = count
-            else:
-                self.cache.protected.pop(name, None)
+        self.cache.space.protected.release(self.names[container])
 
     def _take(self) -> int | None:
         with self.condition:
@@ -83,19 +78,18 @@ class Plan:
                 if not self.held or sum(self.held.values()) + size <= self.cache.limit:
                     self.next += 1
                     self.held[container] = size
-                    name = self.names[container]
-                    with self.cache.lock:
-                        self.cache.protected[name] = self.cache.protected.get(name, 0) + 1
+                    self.cache.space.protected.hold(self.names[container])
                     return container
                 self.condition.wait(1.0)
 
     def _work(self) -> None:
-        while True:
+        cache = self.cache  # this thread's, while it fetches: a cancelled plan lets go of its own
+        while cache is not None:
             container = self._take()
             if container is None:
                 return
             try:  # not once cancelled, though taken before (a thread may run late): a closed loader fetches nothing
-                self.cache.ensure(self.infos[container], reader=False, wanted=lambda: not self.cancelled)
+                cache.ensure(self.infos[container], reader=False, wanted=lambda: not self.cancelled)
             except Exception as error:  # noqa: BLE001 - the reader that needs it meets it, named
                 self.failures.append(str(error))
                 log.debug("fetching %s ahead failed: %s", self.infos[container].url, error)
@@ -105,6 +99,7 @@ class Plan:
             self.cancelled = True
             for container in list(self.held):
                 self._release(container)
+            self.cache = None  # a closed loader keeps its last plan: not the cache, which goes at its last release
             self.condition.notify_all()
 
 

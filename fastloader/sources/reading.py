@@ -76,7 +76,7 @@ def _from_node_cache(location: Location) -> bytearray:
     """A shard's bytes from its node-cache copy. The copy was fetched under the indexed ETag, so a
     member header that is not the one indexed means the local copy is damaged (a power cut after an
     unsynced write leaves zeros of the right size): it is removed and fetched again, once a shard
-    and process (_FETCHED_AGAIN). Where a copy fetched again still disagrees, the index is what is
+    and cache (its `fetched_again`, freed with it). Where a copy fetched again still disagrees, the index is what is
     wrong: a `.idx` beside the shard is named (SourceChanged), set aside for the next loader.
     Labels taken from the `.idx` are checked against the copy first (_labels_checked)."""
     cache = node_cache.cache_of(location.store)
@@ -84,20 +84,14 @@ def _from_node_cache(location: Location) -> bytearray:
     while True:
         with cache.opened(location) as fd:
             try:
-                _labels_checked(location, fd, fetched_again=shard in _FETCHED_AGAIN)
+                _labels_checked(location, fd, fetched_again=shard in cache.fetched_again)
                 return _whole(fd, os.fstat(fd).st_size) if location.whole_file else _range(fd, location)
             except ContainerChanged as error:
-                if shard in _FETCHED_AGAIN:
+                if shard in cache.fetched_again:
                     raise _index_lies(location, error) from None
                 damaged, why = os.fstat(fd).st_ino, (error.strerror if error.errno == errno.EIO else None)
         cache.discard(location, damaged, why)
-        _FETCHED_AGAIN.add(shard)
-
-
-_FETCHED_AGAIN: set[tuple[str, str]] = set()
-"""(shard URL, ETag) whose node-cache copy this process removed as damaged, to be fetched again:
-once a shard. A member that fails in the new copy fails for itself (or for its index): removing
-copy after copy would fetch the shard again at every read of it."""
+        cache.fetched_again.add(shard)
 
 
 def _shard_key(location: Location) -> tuple[str, str]:
@@ -154,16 +148,16 @@ def fetch_again(location: Location, why: str) -> bool:
     """Where a shard member in an object store fails a check of its bytes (not an image, cut short, a
     decoder's error), the node cache's copy may be what is damaged (zeros where a crash cut a write),
     not the image: the copy is removed, to be fetched again by the next read; once a shard and
-    process (_FETCHED_AGAIN: a member that fails in a copy fetched again fails for itself). Whether
+    cache (its `fetched_again`: a member that fails in a copy fetched again fails for itself). Whether
     it was (then read the member again before calling it bad)."""
     if not is_url(location.file) or location.reader:
         return False
     cache = node_cache.cache_of(location.store)
     stamp = cache.copy_stamp(location)
-    if stamp is None or _shard_key(location) in _FETCHED_AGAIN:
+    if stamp is None or _shard_key(location) in cache.fetched_again:
         return False
     cache.discard(location, stamp[0], f"{location.name}: {why}")
-    _FETCHED_AGAIN.add(_shard_key(location))
+    cache.fetched_again.add(_shard_key(location))
     with cache.opened(location):  # fetched again now
         pass
     return True

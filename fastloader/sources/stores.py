@@ -2,8 +2,9 @@
 where a split is prepared (registry.store_settings, for formats.build_index) and opened there,
 before anything lists or reads a URL. Opening gives the loader a node cache of its own settings
 (node_cache.open_cache: its token rides on every Location of the index) and lists with a client of
-its own settings (remote.client_for); closing the loader releases the cache. Nothing is set for the
-whole process, so two loaders with different dataset.remote keep their own.
+its own settings (remote.client_for); closing the loader releases the cache (the last loader that
+holds it drops it, with all it kept). Nothing is set for the whole process, so two loaders with
+different dataset.remote keep their own, and two with the same share one.
 """
 from __future__ import annotations
 
