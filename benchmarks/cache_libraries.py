@@ -14,6 +14,7 @@ Measured, each on real files and real processes:
 """
 from __future__ import annotations
 
+import argparse
 import http.server
 import os
 import signal
@@ -188,6 +189,7 @@ def fsspec_caches(folder: Path) -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     print(f"filelock {filelock.__version__}, fsspec {fsspec.__version__}, {os.cpu_count()} cores, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     with tempfile.TemporaryDirectory() as temporary:

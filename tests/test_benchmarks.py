@@ -29,7 +29,7 @@ SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py")
                                    "litdata_peer.py"))
 """The scripts one runs; the others are modules, or run by another Python (streaming_peer.py and
 litdata_peer.py, by remote.py's --streaming-python and --litdata-python)."""
-SYNTHETIC = ("block_order.py", "sampler.py", "call_path.py")
+SYNTHETIC = ("block_order.py", "sampler.py", "call_path.py", "cache_libraries.py")
 """Scripts that measure a split they make up and read no data folder (no --data)."""
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 HAS_TIMM = importlib.util.find_spec("timm") is not None
@@ -461,7 +461,7 @@ def test_same_batches_digests_each_backend_split_and_epoch_and_names_a_changed_o
 @runs_for("command_line")
 def test_every_script_has_help_and_says_how_to_pass_data(run):
     _, answers = run
-    assert len(SCRIPTS) == 25
+    assert len(SCRIPTS) == 26
     for script in SCRIPTS:
         helped = answers[f"{script} help"]
         assert helped["status"] == 0 and f"usage: {script}" in helped["out"], (script, helped)
