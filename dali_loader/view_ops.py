@@ -25,7 +25,7 @@ from nvidia.dali import fn, types
 from nvidia.dali.data_node import DataNode
 
 from fastloader.augment.ops import IDENTITY, KIND_IDS
-from fastloader.draws import Augmenter
+from fastloader.draws import Augmenter, ExtraOps
 
 from .augment import param_on
 
@@ -53,7 +53,7 @@ def stacked(augmenter: Augmenter) -> bool:
 def flips_only(augmenter: Augmenter) -> Augmenter:
     """The group's transform without its ops: what each view gets on its own (crop, flips)."""
     spec = copy.copy(augmenter)
-    spec.slots, spec.policy, spec.jitter, spec.extra_slots = 0, None, None, ()
+    spec.slots, spec.policy, spec.colour_jitter, spec.extras = 0, None, None, ExtraOps()
     spec.__dict__.pop("slot_kinds", None)  # the original's cached kinds: derived again (none) from the above
     return spec
 

@@ -73,8 +73,100 @@ def jitter_ranges(color_jitter) -> tuple[tuple[float, float], ...]:
     return tuple((max(0.0, 1 - v), 1 + v) for v in values[:3]) + ((-values[3], values[3]),)
 
 
+class ColourJitter:
+    """torchvision's ColorJitter, applied with probability `prob`: four slots, each factor uniform in
+    its range, the four in a random order."""
+
+    def __init__(self, ranges: tuple[tuple[float, float], ...], prob: float):
+        self.ranges = ranges
+        """(low, high) of brightness, contrast and saturation factors and of the hue (jitter_ranges)."""
+        self.prob = prob
+
+    @classmethod
+    def of(cls, color_jitter, prob: float) -> "ColourJitter | None":
+        """The config's colour jitter, or None where it does nothing: ColorJitter(0, 0, 0, 0), or
+        one applied with p 0."""
+        ranges = jitter_ranges(color_jitter)
+        if all(low == high for low, high in ranges) or prob == 0:
+            return None
+        return cls(ranges, prob)
+
+    def describe(self) -> str:
+        b, c, s, h = self.ranges
+        return (f"colour jitter: brightness x[{b[0]:g}, {b[1]:g}], contrast x[{c[0]:g}, {c[1]:g}], "
+                f"saturation x[{s[0]:g}, {s[1]:g}], hue {h[1]:g} turn, in random order"
+                + (f", with p {self.prob:g}" if self.prob < 1 else ""))
+
+    def kinds(self) -> list[set[int]]:
+        """Per slot (four), the kind ids its draws can hold (Augmenter.slot_kinds)."""
+        on = [KIND_IDS[name] for name, (low, high) in zip(JITTER_KINDS, self.ranges) if low != high]
+        return [set(on) | ({IDENTITY} if len(on) < len(JITTER_KINDS) or self.prob < 1 else set())] * 4
+
+    def draw(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The four slots' (op, param): a component that is off is identity, and all four where the
+        prob's coin says no (its own stream: p 1 draws as before); the order is a uniform
+        permutation (the argsort of four uniforms)."""
+        u = seeded_uniform(seeds, _JITTER_SALT, 8)
+        low = np.array([r[0] for r in self.ranges])
+        high = np.array([r[1] for r in self.ranges])
+        factors = low + (high - low) * u[:, :4]
+        order = np.argsort(u[:, 4:], axis=1)
+        kinds = np.array([KIND_IDS[name] for name in JITTER_KINDS])
+        on = low != high
+        if self.prob < 1:
+            on = on[None, :] & (seeded_uniform(seeds, _JITTER_ON_SALT, 1) < self.prob)
+            on = np.take_along_axis(np.broadcast_to(on, order.shape), order, axis=1)
+        else:
+            on = on[order]
+        op = np.where(on, kinds[order], IDENTITY)
+        param = np.where(on, np.take_along_axis(factors, order, axis=1), 0.0)
+        return op, param
+
+
+class ExtraOps:
+    """The secondary transforms after the policy and the colour jitter, in timm's and DINO's order:
+    RandomGrayscale (grayscale_prob), GaussianBlur with sigma uniform in BLUR_SIGMA
+    (gaussian_blur_prob), then RandomSolarize (solarize_prob): one slot each that is on."""
+
+    def __init__(self, grayscale: float = 0.0, gaussian_blur: float = 0.0, solarize: float = 0.0):
+        self.probs = {name: prob for name, prob in (("grayscale", grayscale), ("gaussian_blur", gaussian_blur),
+                                                    ("solarize", solarize)) if prob > 0}
+        """The probability of each transform that is on, by name, in the order they apply."""
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        return tuple(self.probs)
+
+    def describe(self) -> list[str]:
+        words = {"grayscale": lambda p: f"grey with p {p:g}",
+                 "gaussian_blur": lambda p: f"Gaussian blur with p {p:g}, sigma uniform in [{BLUR_SIGMA[0]:g}, "
+                                            f"{BLUR_SIGMA[1]:g}]",
+                 "solarize": lambda p: f"solarize (>= {SOLARIZE_THRESHOLD}) with p {p:g}"}
+        return [words[name](prob) for name, prob in self.probs.items()]
+
+    def kinds(self) -> list[set[int]]:
+        """Per slot, the kind ids its draws can hold (Augmenter.slot_kinds)."""
+        return [{KIND_IDS[name]} | ({IDENTITY} if prob < 1 else set()) for name, prob in self.probs.items()]
+
+    def draw(self, seeds: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """One slot's (op, param): identity where the coin says no."""
+        prob = self.probs[name]
+        if name == "grayscale":
+            u = seeded_uniform(seeds, _GREY_SALT, 1)
+            return np.where(u[:, :1] < prob, GREY, IDENTITY), np.zeros((len(seeds), 1))
+        if name == "solarize":
+            on = seeded_uniform(seeds, _SOLARIZE_SALT, 1) < prob
+            return np.where(on, SOLARIZE, IDENTITY), np.where(on, float(SOLARIZE_THRESHOLD), 0.0)
+        u = seeded_uniform(seeds, _BLUR_SALT, 2)
+        on = u[:, :1] < prob
+        sigma = BLUR_SIGMA[0] + (BLUR_SIGMA[1] - BLUR_SIGMA[0]) * u[:, 1:]
+        return np.where(on, BLUR, IDENTITY), np.where(on, sigma, 0.0)
+
+
 class Augmenter:
-    """A train split's augmentation spec, from its transform keys; `draw` gives a batch's Draws."""
+    """A train split's augmentation spec, from its transform keys; `draw` gives a batch's Draws:
+    the crop, the flips, then the policy's slots (drawn here), the colour jitter's (ColourJitter)
+    and the extra transforms' (ExtraOps)."""
 
     def __init__(self, transform: TransformConfig, mean: tuple[float, float, float]):
         t = transform
@@ -82,40 +174,30 @@ class Augmenter:
         self.hflip, self.vflip = t.hflip, t.vflip
         self.policy: Policy | None = parse_policy(t.auto_augment) if t.auto_augment else None
         jitter_on = t.color_jitter is not None and (not self.policy or self.policy.keeps_color_jitter)
-        self.jitter = jitter_ranges(t.color_jitter) if jitter_on else None
-        if self.jitter and (all(low == high for low, high in self.jitter) or t.color_jitter_prob == 0):
-            self.jitter = None  # ColorJitter(0, 0, 0, 0) does nothing, nor one applied with p 0
-        self.jitter_prob = t.color_jitter_prob
-        self.grayscale_prob, self.blur_prob = t.grayscale_prob, t.gaussian_blur_prob
-        self.solarize_prob = t.solarize_prob
-        self.extra_probs = {name: prob for name, prob in (("grayscale", t.grayscale_prob),
-                                                          ("gaussian_blur", t.gaussian_blur_prob),
-                                                          ("solarize", t.solarize_prob)) if prob > 0}
-        self.extra_slots = tuple(self.extra_probs)
-        """The secondary transforms after the policy and the colour jitter, in timm's and DINO's order:
-        RandomGrayscale (grayscale_prob), GaussianBlur (gaussian_blur_prob), then RandomSolarize
-        (solarize_prob): one slot each."""
-        self.slots = (self.policy.layers if self.policy else 0) + (4 if self.jitter else 0) + len(self.extra_slots)
+        self.colour_jitter = ColourJitter.of(t.color_jitter, t.color_jitter_prob) if jitter_on else None
+        self.extras = ExtraOps(t.grayscale_prob, t.gaussian_blur_prob, t.solarize_prob)
+        self.slots = ((self.policy.layers if self.policy else 0) + (4 if self.colour_jitter else 0)
+                      + len(self.extras.slots))
         fill_mean = self.policy is None or self.policy.fill_mean
         self.fill = tuple(min(255, round(255 * m)) for m in mean) if fill_mean else (0, 0, 0)
         """What geometric ops uncover: timm's img_mean, or black for TrivialAugmentWide."""
 
+    @property
+    def jitter(self) -> tuple[tuple[float, float], ...] | None:
+        """The colour jitter's ranges (jitter_ranges), or None where it is off."""
+        return self.colour_jitter.ranges if self.colour_jitter else None
+
+    @property
+    def extra_slots(self) -> tuple[str, ...]:
+        """The extra transforms that are on, one slot each (ExtraOps)."""
+        return self.extras.slots
+
     def describe(self) -> str:
         """The ops part of the log line: the policy, the colour jitter, grey and blur, or 'none'."""
         words = [self.policy.describe()] if self.policy else []
-        if self.jitter:
-            b, c, s, h = self.jitter
-            words.append(f"colour jitter: brightness x[{b[0]:g}, {b[1]:g}], contrast x[{c[0]:g}, {c[1]:g}], "
-                         f"saturation x[{s[0]:g}, {s[1]:g}], hue {h[1]:g} turn, in random order"
-                         + (f", with p {self.jitter_prob:g}" if self.jitter_prob < 1 else ""))
-        if self.grayscale_prob > 0:
-            words.append(f"grey with p {self.grayscale_prob:g}")
-        if self.blur_prob > 0:
-            words.append(f"Gaussian blur with p {self.blur_prob:g}, sigma uniform in [{BLUR_SIGMA[0]:g}, "
-                         f"{BLUR_SIGMA[1]:g}]")
-        if self.solarize_prob > 0:
-            words.append(f"solarize (>= {SOLARIZE_THRESHOLD}) with p {self.solarize_prob:g}")
-        return "; then ".join(words) or "none"
+        if self.colour_jitter:
+            words.append(self.colour_jitter.describe())
+        return "; then ".join(words + self.extras.describe()) or "none"
 
     @cached_property
     def slot_kinds(self) -> tuple[tuple[int, ...], ...]:
@@ -135,11 +217,9 @@ class Augmenter:
                      for slot in range(self.policy.layers)]
         else:
             kinds = [{op.kind_id for op in TRIVIAL_OPS}]
-        if self.jitter:
-            on = [KIND_IDS[name] for name, (low, high) in zip(JITTER_KINDS, self.jitter) if low != high]
-            kinds += [set(on) | ({IDENTITY} if len(on) < len(JITTER_KINDS) or self.jitter_prob < 1 else set())] * 4
-        kinds += [{KIND_IDS[name]} | ({IDENTITY} if self.extra_probs[name] < 1 else set())
-                  for name in self.extra_slots]
+        if self.colour_jitter:
+            kinds += self.colour_jitter.kinds()
+        kinds += self.extras.kinds()
         return tuple(tuple(sorted(slot)) for slot in kinds)
 
     # -- the draws ---------------------------------------------------------------------------------
@@ -180,29 +260,14 @@ class Augmenter:
             parts.append(self._auto(seeds))
         else:
             parts.append(self._trivial(seeds, size or self.size))
-        if self.jitter is not None:
-            parts.append(self._jitter(seeds))
-        parts += [self._extra(seeds, name) for name in self.extra_slots]
+        if self.colour_jitter is not None:
+            parts.append(self.colour_jitter.draw(seeds))
+        parts += [self.extras.draw(seeds, name) for name in self.extras.slots]
         if not parts:
             return hflip, vflip, np.zeros((len(seeds), 0), np.int32), np.zeros((len(seeds), 0), np.float32)
         op = np.concatenate([part[0] for part in parts], axis=1)
         param = np.concatenate([part[1] for part in parts], axis=1)
         return hflip, vflip, op.astype(np.int32), param.astype(np.float32)
-
-    def _extra(self, seeds: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """timm's RandomGrayscale (grayscale_prob), RandomApply of GaussianBlur with sigma uniform in
-        BLUR_SIGMA (gaussian_blur_prob), or RandomSolarize (solarize_prob): one slot, identity where the
-        coin says no."""
-        if name == "grayscale":
-            u = seeded_uniform(seeds, _GREY_SALT, 1)
-            return np.where(u[:, :1] < self.grayscale_prob, GREY, IDENTITY), np.zeros((len(seeds), 1))
-        if name == "solarize":
-            on = seeded_uniform(seeds, _SOLARIZE_SALT, 1) < self.solarize_prob
-            return np.where(on, SOLARIZE, IDENTITY), np.where(on, float(SOLARIZE_THRESHOLD), 0.0)
-        u = seeded_uniform(seeds, _BLUR_SALT, 2)
-        on = u[:, :1] < self.blur_prob
-        sigma = BLUR_SIGMA[0] + (BLUR_SIGMA[1] - BLUR_SIGMA[0]) * u[:, 1:]
-        return np.where(on, BLUR, IDENTITY), np.where(on, sigma, 0.0)
 
     def _levels(self, base: np.ndarray, u1: np.ndarray, u2: np.ndarray) -> np.ndarray:
         """timm's AugmentOp magnitude: normal noise (Box-Muller) of std mstd around the level, or
@@ -282,23 +347,3 @@ class Augmenter:
             op[chosen] = trivial.kind_id
             param[chosen] = np.clip(trivial.to_param(magnitude, size), kind.low, kind.high)
         return op[:, None], param[:, None]
-
-    def _jitter(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """torchvision's ColorJitter: each factor uniform in its range, the four in a random order
-        (a uniform permutation: the argsort of four uniforms); a component that is off is identity,
-        and all four where color_jitter_prob's coin says no (its own stream: p 1 draws as before)."""
-        u = seeded_uniform(seeds, _JITTER_SALT, 8)
-        low = np.array([r[0] for r in self.jitter])
-        high = np.array([r[1] for r in self.jitter])
-        factors = low + (high - low) * u[:, :4]
-        order = np.argsort(u[:, 4:], axis=1)
-        kinds = np.array([KIND_IDS[name] for name in JITTER_KINDS])
-        on = low != high
-        if self.jitter_prob < 1:
-            on = on[None, :] & (seeded_uniform(seeds, _JITTER_ON_SALT, 1) < self.jitter_prob)
-            on = np.take_along_axis(np.broadcast_to(on, order.shape), order, axis=1)
-        else:
-            on = on[order]
-        op = np.where(on, kinds[order], IDENTITY)
-        param = np.where(on, np.take_along_axis(factors, order, axis=1), 0.0)
-        return op, param

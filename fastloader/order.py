@@ -362,7 +362,172 @@ def choose_permutation(shuffle: bool | str, blocks: BlockShuffle | None, draws: 
     return Passes(base, epoch_size) if epoch_size is not None else base
 
 
+def repeated_length(length: int, repeats: int, world_size: int) -> int:
+    """Positions of an epoch's global order before it is cut or padded to equal shares: `length`
+    without repeated augmentation; with K = `repeats` > 1, about `length` in all (timm's
+    RepeatAugSampler: REPEAT_ROUND), at most length x K."""
+    if repeats == 1:
+        return length
+    if length >= REPEAT_ROUND:
+        per_rank = length // REPEAT_ROUND * REPEAT_ROUND // world_size
+    else:
+        per_rank = math.ceil(length / world_size)
+    return min(per_rank, math.ceil(length * repeats / world_size)) * world_size
+
+
+def sample_seeds(seed: int, epoch: int, indices: np.ndarray, copies: np.ndarray | None = None,
+                 draws: np.ndarray | None = None) -> np.ndarray:
+    """Per-sample augmentation seeds (int64, non-negative) from (seed, epoch, sample index); for the
+    copies of repeated augmentation after the first, the copy number; for a place of an order that
+    may hold a sample twice (Passes after the first pass, WeightedDraws), its draw number."""
+    key = _splitmix64(np.full(len(indices), seed, dtype=np.uint64))
+    with np.errstate(over="ignore"):
+        key = _splitmix64(key ^ np.uint64(epoch))
+        key = _splitmix64(key ^ indices.astype(np.uint64))
+        if draws is not None and draws.any():
+            drawn = _splitmix64(key ^ (draws.astype(np.uint64) * _DRAW_MIX))
+            key = np.where(draws > 0, drawn, key)
+        if copies is not None and copies.any():
+            copied = _splitmix64(key ^ (copies.astype(np.uint64) * _GOLDEN))
+            key = np.where(copies > 0, copied, key)
+    return (key & _MASK63).astype(np.int64)
+
+
+class SizedSteps:
+    """With a batch size per output size (`<split>.batch_sizes`): an epoch's steps, each as many
+    samples per rank as its size's batch size, made from each rank's share (Resolution.steps), and
+    where a resume at a global position continues them."""
+
+    def __init__(self, resolution, epoch_length: int, drop_last: bool, world_size: int):
+        self.resolution, self.epoch_length = resolution, epoch_length
+        self.drop_last, self.world_size = drop_last, world_size
+
+    def planned(self, epoch: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's steps on `world_size` ranks, as (output size, batch size) per step."""
+        length = self.epoch_length
+        share = length // world_size if self.drop_last else math.ceil(length / world_size)
+        return self.resolution.steps(epoch, share, self.drop_last)
+
+    def after(self, epoch: int, position: int, world_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's steps after global position `position`, as (output size, batch size) per
+        step, on these ranks (or `world_size`).
+
+        A position the epoch's steps reach (a state saved by the same ranks) continues them. Another
+        (saved by other ranks) falls inside a step: the rest of that step comes first, as many
+        positions as it has left cut to whole rows of ranks (drop_last: the fewer than `world_size`
+        over are left out; else rounded up, positions past the epoch's end wrap around as padding
+        does), then the epoch's later steps. So the rest never has more steps than len(loader), and
+        a state saved after it lands at an offset of fewer than `world_size` positions from the
+        steps' ends, where the same rule continues it exactly (no rest of a step then)."""
+        world = world_size or self.world_size
+        empty = np.zeros(0, dtype=np.int64)
+        if position >= self.epoch_length:
+            return empty, empty
+        sizes, counts = self.planned(epoch, world)
+        reached = world * np.concatenate([[0], np.cumsum(counts)])
+        step = int(np.searchsorted(reached, position, side="right")) - 1  # the step `position` is in
+        if step >= len(counts):  # past the last step: what drop_last leaves out
+            return empty, empty
+        sizes, counts = sizes[step:], counts[step:].copy()
+        gap = int(reached[step + 1]) - position  # the positions of that step not yet consumed
+        counts[0] = gap // world if self.drop_last else -(-gap // world)
+        return (sizes[1:], counts[1:]) if counts[0] == 0 else (sizes, counts)
+
+
+class RankShares:
+    """How an epoch's global order is dealt to the ranks and cut into batches: rank r takes global
+    positions r, r + world, ...; in train mode every rank the same number of batches (DDP must not
+    hang), the order cut (drop_last) or padded to get there; what a resume at a position leaves."""
+
+    def __init__(self, epoch_length: int, cycle: int, batch_size: int, *, mode: str, drop_last: bool, rank: int,
+                 world_size: int, steps: SizedSteps | None):
+        self.epoch_length, self.batch_size = epoch_length, batch_size
+        self.cycle = cycle
+        """Positions of the (repeated) order before padding wraps around to its start."""
+        self.mode, self.drop_last, self.rank, self.world_size = mode, drop_last, rank, world_size
+        self.steps = steps
+        """The steps of a batch size per output size (`paired`), else None: batch_size throughout."""
+        if mode == "eval":
+            self.samples_per_rank = len(range(rank, epoch_length, world_size))
+        elif drop_last:
+            self.samples_per_rank = (epoch_length // (world_size * batch_size)) * batch_size
+        else:
+            self.samples_per_rank = math.ceil(epoch_length / world_size)
+        if drop_last:
+            self.num_batches = self.samples_per_rank // batch_size
+        else:
+            self.num_batches = math.ceil(self.samples_per_rank / batch_size)
+        if steps is not None:
+            counts = steps.planned(0, world_size)[1]
+            self.num_batches, self.samples_per_rank = len(counts), int(counts.sum())
+
+    @property
+    def padded(self) -> int:
+        """Samples repeated this epoch (train mode without drop_last) so that ranks stay in step:
+        positions past the end of the (repeated) permutation, which wrap around to its start."""
+        if self.mode == "eval" or self.drop_last:
+            return 0
+        return max(0, self.samples_per_rank * self.world_size - self.cycle)
+
+    @property
+    def dropped(self) -> int:
+        """Positions of the epoch's order left out, summed over ranks (train mode with drop_last)."""
+        if self.mode == "eval" or not self.drop_last:
+            return 0
+        return self.epoch_length - self.samples_per_rank * self.world_size
+
+    def shared_after(self, position: int, epoch: int = 0, world_size: int | None = None,
+                     batch_size: int | None = None) -> int:
+        """How many positions of the epoch's global order the ranks share once the first `position`
+        are consumed: what is left, cut to whole global batches (drop_last) or padded to equal shares
+        (with batch sizes per size: the rest of the epoch's steps, `epoch`'s). On these ranks and
+        batch size, or on others' (`world_size`, `batch_size`: what a saved run would read)."""
+        world, batch = world_size or self.world_size, batch_size or self.batch_size
+        if self.steps is not None:
+            return world * int(self.steps.after(epoch, position, world)[1].sum())
+        left = max(0, self.epoch_length - position)
+        if self.mode == "eval":
+            return left
+        if self.drop_last:
+            return left // (world * batch) * world * batch
+        return math.ceil(left / world) * world
+
+    def advance(self, epoch: int, position: int, steps: int) -> int:
+        """The global position `steps` batches (of every rank) after `position` in the epoch."""
+        if self.steps is not None:
+            return position + self.world_size * int(self.steps.after(epoch, position)[1][:steps].sum())
+        return position + steps * self.batch_size * self.world_size
+
+    def positions(self, epoch: int, position: int) -> np.ndarray:
+        """This rank's global positions (int64) after the first `position`, in the order it yields
+        them; past the (repeated) order's end they wrap around to its start (tiling a tiny dataset)."""
+        shared = self.shared_after(position, epoch)
+        if shared == 0 or self.cycle == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.arange(position + self.rank, position + shared, self.world_size, dtype=np.int64) % self.cycle
+
+
+class LastBatches:
+    """The last epoch's batches asked for, by (epoch, position): the DALI feed reads ahead into the
+    next epoch's first batches as one ends, and the loop that then starts asks again (0.17 s for
+    ImageNet's 1.28M samples on one rank)."""
+
+    def __init__(self):
+        self.asked: tuple[int, int] | None = None
+        self.batches: list[np.ndarray] = []
+
+    def get(self, epoch: int, position: int) -> list[np.ndarray] | None:
+        return list(self.batches) if self.asked == (epoch, position) else None
+
+    def keep(self, epoch: int, position: int, batches: list[np.ndarray]) -> None:
+        self.asked, self.batches = (epoch, position), batches
+
+
 class EpochOrder:
+    """A split's sampler on one rank: the epoch's order (`choose_permutation`), dealt to the ranks
+    and cut into batches (`RankShares`, with `SizedSteps` where batch sizes go by size), each sample
+    with its augmentation seed (`sample_seeds`). The shares' figures read through as properties."""
+
     def __init__(self, num_samples: int, batch_size: int, *, mode: str, shuffle: bool | str, drop_last: bool,
                  seed: int, rank: int = 0, world_size: int = 1, repeats: int = 1,
                  blocks: BlockShuffle | None = None, draws: WeightedDraws | None = None,
@@ -389,64 +554,72 @@ class EpochOrder:
         self.resolution = resolution
         """A size schedule (fastloader.resolution.Resolution, not fixed), else None: each batch then
         carries its output size as a third column, drawn from its global step."""
-        self.num_samples, self.batch_size = num_samples, batch_size
-        self.mode, self.shuffle, self.drop_last = mode, shuffle, drop_last
-        self.seed, self.rank, self.world_size, self.repeats = seed, rank, world_size, repeats
+        self.num_samples, self.shuffle, self.seed, self.repeats = num_samples, shuffle, seed, repeats
         self.length = getattr(self._permute, "size", num_samples)
         """Positions of the epoch's order before repeats: the split's size, or its epoch_size."""
-        self.epoch_length = self._epoch_length()
-        """Positions in the epoch's global order before it is cut or padded to equal shares: the
-        order's length without repeats."""
-
-        if mode == "eval":
-            self.samples_per_rank = len(range(rank, num_samples, world_size))
-        elif drop_last:
-            self.samples_per_rank = (self.epoch_length // (world_size * batch_size)) * batch_size
-        else:
-            self.samples_per_rank = math.ceil(self.epoch_length / world_size)
-        if drop_last:
-            self.num_batches = self.samples_per_rank // batch_size
-        else:
-            self.num_batches = math.ceil(self.samples_per_rank / batch_size)
-        self.paired = resolution is not None and resolution.batch_sizes is not None
-        """A batch size per output size (`<split>.batch_sizes`): the steps' sizes come from the
-        resolution's make-up of each rank's share (Resolution.steps), not from batch_size."""
-        if self.paired:
-            counts = self.planned_steps(0, world_size)[1]
-            self.num_batches, self.samples_per_rank = len(counts), int(counts.sum())
-        self._last: tuple[int, int, list[np.ndarray]] | None = None
-        """The last epoch's batches asked for, (epoch, position, batches): the DALI feed reads ahead
-        into the next epoch's first batches as one ends, and the loop that then starts asks again
-        (0.17 s for ImageNet's 1.28M samples on one rank)."""
-
-    def _epoch_length(self) -> int:
-        if self.repeats == 1:
-            return self.length
-        n, world = self.length, self.world_size
-        if n >= REPEAT_ROUND:
-            per_rank = n // REPEAT_ROUND * REPEAT_ROUND // world
-        else:
-            per_rank = math.ceil(n / world)
-        return min(per_rank, math.ceil(n * self.repeats / world)) * world
+        epoch_length = repeated_length(self.length, repeats, world_size)
+        paired = resolution is not None and resolution.batch_sizes is not None
+        steps = SizedSteps(resolution, epoch_length, drop_last, world_size) if paired else None
+        self.shares = RankShares(epoch_length, self.length * repeats, batch_size, mode=mode, drop_last=drop_last,
+                                 rank=rank, world_size=world_size, steps=steps)
+        """How the epoch's global order is dealt to the ranks and cut into batches."""
+        self._last = LastBatches()
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch."""
-        return self.num_batches
+        return self.shares.num_batches
+
+    # -- the shares' figures, as the loaders read them ----------------------------------------------
+
+    @property
+    def epoch_length(self) -> int:
+        """Positions in the epoch's global order before it is cut or padded to equal shares: the
+        order's length without repeats (repeated_length)."""
+        return self.shares.epoch_length
+
+    @property
+    def samples_per_rank(self) -> int:
+        return self.shares.samples_per_rank
+
+    @property
+    def num_batches(self) -> int:
+        return self.shares.num_batches
 
     @property
     def padded(self) -> int:
-        """Samples repeated this epoch (train mode without drop_last) so that ranks stay in step:
-        positions past the end of the (repeated) permutation, which wrap around to its start."""
-        if self.mode == "eval" or self.drop_last:
-            return 0
-        return max(0, self.samples_per_rank * self.world_size - self.length * self.repeats)
+        return self.shares.padded
 
     @property
     def dropped(self) -> int:
-        """Positions of the epoch's order left out, summed over ranks (train mode with drop_last)."""
-        if self.mode == "eval" or not self.drop_last:
-            return 0
-        return self.epoch_length - self.samples_per_rank * self.world_size
+        return self.shares.dropped
+
+    @property
+    def paired(self) -> bool:
+        """A batch size per output size (`<split>.batch_sizes`): the steps' sizes come from the
+        resolution's make-up of each rank's share (SizedSteps), not from batch_size."""
+        return self.shares.steps is not None
+
+    @property
+    def batch_size(self) -> int:
+        return self.shares.batch_size
+
+    @property
+    def mode(self) -> str:
+        return self.shares.mode
+
+    @property
+    def drop_last(self) -> bool:
+        return self.shares.drop_last
+
+    @property
+    def rank(self) -> int:
+        return self.shares.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.shares.world_size
+
+    # -- the epoch's order and batches --------------------------------------------------------------
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The whole epoch's order, before sharding (int64 [length]: the split's size, or epoch_size)."""
@@ -454,57 +627,16 @@ class EpochOrder:
 
     def shared_after(self, position: int, epoch: int = 0, world_size: int | None = None,
                      batch_size: int | None = None) -> int:
-        """How many positions of the epoch's global order the ranks share once the first `position`
-        are consumed: what is left, cut to whole global batches (drop_last) or padded to equal shares
-        (with batch sizes per size: the rest of the epoch's steps, `epoch`'s). On this loader's ranks
-        and batch size, or on others' (`world_size`, `batch_size`: what a saved run would read)."""
-        world, batch = world_size or self.world_size, batch_size or self.batch_size
-        if self.paired:
-            return world * int(self.steps_after(epoch, position, world)[1].sum())
-        left = max(0, self.epoch_length - position)
-        if self.mode == "eval":
-            return left
-        if self.drop_last:
-            return left // (world * batch) * world * batch
-        return math.ceil(left / world) * world
-
-    def planned_steps(self, epoch: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """With batch sizes per size: the epoch's steps on `world_size` ranks, as (output size, batch
-        size) per step: each rank's share made into steps (Resolution.steps)."""
-        length = self.epoch_length
-        share = length // world_size if self.drop_last else math.ceil(length / world_size)
-        return self.resolution.steps(epoch, share, self.drop_last)
+        """RankShares.shared_after: positions the ranks share once the first `position` are consumed."""
+        return self.shares.shared_after(position, epoch, world_size, batch_size)
 
     def steps_after(self, epoch: int, position: int, world_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """With batch sizes per size: the epoch's steps after global position `position`, as (output
-        size, batch size) per step, on this loader's ranks (or `world_size`).
-
-        A position the epoch's steps reach (a state saved by the same ranks) continues them. Another
-        (saved by other ranks) falls inside a step: the rest of that step comes first, as many
-        positions as it has left cut to whole rows of ranks (drop_last: the fewer than `world_size`
-        over are left out; else rounded up, positions past the epoch's end wrap around as padding
-        does), then the epoch's later steps. So the rest never has more steps than len(loader), and
-        a state saved after it lands at an offset of fewer than `world_size` positions from the
-        steps' ends, where the same rule continues it exactly (no rest of a step then)."""
-        world = world_size or self.world_size
-        empty = np.zeros(0, dtype=np.int64)
-        if position >= self.epoch_length:
-            return empty, empty
-        sizes, counts = self.planned_steps(epoch, world)
-        reached = world * np.concatenate([[0], np.cumsum(counts)])
-        step = int(np.searchsorted(reached, position, side="right")) - 1  # the step `position` is in
-        if step >= len(counts):  # past the last step: what drop_last leaves out
-            return empty, empty
-        sizes, counts = sizes[step:], counts[step:].copy()
-        gap = int(reached[step + 1]) - position  # the positions of that step not yet consumed
-        counts[0] = gap // world if self.drop_last else -(-gap // world)
-        return (sizes[1:], counts[1:]) if counts[0] == 0 else (sizes, counts)
+        """With batch sizes per size: the epoch's steps after global position `position` (SizedSteps.after)."""
+        return self.shares.steps.after(epoch, position, world_size)
 
     def advance(self, epoch: int, position: int, steps: int) -> int:
         """The global position `steps` batches (of every rank) after `position` in the epoch."""
-        if self.paired:
-            return position + self.world_size * int(self.steps_after(epoch, position)[1][:steps].sum())
-        return position + steps * self.batch_size * self.world_size
+        return self.shares.advance(epoch, position, steps)
 
     def rank_positions(self, epoch: int, position: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """This rank's (sample indices, copy numbers) for the epoch, in the order they are yielded, after
@@ -521,12 +653,9 @@ class EpochOrder:
 
     def _rank_places(self, epoch: int, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """rank_positions, and each one's draw number where the order may hold a sample twice (else None)."""
-        shared = self.shared_after(position, epoch)
-        cycle = self.length * self.repeats
-        if shared == 0 or cycle == 0:
-            empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, None
-        positions = np.arange(position + self.rank, position + shared, self.world_size, dtype=np.int64) % cycle
+        positions = self.shares.positions(epoch, position)
+        if not len(positions):
+            return positions, positions, None
         places = positions // self.repeats
         numbered = getattr(self._permute, "draw_numbers", None)
         draws = numbered(places, self.num_samples) if numbered is not None else None
@@ -534,20 +663,8 @@ class EpochOrder:
 
     def sample_seeds(self, epoch: int, indices: np.ndarray, copies: np.ndarray | None = None,
                      draws: np.ndarray | None = None) -> np.ndarray:
-        """Per-sample augmentation seeds (int64, non-negative) from (seed, epoch, sample index); for the
-        copies of repeated augmentation after the first, the copy number; for a place of an order that
-        may hold a sample twice (Passes after the first pass, WeightedDraws), its draw number."""
-        key = _splitmix64(np.full(len(indices), self.seed, dtype=np.uint64))
-        with np.errstate(over="ignore"):
-            key = _splitmix64(key ^ np.uint64(epoch))
-            key = _splitmix64(key ^ indices.astype(np.uint64))
-            if draws is not None and draws.any():
-                drawn = _splitmix64(key ^ (draws.astype(np.uint64) * _DRAW_MIX))
-                key = np.where(draws > 0, drawn, key)
-            if copies is not None and copies.any():
-                copied = _splitmix64(key ^ (copies.astype(np.uint64) * _GOLDEN))
-                key = np.where(copies > 0, copied, key)
-        return (key & _MASK63).astype(np.int64)
+        """This order's seeds for the samples at `indices` (the module's sample_seeds)."""
+        return sample_seeds(self.seed, epoch, indices, copies, draws)
 
     def batches(self, epoch: int, position: int = 0) -> list[np.ndarray]:
         """The epoch's batches after global position `position`: int64 arrays [k, 2] of
@@ -559,23 +676,24 @@ class EpochOrder:
         size per size (`paired`), the batches are the epoch's steps (steps_after): each as long as
         its step's batch size. The arrays are read-only: they are kept for the next ask of the same
         epoch and position."""
-        last = self._last
-        if last is not None and last[:2] == (epoch, position):
-            return list(last[2])
+        kept = self._last.get(epoch, position)
+        if kept is not None:
+            return kept
         indices, copies, draws = self._rank_places(epoch, position)
         columns = [indices, self.sample_seeds(epoch, indices, copies, draws)]
-        ends = range(self.batch_size, len(indices), self.batch_size)  # where each batch but the last ends
+        batch, world = self.shares.batch_size, self.shares.world_size
+        ends = range(batch, len(indices), batch)  # where each batch but the last ends
         if self.paired:
             sizes, counts = self.steps_after(epoch, position)
             columns.append(np.repeat(sizes, counts))
             ends = np.cumsum(counts)[:-1]
         elif self.resolution is not None:
-            first = position // (self.batch_size * self.world_size)
-            steps = first + np.arange(len(indices), dtype=np.int64) // self.batch_size
-            columns.append(self.resolution.step_sizes(epoch, np.arange(first, first + len(indices) // self.batch_size
+            first = position // (batch * world)
+            steps = first + np.arange(len(indices), dtype=np.int64) // batch
+            columns.append(self.resolution.step_sizes(epoch, np.arange(first, first + len(indices) // batch
                                                                        + 1))[steps - first])
         pairs = np.stack(columns, axis=1)
         pairs.flags.writeable = False
         batches = np.split(pairs, list(ends)) if len(pairs) else []
-        self._last = epoch, position, batches
+        self._last.keep(epoch, position, batches)
         return list(batches)

@@ -140,6 +140,57 @@ class Round:
                 "images_per_second": self.images_per_second, "stall_fraction": self.stall_fraction}
 
 
+class Stream:
+    """The loader's batches as one stream, epoch after epoch (a round may end inside one), and the
+    images that the loops it finished left to DALI's CPU decoder."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.cpu_decoded: collections.Counter = collections.Counter()
+        """The DALI GPU flavour's images left to the CPU decoder in the loops finished (loader.stats.cpu_decoded)."""
+        self._batches = self._loops()
+
+    def _loops(self):
+        while True:
+            for batch in self.loader:
+                yield batch
+            self.cpu_decoded.update(self.loader.stats.cpu_decoded)
+
+    def next(self):
+        return next(self._batches)
+
+    def all_cpu_decoded(self) -> dict[str, int]:
+        """cpu_decoded over the whole run: the loops finished and the one under way (the stream is
+        paused inside it)."""
+        return dict(self.cpu_decoded + collections.Counter(self.loader.stats.cpu_decoded))
+
+
+class Shapes:
+    """The shapes of the batches seen, in order (transform.sizes: several), and the first one's
+    shape and dtype, as the report prints them."""
+
+    def __init__(self):
+        self.first: list[int] | None = None
+        self.dtype: str | None = None
+        self.seen: dict[tuple[int, ...], None] = {}
+
+    def saw(self, images) -> None:
+        if self.first is None:
+            self.first, self.dtype = list(images.shape), str(images.dtype).removeprefix("torch.")
+        self.seen[tuple(images.shape)] = None
+
+
+class Timeline:
+    """Each timed batch's wait for data and when it was done, from the first round's start: the plot's."""
+
+    def __init__(self):
+        self.wait_s, self.done_s = array("d"), array("d")
+
+    def add(self, wait_s: float, done_s: float) -> None:
+        self.wait_s.append(wait_s)
+        self.done_s.append(done_s)
+
+
 class Run:
     """One loader under measurement. Its rounds continue one stream of batches (epochs repeat as
     needed); each round first drains what the loader prepared before it began, untimed."""
@@ -147,26 +198,12 @@ class Run:
     def __init__(self, loader, build_s: float, step_ms: float):
         self.loader, self.build_s = loader, build_s
         self.step = simulated_step(loader.device, step_ms)
-        self.stream = self._batches()
+        self.stream = Stream(loader)
         self.first_batch_s = float("nan")
-        self.shape = self.dtype = None
-        self.shapes: dict[tuple[int, ...], None] = {}  # every batch shape seen, in order (transform.sizes: several)
+        self.shapes = Shapes()
         self.rounds: list[Round] = []
-        self.batch_wait_s, self.batch_done_s = array("d"), array("d")  # timed batches, for the plot
+        self.timeline = Timeline()
         self.peak_memory = 0  # bytes, the largest of the samples taken after each round
-        self.cpu_decoded: collections.Counter = collections.Counter()
-        """The DALI GPU flavour's images left to the CPU decoder in the loops finished (loader.stats.cpu_decoded)."""
-
-    def _batches(self):
-        while True:
-            for batch in self.loader:
-                yield batch
-            self.cpu_decoded.update(self.loader.stats.cpu_decoded)
-
-    def all_cpu_decoded(self) -> dict[str, int]:
-        """cpu_decoded over the whole run: the loops finished and the one under way (the stream is
-        paused inside it)."""
-        return dict(self.cpu_decoded + collections.Counter(self.loader.stats.cpu_decoded))
 
     def round(self, warmup: int, min_batches: int, min_seconds: float) -> Round:
         """Drain max(warmup, prefetch depth) batches, then time until both floors are met."""
@@ -186,8 +223,7 @@ class Run:
             timed.images += len(images)
             timed.batches += 1
             timed.wait_s += arrived - asked
-            self.batch_wait_s.append(arrived - asked)
-            self.batch_done_s.append(offset + clock() - started)
+            self.timeline.add(arrived - asked, offset + clock() - started)
         synchronize(self.loader.device)
         timed.seconds = clock() - started
         self.rounds.append(timed)
@@ -202,11 +238,10 @@ class Run:
 
     def _next(self, clock):
         asked = clock()
-        images, _ = next(self.stream)
-        if self.shape is None:
+        images, _ = self.stream.next()
+        if self.shapes.first is None:
             self.first_batch_s = clock() - asked
-            self.shape, self.dtype = list(images.shape), str(images.dtype).removeprefix("torch.")
-        self.shapes[tuple(images.shape)] = None
+        self.shapes.saw(images)
         return images
 
     def result(self) -> dict:
@@ -227,9 +262,10 @@ class Run:
                 "time_to_first_batch_s": self.first_batch_s, "build_s": self.build_s,
                 "peak_memory_bytes": self.peak_memory, "peak_gpu_bytes": peak_gpu_bytes(self.loader.device),
                 "images": images, "batches": batches, "seconds": seconds,
-                "batch_shape": self.shape, "batch_shapes": [list(shape) for shape in self.shapes], "dtype": self.dtype,
-                "rounds": [r.as_dict() for r in self.rounds], "cpu_decoded": self.all_cpu_decoded(),
-                "per_batch": {"wait_s": list(self.batch_wait_s), "done_s": list(self.batch_done_s)},
+                "batch_shape": self.shapes.first, "batch_shapes": [list(shape) for shape in self.shapes.seen],
+                "dtype": self.shapes.dtype,
+                "rounds": [r.as_dict() for r in self.rounds], "cpu_decoded": self.stream.all_cpu_decoded(),
+                "per_batch": {"wait_s": list(self.timeline.wait_s), "done_s": list(self.timeline.done_s)},
                 "config": config_to_dict(self.loader.config)}
 
 
