@@ -5,10 +5,10 @@ crops against one 224 crop per sample, on each backend, and against DINOv2's own
 Cases, per backend: `single crop` (224 px, RandomResizedCrop + flip, bicubic: the reference), `single
 crop + ops` (the same with the recipe's photometric ops: colour jitter p 0.8, grey p 0.2, blur p 0.5),
 `views geometric` (DINOv2's 10 crops, flips only), `views DINOv2` (configs/recipes/dinov2.yaml: colour
-jitter p 0.8, grey p 0.2, blur and solarize per view; and the other way of running them: `views
-DINOv2 per view` on the torch backend, each view through its own ops, as before a group's views
-were stacked, `views DINOv2 stacked` on DALI, whose default is per view until a GPU run decides,
-dali_loader/view_ops.py); and once `DINOv2's transform` (its
+jitter p 0.8, grey p 0.2, blur and solarize per view; and the other way of running them, by
+`train.view_ops`: `views DINOv2 per view` on the torch backend, each view through its own ops, as
+before a group's views were stacked, `views DINOv2 stacked` on DALI, whose default is per view until
+a GPU run decides, dali_loader/view_ops.py); and once `DINOv2's transform` (its
 DataAugmentationDINO, rewritten from facebookresearch/dinov2's dinov2/data/augmentations.py with
 torchvision, over an ImageFolder, collated crop-major as its collate_data_and_cast). Fresh loaders in
 interleaved rounds, each warmed by one untimed epoch, then timed over --epochs epochs: samples/s
@@ -133,11 +133,10 @@ def main() -> None:
             for case, config in cases.items():  # interleaved: the machine's drift falls on all
                 rows[case].append(harness.warm_epochs(config, "train", args.epochs))
             module = torch_views if backend == "torch" else importlib.import_module("dali_loader.view_ops")
-            default = module.STACK_VIEW_OPS  # the other way: each view through its own ops, or a group's stacked
-            module.STACK_VIEW_OPS = not default
-            rows.setdefault(f"views DINOv2 {'per view' if default else 'stacked'}", []).append(
-                harness.warm_epochs(cases["views DINOv2"], "train", args.epochs))
-            module.STACK_VIEW_OPS = default
+            other = "per_view" if module.STACKS_BY_DEFAULT else "stacked"  # each view through its own ops, or stacked
+            recipe = cases["views DINOv2"]
+            rows.setdefault(f"views DINOv2 {other.replace('_', ' ')}", []).append(harness.warm_epochs(
+                {**recipe, "train": {**recipe["train"], "view_ops": other}}, "train", args.epochs))
             if backend == backends[0] and not args.no_peer:
                 peer.append(dinov2_epochs(data, args.batch_size, args.workers, args.epochs, tuple(args.sizes)))
         if peer:

@@ -14,7 +14,8 @@ normalize's mirror where nothing else comes between (pipeline.finish).
 
 The host draws every parameter as the torch backend does (fastloader.draws, each view from
 its own seed) and the feed passes them per group and slot, one value per frame. Off by default
-(STACK_VIEW_OPS says why) until a GPU run measures it against the per-view graph.
+(STACKS_BY_DEFAULT says why) until a GPU run measures it against the per-view graph; <split>.view_ops:
+stacked turns it on.
 """
 from __future__ import annotations
 
@@ -37,17 +38,17 @@ views). A group whose slots may draw another kind (a policy's rotate) runs view 
 NO_BLUR = 1e-3
 """The sigma of a frame that does not blur: a 3-tap kernel of weights 0, 1, 0 in float."""
 _LUMA = (0.299, 0.587, 0.114)
-STACK_VIEW_OPS = False
-"""Whether groups stack at all. Off until a GPU run measures it: on DALI's CPU operators a stacked
-slot costs more than the per-view branches (every frame goes through hsv and the contrast
+STACKS_BY_DEFAULT = False
+"""Whether groups stack where <split>.view_ops is auto. Off until a GPU run measures it: on DALI's
+CPU operators a stacked slot costs more than the per-view branches (every frame goes through hsv and the contrast
 arithmetic, where `select` runs each view's one drawn kind: DINOv2's views 26 samples/s against 39
 here), while on a GPU it should cost far less (230 GPU operators a batch against 826, no
 conditional's split and merge). benchmarks/views.py measures both; the tests run the stacked graph."""
 
 
-def stacked(augmenter: Augmenter) -> bool:
-    """Whether a group's views go through its ops stacked (every slot's kinds stackable)."""
-    return STACK_VIEW_OPS and bool(augmenter.slots) and all(set(kinds) <= STACKABLE for kinds in augmenter.slot_kinds)
+def stackable(augmenter: Augmenter) -> bool:
+    """Whether a group's views can go through its ops stacked (every slot's kinds stackable)."""
+    return bool(augmenter.slots) and all(set(kinds) <= STACKABLE for kinds in augmenter.slot_kinds)
 
 
 def flips_only(augmenter: Augmenter) -> Augmenter:

@@ -24,7 +24,7 @@ from fastloader.views import ViewPlan
 
 from .augment import feed_arrays, feed_inputs
 from .user_ops import hook_inputs
-from .view_ops import flips_only, group_arrays, group_layout, stacked
+from .view_ops import STACKS_BY_DEFAULT, flips_only, group_arrays, group_layout, stackable
 
 
 def view_name(view: int, name: str) -> str:
@@ -32,9 +32,11 @@ def view_name(view: int, name: str) -> str:
 
 
 def stacked_groups(plan: ViewPlan) -> tuple[bool, ...]:
-    """Per group, whether its ops run on its views stacked (view_ops.stacked): decided once, where the
-    loader builds its graph and its feed, which travels with the answer to a feed process."""
-    return tuple(stacked(group.augmenter) for group in plan.groups)
+    """Per group, whether its ops run on its views stacked (<split>.view_ops, where the group's ops
+    allow it: view_ops.stackable): decided once, where the loader builds its graph and its feed,
+    which travels with the answer to a feed process."""
+    on = plan.stacks_ops(STACKS_BY_DEFAULT)
+    return tuple(on and stackable(group.augmenter) for group in plan.groups)
 
 
 def view_specs(plan: ViewPlan, stacking: tuple[bool, ...]) -> list[Augmenter]:

@@ -235,6 +235,9 @@ class ConfigBuilder:
         if raw.get("views") is not None:
             values["views"] = self.views(name, mode, raw["views"], transform)
             check_views(self.fail, name, values)
+        elif raw.get("view_ops", "auto") != "auto":
+            self.fail(f"{name}.view_ops", f"says how the ops of {name}.views run, and split '{name}' has no views; "
+                                          f"remove {name}.view_ops, or add {name}.views")
         self.validate_fields(SplitConfig, values, name)
         return SplitConfig(**values)
 

@@ -450,6 +450,12 @@ class SplitConfig:
     {count, name, and any train transform key over the split's: size, scale, ratio, flips, ops, blur,
     solarize, erasing, interpolation}; `images` becomes a list with one [count * B, 3, size, size]
     tensor per group, crop-major: view k of sample i at row k * B + i (docs/views.md). null: one crop per sample."""
+    view_ops: Literal["auto", "stacked", "per_view"] = "auto"
+    """train, with views: how a view group's ops run. stacked: the group's views through each op together
+    (torch: a batch's views of the group at once, in the collate; DALI: a sample's views as the frames of
+    one sequence); per_view: each view's ops on their own (torch: in the sample's call; DALI: a branch per
+    view). auto: stacked on torch, per view on DALI (docs/views.md says why). torch gives the same pixels
+    either way, and keeps the ops per view where a sample hook takes the finished views."""
     transform: TransformConfig = TransformConfig()
     mixup: MixupConfig = MixupConfig()
 

@@ -54,6 +54,13 @@ class ViewPlan:
         self.total = first
         """Views of each sample, all groups together."""
         self.group_of_view: tuple[ViewGroup, ...] = tuple(g for g in groups for _ in range(g.count))
+        self.ops = split.view_ops
+        """<split>.view_ops: how the groups' ops run (auto: as the backend does by default)."""
+
+    def stacks_ops(self, backend_default: bool) -> bool:
+        """Whether the groups' ops run on their views stacked: <split>.view_ops, or where it is auto,
+        the backend's default."""
+        return backend_default if self.ops == "auto" else self.ops == "stacked"
 
     def seeds(self, seeds: np.ndarray) -> np.ndarray:
         """int64 [views, B]: each view's seed, from its sample's seed and the view's index."""

@@ -247,7 +247,7 @@ SPLIT_VALUES = {  # a value of each split key other than its default, as a file 
     "batch_size": 3, "batch_sizes": None, "shuffle": None, "drop_last": False, "block_size": None,
     "folder": "elsewhere", "file_list": None, "shards": None, "files": None, "source": None, "source_args": None,
     "sources": None, "held_out": None, "weights": None, "class_weights": "sqrt", "epoch_size": 77, "aug_repeats": 3,
-    "label_smoothing": 0.25,
+    "label_smoothing": 0.25, "view_ops": None,
 }
 """Keys set to None here are set by the test below with the keys they need beside them."""
 
@@ -269,14 +269,15 @@ def test_every_split_key_a_file_sets_is_kept_none_takes_its_default_silently(tmp
              {"files": "t.parquet"},
              {"source": "fastloader.sources.sqlite_table:SQLiteSource", "source_args": {"path": "db.sqlite"}},
              {"sources": [{"folder": "a"}]}, {"held_out": {"of": "val", "count": 2}},
-             {"batch_size": 4, "batch_sizes": (4, 2), "transform": {"sizes": [16, 32]}}]
+             {"batch_size": 4, "batch_sizes": (4, 2), "transform": {"sizes": [16, 32]}},
+             {"view_ops": "per_view", "views": [{"count": 2}]}]
     set_keys = set()
     for case in cases:
         dataset = {"root": str(tmp_path), "format": "webdataset" if "shards" in case else "folder"}
         other = {"val": {}} if "held_out" in case else {}  # the split it is held out of
         split = load_config({"dataset": dataset, "train": case, **other}).split("train")
         for key, value in case.items():
-            if key == "transform":  # beside batch_sizes, which pairs with its sizes
+            if key in ("transform", "views"):  # beside batch_sizes, which pairs with its sizes; beside view_ops
                 continue
             kept = getattr(split, key)
             if key == "sources":

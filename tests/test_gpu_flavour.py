@@ -397,7 +397,6 @@ def gpu_views_graph(tmp_path, local_views: int, stacked: bool = True, **keys):
     `local_views` x 16 px), DINOv2's colour ops, the groups' ops stacked or not; defined, not built."""
     from conftest import base_config, write_numbered_dataset
 
-    import dali_loader.view_ops
     from dali_loader.loader import graph_spec
     from dali_loader.pipeline import decode_plan, define_pipeline
     from dali_loader.user_ops import NO_USER_OPS
@@ -411,17 +410,14 @@ def gpu_views_graph(tmp_path, local_views: int, stacked: bool = True, **keys):
     views = [{"name": "global1", "count": 1, "size": 32, "gaussian_blur_prob": 1.0},
              {"name": "global2", "count": 1, "size": 32, "gaussian_blur_prob": 0.1, "solarize_prob": 0.2},
              {"name": "local", "count": local_views, "size": 16, "scale": [0.05, 0.3], "gaussian_blur_prob": 0.5}]
-    config = load_config(base_config(root, backend="dali", train={"transform": transform, "views": views}))
+    config = load_config(base_config(root, backend="dali", train={"transform": transform, "views": views,
+                                                                   "view_ops": "stacked" if stacked else "per_view"}))
     section = config.split("train")
     plan, augmenter = ViewPlan(section, config.normalize.mean), Augmenter(section.transform, config.normalize.mean)
-    default, dali_loader.view_ops.STACK_VIEW_OPS = dali_loader.view_ops.STACK_VIEW_OPS, stacked
-    try:
-        pipe = define_pipeline(graph_spec(config, section, plan), lambda: None, device_id=0, batch_size=4,
-                               num_threads=2, prefetch_queue_depth=2, seed=1, augmenter=augmenter, user=NO_USER_OPS,
-                               plan=decode_plan("auto", True, True, NEW), views=plan)
-        return graph_ops(pipe)
-    finally:
-        dali_loader.view_ops.STACK_VIEW_OPS = default
+    pipe = define_pipeline(graph_spec(config, section, plan), lambda: None, device_id=0, batch_size=4,
+                           num_threads=2, prefetch_queue_depth=2, seed=1, augmenter=augmenter, user=NO_USER_OPS,
+                           plan=decode_plan("auto", True, True, NEW), views=plan)
+    return graph_ops(pipe)
 
 
 def test_a_view_groups_views_share_each_photometric_operator(tmp_path):

@@ -6,8 +6,10 @@ again until a RecursionError skips the sample, and a new loader sets it aside (i
 Device: CPU, both backends (DALI: its CPU flavour)."""
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import weakref
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,31 @@ def test_an_index_whose_byte_ranges_lie_is_named_after_one_fetch_again_then_set_
     labels = _labels(_loader(tmp_path, url, shard.name, backend))
     assert labels == {name.split(":")[-1]: label for name, label in truth.items()}
     assert f"{url}/{shard.name}.idx does not describe the shard it stands beside: the tar header of " in caplog.text
+
+
+@pytest.mark.timeout(300)
+def test_what_a_process_found_of_copies_is_each_node_caches_own_and_goes_with_it(shard, tmp_path,  # noqa: F811
+                                                                                 object_store, request):
+    """What a process found of a shard's node-cache copy (its labels checked, fetched again once) is
+    kept by the node cache of those copies (node_cache.CopyChecks): a loader with a cache of its own
+    fetches its own copy again where another loader's copy was fetched again already (a set of the
+    process's refused it: "once a shard and process"), and a closed loader's checks go with its cache.
+    Device: CPU, torch backend."""
+    url = uploaded(object_store, bucket_for(request), shard.parent)
+    loaders = [build_loader(remote_config(tmp_path / name, {"val": f"{url}/{shard.name}"}, backend="torch",
+                                          workers={"num_workers": 0}, val={"batch_size": 4, "transform": {"size": 32}}),
+                            "val") for name in ("a", "b")]
+    locations = [loader.index.location(0) for loader in loaders]
+    for location in locations:
+        with node_cache.cache_of(location.store).opened(location):  # each cache's own copy, fetched
+            pass
+    assert reading.fetch_again(locations[0], "a check failed")
+    assert not reading.fetch_again(locations[0], "a check failed")  # once a shard and cache
+    assert reading.fetch_again(locations[1], "a check failed")  # the other cache's copy is its own
+    checks = weakref.ref(node_cache.cache_of(locations[0].store).copy_checks)
+    assert checks().fetched_again == {(locations[0].file, locations[0].identity.etag)}
+    for loader in loaders:
+        loader.close()
+    del loaders, locations
+    gc.collect()
+    assert checks() is None

@@ -5,6 +5,7 @@ odd-shard corpus; the index without downloading; the node cache shared, bounded 
 Faults (the store going away, changed objects, refused credentials, a full disk): test_remote_faults.py."""
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import logging
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ from fastloader import build_loader
 from fastloader.config import load_config
 from fastloader.errors import ConfigError, StoreError
 from fastloader.packing import pack_index
-from fastloader.sources import node_cache
+from fastloader.sources import node_cache, remote
 from fastloader.sources.tar_members import scan_shard
 from fastloader.sources.webdataset import index_split
 
@@ -446,6 +448,25 @@ def test_two_loaders_with_their_own_remote_settings_keep_their_own_cache_and_cli
         second.close()
     with pytest.raises(StoreError, match="is closed"):
         node_cache.cache_of(first.index.store)  # released with its loader
+
+
+def test_a_closed_loaders_store_client_goes_with_it(tmp_path, object_store, request):
+    """Device: CPU, torch backend. The client a loader lists and fetches with is held by its node
+    cache, not by the process: the one client of its settings while the loader lives (what a second
+    holder of those settings gets), gone once the loader is closed and dropped (a table of the
+    process's kept every client it ever made, with its stores and their connections)."""
+    folder = packed(tmp_path, per_class=2, per_shard=6)
+    url = uploaded(object_store, bucket_for(request), folder)
+    loader = build_loader(remote_config(tmp_path, {"val": f"{url}/val-*.tar"}, backend="torch",
+                                        workers={"num_workers": 0}, dataset={"remote": {"retry_timeout": 11}}), "val")
+    client = weakref.ref(node_cache.cache_of(loader.index.store).client)
+    assert client().settings.retry_timeout == 11
+    assert remote.client_for(client().settings) is client()
+    with loader:
+        assert sorted(label for _, labels in loader for label in labels.tolist()) == [0, 0, 1, 1, 2, 2]
+    del loader
+    gc.collect()
+    assert client() is None
 
 
 def test_locations_made_outside_a_loader_read_through_one_default_cache_opened_once():

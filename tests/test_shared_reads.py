@@ -5,6 +5,7 @@ real tar shard, real worker processes."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -307,8 +308,8 @@ def test_members_side_by_side_are_read_together_and_each_checked_as_if_alone(tmp
     slab = shared_reads.Slab(4 << 20)
     for _ in range(2):  # the second: with Pillow's plugins imported by the first
         before = _read_syscalls()
-        numbers, odd = shared_reads.read_share(os.getpid(), slab.number, slab.fd, slab.capacity, 0, slab.capacity,
-                                               batch, 10**8)
+        numbers, odd = shared_reads.read_share(_address(slab), 0, slab.capacity, batch, 10**8,
+                                               shared_reads.MappedSlabs())
         spent = _read_syscalls() - before
     # one read a run, and one for each member that then failed a check (read alone): the header
     # rewritten, two cut short; the others' bytes lie in the slab
@@ -373,6 +374,29 @@ def test_no_descriptor_left_for_slabs_is_a_failure_the_caller_reads_past(files, 
         assert "Too many open files" in reads.failure and reads.free == reads.slabs
     finally:
         reads.close()
+
+
+def _address(slab: shared_reads.Slab) -> shared_reads.SlabAddress:
+    return shared_reads.SlabAddress(os.getpid(), slab.number, slab.fd, slab.capacity)
+
+
+def test_the_slabs_a_reader_maps_are_its_own_and_go_with_it(files):
+    """The slabs a worker maps belong to its serve loop (MappedSlabs), not to the module: reads in
+    this process leave no mapping once their MappedSlabs and the slab are let go (a module table
+    kept every slab it ever mapped, in whichever process read)."""
+    slab = shared_reads.Slab(1 << 20)
+    inode = str(os.fstat(slab.fd).st_ino)
+    mapped = shared_reads.MappedSlabs()
+    task = shared_reads.Task(0, _address(slab), 0, slab.capacity, files[:3], 10**8)
+    numbers, odd = shared_reads.read_task(task, mapped)
+    assert not odd and (numbers[:, shared_reads.LENGTH] > 0).all()
+    assert list(mapped.by_number) == [slab.number]
+    other = shared_reads.MappedSlabs()  # another reader in the same process maps for itself
+    assert not other.by_number
+    del mapped
+    slab.let_go()
+    gc.collect()
+    assert inode not in _mapped_slabs(os.getpid())
 
 
 def _mapped_slabs(pid: int) -> set[str]:

@@ -4,6 +4,7 @@ each view its group's crop, drawn from its own seed, the same on both backends a
 the hooks run per view; what views cannot mean is refused at load, naming the key."""
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import numpy as np
@@ -62,9 +63,8 @@ def test_each_view_is_its_groups_crop_from_its_own_seed_crop_major(textured, bac
     or, stacked, on a group's views as the frames of one sequence (dali_loader/view_ops.py)."""
     backend_or_skip(backend)
     monkeypatch.setattr(torch_views, "STACK_BYTES", 5 * 3 * 32 * 32 * 4)
-    if backend == "dali":
-        monkeypatch.setattr("dali_loader.view_ops.STACK_VIEW_OPS", stacked)
-    raw = views_config(textured, backend, **({"transform": DINO_OPS, "groups": DINO_GROUPS} if ops else {}))
+    raw = views_config(textured, backend, view_ops="stacked" if stacked else "per_view",
+                       **({"transform": DINO_OPS, "groups": DINO_GROUPS} if ops else {}))
     with build_loader(raw, "train") as loader:
         if backend == "torch":  # the ops wait for the collate, stacked
             assert loader._dataloader.collate_fn.transform.stacked_ops
@@ -108,14 +108,40 @@ def test_the_views_of_a_sample_differ_and_replay_by_seed_and_epoch(textured):
     assert not torch.equal(global_views[0], global_views[4])  # sample 0's two global views
 
 
+def test_each_loader_runs_its_view_ops_as_its_own_config_says(textured):
+    """Device: CPU. <split>.view_ops is each loader's own: two torch loaders in one process, one per
+    view and one stacked, each run their ops their way and give the same pixels (it was a module flag
+    that a benchmark flipped for the whole process). DALI's graph stacks only the groups of a config
+    that asks. Without views the key is refused, by name."""
+    raw = views_config(textured, transform=DINO_OPS, groups=DINO_GROUPS)
+    per_view = build_loader({**raw, "train": {**raw["train"], "view_ops": "per_view"}}, "train")
+    stacked = build_loader(raw, "train")
+    with per_view, stacked:
+        one_way, other_way = per_view._dataloader, stacked._dataloader
+        assert not one_way.dataset.transform.stacked_ops and one_way.collate_fn.transform is None
+        assert other_way.dataset.transform.stacked_ops and other_way.collate_fn.transform is not None
+        one, labels = epoch(per_view)
+        other, same_labels = epoch(stacked)
+    assert labels == same_labels
+    assert all(torch.equal(a, b) for x, y in zip(one, other) for a, b in zip(x, y))
+    if importlib.util.find_spec("nvidia.dali") is not None:
+        from dali_loader.views import stacked_groups
+        for ops, expected in (("auto", (False, False)), ("stacked", (True, True)), ("per_view", (False, False))):
+            config = load_config({**raw, "train": {**raw["train"], "view_ops": ops}})
+            assert stacked_groups(ViewPlan(config.split("train"), config.normalize.mean)) == expected, ops
+    plain = base_config(textured, train={"batch_size": 4, "view_ops": "stacked"})
+    with pytest.raises(ConfigError, match=r"train\.view_ops: .* has no views; remove train\.view_ops"):
+        load_config(plain)
+
+
 @pytest.mark.parametrize("stacked", [False, True])
-def test_the_backends_agree_on_every_view_and_label(textured, stacked, monkeypatch):
+def test_the_backends_agree_on_every_view_and_label(textured, stacked):
     """Device: CPU (DALI's CPU flavour). One epoch, every group, within the train tolerance; DALI's
     ops view by view or on each group's views stacked."""
     backend_or_skip("dali")
-    monkeypatch.setattr("dali_loader.view_ops.STACK_VIEW_OPS", stacked)
-    raw = views_config(textured, transform={"color_jitter": [0.4, 0.4, 0.2, 0.1], "color_jitter_prob": 0.8,
-                                            "grayscale_prob": 0.2}, groups=[
+    raw = views_config(textured, view_ops="stacked" if stacked else "per_view",
+                       transform={"color_jitter": [0.4, 0.4, 0.2, 0.1], "color_jitter_prob": 0.8,
+                                  "grayscale_prob": 0.2}, groups=[
         {**GROUPS[0], "solarize_prob": 0.5}, GROUPS[1]])
     out = {backend: epoch(build_loader({**raw, "backend": backend}, "train")) for backend in BACKENDS}
     assert out["torch"][1] == out["dali"][1]

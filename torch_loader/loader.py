@@ -94,7 +94,8 @@ class TorchLoader(Loader):
             groups = [sample_transform(g.split, g.augmenter, use_draft=False, **reads) for g in self.views.groups]
             transform = ViewsTransform(self.views, groups, **reads,
                                        # a sample hook takes each view finished: the ops in the sample's call
-                                       stacked_ops=torch_views.STACK_VIEW_OPS and prepared.hooks.sample is None)
+                                       stacked_ops=self.views.stacks_ops(torch_views.STACKS_BY_DEFAULT)
+                                       and prepared.hooks.sample is None)
         else:
             transform = sample_transform(split, self.augmentation, **reads)
         self._normalizer = normalizer_of(config, device)

@@ -31,9 +31,9 @@ from .collate import Batch, BatchPool, empty_batch, labels_of, partition
 from .prefetch import Normalizer
 from .transforms import SampleOps, SampleTransform
 
-STACK_VIEW_OPS = True
-"""Whether a loader without a sample hook leaves the views' ops to the collate (stacked); False:
-each view's ops in its sample's call, as before (benchmarks/views.py's `per view` case)."""
+STACKS_BY_DEFAULT = True
+"""<split>.view_ops: auto here: a loader without a sample hook leaves the views' ops to the collate
+(stacked); per_view: each view's ops in its sample's call (benchmarks/views.py's `per view` case)."""
 
 STACK_BYTES = 2 << 20
 """How much of a group's stack goes through the ops at a time: passes over a batch's whole stack

@@ -71,6 +71,20 @@ def info_of(location: Location, client: remote.Client | None = None) -> remote.O
     return remote.ObjectInfo(location.file, identity.size, identity.etag, identity.mtime_ns)
 
 
+class CopyChecks:
+    """What this process found of one node cache's copies of shards, each by (shard URL, ETag); kept
+    by the cache, freed with it (reading.py makes the checks). A forked reader starts with its
+    parent's and adds its own."""
+
+    def __init__(self):
+        self.labels_checked: set[tuple[str, str]] = set()
+        """Copies found to hold the labels their `.idx` gave: checked once."""
+        self.fetched_again: set[tuple[str, str]] = set()
+        """Copies removed as damaged, to be fetched again: once a shard. A member that fails in the
+        new copy fails for itself (or for its index): removing copy after copy would fetch the
+        shard again at every read of it."""
+
+
 class NodeCache:
     """One open node cache: fetches a shard once per node into its folder and opens its copy to read."""
 
@@ -86,10 +100,7 @@ class NodeCache:
         self.owner = os.getpid()
         self.tally = Tally()
         self.space = CacheSpace(self.files, limit, self.client.settings.retry_timeout, self.tally)
-        self.fetched_again: set[tuple[str, str]] = set()
-        """(shard URL, ETag) whose copy this cache removed as damaged, to be fetched again: once a
-        shard (reading.py: a member that fails in the new copy fails for itself, or for its index;
-        removing copy after copy would fetch the shard again at every read of it)."""
+        self.copy_checks = CopyChecks()
         self.repair()
 
     @property

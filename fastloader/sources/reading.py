@@ -76,22 +76,24 @@ def _from_node_cache(location: Location) -> bytearray:
     """A shard's bytes from its node-cache copy. The copy was fetched under the indexed ETag, so a
     member header that is not the one indexed means the local copy is damaged (a power cut after an
     unsynced write leaves zeros of the right size): it is removed and fetched again, once a shard
-    and cache (its `fetched_again`, freed with it). Where a copy fetched again still disagrees, the index is what is
-    wrong: a `.idx` beside the shard is named (SourceChanged), set aside for the next loader.
+    and cache (its CopyChecks, freed with it). Where a copy fetched again still disagrees, the index is
+    what is wrong: a `.idx` beside the shard is named (SourceChanged), set aside for the next loader.
     Labels taken from the `.idx` are checked against the copy first (_labels_checked)."""
     cache = node_cache.cache_of(location.store)
-    shard = _shard_key(location)
+    checks, shard = cache.copy_checks, _shard_key(location)
     while True:
         with cache.opened(location) as fd:
             try:
-                _labels_checked(location, fd, fetched_again=shard in cache.fetched_again)
+                _labels_checked(location, fd, checks)
                 return _whole(fd, os.fstat(fd).st_size) if location.whole_file else _range(fd, location)
             except ContainerChanged as error:
-                if shard in cache.fetched_again:
+                if shard in checks.fetched_again:
                     raise _index_lies(location, error) from None
                 damaged, why = os.fstat(fd).st_ino, (error.strerror if error.errno == errno.EIO else None)
         cache.discard(location, damaged, why)
-        cache.fetched_again.add(shard)
+        checks.fetched_again.add(shard)
+
+
 
 
 def _shard_key(location: Location) -> tuple[str, str]:
@@ -113,21 +115,18 @@ def _index_lies(location: Location, error: ContainerChanged) -> OSError:
                          f"remembers it)")
 
 
-_LABELS_CHECKED: set[tuple[str, str]] = set()
-"""(shard URL, ETag) whose copy this process found to hold the labels its `.idx` gave."""
-
-
-def _labels_checked(location: Location, fd: int, fetched_again: bool = False) -> None:
+def _labels_checked(location: Location, fd: int, checks: node_cache.CopyChecks) -> None:
     """Where the labels of a shard in an object store came from the `.idx` beside it, unread then (a
-    request a label member), the copy's own label members must be those (once a shard and process):
+    request a label member), the copy's own label members must be those (once a shard and cache):
     an index kept beside a shard rewritten with other labels would label the run with the old ones.
     SourceChanged where they differ in a copy `fetched_again` (the labels are already the run's), and
     the index is marked stale, so that a new loader checks it; ContainerChanged where the copy itself
     is damaged, or may be: a first copy that differs (zeros where a crash cut a write end the walk of
     its headers early) is fetched again before the index is blamed."""
     identity = location.identity
-    if identity is None or not identity.labels or (location.file, identity.etag) in _LABELS_CHECKED:
+    if identity is None or not identity.labels or _shard_key(location) in checks.labels_checked:
         return
+    fetched_again = _shard_key(location) in checks.fetched_again
     digest, problems = copy_labels_digest(fd)
     if problems:
         raise ContainerChanged(errno.EIO, f"the node cache's copy of {location.file} is damaged: {problems[0][1]}",
@@ -141,23 +140,23 @@ def _labels_checked(location: Location, fd: int, fetched_again: bool = False) ->
                             f"in the shard {location.file} (the shard was written again, its index kept), and this "
                             f"run's labels came from it; rewrite the index (`fastloader pack` writes a true one) or "
                             f"delete it. A new loader reads the shard's own label members ({marker} remembers it)")
-    _LABELS_CHECKED.add((location.file, identity.etag))
+    checks.labels_checked.add(_shard_key(location))
 
 
 def fetch_again(location: Location, why: str) -> bool:
     """Where a shard member in an object store fails a check of its bytes (not an image, cut short, a
     decoder's error), the node cache's copy may be what is damaged (zeros where a crash cut a write),
     not the image: the copy is removed, to be fetched again by the next read; once a shard and
-    cache (its `fetched_again`: a member that fails in a copy fetched again fails for itself). Whether
-    it was (then read the member again before calling it bad)."""
+    cache (CopyChecks.fetched_again: a member that fails in a copy fetched again fails for itself).
+    Whether it was (then read the member again before calling it bad)."""
     if not is_url(location.file) or location.reader:
         return False
     cache = node_cache.cache_of(location.store)
-    stamp = cache.copy_stamp(location)
-    if stamp is None or _shard_key(location) in cache.fetched_again:
+    stamp, fetched_again = cache.copy_stamp(location), cache.copy_checks.fetched_again
+    if stamp is None or _shard_key(location) in fetched_again:
         return False
     cache.discard(location, stamp[0], f"{location.name}: {why}")
-    cache.fetched_again.add(_shard_key(location))
+    fetched_again.add(_shard_key(location))
     with cache.opened(location):  # fetched again now
         pass
     return True

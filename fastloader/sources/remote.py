@@ -17,8 +17,10 @@ next one. So the store is used only by the process that made the client (and its
 readers (DataLoader workers) ask that process (node_cache.py), and `check_process` refuses the rest.
 
 A `Client` is one dataset.remote's settings and the stores made with them: `client_for(settings)`
-gives the same one for the same settings (and store environment), another for others, so two loaders
-with different settings in one process each keep their own.
+gives the same one for the same settings (and store environment) while something holds it (the node
+cache a loader opened, which fetches with it; a listing under way), another for others, so two loaders
+with different settings in one process each keep their own, and a client goes with the last loader
+that held it.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -92,13 +95,17 @@ _owner = 0
 """The process that first spoke to a store (obstore's runtime lives there): 0 before any request."""
 
 _ENVIRONMENT = ("AWS_", "GOOGLE_", "AZURE_", "ALLOW_HTTP")
-_clients: dict[tuple, "Client"] = {}
+_clients: weakref.WeakValueDictionary[tuple, "Client"] = weakref.WeakValueDictionary()
+"""The clients held now (by node caches, listings under way), by settings and store environment:
+not an owner (a client is its holders'), only how a second holder finds the first one's."""
 _clients_lock = threading.Lock()
 
 
 def client_for(settings: Settings) -> "Client":
     """The client of these settings: the same one while they and the stores' environment variables
-    are unchanged (its stores, one per bucket or host, are reused), a new one where either differs."""
+    are unchanged and something holds it (its stores, one per bucket or host, are reused: the node
+    cache a loader opened lists, stats and fetches with one client), a new one where either differs
+    or none is held."""
     environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENVIRONMENT)))
     key = (settings.key(), environment)
     with _clients_lock:
