@@ -301,7 +301,7 @@ class DaliLoader(Loader):
             return
         self._run += 1
         run = self._run
-        following = functools.partial(epochs_after, self.order, self._epoch)  # what most loops run next; not `self`,
+        following = functools.partial(epochs_after, self.order, self.epoch)  # what most loops run next; not `self`,
         self._feed.start(batches, following)  # which the feed (on the driver thread) must not keep alive
         self._epoch_open = True
         self._driver = self._drive()
@@ -405,7 +405,7 @@ class DaliLoader(Loader):
                 self._broken = refused_file(path, reason, self.config.source)
                 self._end_epoch()  # the driver stops; the pipeline rewinds
                 raise BadImageError(self._broken)
-            self._skip_sample(path, reason)
+            self._skipped.skip(path, reason)
 
     def _count_cpu_decodes(self, on_cpu: dict[str, int]) -> None:
         """What the GPU flavour decoded on the CPU, in this loop's stats; each reason said once a loader."""

@@ -5,7 +5,7 @@ opening a cache that lists bad files.
 raise: a BadImageError naming the first one (and how many more) and the ways on; skip: each one
 logged once, in one wording, and handed back to be listed in loader.bad_samples. What a backend
 finds while decoding raises the same error with the same wording (`errors.refused_file`) or is
-skipped through `contract._skip_sample`, which logs it once.
+skipped through `skipped_files.SkippedFiles.skip`, which logs it once.
 """
 from __future__ import annotations
 

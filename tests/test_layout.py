@@ -86,7 +86,9 @@ FLOORS = (
     ("decoding", ("fastloader.decoding", "fastloader.decoding.*")),
     ("preparation", ("fastloader.config*", "fastloader.weights", "fastloader.blocks", "fastloader.screening",
                      "fastloader.cache", "fastloader.cache_write", "fastloader.prepared", "fastloader.packing")),
-    ("loader", ("fastloader.contract", "fastloader.factory", "fastloader")),
+    ("loader", ("fastloader.loader_setup", "fastloader.epoch_cursor", "fastloader.skipped_files",
+                "fastloader.shard_fetches", "fastloader.loader_state", "fastloader.loader_words",
+                "fastloader.contract", "fastloader.factory", "fastloader")),
     ("front", ("fastloader.cli", "fastloader.commands", "fastloader.commands.*", "fastloader.lightning",
                "fastloader.timm", "dali_loader", "dali_loader.*", "torch_loader", "torch_loader.*")),
 )
@@ -227,6 +229,7 @@ def test_the_packages_follow_the_layout():
 CONFIG_READERS = (
     "fastloader", "fastloader.config", "fastloader.config_build", "fastloader.config_rules", "fastloader.config_dump",
     "fastloader.factory", "fastloader.prepared", "fastloader.contract",  # the one pass, and the shared loader
+    "fastloader.loader_setup",
     "fastloader.blocks", "fastloader.weights", "fastloader.resolution", "fastloader.draws", "fastloader.views",
     "fastloader.device_ops", "fastloader.mixing",  # each turns its keys into a plan (prepared.plan_batches)
     "fastloader.sources.formats", "fastloader.sources.registry", "fastloader.sources.folder",

@@ -144,7 +144,7 @@ class TorchLoader(Loader):
             # start (forking, some 0.2 s of the training thread's time) is not paid inside the first
             # `next(loader)`, and the first batches are ready sooner. A first loop that wants other
             # batches (load_state_dict, set_epoch) drops these, as after a `break`.
-            self._start_workers(self.order.batches(self._epoch))
+            self._start_workers(self.order.batches(self.epoch))
 
     def _collate(self, on_cuda: bool, transform: SampleTransform | ViewsTransform):
         """uint8 batches for the device to normalize, or batches normalized and finished in the workers."""
@@ -236,7 +236,7 @@ class TorchLoader(Loader):
                 keep = np.ones(len(plan), dtype=bool)
                 for position, record, filled in skipped:
                     keep[position] = filled
-                    self._skip_sample(record.path, record.reason)
+                    self._skipped.skip(record.path, record.reason)
                 seeds = seeds[keep]
             if images is None:
                 images, labels = self._empty_batch(len(plan))

@@ -178,7 +178,7 @@ def sample_ops(loader, epoch: int, labels) -> list[str] | None:
         return None
     plan = np.concatenate(loader.order.batches(epoch))[:len(labels)]
     # a skipped file shifts the samples shown: int labels show it; soft targets (mixed) cannot
-    skipped = loader._skipped_in_epoch if labels.is_floating_point() else not np.array_equal(
+    skipped = loader._skipped.in_epoch if labels.is_floating_point() else not np.array_equal(
         loader.index.labels[plan[:, 0]], labels.numpy())
     if skipped:
         print("--ops: a file was skipped, so the samples shown are not those planned; ops captions left out")
