@@ -252,11 +252,14 @@ class DaliLoader(Loader):
                         "the driver thread", self.split.name, processes, why_not)
             return None
         slabs = self.config.workers.prefetch_factor + 1 + READS_AHEAD  # in DALI, being taken, sent ahead
+        reads = None
         try:
             reads = SharedReads(processes, slabs, self.split.batch_size, self.config.dataset.max_pixels,
                                 self.config.workers.timeout)
             reads.start()  # while the pipeline is built
         except OSError as error:  # no memory or descriptors for the slabs, no process to start
+            if reads is not None:
+                reads.close(settled=True)  # its slabs' memfds: nothing else would ever close them
             log.warning("split '%s': dali.feed_processes=%d asked for worker processes, but %s: the feed reads on "
                         "the driver thread", self.split.name, processes, error_text(error))
             return None
