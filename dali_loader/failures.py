@@ -4,23 +4,25 @@ DALI ends an epoch, or fails, on its driver thread (driver.py), which hands the 
 whether a file can be to blame decides everything that follows. `case_of` gives the first row of
 CASES that applies; the loop (loader.py `_iter_batches`) does what its `then` says:
 
-| when the driver ends ...                                  | then                                     |
-|-----------------------------------------------------------|------------------------------------------|
-| the loader was closed meanwhile (a thread, a finalizer)   | CLOSED: the closed loader's LoaderError  |
-| without an error: the feed ran out of batches             | END of the epoch                         |
-| an operator after the user's graph function failed (not a | STOP, raising a HookError that says what |
-|   decoder: what the function returned is to blame)        |   a graph function returns, DALI's words |
-| not from an operator on a file: the set-up, the hand-over, | STOP, raising that error as it is (out   |
-|   the finisher, out of memory, a store or connection lost |   of memory: with what to lower)         |
-| with the user's sample hook's error kept                  | STOP, raising the HookError, from DALI's |
-| with the reader's finding that the source changed         | STOP, raising that SourceError           |
-| otherwise: an operator failed, maybe on a file            | PROBE (recovery.py), which then says:    |
-|   - the probe itself failed (out of memory)               |   STOP, raising the probe's error        |
-|   - no file fails, in its batch or alone                  |   STOP, LoaderError: the batch's first   |
-|                                                           |   files and DALI's reason                |
-|   - files fail, dataset.on_bad_image: raise               |   STOP, BadImageError naming the first   |
-|   - files fail, dataset.on_bad_image: skip                |   REBUILD without them (left out for the |
-|                                                           |   run), feeding the unfinished batches   |
+| when the driver ends ...                                | then                                     |
+|---------------------------------------------------------|------------------------------------------|
+| the loader was closed meanwhile (a thread, a finalizer) | CLOSED: the closed loader's LoaderError  |
+| without an error: the feed ran out of batches           | END of the epoch                         |
+| an operator after the user's graph function failed, and | STOP, raising a HookError that says what |
+|   nothing else is known to have: no decoder, no memory, |   a graph function returns, DALI's words |
+|   no sample hook, source or store                       |                                          |
+| not an operator's failure on a file: the set-up, the    | STOP, raising that error as it is (out   |
+|   hand-over or the finisher failed, memory ran out, a   |   of memory: with what to lower)         |
+|   store or connection failed, an interrupt              |                                          |
+| with the user's sample hook's error kept                | STOP, raising the HookError, from DALI's |
+| with the reader's finding that the source changed       | STOP, raising that SourceError           |
+| otherwise: an operator failed, maybe on a file          | PROBE (recovery.py), which then says:    |
+|   - the probe itself failed (out of memory)             |   STOP, raising the probe's error        |
+|   - no file fails, in its batch or alone                |   STOP, LoaderError: the batch's first   |
+|                                                         |   files and DALI's reason                |
+|   - files fail, dataset.on_bad_image: raise             |   STOP, BadImageError naming the first   |
+|   - files fail, dataset.on_bad_image: skip              |   REBUILD without them (left out for the |
+|                                                         |   run), feeding the unfinished batches   |
 
 Besides the driver's end (loader.py): a sample the feed left out (a read or a check found it
 unusable) is skipped (listed in bad_samples, its slot refilled in train) or, under
@@ -68,13 +70,15 @@ class Ending(NamedTuple):
 
 
 def _graph_function_to_blame(ending: Ending) -> bool:
-    """An operator after the user's graph function failed: what it returned is what DALI could not
-    use (the seeds' DataNode, one channel for three), never a file's fault; a decoder's failure is a
-    file's (the probe finds it), running out of memory nobody's."""
+    """An operator after the user's graph function failed (DALI says so with a RuntimeError or a
+    ValueError): what it returned is what DALI could not use (the seeds' DataNode, one channel for
+    three), never a file's fault. Not where something else is known to have failed, which DALI
+    reports as an operator's failure too: a decoder (a file's, the probe finds it), memory (nobody's),
+    the sample hook, the source, a store (no sample's); nor an interrupt."""
     error = ending.error
-    reason = dali_reason(error) if isinstance(error, Exception) else ""
-    return (ending.in_pipeline and ending.graph_hook is not None and "decoders" not in reason
-            and not out_of_memory(error))
+    return (ending.in_pipeline and ending.graph_hook is not None and isinstance(error, Exception)
+            and not isinstance(error, NOT_A_SAMPLES_FAULT) and ending.hook_failure is None
+            and ending.source_failure is None and "decoders" not in dali_reason(error) and not out_of_memory(error))
 
 
 def _graph_function_error(ending: Ending) -> HookError:

@@ -36,6 +36,9 @@ def test_an_operators_failure_after_a_graph_function_is_the_functions_error_rais
     assert "dali.graph_hook tests:graph returned a DataNode" in str(raised) and "Expected 3 channels" in str(raised)
     assert raised.__cause__ is None and raised.__suppress_context__
     assert case_of(_ending(DECODER, graph=GRAPH)).then is Then.PROBE  # a decoder's: maybe a file's
+    shape = ValueError("Critical error in pipeline:\nError in CPU operator `nvidia.dali.fn.crop_mirror_normalize`"
+                       " encountered:\nThe number of dimensions 0 does not match")  # DALI's word for the seeds' node
+    assert isinstance(case_of(_ending(shape, graph=GRAPH)).raised(_ending(shape, graph=GRAPH)), HookError)
 
 
 @pytest.mark.parametrize("error, in_pipeline", [
@@ -43,9 +46,10 @@ def test_an_operators_failure_after_a_graph_function_is_the_functions_error_rais
     (StoreError("s3://bucket/shard-0.tar: unreachable after 5 retries"), True),  # no sample's fault
     (ValueError("the finisher failed"), False),  # not an operator's
     (RuntimeError("the hand-over to torch failed"), False),
+    (KeyboardInterrupt(), True),  # an interrupt inside DALI's run
 ])
 def test_an_error_no_file_explains_stops_the_loader_raising_it_as_it_is(error, in_pipeline):
-    ending = _ending(error, in_pipeline=in_pipeline)
+    ending = _ending(error, in_pipeline=in_pipeline, graph=GRAPH if in_pipeline else None)
     case = case_of(ending)
     assert case.then is Then.STOP and case.raised(ending) is error and error.__cause__ is None
 

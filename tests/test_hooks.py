@@ -325,6 +325,21 @@ def test_a_hook_that_raises_stops_the_run_naming_it_the_sample_and_its_traceback
     assert loader.bad_samples == []
 
 
+def test_a_sample_hooks_error_beside_a_graph_function_names_the_sample_hook(numbered):
+    """A sample hook that raises, in a graph that also has a graph function: the error names the
+    sample hook that raised, not the graph function (DALI reports both as an operator's failure;
+    the graph function was blamed for any such failure before it). Device: CPU (DALI's CPU flavour)."""
+    cfg = hooked(numbered, "dali", 1, sample_hook="user_hooks:fails")
+    cfg["dali"] = {"graph_hook": "user_hooks:graph_identity"}
+    loader = build_loader(cfg, "train")
+    with pytest.raises(HookError) as raised:
+        next(iter(loader))
+    loader.close()
+    said = str(raised.value)
+    assert said.startswith("train.transform.sample_hook user_hooks:fails raised KeyError: 'the key'"), said[:300]
+    assert "graph_identity" not in said, said[:300]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("hook, said", [("shrinks", r"returned a uint8 tensor \[3, 8, 8\] on cpu"),
                                         ("floats", r"returned a float32 tensor \[3, 32, 32\] on cpu")])
