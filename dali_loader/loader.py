@@ -315,7 +315,7 @@ class DaliLoader(Loader):
         while pipeline.owner == loop:  # else a newer loop took the pipeline over, or the loader closed
             item = pipeline.driver.get()
             if isinstance(item, Ended):  # the end, or a failure: what follows is failures.py's table
-                pipeline.driver = None
+                pipeline.driver = None  # its thread has ended
                 ending = Ending(item.error, item.in_pipeline, self._closed, self.hooks.graph,
                                 self._sample_hook.failure if self._sample_hook is not None else None,
                                 self._reader.failure)
