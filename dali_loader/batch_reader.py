@@ -35,7 +35,7 @@ from fastloader.schema import BOMB_PIXELS
 
 from .bad_samples import BadSamples
 from .batches_ahead import Sent
-from .doings import Doings
+from .in_progress import InProgress
 from .sizes import SizeTable
 from .stack import CPU_JPEG_CODINGS, GpuDecoding, cpu_decode_reason, region_refused
 from .transcode import transcoded_for_dali
@@ -65,13 +65,13 @@ class BatchReader:
     """Reads planned batches for DALI (`read`), one sample at a time (`take`) or, where the worker
     processes read a whole batch of JPEGs, by whole columns."""
 
-    def __init__(self, index: SampleIndex, png_copies: dict[int, str], bad: BadSamples, doings: Doings,
+    def __init__(self, index: SampleIndex, png_copies: dict[int, str], bad: BadSamples, in_progress: InProgress,
                  pixels: CachedPixels | None = None, exif_orientation: bool = True,
                  stored_sizes: np.ndarray | None = None, max_pixels: int = BOMB_PIXELS, refill: bool = False,
                  draws: WeightedDraws | None = None, gpu: GpuDecoding | None = None):
         self.index = index
         self.png_copies = png_copies  # sample -> its PNG copy, which DALI can decode (transcode.py)
-        self.bad, self.doings = bad, doings
+        self.bad, self.in_progress = bad, in_progress
         self.pixels = pixels
         self.sizes = SizeTable(len(index), exif_orientation, stored_sizes) if pixels is None else None
         self.max_pixels, self.refill = max_pixels, refill
@@ -158,14 +158,14 @@ class BatchReader:
             return self.pixels.image(sample), tuple(self.pixels.shapes[self.pixels.rows[sample]].tolist())
         if read is None:
             location = location or self.location(sample)
-            self.doings.begin("reading", location.name)
+            self.in_progress.begin("reading", location.name)
             try:
                 data, screened = read_screened(location, self.max_pixels, into)
             except SourceError as error:
                 self.failure = error
                 raise
             finally:
-                self.doings.end()
+                self.in_progress.end()
         else:
             data, screened = read
         if screened.problem is None and screened.format not in DALI_FORMATS:  # a GIF of a split not screened

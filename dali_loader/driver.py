@@ -33,14 +33,14 @@ import torch
 from fastloader import exits
 from fastloader.errors import LoaderError
 
+from .stall_watch import StallWatch
+
 POLL_S = 1.0
 """How often a trainer waiting for a batch checks that the driver thread still lives: each check
 wakes the training thread (0.2 s cost it 1-2 us a sample on a loaded 2-core machine), so not often."""
 JOIN_S = 60.0
 """The longest wait for a stopped thread to end: its current DALI call (one batch) and the batches
 DALI prefetched. A thread that takes longer is stuck inside DALI, and its loader says so."""
-FIRST_BATCH_TIMES = 3
-"""The first batch may take this many times workers.timeout: the pipeline is built and warmed up."""
 
 
 class Delivered(NamedTuple):
@@ -91,11 +91,7 @@ class Driver:
                  stream: torch.cuda.Stream | None = None, ahead: int = 1, stall_s: float | None = None,
                  stuck: Callable[[], str] | None = None):
         self.queue: queue.Queue = queue.Queue(maxsize=ahead)
-        self._stall_s = stall_s  # workers.timeout: the longest wait for a batch (the first: FIRST_BATCH_TIMES x)
-        self._stuck = stuck  # what the feed is doing, for the message of a stall
-        self._first = True
-        self._batch_started = time.monotonic()  # when the thread last called into DALI
-        self._stuck_for_good = False  # a stall was reported: nothing waits for the thread any more
+        self._stalls = StallWatch(stall_s, stuck)  # workers.timeout; what the feed is doing, for a stall's message
         self.device = device
         self._stop = stop
         self._end: Ended | None = None  # what get() returned last: the end, again on every later call
@@ -104,18 +100,18 @@ class Driver:
         self._abandoned = False  # closed: stop at once, nobody takes anything any more
         self._pid = os.getpid()
         self._pipe = weakref.ref(pipe)
-        self._thread = threading.Thread(target=self._run, args=(pipe, convert, stream),
+        self._thread = threading.Thread(target=self._run_pipeline, args=(pipe, convert, stream),
                                         name="fastloader-dali-driver", daemon=True)
         self._thread.start()
         exits.stop_at_exit(self, _stop_at_exit, _wait_at_exit)
 
-    def _run(self, pipe, convert: Callable, stream: torch.cuda.Stream | None) -> None:
+    def _run_pipeline(self, pipe, convert: Callable, stream: torch.cuda.Stream | None) -> None:
         end = Ended()
         try:
             if stream is not None:
                 torch.cuda.set_device(self.device)
             while not self._abandoned:
-                self._batch_started = time.monotonic()
+                self._stalls.batch_started = time.monotonic()
                 try:
                     outputs = pipe.run()
                 except StopIteration:
@@ -160,7 +156,7 @@ class Driver:
         item = self._next()
         if isinstance(item, Ended):
             self._end = item
-            if not self._stuck_for_good:
+            if not self._stalls.reported:
                 self.join(JOIN_S)  # its last word said: it only returns
         elif item.ready is not None:
             current = torch.cuda.current_stream(self.device)
@@ -179,12 +175,12 @@ class Driver:
         while True:
             try:
                 item = self.queue.get(timeout=POLL_S)
-                self._first = False
+                self._stalls.first = False
                 return item
             except queue.Empty:
                 if not self._thread.is_alive():
                     break
-                if self._stall_s is not None and time.monotonic() - started > self._limit():
+                if self._stalls.overdue(started):
                     return self._stalled(time.monotonic() - started)
         try:
             return self.queue.get_nowait()  # queued just before it ended
@@ -192,19 +188,12 @@ class Driver:
             return self._last_word or Ended(LoaderError("the DALI driver thread ended without handing over a "
                                                          "batch or an error"))
 
-    def _limit(self) -> float:
-        return self._stall_s * (FIRST_BATCH_TIMES if self._first else 1)
-
     def _stalled(self, waited: float) -> Ended:
         """No batch for workers.timeout: the thread is abandoned where it is stuck (a read that never
         returns cannot be stopped from outside), and the trainer gets an error that says where."""
-        self._abandoned = self._stuck_for_good = True
+        self._abandoned = True
         self._stop()
-        what = self._stuck() if self._stuck else "DALI is stuck in a batch"
-        first = f"; the first batch: {FIRST_BATCH_TIMES}x that" if self._first else ""
-        return Ended(TimeoutError(f"no batch came from the DALI pipeline for {waited:.0f} s (workers.timeout "
-                                  f"{self._stall_s:g} s{first}): {what}. The loader stopped; raise workers.timeout "
-                                  f"if batches may take longer, or fix what hangs, and build a new loader"))
+        return Ended(self._stalls.report(waited))
 
     def end_epoch(self) -> None:
         """End the epoch early (a loop left with `break`, a new loop): stop the feed, let the thread
@@ -213,7 +202,7 @@ class Driver:
         self._stop()
         self._draining = True
         self._drain_queue()  # a hand-over waiting for room gives up at once
-        if self._stuck_for_good or self.join(JOIN_S):
+        if self._stalls.reported or self.join(JOIN_S):
             return
         raise LoaderError(f"the DALI driver thread did not end within {JOIN_S:.0f} s of being stopped: DALI is stuck "
                            f"in a batch (a file on a hung file system?). Build a new loader")
@@ -228,7 +217,7 @@ class Driver:
         if os.getpid() != self._pid or threading.current_thread() is self._thread:
             return
         self._drain_queue()
-        if wait and not sys.is_finalizing() and not self._stuck_for_good:
+        if wait and not sys.is_finalizing() and not self._stalls.reported:
             self.join(JOIN_S)
 
     def join(self, timeout: float) -> bool:
@@ -243,11 +232,8 @@ class Driver:
         return True
 
     def patience_at_exit(self) -> float:
-        """How much longer the exit hook waits for the thread's current DALI call: until it has run
-        for workers.timeout (the stall limit), none once a stall was reported."""
-        if self._stuck_for_good or self._stall_s is None:
-            return 0.0
-        return max(0.0, self._batch_started + self._limit() - time.monotonic())
+        """How much longer the exit hook waits for the thread's current DALI call (stall_watch.py)."""
+        return self._stalls.patience_at_exit()
 
     def leave_pipeline(self) -> None:
         """At exit, for a thread that did not return from DALI: its pipeline off DALI's list of those

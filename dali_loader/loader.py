@@ -12,14 +12,15 @@ refuses an unfinished epoch (NVIDIA/DALI #1615): leaving a loop early and starti
 work, so an abandoned epoch is ended by draining the few batches DALI prefetched. A driver thread
 runs the pipeline, the feed, the hand-over to torch and the batch finisher (erasing, mixing) a batch
 ahead, so that the training thread only takes finished batches (driver.py).
+
+The loader builds the pieces and runs the loop; each piece does one job: pipeline_life.py the
+pipeline across epochs (which loop owns it, its driver, why it stopped), failures.py the table of
+what each way a driver ends leads to, recovery.py the probe and rebuild after DALI failed on files.
 """
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
-import os
-import traceback
 from typing import Callable, Iterator
 
 import numpy as np
@@ -31,15 +32,7 @@ from fastloader.cuda_install import torch_cuda_major
 from fastloader.decoding.shared_reads import SharedReads, shareable
 from fastloader.device_ops import BatchFinisher
 from fastloader.distributed import RankInfo
-from fastloader.errors import (
-    NOT_A_SAMPLES_FAULT,
-    BadImageError,
-    HookError,
-    LoaderError,
-    add_note,
-    error_text,
-    refused_file,
-)
+from fastloader.errors import BadImageError, LoaderError, error_text, refused_file
 from fastloader.hooks import Hook
 from fastloader.parallel import available_cores
 from fastloader.prepared import PreparedSplit
@@ -51,13 +44,16 @@ from fastloader.views import ViewPlan
 from .bad_samples import BadSamples
 from .batch_reader import BatchReader
 from .batches_ahead import READS_AHEAD, BatchesAhead
-from .doings import Doings
 from .driver import Driver, Ended
+from .failures import Ending, Then, case_of, memory_hint
 from .feed import Fed, Feed
 from .hook_processes import HookProcesses, hook_context
-from .inputs import batch_inputs, input_plan
+from .in_progress import InProgress
+from .inputs import input_plan
 from .pipeline import GraphSpec, Sizing, build_pipeline, decode_plan, decoder_words
-from .probe import DecodeProbe, dali_reason, out_of_memory
+from .pipeline_life import PipelineLife
+from .probe import DecodeProbe
+from .recovery import Recovery, crop_regions
 from .stack import GpuDecoding, cpu_decode_fix, dali_cuda_major, plan_nvjpeg, stack_problem
 from .transcode import transcoded_for_dali
 from .user_ops import PythonSampleHook, UserOps, graph_size_check, hook_inputs
@@ -76,7 +72,7 @@ def _warn_once(problem: str | None) -> None:
         log.warning(problem)
 
 
-def converter(feed: Feed, doings: Doings, labels: np.ndarray, device: torch.device, channels_last: bool,
+def converter(feed: Feed, in_progress: InProgress, labels: np.ndarray, device: torch.device, channels_last: bool,
               bfloat16: bool, finisher: BatchFinisher | None, check: Callable | None = None,
               views: ViewPlan | None = None, buffers: HostBuffers | None = None) -> Callable:
     """The driver thread's work on each pipeline output: (images, labels, Fed) as torch tensors on
@@ -124,11 +120,11 @@ def converter(feed: Feed, doings: Doings, labels: np.ndarray, device: torch.devi
         batch_labels = to_device(torch.from_numpy(labels[fed.plan[:, 0]]), device)
         if finisher is not None:
             if hook is not None:
-                doings.begin(f"running {hook.label} on", f"a batch of {len(fed.plan)}")
+                in_progress.begin(f"running {hook.label} on", f"a batch of {len(fed.plan)}")
             try:
                 images, batch_labels = finisher(images, batch_labels, fed.plan[:, 1])
             finally:
-                doings.end()
+                in_progress.end()
         return images, batch_labels, fed
     return convert
 
@@ -152,21 +148,19 @@ class DaliLoader(Loader):
     def __init__(self, config: Config, split: SplitConfig, prepared: PreparedSplit, ranks: RankInfo,
                  device: torch.device):
         super().__init__(config, split, prepared, ranks, device)
-        self._run, self._driver, self._epoch_open, self._feed = 0, None, False, None  # what closing reads
-        self._hook_processes: HookProcesses | None = None
+        self._feed: Feed | None = None  # what letting go reads, should the build fail before they are made
+        self._sample_hook: PythonSampleHook | None = None
+        self._pipeline: PipelineLife | None = None
         try:
             self._set_up(config, split, prepared)
         except BaseException:
             self._closed = True  # create_loader lets go of the split's store and source
-            if self._feed is not None:
-                self._feed.close(settled=True)  # no pipeline ran: the worker processes and slabs go now
-            if self._hook_processes is not None:
-                self._hook_processes.close()
+            self._drop()  # the feed's worker processes and slabs, the hook's processes, a pipeline built
             raise
 
     def _set_up(self, config: Config, split: SplitConfig, prepared: PreparedSplit) -> None:
         """The backend's part of the build; where it fails (a graph hook's error, no memory for the
-        pipeline), the feed's worker processes and slabs are given back before the error goes on."""
+        pipeline), what it started is let go before the error goes on."""
         device = self.device
         self.flavour = "gpu" if device.type == "cuda" else "cpu"
         self.num_threads = prepared.workers
@@ -178,52 +172,72 @@ class DaliLoader(Loader):
                                     nvjpeg)
         """How the graph decodes JPEGs (pipeline.DecodePlan): chroma, and train's regions or whole images,
         by what the nvJPEG the GPU flavour's decoders bind in this process does on the GPU."""
-        self._bfloat16 = config.output.dtype == "bfloat16"
-        self._bad = BadSamples()
-        """Which samples the feed leaves out, and why (bad_samples.py): the probe's refusals, the reads' findings."""
-        self._doings = Doings()
-        """What the loader's own code does now inside the pipeline (reading, a user's hook): what a stall names."""
+        left_out = BadSamples()  # which samples the feed leaves out, and why: the probe's refusals, the reads' findings
+        in_progress = InProgress()  # what the loader's own code does inside the pipeline: what a stall names
         self._reader = BatchReader(prepared.index, transcoded_for_dali(prepared.index, prepared.needs_transcoding),
-                                   self._bad, self._doings, prepared.pixels, config.dataset.exif_orientation,
+                                   left_out, in_progress, prepared.pixels, config.dataset.exif_orientation,
                                    prepared.sizes, config.dataset.max_pixels,
                                    refill=split.mode == "train" and config.dataset.on_bad_image == "skip",
                                    draws=prepared.draws,
                                    gpu=GpuDecoding(self.decoding.region, self.decoding.fancy, nvjpeg) if gpu else None)
-        self._graph = graph_spec(config, split, self.views)
-        """What the graph is built from (pipeline.GraphSpec): the config read once for it."""
-        self._inputs = input_plan(self._graph.train, self._graph.sizing, self.augmentation, self.views,
-                                  bool(hook_inputs(prepared.hooks)), sized=self.order.resolution is not None)
-        ahead = BatchesAhead(self._shared_reads(prepared), split.name, self._reader.locations, self._bad,
-                             self._doings.during)
-        self._feed = Feed(ahead, self._reader, self._inputs, in_flight=config.workers.prefetch_factor)
+        graph = graph_spec(config, split, self.views)  # the config read once for the graph
+        inputs = input_plan(graph.train, graph.sizing, self.augmentation, self.views, bool(hook_inputs(prepared.hooks)),
+                            sized=self.order.resolution is not None)
+        ahead = BatchesAhead(self._shared_reads(prepared), split.name, self._reader.locations, left_out,
+                             in_progress.during)
+        self._feed = Feed(ahead, self._reader, inputs, in_flight=config.workers.prefetch_factor)
         hook = prepared.hooks.sample
-        self._hook_processes = self._processes_for(hook, prepared)
-        self._sample_hook = PythonSampleHook(hook, prepared.index.path, self._doings, self._hook_processes
-                                             ) if hook is not None else None
-        if hook is not None and self._hook_processes is None:
+        if hook is not None:
+            self._sample_hook = PythonSampleHook(hook, prepared.index.path, in_progress,
+                                                 self._processes_for(hook, prepared))
+        if hook is not None and self._sample_hook.apart is None:
             log.warning("split '%s': %s runs through DALI's Python-function operator, one Python call per sample on "
                         "a DALI thread holding the GIL%s: an identity function cost 4-7%% of the images/s on 2 CPU "
                         "cores, torchvision's RandAugment half of fastloader's rand-m9's "
                         "(docs/performance.md#your-own-transforms); for DALI's speed give the op as dali.graph_hook",
                         split.name, hook.label,
                         ", each batch copied to the host and back" if self.flavour == "gpu" else "")
-        self._pipe = self._build()
-        self._pid = os.getpid()  # a forked child cannot run the pipeline: DALI's threads stay here
-        self._stream = torch.cuda.Stream(device) if self.flavour == "gpu" else None
-        """The driver's side stream, one for the loader's life: a new stream per epoch would strand
-        the caching allocator's blocks cached on the old ones."""
+        device_id = device.index if gpu else None
+        build = functools.partial(
+            build_pipeline, graph, self._feed, device_id=device_id, batch_size=split.batch_size,
+            num_threads=self.num_threads, prefetch_queue_depth=config.workers.prefetch_factor, seed=config.seed,
+            feed=self._feed.kind, augmenter=self.augmentation, sized=inputs.sized,
+            user=UserOps(self.hooks, self._sample_hook), views=self.views, plan=self.decoding)
+        self._pipeline = PipelineLife(build, device)
         self._view_buffers = HostBuffers(self.prefetch_depth) if self.views and self.flavour == "cpu" else None
         """The CPU flavour's view groups, in memory reused across batches and epochs (views.HostBuffers)."""
-        self._epoch_open = False  # the pipeline holds batches of an epoch not yet drained
-        self._driver: Driver | None = None  # the thread running the pipeline during an epoch
-        self._run = 0  # which loop owns the pipeline
-        self._broken = ""  # why the pipeline cannot run any more
+        self._recovery = self._recovery_for(graph, device_id)
         self._cpu_said: set[str] = set()  # the reasons for decoding on the CPU said so far (_count_cpu_decodes)
         self._announce()
         if self._feed.kind == "bytes":
             log.info("split '%s': DALI decodes with %s", split.name,
-                     decoder_words(self._graph.hw_decoder_load, self.flavour == "gpu", self.decoding,
-                                   self._graph.train))
+                     decoder_words(graph.hw_decoder_load, self.flavour == "gpu", self.decoding, graph.train))
+
+    def _recovery_for(self, graph: GraphSpec, device_id: int | None) -> Recovery:
+        """What stops the pipeline on a failure, or probes it for files and rebuilds it: made of
+        values, not of the loader. The probe decodes as the graph does: train's crop regions where
+        the plan decodes regions (views, eval and a whole-image plan decode whole images)."""
+        config, split, sizes = self.config, self.split, self._reader.sizes
+        regions = (functools.partial(crop_regions, self._feed.inputs, sizes)
+                   if self.decoding.region and sizes is not None else None)
+        return Recovery(self._pipeline, self._feed,
+                        functools.partial(DecodeProbe, graph, config.dataset.max_pixels, device_id, split.batch_size,
+                                          self.decoding, regions),
+                        self.index.path, split.name, skip=config.dataset.on_bad_image != "raise", source=config.source,
+                        memory_hint=functools.partial(memory_hint, self.device, split.name, split.batch_size,
+                                                      self.num_threads, config.source))
+
+    def _drive(self, pipe, stream: torch.cuda.Stream | None) -> Driver:
+        """A driver thread running the pipeline over the feed's batches (see driver.py), made of
+        values, not of the loader, which the driver thread must not keep alive."""
+        check = graph_size_check(self.hooks.graph, self.split.transform.size, self.split.name, self._feed.inputs.sized,
+                                 self.views)
+        in_progress = self._reader.in_progress
+        output = self.config.output
+        convert = converter(self._feed, in_progress, self.index.labels, self.device, output.channels_last,
+                            output.dtype == "bfloat16", self.finisher, check, self.views, self._view_buffers)
+        return Driver(pipe, convert, self._feed.stop, self.device, stream, stall_s=self.config.workers.timeout,
+                      stuck=in_progress.stuck_words)
 
     def _processes_for(self, hook: Hook | None, prepared: PreparedSplit) -> HookProcesses | None:
         """The processes that run a sample hook drawing from the global generators (with_global_rng),
@@ -252,23 +266,19 @@ class DaliLoader(Loader):
                         "the driver thread", self.split.name, processes, why_not)
             return None
         slabs = self.config.workers.prefetch_factor + 1 + READS_AHEAD  # in DALI, being taken, sent ahead
+        reads = None
         try:
             reads = SharedReads(processes, slabs, self.split.batch_size, self.config.dataset.max_pixels,
                                 self.config.workers.timeout)
             reads.start()  # while the pipeline is built
         except OSError as error:  # no memory or descriptors for the slabs, no process to start
+            if reads is not None:
+                reads.close(settled=True)  # its slabs' memfds: nothing else would ever close them
             log.warning("split '%s': dali.feed_processes=%d asked for worker processes, but %s: the feed reads on "
                         "the driver thread", self.split.name, processes, error_text(error))
             return None
         return reads
 
-    def _build(self):
-        return build_pipeline(
-            self._graph, self._feed, device_id=self.device.index if self.flavour == "gpu" else None,
-            batch_size=self.split.batch_size, num_threads=self.num_threads,
-            prefetch_queue_depth=self.config.workers.prefetch_factor,
-            seed=self.config.seed, feed=self._feed.kind, augmenter=self.augmentation, sized=self._inputs.sized,
-            user=UserOps(self.hooks, self._sample_hook), views=self.views, plan=self.decoding)
 
     def describe(self) -> dict:
         return {**super().describe(), "flavour": self.flavour, "threads": self.num_threads,
@@ -290,41 +300,36 @@ class DaliLoader(Loader):
         return self._feed.ahead.processes
 
     def _iter_batches(self, batches: list) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self._broken:
-            raise LoaderError(self._broken)
-        if os.getpid() != self._pid:
-            raise LoaderError(f"this DALI loader of split '{self.split.name}' was built in process {self._pid} and "
-                               f"inherited by this forked one, where DALI's threads do not run: build a new loader "
-                               f"here (fastloader.build_loader)")
-        self._end_epoch()
+        pipeline = self._pipeline
+        refusal = pipeline.refusal(self.split.name)
+        if refusal:
+            raise LoaderError(refusal)
+        pipeline.end_epoch()
         if not batches:
             return
-        self._run += 1
-        run = self._run
+        loop = pipeline.take_over()
         following = functools.partial(epochs_after, self.order, self.epoch)  # what most loops run next; not `self`,
         self._feed.start(batches, following)  # which the feed (on the driver thread) must not keep alive
-        self._epoch_open = True
-        self._driver = self._drive()
+        pipeline.start_epoch(self._drive)
         delivered = 0
-        while self._run == run:  # else a newer loop took the pipeline over, or the loader closed
-            item = self._driver.get()
-            if isinstance(item, Ended):
-                self._driver = None
-                if self._closed:  # from another thread, or a finalizer on the driver's
+        while pipeline.owner == loop:  # else a newer loop took the pipeline over, or the loader closed
+            item = pipeline.driver.get()
+            if isinstance(item, Ended):  # the end, or a failure: what follows is failures.py's table
+                pipeline.driver = None  # its thread has ended
+                ending = Ending(item.error, item.in_pipeline, self._closed, self.hooks.graph,
+                                self._sample_hook.failure if self._sample_hook is not None else None,
+                                self._reader.failure)
+                case = case_of(ending)
+                if case.then is Then.CLOSED:
                     raise self._closed_error()
-                if item.error is None:
+                if case.then is Then.END:
                     break
-                if item.in_pipeline and (failure := self._graph_function_failure(item.error)) is not None:
-                    raise self._stopped(failure) from None
-                if not (item.in_pipeline and isinstance(item.error, RuntimeError) and not out_of_memory(item.error)
-                        and not isinstance(item.error, NOT_A_SAMPLES_FAULT)):  # a store's failure: no file's
-                    raise self._stopped(item.error)
-                if self._sample_hook is not None and self._sample_hook.failure is not None:  # no file's fault
-                    raise self._stopped(self._sample_hook.failure) from item.error
-                if self._reader.failure is not None:  # a source that changed: no file's fault either
-                    raise self._stopped(self._reader.failure) from item.error
-                self._recover(item.error, delivered)
-                self._driver = self._drive()
+                if case.then is Then.STOP:
+                    raise self._recovery.stop(case.raised(ending))
+                for fed in list(self._feed.fed):  # Then.PROBE: the batches in the failed pipeline
+                    self._record_skips(fed.skipped)  # left out before the failure, not reported yet
+                self._recovery.recover(item.error, delivered, self.epoch)
+                pipeline.start_epoch(self._drive)
                 continue
             self._record_skips(item.fed.skipped)
             self._count_cpu_decodes(item.fed.on_cpu)
@@ -333,9 +338,9 @@ class DaliLoader(Loader):
                 yield self._empty_batch(len(planned))
             delivered += 1
             yield item.images, item.labels
-        if self._run == run:
+        if pipeline.owner == loop:
             skipped, empty = self._feed.skipped, self._feed.empty
-            self._end_epoch()
+            pipeline.end_epoch()
             self._record_skips(skipped)
             for planned in empty:
                 yield self._empty_batch(len(planned))
@@ -344,67 +349,15 @@ class DaliLoader(Loader):
         else:  # a newer loop took the pipeline over while this one was paused (a callback's next(iter(loader)))
             raise self._superseded()
 
-    def _drive(self) -> Driver:
-        """A driver thread running the pipeline over the feed's batches (see driver.py)."""
-        check = graph_size_check(self.hooks.graph, self.split.transform.size, self.split.name, self._inputs.sized,
-                                 self.views)
-        convert = converter(self._feed, self._doings, self.index.labels, self.device, self.config.output.channels_last,
-                            self._bfloat16, self.finisher, check, self.views, self._view_buffers)
-        return Driver(self._pipe, convert, self._feed.stop, self.device, self._stream,
-                      stall_s=self.config.workers.timeout, stuck=self._doings.stuck_words)
-
-    def _graph_function_failure(self, error: BaseException) -> HookError | None:
-        """A pipeline failure after the decoder where the graph has the user's graph function: what
-        it returned is what DALI could not use (the seeds' DataNode, one channel for three), never a
-        file's fault; said as the function's error, with what is expected and DALI's words. None
-        without a graph function, and for a decoder's failure (a file's, found by the probe)."""
-        hook = self.hooks.graph
-        reason = dali_reason(error) if isinstance(error, Exception) else ""
-        if hook is None or "decoders" in reason or out_of_memory(error):
-            return None
-        return HookError(f"{hook.label} returned a DataNode the rest of the graph cannot take as the images: a graph "
-                         f"function returns its images' DataNode changed, HWC uint8 of 3 channels and the size it is "
-                         f"given (called as function(images, seeds, **dali.graph_hook_args); the seeds are no "
-                         f"images). DALI says: {reason[:800]}")
-
-    def _stopped(self, error: BaseException) -> BaseException:
-        """A failure no bad file explains (a CUDA error, running out of memory, an error of the
-        hand-over or the finisher, or one that is not DALI's) ends the loader: the pipeline's epoch
-        is in no known state, so it is let go and later loops are refused. The error itself goes to
-        the trainer, unchanged (out of memory: with a note on what to lower)."""
-        self._epoch_open = False
-        self._pipe = None
-        self._broken = (f"the DALI loader of split '{self.split.name}' stopped on {type(error).__name__}: "
-                        f"{str(error)[:500]}; build a new loader")
-        if out_of_memory(error):
-            add_note(error, self._memory_hint())
-        return error
-
-    def _memory_hint(self) -> str:
-        """What to lower when a batch does not fit, with the device's memory where it can be read."""
-        figures = ""
-        if self.flavour == "gpu":
-            try:
-                free, total = torch.cuda.mem_get_info(self.device)
-                held = torch.cuda.memory_reserved(self.device)
-                figures = (f" ({free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB on {self.device}, "
-                           f"{held / 2**30:.1f} GiB of it held by torch)")
-            except Exception:  # noqa: BLE001 - the figures are a courtesy; a broken context may not give them
-                pass
-        name = self.split.name
-        return (f"fastloader: the DALI loader of split '{name}' ran out of memory{figures}. Lower {name}.batch_size "
-                f"(now {self.split.batch_size}) or dali.threads (now {self.num_threads}; on the GPU each DALI thread "
-                f"keeps nvJPEG buffers of its own) in {self.config.source}")
-
     def _record_skips(self, skipped: list[tuple[int, str]]) -> None:
         """Known-bad samples the feed left out, with why (it holds no reference back to the loader, so
         that a dropped loader frees its pipeline at once rather than at the next garbage collection)."""
         for sample, reason in skipped:
             path = self.index.path(sample)
             if self.config.dataset.on_bad_image == "raise":  # found by the feed (a shard member cut short)
-                self._broken = refused_file(path, reason, self.config.source)
-                self._end_epoch()  # the driver stops; the pipeline rewinds
-                raise BadImageError(self._broken)
+                why = refused_file(path, reason, self.config.source)
+                self._pipeline.stop_after_draining(why)  # the driver stops; the pipeline rewinds
+                raise BadImageError(why)
             self._skipped.skip(path, reason)
 
     def _count_cpu_decodes(self, on_cpu: dict[str, int]) -> None:
@@ -417,73 +370,6 @@ class DaliLoader(Loader):
                             "loader.stats.cpu_decoded counts them per epoch); %s", self.split.name, reason, count,
                             cpu_decode_fix(reason))
 
-    def _recover(self, error: RuntimeError, number: int) -> None:
-        """After DALI failed: find the files that broke it, then go on without them in a new pipeline
-        (dataset.on_bad_image: skip) or stop naming them (raise). Never retries blindly, never hangs.
-        The failed pipeline goes first, so that its buffers are free before the probe's and the new
-        pipeline's are taken (on a GPU, nvJPEG's)."""
-        fed = list(self._feed.fed)  # the failed batch and those DALI had started after it
-        for batch in fed:
-            self._record_skips(batch.skipped)  # left out before the failure, not reported yet
-        self._epoch_open = False
-        traceback.clear_frames(error.__traceback__)  # the driver's frames in it hold the failed pipeline
-        self._pipe = None  # freed now, with its buffers, before the probe and the new pipeline take theirs
-        suspects = [batch.plan for batch in fed]
-        probe = DecodeProbe(self._graph, self.config.dataset.max_pixels,
-                            self.device.index if self.flavour == "gpu" else None, self.split.batch_size,
-                            self.decoding, self._regions if self.decoding.region and self._reader.sizes is not None
-                            else None)  # views, eval and a whole-image train plan decode whole images
-        try:
-            culprits = probe.culprits(suspects, self._reader.location)
-        except BaseException as failure:  # out of memory, say: no file to blame, no pipeline left
-            raise self._stopped(failure) from error
-        del probe  # its pipeline goes before the new one is built
-        if not culprits:
-            raise self._failed(error, number, suspects[0] if suspects else np.zeros((0, 2), dtype=np.int64))
-        if culprits and self.config.dataset.on_bad_image == "raise":
-            first = min(culprits)
-            self._broken = refused_file(self.index.path(first), culprits[first], self.config.source)
-            raise BadImageError(self._broken) from error
-        log.info("split '%s': the DALI pipeline failed at batch %d of epoch %d on %d files that cannot be decoded; "
-                 "rebuilding it without them", self.split.name, number, self.epoch, len(culprits))
-        self._bad.refuse(culprits)
-        self._feed.new_arenas()
-        again, rest = self._feed.unfinished(), self._feed.ahead.batches
-        self._pipe = self._build()
-        self._feed.start(itertools.chain(again, rest), self._feed.ahead.following)
-        self._epoch_open = True
-
-    def _regions(self, plan: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Train: the crop regions (anchor, shape) the feed drew for these (sample, seed) rows, from
-        the sizes of the bytes it fed (kept in its size table), which the probe decodes as the train
-        graph does."""
-        anchor, shape = batch_inputs(self._inputs, plan, plan, self._reader.sizes.sizes[plan[:, 0]])[:2]
-        return anchor, shape
-
-    def _failed(self, error: RuntimeError, number: int, batch: np.ndarray) -> RuntimeError:
-        """DALI cannot go on after an operator fails: say where, and refuse later loops clearly."""
-        files = ", ".join(self.index.path(i) for i in batch[:3, 0]) + (" ..." if len(batch) > 3 else "")
-        self._broken = (f"the DALI pipeline of split '{self.split.name}' failed at batch {number} of epoch "
-                        f"{self.epoch} (files {files}, or a batch DALI had started after it), and these files "
-                        f"decode, in their batches as the pipeline decodes them and alone. DALI says: "
-                        f"{dali_reason(error)[:1500]}. A DALI pipeline cannot continue after an error: build a "
-                        f"new loader")
-        return LoaderError(self._broken)
-
-    def _end_epoch(self) -> None:
-        """Stop feeding, drop the batches DALI prefetched (after a `break`) and rewind its epoch."""
-        if not self._epoch_open:
-            return
-        self._epoch_open = False
-        driver, self._driver = self._driver, None
-        if driver is not None:
-            try:
-                driver.end_epoch()  # an error now belongs to an epoch nobody reads any more
-            except RuntimeError as error:  # stuck inside DALI: the pipeline cannot be reset under it
-                self._broken, self._pipe = str(error), None
-                raise
-        self._pipe.reset()
-
     def _close(self) -> None:
         self._let_go(wait=True)
 
@@ -491,16 +377,10 @@ class DaliLoader(Loader):
         self._let_go(wait=False)
 
     def _let_go(self, wait: bool) -> None:
-        """Stop the driver and free the pipeline: DALI frees its threads and buffers when the
-        pipeline is destroyed, here or, when the driver thread still holds it, as that thread ends.
-        `wait`: for that thread, where it can end meanwhile (driver.py); never from a finalizer."""
-        self._run += 1  # a loop still open ends (loops check it), and says the loader is closed
-        self._epoch_open = False
-        driver, self._driver, self._pipe = self._driver, None, None
-        if driver is not None:
-            driver.close(wait)
-        # no thread runs the pipeline any more (none stuck in it): the feed's processes and memory go now
-        settled = driver.join(0) if driver is not None and wait else driver is None and not self._broken
-        self._feed.close(settled)
-        if self._hook_processes is not None:
-            self._hook_processes.close()
+        """Stop the driver and free the pipeline (pipeline_life.py); then, where no thread is left in
+        the pipeline, the feed's processes and memory go now, and the sample hook's processes."""
+        settled = self._pipeline.let_go(wait) if self._pipeline is not None else True
+        if self._feed is not None:
+            self._feed.close(settled)
+        if self._sample_hook is not None and self._sample_hook.apart is not None:
+            self._sample_hook.apart.close()

@@ -51,20 +51,20 @@ NO_USER_OPS = UserOps(SplitHooks(), None)
 
 class PythonSampleHook:
     """The function fn.python_function calls per sample: (HWC uint8 image, [sample, seed]) -> the
-    hook's image, HWC uint8. `name_of` names a sample by its number (the index's path); `doings`
-    (the feed's, feed.Doings) notes the sample being hooked, for a stalled pipeline. `apart`: the
+    hook's image, HWC uint8. `name_of` names a sample by its number (the index's path); `in_progress`
+    (the feed's, in_progress.InProgress) notes the sample being hooked, for a stalled pipeline. `apart`: the
     processes that run a hook drawing from the global generators (hook_processes.py), called a
     batch at a time (`batch`); None for any other hook."""
 
-    def __init__(self, hook: Hook, name_of: Callable[[int], str], doings: Any, apart: HookProcesses | None = None):
-        self.hook, self.name_of, self.doings, self.apart = hook, name_of, doings, apart
+    def __init__(self, hook: Hook, name_of: Callable[[int], str], in_progress: Any, apart: HookProcesses | None = None):
+        self.hook, self.name_of, self.in_progress, self.apart = hook, name_of, in_progress, apart
         self.failure: HookError | None = None
         """The hook's error, kept for the loader: DALI's own carries only its text."""
 
     def batch(self, images: list[np.ndarray], sample_seeds: list[np.ndarray]) -> list[np.ndarray]:
         """The batch's images (HWC uint8) hooked in the processes (`apart`), in order."""
         samples, seeds = ([int(row[column]) for row in sample_seeds] for column in (0, 1))
-        self.doings.begin(f"running {self.hook.label} (in its processes) on a batch of {len(images)} from sample",
+        self.in_progress.begin(f"running {self.hook.label} (in its processes) on a batch of {len(images)} from sample",
                           self.name_of(samples[0]))
         try:
             return self.apart.batch(images, samples, seeds)
@@ -72,12 +72,12 @@ class PythonSampleHook:
             self.failure = error
             raise
         finally:
-            self.doings.end()
+            self.in_progress.end()
 
     def __call__(self, image: np.ndarray, sample_seed: np.ndarray) -> np.ndarray:
         sample, seed = (int(value) for value in sample_seed)
         name = self.name_of(sample)
-        self.doings.begin(f"running {self.hook.label} on sample", name)
+        self.in_progress.begin(f"running {self.hook.label} on sample", name)
         try:
             # a copy: DALI's operator must not modify its input, and a hook may work in place (torch lets it)
             out = self.hook.on_sample(torch.from_numpy(image.copy()).permute(2, 0, 1), seed, name)
@@ -85,7 +85,7 @@ class PythonSampleHook:
             self.failure = error
             raise
         finally:
-            self.doings.end()
+            self.in_progress.end()
         return np.ascontiguousarray(out.permute(1, 2, 0).numpy())
 
 

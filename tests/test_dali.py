@@ -209,7 +209,7 @@ def test_eval_shards_cover_every_sample_once_across_ranks(textured_root):
 def test_close_frees_the_pipeline(textured_root):
     with build_loader(base_config(textured_root, backend="dali"), "val") as loader:
         next(iter(loader))
-    assert loader._pipe is None
+    assert loader._pipeline.pipe is None
     with pytest.raises(LoaderError, match="dali loader for split 'val' is closed"):
         next(iter(loader))
 
@@ -319,7 +319,7 @@ def test_after_a_decode_failure_the_new_pipeline_is_fed_from_memory_the_failed_o
     given = list(loader._feed.arenas)
     labels = [label for _, batch in loader for label in batch.tolist()]
     assert labels == [loader.index.label(i) for i in range(len(loader.index)) if i != broken]
-    assert broken in loader._bad
+    assert broken in loader._reader.bad
     assert not {id(arena) for arena in given} & {id(arena) for arena in loader._feed.arenas}
     loader.close()
 

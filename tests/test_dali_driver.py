@@ -140,7 +140,7 @@ def test_recovery_frees_the_failed_pipeline_before_the_probe_builds_its_own(text
     """On a GPU both hold nvJPEG buffers: the failed pipeline's go first."""
     bad = lossless_jpeg_in(textured_root / "val" / "a_red")
     loader = build_loader(dali_config(textured_root), "val")
-    failed = weakref.ref(loader._pipe)
+    failed = weakref.ref(loader._pipeline.pipe)
     seen = []
     build = dali_loader.probe.DecodeProbe._build
     monkeypatch.setattr(dali_loader.probe.DecodeProbe, "_build", lambda self: seen.append(failed()) or build(self))
@@ -183,7 +183,7 @@ def test_a_loader_collected_on_its_driver_thread_lets_it_end(textured_root):
     loader.finisher = collect
     batches = iter(loader)
     next(batches)
-    driver, pipe = loader._driver, weakref.ref(loader._pipe)
+    driver, pipe = loader._pipeline.driver, weakref.ref(loader._pipeline.pipe)
     del batches, loader
     deadline = time.monotonic() + 10
     while driver._thread.is_alive() and time.monotonic() < deadline:

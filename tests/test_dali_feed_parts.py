@@ -29,7 +29,7 @@ def loader(tmp_path):
 
 
 def test_the_batch_reader_returns_a_batch_as_a_value_and_records_only_what_is_bad(loader):
-    reader, bad = loader._reader, loader._bad
+    reader, bad = loader._reader, loader._reader.bad
     planned = loader.order.batches(0)[0]
     broken = int(planned[1, 0])
     path = loader.index.path(broken)
@@ -60,7 +60,7 @@ def test_refused_samples_stay_out_for_the_run_and_found_ones_for_their_epoch():
 
 
 def test_a_batchs_inputs_are_a_pure_function_of_the_batch(loader):
-    plan = loader._inputs
+    plan = loader._feed.inputs
     planned = loader.order.batches(0)[0]
     sizes = np.array([[40 + 3 * row, 50 + row] for row in range(len(planned))], dtype=np.int64)
     first = batch_inputs(plan, planned, planned, sizes)

@@ -186,8 +186,8 @@ def test_no_batch_is_read_into_memory_a_batch_in_flight_holds_even_after_an_empt
                 assert all(_slab_of(array, feed) is not None for array in data[0])
         assert len(fed) == len(planned) - 1  # the empty batch fed nothing
         expected = [open(loader.index.path(int(sample)), "rb").read()
-                    for batch in planned for sample in batch[:, 0] if int(sample) not in loader._bad]
-        assert [data for batch in fed for data in batch] == expected and len(loader._bad) == 2
+                    for batch in planned for sample in batch[:, 0] if int(sample) not in loader._reader.bad]
+        assert [data for batch in fed for data in batch] == expected and len(loader._reader.bad) == 2
 
 
 def test_a_jpeg_changed_since_screening_is_named_and_cropped_for_its_size_now(tmp_path, caplog):
@@ -310,7 +310,7 @@ def test_after_a_decode_failure_the_workers_read_into_new_slabs(tmp_path):
         given = list(loader._feed.ahead.reads.slabs)
         labels = [label for _, batch in loader for label in batch.tolist()]
         assert labels == [loader.index.label(i) for i in range(len(loader.index)) if i != broken]
-        assert broken in loader._bad and loader.describe()["feed_processes"] == 2
+        assert broken in loader._reader.bad and loader.describe()["feed_processes"] == 2
         assert not {slab.number for slab in given} & {slab.number for slab in loader._feed.ahead.reads.slabs}
 
 

@@ -7,7 +7,11 @@ Device: CPU (torch, and DALI's CPU flavour; the feed is the same on a GPU)."""
 from __future__ import annotations
 
 import gc
+import inspect
+import json
 import os
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 
@@ -120,3 +124,48 @@ def test_closing_a_dali_loader_with_feed_processes_gives_back_its_descriptors_an
         assert _descriptors() <= before, sorted(os.readlink(f"/proc/self/fd/{fd}")
                                                 for fd in os.listdir("/proc/self/fd"))
         assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # reaped, not zombies
+
+
+OUT_OF_DESCRIPTORS = """
+import gc, json, os, resource, sys
+from fastloader import build_loader
+config = json.loads(sys.argv[1])
+""" + inspect.getsource(_feed_memfds) + """
+with build_loader(config, "train") as warm:  # DALI imported, the forkserver started
+    sum(len(labels) for _, labels in warm)
+gc.collect()
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+opened = len(os.listdir("/proc/self/fd"))
+seen = []
+for extra in range(4, 64, 3):  # from too few descriptors for the slabs to enough for the workers too
+    resource.setrlimit(resource.RLIMIT_NOFILE, (opened + extra, hard))
+    try:
+        with build_loader(config, "train") as loader:
+            processes = loader.describe()["feed_processes"]
+    except Exception as error:
+        processes = type(error).__name__
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    gc.collect()
+    seen.append((processes, _feed_memfds()))
+    if processes == 2:
+        break
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(not HAS_DALI, reason="NVIDIA DALI is not installed")
+@pytest.mark.timeout(300)
+def test_feed_processes_that_cannot_start_give_back_their_slabs(dali_config, tmp_path):
+    """Feed processes that cannot start (no descriptor left for their pipes) leave the feed to read
+    on the driver thread, with a warning; the slabs made for them go at once, not for the life of
+    the process (each failed start kept 5 memfds, 10 descriptors with their mappings). Device: CPU."""
+    from conftest import REPO, cpu_only_env
+
+    ran = subprocess.run([sys.executable, "-c", OUT_OF_DESCRIPTORS, json.dumps(dali_config)], capture_output=True,
+                         text=True, timeout=280, env=cpu_only_env(tmp_path / "cache", PYTHONPATH=str(REPO)))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    seen = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert 0 in [processes for processes, _ in seen], seen  # some build fell back to reading on the driver thread
+    assert "asked for worker processes, but [Errno 24] Too many open files" in ran.stderr
+    assert [memfds for _, memfds in seen] == [0] * len(seen), seen

@@ -182,7 +182,7 @@ def test_a_hook_drawing_from_the_global_generators_leaves_the_trainers_draws_alo
     assert len(drawn) == 300 * epochs * len(loader)
     assert drawn == trainers_draws(range(epochs * len(loader)))  # as without a loader beside it
     assert stamps == [value for epoch in range(epochs) for value in expected_stamps(loader, epoch)]
-    pids = loader._hook_processes.pids if backend == "dali" else []
+    pids = loader._sample_hook.apart.pids if backend == "dali" else []
     loader.close()
     assert processes_end(pids)
 
@@ -325,6 +325,21 @@ def test_a_hook_that_raises_stops_the_run_naming_it_the_sample_and_its_traceback
     assert loader.bad_samples == []
 
 
+def test_a_sample_hooks_error_beside_a_graph_function_names_the_sample_hook(numbered):
+    """A sample hook that raises, in a graph that also has a graph function: the error names the
+    sample hook that raised, not the graph function (DALI reports both as an operator's failure;
+    the graph function was blamed for any such failure before it). Device: CPU (DALI's CPU flavour)."""
+    cfg = hooked(numbered, "dali", 1, sample_hook="user_hooks:fails")
+    cfg["dali"] = {"graph_hook": "user_hooks:graph_identity"}
+    loader = build_loader(cfg, "train")
+    with pytest.raises(HookError) as raised:
+        next(iter(loader))
+    loader.close()
+    said = str(raised.value)
+    assert said.startswith("train.transform.sample_hook user_hooks:fails raised KeyError: 'the key'"), said[:300]
+    assert "graph_identity" not in said, said[:300]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("hook, said", [("shrinks", r"returned a uint8 tensor \[3, 8, 8\] on cpu"),
                                         ("floats", r"returned a float32 tensor \[3, 32, 32\] on cpu")])
@@ -363,22 +378,22 @@ def test_a_stalled_dali_pipeline_names_the_hook_running_while_the_feed_reads_bes
         return image
 
     loader = build_loader(hooked(numbered, "dali", 0, sample_hook="user_hooks:identity"), "train")
-    reader, doings = loader._reader, loader._doings
+    reader, in_progress = loader._reader, loader._reader.in_progress
     hook = PythonSampleHook(Hook(waits, "sample_hook", "train.transform.sample_hook", "tests:waits"),
-                            loader.index.path, doings)
+                            loader.index.path, in_progress)
     running = threading.Thread(target=hook, args=(np.zeros((8, 8, 3), np.uint8), np.array([3, 7])))
     running.start()
     try:
         assert started.wait(10)
         assert reader.read(loader.order.batches(0)[0][:1]).data  # the driver thread reads a sample meanwhile
-        words = doings.stuck_words()
+        words = in_progress.stuck_words()
     finally:
         release.set()
         running.join(10)
         loader.close()
     assert re.fullmatch(r"the loader has been running train\.transform\.sample_hook tests:waits on sample "
                         r"\S+/n_03\.png for \d+ s", words), words
-    assert doings.stuck_words().startswith("the feed is not reading a sample")  # nothing runs now
+    assert in_progress.stuck_words().startswith("the feed is not reading a sample")  # nothing runs now
 
 
 def test_a_sample_hook_that_hangs_is_named_by_workers_timeout_and_the_process_still_exits(numbered, tmp_path):

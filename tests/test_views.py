@@ -259,7 +259,7 @@ def test_dali_decodes_each_sample_once_for_all_views(textured):
     """Device: CPU. One decoder operator in the graph, one slice per view."""
     backend_or_skip("dali")
     with build_loader(views_config(textured, "dali"), "train") as loader:
-        graph = loader._pipe.serialize().decode("latin-1")
+        graph = loader._pipeline.pipe.serialize().decode("latin-1")
     assert len(re.findall(r"decoders__Image\b", graph)) == 1 and "ImageSlice" not in graph
     assert len(re.findall(r"\bSlice\b", graph)) == 5
 

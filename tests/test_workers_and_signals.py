@@ -158,7 +158,7 @@ import gc, json, os, sys, time
 from fastloader import build_loader
 loader = build_loader(json.loads(sys.argv[1]), "val")
 next(iter(loader))  # its driver thread runs the pipeline a batch ahead
-pipeline = loader._pipe
+pipeline = loader._pipeline.pipe
 del loader  # closed: the pipeline's last reference is ours
 pid = os.fork()  # as a torch DataLoader worker forks
 if pid == 0:

@@ -77,8 +77,12 @@ class Slab:
         self.number = next(self._numbers)
         self.capacity = capacity
         self.fd = os.memfd_create("fastloader-feed", getattr(os, "MFD_CLOEXEC", 0))
-        os.ftruncate(self.fd, capacity)
-        self.array = np.frombuffer(mmap.mmap(self.fd, capacity), dtype=np.uint8)
+        try:
+            os.ftruncate(self.fd, capacity)
+            self.array = np.frombuffer(mmap.mmap(self.fd, capacity), dtype=np.uint8)  # the mapping takes a descriptor
+        except OSError:  # no memory or descriptor left: the memfd is no one's to close but ours
+            os.close(self.fd)
+            raise
         self.need = 0
         """The bytes the last batch read into it took, in it and beside it."""
 

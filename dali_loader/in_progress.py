@@ -7,7 +7,7 @@ import time
 from typing import Iterator
 
 
-class Doings:
+class InProgress:
     """One slot a thread: the driver thread feeds the next batches while DALI runs a sample hook on
     its own threads, and one shared slot lost a hung hook to a read that ended after the hook began.
     A stall names the longest running, which is what hangs. Words are built only when a stall is
