@@ -6,7 +6,8 @@
 - inside the three packages, a name is imported from the module that defines it (a schema type
   from schema.py, not through config.py), and no private name crosses modules;
 - no import circle anywhere in the packages, and no import that runs up a floor (FLOORS, the
-  layers docs/architecture.md draws): imports inside functions and under TYPE_CHECKING count too.
+  layers docs/architecture.md draws): imports inside functions and under TYPE_CHECKING count too;
+- no class sets more than 12 `self.` attributes or defines more than 25 methods (issue 71).
 
 Each rule is read from the source with `ast`, so a violation fails here before it runs anywhere.
 """
@@ -391,3 +392,59 @@ def test_the_architecture_page_lists_every_module_and_no_other():
     named = set(re.findall(r"\b(\w+\.py)\b", block))
     existing = {path.name for path in REPO.rglob("*.py") if ".venv" not in path.parts}
     assert not named - existing, f"docs/architecture.md names modules that do not exist: {sorted(named - existing)}"
+
+
+MAX_ATTRIBUTES, MAX_METHODS = 12, 25
+"""Issue 71's bar for a class a newcomer can hold in mind: the `self.` attributes it sets, the
+methods it defines (properties and class methods count)."""
+
+
+def class_sizes(path: Path) -> list[tuple[str, int, int]]:
+    """(line and name, distinct `self.X` the class's methods assign, methods it defines) per class."""
+    sizes = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        methods = [item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        assigned = set()
+        for method in methods:
+            for sub in ast.walk(method):
+                targets = (sub.targets if isinstance(sub, ast.Assign)
+                           else [sub.target] if isinstance(sub, (ast.AugAssign, ast.AnnAssign)) else [])
+                assigned |= {target.attr for whole in targets for target in ast.walk(whole)
+                             if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                             and target.value.id == "self"}
+                if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)  # object.__setattr__(self, "x")
+                        and sub.func.attr == "__setattr__" and len(sub.args) >= 2
+                        and isinstance(sub.args[1], ast.Constant)):
+                    assigned.add(sub.args[1].value)
+        sizes.append((f"{node.name} (line {node.lineno})", len(assigned), len(methods)))
+    return sizes
+
+
+def oversized(root: Path) -> list[str]:
+    return [f"{path.relative_to(root).as_posix()}: {name} sets {attributes} attributes, defines {methods} methods"
+            for package in PACKAGES for path in sorted((root / package).rglob("*.py"))
+            for name, attributes, methods in class_sizes(path)
+            if attributes > MAX_ATTRIBUTES or methods > MAX_METHODS]
+
+
+def test_no_class_sets_more_than_12_attributes_or_defines_more_than_25_methods():
+    assert oversized(REPO) == []
+
+
+def test_a_class_over_the_bar_is_caught(tmp_path):
+    """Assignments in any method, tuple targets, augmented ones and object.__setattr__ all count; a
+    name set twice counts once; a class's nested function counts with its method."""
+    setters = "".join(f"        self.a{i} = {i}\n" for i in range(11))
+    methods = "".join(f"    def m{i}(self): ...\n" for i in range(26))
+    write_package(tmp_path, {
+        "fastloader/__init__.py": "",
+        "fastloader/big.py": (
+            "class Wide:\n    def __init__(self):\n" + setters
+            + "        self.a0, self.b = 1, 2\n        object.__setattr__(self, 'c', 3)\n"
+            + "class Just:\n    def __init__(self):\n" + setters + "    def more(self):\n        self.z += 1\n"
+            + "class Long:\n" + methods),
+    })
+    assert oversized(tmp_path) == ["fastloader/big.py: Wide (line 1) sets 13 attributes, defines 1 methods",
+                                   "fastloader/big.py: Long (line 31) sets 0 attributes, defines 26 methods"]
