@@ -7,7 +7,10 @@ comes out, that each script has --help, and that each says how to pass --data.
 
 Most of a script's time alone would be its imports (torch, DALI), so the scripts run in two Python
 processes ("lanes") side by side, each running its scripts in turn as `python benchmarks/<script>`
-would (runpy, sys.argv, the exit status), in the environment the lane started with.
+would (runpy, sys.argv, the exit status), in the environment the lane started with. Each lane's
+torch computes on one thread (OMP_NUM_THREADS=1): two lanes of two spinning OpenMP threads each on
+two cores (beside the suite's other process) made train_step.py's 8 resnet18 steps on 4 images take
+three times as long (47 s against 16 on the loaded 2-core VM, 2026-12-07).
 """
 from __future__ import annotations
 
@@ -81,9 +84,9 @@ RUNS = {  # name: the script and its arguments ({report}: the report's path less
 LANES = (  # about the same time each. Scripts that count their process's children (memory.py, cache.py) come
     # before any other has started processes; screening.py last, as it sets screening.IN_PROCESS_UP_TO.
     ("memory_workers", "memory_index", "cache", "soak", "stages", "train_step", "shards", "block_order", "sampler",
-     "feed", "views", "call_path", "same_batches"),
+     "feed", "views", "same_batches"),
     ("command_line", "epoch_gap", "peers", "first_batch", "mixing", "remote", "parquet", "sources", "trainer_thread",
-     "sizes", "hooks", "frameworks", "screening"),
+     "sizes", "hooks", "frameworks", "call_path", "screening"),
 )
 
 LANE = textwrap.dedent("""
@@ -161,8 +164,8 @@ class Lanes:
 
     def run_lane(self, cases: list[list]) -> subprocess.CompletedProcess:
         command = [sys.executable, "-c", LANE, str(BENCHMARKS), json.dumps(cases), str(self.results)]
-        return subprocess.run(command, capture_output=True, text=True, env=cpu_only_env(self.workdir / "cache"),
-                              cwd=self.workdir, timeout=280)
+        return subprocess.run(command, capture_output=True, text=True, cwd=self.workdir, timeout=280,
+                              env=cpu_only_env(self.workdir / "cache", OMP_NUM_THREADS="1"))
 
     def outcome(self, name: str) -> tuple[str, dict]:
         """The stdout and JSON report of a run that exited 0; for command_line, every case's outcome."""

@@ -15,7 +15,7 @@ from test_decode import photo_like, varied_jpegs
 
 from fastloader.decoding.decode import DECODER_ENV, PILLOW, REGION, WHOLE, load_region, region_decoder
 from fastloader.imaging.geometry import Crop
-from fastloader.imaging.jpeg_header import HEAD_BYTES, read_header, read_header_from
+from fastloader.imaging.jpeg_header import HEAD_BYTES, chroma_sampling, read_header, read_header_from
 
 MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 
@@ -193,6 +193,25 @@ def test_every_real_photos_chroma_sampling_is_the_one_pillow_reads():
         assert sampling == (expected or "4:4:0"), path
         seen.add(sampling)
     assert "4:2:0" in seen  # most of ImageNet
+
+
+def test_every_layout_of_sampling_factors_is_named_by_its_own_factors_each_time():
+    """The walk names a frame's sampling from its factor bytes as met before (a handful per dataset;
+    the feed's thread reads a header per sample): every (h, v) of three components, 4096 layouts,
+    more than it keeps, read twice each and in two orders, gets chroma_sampling of its own factors."""
+    jpeg = plain_jpeg(subsampling=0)
+    frame = jpeg.index(b"\xff\xc0") + 4  # SOF0's body: precision, height, width, 3 components
+    assert jpeg[frame + 5] == 3
+    pairs = [(h, v) for h in range(1, 5) for v in range(1, 5)]
+    layouts = [(luma, blue, red) for luma in pairs for blue in pairs for red in pairs]
+    for order in (layouts, layouts[::-1]):
+        for factors in order:
+            patched = bytearray(jpeg)
+            for component, (h, v) in enumerate(factors):
+                patched[frame + 7 + 3 * component] = h << 4 | v
+            expected = chroma_sampling(list(factors))
+            assert read_header(bytes(patched)).sampling == expected, factors
+            assert read_header(bytes(patched)).sampling == expected, factors
 
 
 def cropped_or_error(path, choice: str, monkeypatch) -> tuple:

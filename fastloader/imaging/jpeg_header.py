@@ -188,8 +188,26 @@ def _frame(body) -> tuple[int, int, int, str]:
     components = body[5]
     if components not in (1, 3, 4) or not height or not width or len(body) < 6 + 3 * components:
         raise _NotSure  # other layer counts Pillow refuses; height 0 comes later in a DNL marker
-    factors = [(body[7 + 3 * c] >> 4, body[7 + 3 * c] & 15) for c in range(components)]
-    return width, height, components, chroma_sampling(factors)
+    factor_bytes = bytes(body[7:6 + 3 * components:3])  # each component's (horizontal << 4 | vertical)
+    sampling = _SAMPLING_OF.get(factor_bytes)
+    if sampling is None:
+        sampling = _sampling_of(factor_bytes)
+    return width, height, components, sampling
+
+
+_SAMPLING_OF: dict[bytes, str] = {}
+"""chroma_sampling by a frame's factor bytes, as met: a dataset has a handful of layouts, and the
+walk runs once per sample on the DALI feed's thread, where working the factors out each time cost
+a tenth of val's feed rate (docs/performance.md)."""
+_SAMPLINGS_KEPT = 64
+"""At most this many layouts remembered: a crafted dataset of many distinct ones only goes slower."""
+
+
+def _sampling_of(factor_bytes: bytes) -> str:
+    sampling = chroma_sampling([(byte >> 4, byte & 15) for byte in factor_bytes])
+    if len(_SAMPLING_OF) < _SAMPLINGS_KEPT:
+        _SAMPLING_OF[factor_bytes] = sampling
+    return sampling
 
 
 def _check_tables(body) -> None:
