@@ -440,7 +440,9 @@ def test_call_path_counts_the_files_and_steps_from_build_loader_to_the_first_bat
         reached = found["config reaches"]  # the factory is handed the config; a pure helper never is
         assert "fastloader.factory" in reached and "fastloader.words" not in reached
         assert f"{backend}_loader.loader" in reached and "fastloader.screening" not in reached  # handed values
-        assert 3 < found["config"] == len(reached) <= 15 < found["files"]  # issue 59's bar: at most 15 files
+        # issue 59's bar, 15 files, and one more since issue 71 split the shared Loader (contract.py) from its
+        # base LoaderSetup (loader_setup.py: what a loader is, fixed at its build), one class's job in two files
+        assert 3 < found["config"] == len(reached) <= 16 < found["files"]
 
 
 @runs_for("same_batches")
