@@ -24,6 +24,7 @@ check cannot see).
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import io
 import os
@@ -69,7 +70,8 @@ def read_bytes(where: str | Location, into: ReadArena | None = None, max_pixels:
         return _from_node_cache(location)
     if location.whole_file:
         return _whole(*open_regular_sized(location.file), close=True, into=into)
-    return _range(_open_containers.descriptor(location.file, location.identity), location, into)
+    with _open_containers.reading(location.file, location.identity) as fd:
+        return _range(fd, location, into)
 
 
 def _from_node_cache(location: Location) -> bytearray:
@@ -250,10 +252,10 @@ def read_run(locations: Sequence[Location], into: memoryview) -> list[int]:
     first = locations[0]
     base = _span_start(first)
     try:
-        fd = _open_containers.descriptor(first.file, first.identity)
-        got = os.preadv(fd, [into], base)
-        changed = any(_identity_checked(location) for location in locations) \
-            and not first.identity.matches(os.fstat(fd))
+        with _open_containers.reading(first.file, first.identity) as fd:
+            got = os.preadv(fd, [into], base)
+            changed = any(_identity_checked(location) for location in locations) \
+                and not first.identity.matches(os.fstat(fd))
     except OSError:
         return [-1] * len(locations)
     offsets = []
@@ -305,7 +307,8 @@ def keep_open(files) -> None:
     are read from the node cache, one open a read (so that eviction can come between reads)."""
     for path in [path for path in files if not is_url(path)][:_open_containers.limit]:
         try:
-            _open_containers.descriptor(path)
+            with _open_containers.reading(path):
+                pass
         except OSError:
             pass  # named when a sample of it is read
 
@@ -331,41 +334,72 @@ class _OpenContainers:
     Per process: a forked worker gets descriptors that its parent opened, which pread shares safely
     (pread has no file position), and opens the others itself; a cap keeps thousands of shards under
     the descriptor limit. Each descriptor remembers the identity it was checked against: a reader
-    that expects another one (a new index of a changed shard) has it checked again, and reopened."""
+    that expects another one (a new index of a changed shard) has it checked again, and reopened.
+    A descriptor is closed only when no thread reads through it (`reading` counts them): closed under a
+    reader of another thread, its number could be given to the next file opened, and the reader would
+    take that file's bytes for its shard's."""
 
     def __init__(self, limit: int = 256):
         self.limit = limit
         self.lock = threading.Lock()
         self.open: collections.OrderedDict[str, tuple[int, Identity | None]] = collections.OrderedDict()
-        self.pid = os.getpid()
+        self.readers: dict[int, int] = {}
+        """Threads reading through each descriptor now."""
+        self.retired: set[int] = set()
+        """Descriptors let go of (evicted, or their file replaced) while read: closed by their last reader."""
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
         self.lock = threading.Lock()  # a lock held by another thread at fork stays held in the child
+        for fd in self.retired:  # the child's copies; the parent's readers are not the child's threads
+            os.close(fd)
+        self.readers, self.retired = {}, set()
 
-    def descriptor(self, path: str, identity: Identity | None = None) -> int:
+    @contextlib.contextmanager
+    def reading(self, path: str, identity: Identity | None = None) -> Iterator[int]:
+        """The open descriptor of `path` (checked against `identity`), kept open until the block ends."""
         with self.lock:
-            fd, checked = self.open.get(path, (-1, None))
-            if fd >= 0 and (identity is None or identity == checked or identity.matches(os.fstat(fd))):
-                self.open[path] = fd, identity or checked
-                self.open.move_to_end(path)
-                return fd
-            if fd >= 0:  # not the file the caller's index was built from: perhaps replaced since
-                del self.open[path]
-                os.close(fd)
-            fd = open_regular(path)
-            info = os.fstat(fd)
-            if identity is not None and not identity.matches(info):
-                found = Identity.of(info, ctime=bool(identity.ctime_ns))
-                os.close(fd)
-                raise ContainerChanged(errno.ESTALE, f"the shard {path} changed since it was indexed ("
-                                                     f"{_differences(identity, found)}); its members are refused "
-                                                     f"until a new loader indexes it again", path)
-            self.open[path] = fd, identity
-            while len(self.open) > self.limit:
-                _, (oldest, _) = self.open.popitem(last=False)
-                os.close(oldest)
+            fd = self._descriptor(path, identity)
+            self.readers[fd] = self.readers.get(fd, 0) + 1
+        try:
+            yield fd
+        finally:
+            with self.lock:
+                self.readers[fd] -= 1
+                if not self.readers[fd]:
+                    del self.readers[fd]
+                    if fd in self.retired:
+                        self.retired.discard(fd)
+                        os.close(fd)
+
+    def _let_go(self, fd: int) -> None:
+        if fd in self.readers:
+            self.retired.add(fd)
+        else:
+            os.close(fd)
+
+    def _descriptor(self, path: str, identity: Identity | None) -> int:
+        fd, checked = self.open.get(path, (-1, None))
+        if fd >= 0 and (identity is None or identity == checked or identity.matches(os.fstat(fd))):
+            self.open[path] = fd, identity or checked
+            self.open.move_to_end(path)
             return fd
+        if fd >= 0:  # not the file the caller's index was built from: perhaps replaced since
+            del self.open[path]
+            self._let_go(fd)
+        fd = open_regular(path)
+        info = os.fstat(fd)
+        if identity is not None and not identity.matches(info):
+            found = Identity.of(info, ctime=bool(identity.ctime_ns))
+            os.close(fd)
+            raise ContainerChanged(errno.ESTALE, f"the shard {path} changed since it was indexed ("
+                                                 f"{_differences(identity, found)}); its members are refused "
+                                                 f"until a new loader indexes it again", path)
+        self.open[path] = fd, identity
+        while len(self.open) > self.limit:
+            _, (oldest, _) = self.open.popitem(last=False)
+            self._let_go(oldest)
+        return fd
 
 
 def _differences(indexed: Identity, found: Identity) -> str:
